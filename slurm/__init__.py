@@ -1,0 +1,1 @@
+"""Slurm deployment: sbatch rendering, submitit submission, placement."""

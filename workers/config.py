@@ -1,0 +1,117 @@
+"""Engine configuration: frozen, typed, validated with errors that name the key.
+
+Torch-free (frontends read ``max_model_len`` and the model directory from it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    """Tokens per KV block. Prefix caching works on full blocks only."""
+    num_blocks: int | None = None
+    """Blocks in the pool. None: derived from ``memory_bytes``."""
+    memory_bytes: int = 256 * 2**20
+    """KV pool budget when ``num_blocks`` is None."""
+    enable_prefix_caching: bool = True
+    hash_seed: int = 0
+    """Seed of the chained block hash. Every worker and the orchestrator must use
+    the same seed to agree on block hashes. Collision policy: hashes are 64-bit
+    digests of (parent hash, token ids); a hit also compares the block's token
+    ids, so a collision costs a cache miss, never wrong KV."""
+
+    def validate(self, prefix: str = "cache") -> None:
+        if self.block_size < 1 or self.block_size > 1024:
+            raise ConfigError(f"{prefix}.block_size", f"must be in [1, 1024], got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ConfigError(f"{prefix}.num_blocks", f"must be >= 1, got {self.num_blocks}")
+        if self.memory_bytes < 1:
+            raise ConfigError(f"{prefix}.memory_bytes", f"must be >= 1, got {self.memory_bytes}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    """Most requests running at once."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step, prefill chunks and decodes together."""
+    enable_chunked_prefill: bool = True
+
+    def validate(self, prefix: str = "scheduler") -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"{prefix}.max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(
+                f"{prefix}.max_num_batched_tokens", f"must be >= 1, got {self.max_num_batched_tokens}"
+            )
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Timing model of the synthetic engine (no model, no torch).
+
+    A step sleeps ``prefill_seconds_per_token * prefill_tokens +
+    decode_step_base_seconds + decode_seconds_per_seq * decode_seqs``
+    (the base only when the step decodes). All zero: as fast as it can go.
+    """
+
+    prefill_seconds_per_token: float = 0.0
+    decode_step_base_seconds: float = 0.0
+    decode_seconds_per_seq: float = 0.0
+    vocab_size: int = 32000
+    max_model_len: int = 8192
+    seed: int = 0
+
+    def validate(self, prefix: str = "synthetic") -> None:
+        for f in fields(self):
+            if getattr(self, f.name) < 0:
+                raise ConfigError(f"{prefix}.{f.name}", f"must be >= 0, got {getattr(self, f.name)}")
+        if self.vocab_size < 2:
+            raise ConfigError(f"{prefix}.vocab_size", f"must be >= 2, got {self.vocab_size}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None
+    """Hugging Face model directory (torch engine), or None for the synthetic engine
+    (a directory still supplies the tokenizer when given)."""
+    kind: str = "torch"
+    """``torch`` (the real model) or ``synthetic`` (timing model)."""
+    dtype: str = "float32"
+    """float32, bfloat16 or float16."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto (cuda when available)."""
+    max_model_len: int | None = None
+    """Longest prompt + output. None: the model's ``max_position_embeddings``."""
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    profile_dir: str | None = None
+    """Where ``start_profile`` writes torch profiler traces."""
+
+    def validate(self) -> "EngineConfig":
+        if self.kind not in ("torch", "synthetic"):
+            raise ConfigError("engine.kind", f"must be 'torch' or 'synthetic', got {self.kind!r}")
+        if self.kind == "torch" and not self.model:
+            raise ConfigError("engine.model", "a model directory is required for the torch engine")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError("engine.dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
+            raise ConfigError("engine.device", f"must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError("engine.max_model_len", f"must be >= 2, got {self.max_model_len}")
+        self.cache.validate("engine.cache")
+        self.scheduler.validate("engine.scheduler")
+        self.synthetic.validate("engine.synthetic")
+        return self

@@ -1,0 +1,1 @@
+"""The inference engine: paged KV cache, prefix caching, continuous batching."""

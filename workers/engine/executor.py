@@ -1,0 +1,89 @@
+"""The contract between the scheduler and whatever computes tokens.
+
+The scheduler decides *what* runs in a step (``SchedulerOutput``); an
+executor computes it and samples (``ExecutorOutput``). Two executors exist:
+``workers.engine.model_runner.ModelRunner`` (torch, the real model) and
+``workers.engine.synthetic.SyntheticExecutor`` (a timing model, no torch).
+Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from workers.protocol import TokenLogprobs
+from workers.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step.
+
+    ``token_ids`` are the tokens whose KV is computed this step, at positions
+    ``[start_position, start_position + len(token_ids))``. ``block_ids`` is
+    the request's whole block table (covering every position up to the end
+    of this chunk). ``sample`` is true when this chunk ends at the last known
+    token, so the step produces the request's next token; a non-final prefill
+    chunk only fills the cache.
+    ``num_output_tokens`` is the output position of the token to be sampled,
+    which together with ``sampling_params.seed`` seeds the sampler.
+    """
+
+    request_id: int
+    token_ids: list[int]
+    start_position: int
+    block_ids: list[int]
+    sample: bool
+    sampling_params: SamplingParams
+    num_output_tokens: int
+    # Tokens generated so far, for min_tokens / stop handling by the sampler
+    # when it needs them (repetition penalties would too).
+    output_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """Everything one step computes, prefills and decodes mixed, in order."""
+
+    requests: list[ScheduledRequest]
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+
+@dataclass(slots=True)
+class SampledToken:
+    token_id: int
+    logprobs: TokenLogprobs | None = None
+
+
+@dataclass(slots=True)
+class ExecutorOutput:
+    """The sampled token of every scheduled request whose ``sample`` was true."""
+
+    sampled: dict[int, SampledToken]
+
+
+class Executor(Protocol):
+    """Computes scheduled tokens into the paged KV cache and samples."""
+
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+
+    def execute(self, batch: SchedulerOutput) -> ExecutorOutput: ...
+
+    def export_blocks(self, block_ids: list[int]) -> list[bytes]:
+        """The KV of ``block_ids``, one opaque buffer per block (all layers, K and V)."""
+        ...
+
+    def import_blocks(self, block_ids: list[int], buffers: list[bytes]) -> None:
+        """Write buffers produced by ``export_blocks`` of an identical model into ``block_ids``."""
+        ...
+
+    def start_profile(self, trace_dir: str) -> None: ...
+
+    def stop_profile(self) -> str: ...

@@ -1,0 +1,1 @@
+"""Llama-family model definition and Hugging Face checkpoint loading (torch)."""

@@ -1,0 +1,108 @@
+"""The engine-side request and its lifecycle.
+
+States are ordered so that "finished" is a comparison; every transition
+happens in the scheduler.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from workers.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = enum.auto()
+    WAITING_FOR_REMOTE_KV = enum.auto()  # gen side of disaggregation: blocks allocated, KV in flight
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()  # blocks freed; recomputed from scratch when rescheduled
+    # Everything below is finished.
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+# The one table from finished states to API finish reasons.
+FINISH_REASONS: dict[RequestStatus, str] = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    """A request inside the engine: its tokens, progress and block table.
+
+    Range table over ``all_token_ids`` (length ``num_tokens``):
+        [0, num_cached_tokens)        hit in the prefix cache at admission
+        [0, num_computed_tokens)      KV present in this request's blocks
+        [num_computed_tokens, num_tokens)  still to compute (prefill chunk or the
+                                      last sampled token during decode)
+    """
+
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "output_token_ids",
+        "sampling_params",
+        "arrival_time",
+        "status",
+        "num_computed_tokens",
+        "num_cached_tokens",
+        "block_ids",
+        "first_scheduled_time",
+        "first_token_time",
+        "num_preemptions",
+        "error",
+    )
+
+    def __init__(
+        self,
+        request_id: int,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float = 0.0,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.sampling_params = sampling_params
+        self.arrival_time = arrival_time
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.block_ids: list[int] = []
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.num_preemptions = 0
+        self.error: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(id={self.request_id}, status={self.status.name}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, blocks={self.block_ids})"
+        )
