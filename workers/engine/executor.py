@@ -73,11 +73,16 @@ class Executor(Protocol):
 
     eos_token_ids: frozenset[int]
     vocab_size: int
+    num_blocks: int  # KV blocks the executor allocated (from CacheConfig)
+    block_size: int
+    max_model_len: int  # EngineConfig.max_model_len, or the model's own limit
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput: ...
 
     def export_blocks(self, block_ids: list[int]) -> list[bytes]:
-        """The KV of ``block_ids``, one opaque buffer per block (all layers, K and V)."""
+        """The KV of ``block_ids``, one bytes-like buffer per block (all layers, K and V).
+
+        Buffers may be memoryviews over tensors: they are sent as zero-copy frames."""
         ...
 
     def import_blocks(self, block_ids: list[int], buffers: list[bytes]) -> None:
@@ -87,3 +92,7 @@ class Executor(Protocol):
     def start_profile(self, trace_dir: str) -> None: ...
 
     def stop_profile(self) -> str: ...
+
+
+class ProfilingUnsupported(RuntimeError):
+    """The executor has nothing to profile (the synthetic engine runs no model)."""

@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make demo` and `make test` (see README.md).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MODEL_DIR ?= .cache/tiny-bench
+
+.PHONY: setup demo serve test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU build of torch that pip finds locally; a bare `torch` pulls a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[engine,dev]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+$(MODEL_DIR)/config.json: | setup
+	$(PY) -m disagg make-tiny-model $(MODEL_DIR) --size bench
+
+demo: setup $(MODEL_DIR)/config.json
+	$(PY) -m disagg generate $(MODEL_DIR) --max-tokens 24
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/engine_throughput.py
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,51 @@
+"""The ``disagg`` command line: one subcommand per process role or tool.
+
+Subcommands import their implementation lazily so that ``disagg serve`` with
+the synthetic engine, and the frontends it spawns, never import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from workers.engine.model.tiny import make_tiny_model
+
+    path = make_tiny_model(args.dir, size=args.size, seed=args.seed)
+    print(f"wrote a random-weight {args.size} model to {path}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from disagg.generate import run_generate
+
+    return run_generate(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="disagg", description="disagg: disaggregated prefill/decode LLM serving")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    tiny = sub.add_parser("make-tiny-model", help="write a deterministic random-weight Llama checkpoint")
+    tiny.add_argument("dir", help="output directory (created)")
+    tiny.add_argument("--size", choices=("test", "bench"), default="test")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=_make_tiny_model)
+
+    gen = sub.add_parser("generate", help="complete prompts with the engine in this process (a local demo)")
+    from disagg.generate import add_generate_arguments
+
+    add_generate_arguments(gen)
+    gen.set_defaults(func=_generate)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,20 @@
+"""Shared fixtures. Nothing here downloads: models are generated locally."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# transformers (a test-only dependency) must never reach for a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A test-size random-weight Llama checkpoint, generated once per session."""
+    from workers.engine.model.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-test", size="test")

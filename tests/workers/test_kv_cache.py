@@ -1,0 +1,90 @@
+"""The paged KV pool, and moving blocks between two engines of the same checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.config import CacheConfig, ConfigError, EngineConfig
+from workers.engine.executor import ScheduledRequest, SchedulerOutput
+from workers.engine.kv_cache import KVCache, KVCacheShape, num_blocks_for
+from workers.engine.model.tiny import make_tiny_model
+from workers.engine.model_runner import ModelRunner
+from workers.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = [0, 47, 268, 290, 228, 42, 72, 77, 418, 228]  # 10 tokens: 3 blocks of 4
+SHAPE = KVCacheShape(num_layers=2, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def _runner(model_dir: Path, dtype: str = "float32") -> ModelRunner:
+    cache = CacheConfig(block_size=4, num_blocks=12)
+    return ModelRunner(EngineConfig(model=str(model_dir), device="cpu", dtype=dtype, cache=cache))
+
+
+def _step(tokens: list[int], start: int, blocks: list[int], outputs: int = 0) -> SchedulerOutput:
+    return SchedulerOutput([ScheduledRequest(1, tokens, start, blocks, True, GREEDY, outputs)])
+
+
+def test_layer_views_share_one_storage() -> None:
+    cache = KVCache(SHAPE, num_blocks=5, device=torch.device("cpu"))
+    assert cache.key_cache(1).shape == (5, 4, 2, 8)
+    cache.value_cache(1)[3, 2] = 7.0
+    assert cache.key_cache(1).is_contiguous()
+    assert torch.equal(cache.storage[1, 1, 3, 2], torch.full((2, 8), 7.0))
+    exported = cache.export_blocks([3, 0])
+    assert exported.shape == (2, 2, 2, 4, 2, 8) and exported.is_contiguous()
+    assert torch.equal(exported[0, 1, 1, 2], torch.full((2, 8), 7.0)) and exported[1].abs().sum() == 0
+
+
+def test_import_checks_shape_and_ids() -> None:
+    cache = KVCache(SHAPE, num_blocks=5, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="block id 5 out of range"):
+        cache.export_blocks([5])
+    with pytest.raises(ValueError, match="blocks must be"):
+        cache.import_blocks([1], torch.zeros((1, 2, 2, 4, 2, 4)))
+    blocks = torch.arange(2 * 2 * 4 * 2 * 8, dtype=torch.float32).reshape(1, 2, 2, 4, 2, 8)
+    cache.import_blocks([4], blocks)
+    assert torch.equal(cache.export_blocks([4]), blocks)
+
+
+def test_num_blocks_from_memory_budget() -> None:
+    assert SHAPE.bytes_per_block == 2 * 2 * 4 * 2 * 8 * 4
+    assert num_blocks_for(CacheConfig(num_blocks=7), SHAPE) == 7
+    assert num_blocks_for(CacheConfig(memory_bytes=SHAPE.bytes_per_block * 10 + 5), SHAPE) == 10
+    with pytest.raises(ConfigError, match="engine.cache.memory_bytes"):
+        num_blocks_for(CacheConfig(memory_bytes=100), SHAPE)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_export_import_between_runners_continues_identically(model_dir: Path, dtype: str) -> None:
+    context, generation = _runner(model_dir, dtype), _runner(model_dir, dtype)
+    first = context.execute(_step(PROMPT, 0, [7, 2, 10])).sampled[1].token_id
+    buffers = context.export_blocks([7, 2, 10])
+    assert [memoryview(b).nbytes for b in buffers] == [context.kv_cache.shape.bytes_per_block] * 3
+    # Through bytes, as a transfer would deliver them, into other block ids.
+    generation.import_blocks([4, 0, 11], [bytes(b) for b in buffers])
+    assert [bytes(b) for b in generation.export_blocks([4, 0, 11])] == [bytes(b) for b in buffers]
+    # The next decode reads the imported KV: identical logits to the engine that computed it.
+    on_context = context.compute_logits(_step([first], len(PROMPT), [7, 2, 10], 1))
+    on_generation = generation.compute_logits(_step([first], len(PROMPT), [4, 0, 11], 1))
+    assert torch.equal(on_context, on_generation)
+    # Without the import the same step sees an empty cache and differs.
+    fresh = _runner(model_dir, dtype).compute_logits(_step([first], len(PROMPT), [4, 0, 11], 1))
+    assert not torch.allclose(fresh, on_context, atol=1e-2)
+
+
+def test_import_rejects_wrong_buffers(model_dir: Path) -> None:
+    runner = _runner(model_dir)
+    size = runner.kv_cache.shape.bytes_per_block
+    with pytest.raises(ValueError, match="2 block ids but 1 buffers"):
+        runner.import_blocks([0, 1], [bytes(size)])
+    with pytest.raises(ValueError, match=f"buffer for block 3 has 10 bytes, expected {size}"):
+        runner.import_blocks([3], [bytes(10)])

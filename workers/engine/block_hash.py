@@ -1,0 +1,74 @@
+"""Chained block hashes: the wire format of prefix caching.
+
+A block hash names the KV of one *full* block together with everything before
+it: ``hash(block i) = H(seed, hash(block i-1), tokens of block i)``. Every
+worker and the orchestrator's router call these functions with the same
+``CacheConfig.hash_seed`` and so agree on the hash of a prefix without
+talking to each other.
+
+Encoding (stable across processes, machines and Python versions; never
+Python's ``hash()``): BLAKE2b with an 8-byte digest and the personalisation
+``disagg-blockv1`` over
+
+    seed          8 bytes, unsigned little-endian
+    has_parent    1 byte (0 or 1)
+    parent        8 bytes, unsigned little-endian (zeros when no parent)
+    num_tokens    4 bytes, unsigned little-endian
+    token ids     4 bytes each, unsigned little-endian
+
+and the digest read as an unsigned little-endian 64-bit integer.
+
+Collision policy: a 64-bit hash can collide. The block manager therefore
+treats a hash match as a *candidate* and also compares the block's token ids
+and its parent hash; a collision costs a cache miss, never wrong KV. The
+router only uses hashes to estimate overlap, where a rare collision costs a
+slightly worse routing choice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from typing import NewType
+
+__all__ = ["BlockHash", "hash_block_tokens", "compute_block_hashes"]
+
+BlockHash = NewType("BlockHash", int)
+"""An unsigned 64-bit chained hash of a full block and its prefix."""
+
+_PERSON = b"disagg-blockv1"
+_MAX_SEED = 2**64
+
+
+def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], seed: int) -> BlockHash:
+    """The hash of one block whose predecessor hashes to ``parent`` (None for the first)."""
+    if not 0 <= seed < _MAX_SEED:
+        raise ValueError(f"hash seed must be in [0, 2**64), got {seed}")
+    has_parent = parent is not None
+    header = struct.pack("<QBQI", seed, has_parent, parent if has_parent else 0, len(token_ids))
+    try:
+        body = struct.pack(f"<{len(token_ids)}I", *token_ids)
+    except struct.error as exc:
+        raise ValueError(f"token ids must be in [0, 2**32): {exc}") from None
+    digest = hashlib.blake2b(header + body, digest_size=8, person=_PERSON).digest()
+    return BlockHash(int.from_bytes(digest, "little"))
+
+
+def compute_block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    seed: int,
+    parent: BlockHash | None = None,
+) -> list[BlockHash]:
+    """Chained hashes of the full blocks of ``token_ids``; a trailing partial block has none.
+
+    ``parent`` continues an existing chain (``token_ids`` then start at a block boundary).
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    hashes: list[BlockHash] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size], seed)
+        hashes.append(parent)
+    return hashes

@@ -1,0 +1,207 @@
+"""EngineCore: the engine's synchronous heart, schedule -> execute -> update -> outputs.
+
+No I/O here: the engine process shell moves messages in and out and calls
+``step()`` while ``has_work()`` (``has_unfinished()`` stays true while
+requests only wait for pulled KV, when a step has nothing to do). The same class runs the real model
+(``kind="torch"``) and the synthetic timing model (``kind="synthetic"``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from workers.config import EngineConfig
+from workers.engine.block_manager import BlockManager
+from workers.engine.executor import Executor, ProfilingUnsupported, SchedulerOutput
+from workers.engine.factory import build_executor
+from workers.engine.kv_events import KVEvent, KVEventQueue
+from workers.engine.request import Request
+from workers.engine.scheduler import KVPull, Scheduler
+from workers.engine.stats import IterationStats, StatsQueue
+from workers.protocol import EngineRequest, RequestOutput
+
+__all__ = ["EngineCore", "KVPull", "ProfilingUnsupported"]
+
+
+class EngineCore:
+    """One engine: an executor, its block pool and the scheduler in front of it.
+
+    Single-threaded: every method is called from the engine loop. Outputs of
+    requests aborted or rejected between steps come out of the next ``step()``.
+    """
+
+    def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
+        self.config = config.validate()
+        if executor is None:
+            executor = build_executor(self.config)  # torch is imported only for kind="torch"
+        self.executor = executor
+        self.kv_events = KVEventQueue()
+        self.block_manager = BlockManager(
+            num_blocks=executor.num_blocks,
+            block_size=executor.block_size,
+            hash_seed=self.config.cache.hash_seed,
+            enable_prefix_caching=self.config.cache.enable_prefix_caching,
+            events=self.kv_events,
+        )
+        self.scheduler = Scheduler(
+            self.config.scheduler, self.block_manager, executor.max_model_len, executor.eos_token_ids
+        )
+        self.stats = StatsQueue()
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt + output: the model's limit, capped by the block pool."""
+        return self.scheduler.max_model_len
+
+    # ---- requests ----------------------------------------------------------
+
+    def add_request(self, engine_request: EngineRequest, park_kv_seconds: float | None = None) -> Request:
+        """Queue a request; an invalid one is rejected by the next ``step()``.
+
+        Returns the engine-side ``Request``, whose timestamps
+        (``first_scheduled_time``, ``first_token_time``) feed perf records.
+        Raises ValueError when the id is already in the engine.
+        ``park_kv_seconds`` (disaggregated ctx side): park the request's blocks
+        at finish for that long (see ``parked_block_ids`` / ``release_parked``).
+        """
+        request = self._make_request(engine_request)
+        if self._accepts_tokens(request):
+            self.scheduler.add_request(request, park_kv_seconds)
+        return request
+
+    def add_remote_request(self, engine_request: EngineRequest, output_token_ids: Sequence[int] = ()) -> Request:
+        """Queue a request whose KV comes from another engine (disaggregated gen side).
+
+        ``output_token_ids``: tokens the remote engine already sampled (the first
+        token); they are not reported again. The KV of every position but the
+        last token's is pulled: see ``take_kv_pulls`` and ``finish_remote_kv``.
+        """
+        request = self._make_request(engine_request)
+        request.output_token_ids.extend(output_token_ids)
+        if self._accepts_tokens(request):
+            self.scheduler.add_remote_request(request)
+        return request
+
+    def take_kv_pulls(self) -> list[KVPull]:
+        """Remote requests whose blocks were allocated since the last call: blocks to fill."""
+        return self.scheduler.take_kv_pulls()
+
+    def finish_remote_kv(self, request_id: int) -> None:
+        """The request's pulled blocks are filled (``import_blocks``): it decodes from the next step."""
+        self.scheduler.finish_remote_kv(request_id)
+
+    def parked_block_ids(self, request_id: int) -> list[int] | None:
+        """Block table of a finished request parked with ``park_kv_seconds``; None when not parked."""
+        return self.block_manager.parked_block_ids(request_id)
+
+    def release_parked(self, request_id: int) -> bool:
+        """Free a parked request's blocks (transfer acknowledged); False when none were parked."""
+        return self.block_manager.release(request_id)
+
+    def abort(self, request_id: int) -> None:
+        """Finish a request in any state, freeing its blocks now; unknown ids are ignored."""
+        self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def has_work(self) -> bool:
+        """Whether ``step()`` can make progress now; false while the only unfinished
+        requests wait for pulled KV (a loop should then block on its inputs)."""
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; one output per request that produced a token or finished."""
+        started = time.perf_counter()
+        batch = self.scheduler.schedule()
+        outputs = self.scheduler.take_finished_outputs()
+        if batch.requests:
+            result = self.executor.execute(batch)
+            step_outputs = self.scheduler.update(batch, result)
+            outputs += step_outputs
+            num_finished = sum(1 for o in step_outputs if o.finish_reason is not None)
+            self._record_stats(batch, num_finished, time.perf_counter() - started)
+            if not self.scheduler.requests:
+                self.block_manager.check_idle()  # O(parked): catches a leak the moment it happens
+        return outputs
+
+    # ---- drains, KV transfer, profiling ------------------------------------
+
+    def drain_stats(self) -> list[IterationStats]:
+        return self.stats.drain()
+
+    def drain_kv_events(self) -> list[KVEvent]:
+        return self.kv_events.drain()
+
+    def export_blocks(self, block_ids: list[int]) -> list[bytes]:
+        return self.executor.export_blocks(block_ids)
+
+    def import_blocks(self, block_ids: list[int], buffers: list[bytes]) -> None:
+        self.executor.import_blocks(block_ids, buffers)
+
+    def start_profile(self, trace_dir: str | None = None) -> None:
+        """Start the executor's profiler; ``ProfilingUnsupported`` from the synthetic engine."""
+        trace_dir = trace_dir or self.config.profile_dir
+        if trace_dir is None:
+            raise ValueError("no trace directory: pass one or set engine.profile_dir")
+        self.executor.start_profile(trace_dir)
+
+    def stop_profile(self) -> str:
+        """Stop the profiler; the path of the trace it wrote."""
+        return self.executor.stop_profile()
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block (an ``AllBlocksCleared`` event); False while one is in use."""
+        return self.block_manager.reset_prefix_cache()
+
+    def check_integrity(self) -> None:
+        """Raise ``BlockIntegrityError`` when the block pool's books do not balance."""
+        self.block_manager.check_integrity()
+
+    # ---- internals ---------------------------------------------------------
+
+    @staticmethod
+    def _make_request(engine_request: EngineRequest) -> Request:
+        return Request(
+            engine_request.request_id,
+            engine_request.prompt_token_ids,
+            engine_request.sampling_params,
+            engine_request.arrival_time,
+        )
+
+    def _accepts_tokens(self, request: Request) -> bool:
+        """False (and the request rejected) when a token id would index outside the model's vocabulary."""
+        vocab_size = self.executor.vocab_size
+        bad = next((t for t in request.all_token_ids if not 0 <= t < vocab_size), None)
+        if bad is None:
+            return True
+        if request.request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request.request_id} is already in the engine")
+        self.scheduler.reject(request, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+        return False
+
+    def _record_stats(self, batch: SchedulerOutput, num_finished: int, seconds: float) -> None:
+        scheduler, blocks = self.scheduler, self.block_manager
+        queries, hits = scheduler.num_prefix_queries, scheduler.num_prefix_hits
+        self.stats.record(
+            IterationStats(
+                timestamp=time.time(),
+                step_seconds=seconds,
+                num_running=scheduler.num_running,
+                num_waiting=scheduler.num_waiting,
+                num_prefill_tokens=batch.num_prefill_tokens,
+                num_decode_tokens=batch.num_decode_tokens,
+                num_preemptions=scheduler.num_preemptions_last_step,
+                num_finished=num_finished,
+                kv_blocks_used=blocks.num_used_blocks,
+                kv_blocks_free=blocks.num_free_blocks,
+                kv_blocks_cached=blocks.num_cached_blocks,
+                kv_blocks_total=blocks.num_blocks,
+                prefix_cache_queries=queries,
+                prefix_cache_hits=hits,
+                prefix_cache_hit_rate=hits / queries if queries else 0.0,
+                num_waiting_for_remote_kv=scheduler.num_waiting_for_remote_kv,
+                kv_blocks_parked=blocks.num_parked_blocks,
+            )
+        )

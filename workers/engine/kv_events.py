@@ -1,0 +1,92 @@
+"""KV-cache events: what a router needs to mirror a worker's prefix cache.
+
+The block manager publishes an event when full blocks become reusable
+(``BlockStored``) and when cached blocks are evicted (``BlockRemoved``).
+Each is wrapped in a ``KVEvent`` with an ``event_id`` that increases by one
+per event for the life of the engine, so a consumer can detect a gap (events
+dropped because nobody drained the queue) and resynchronise.
+Torch-free; the structs travel as MessagePack.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import msgspec
+
+__all__ = [
+    "BlockStored",
+    "BlockRemoved",
+    "AllBlocksCleared",
+    "KVCacheEvent",
+    "KVEvent",
+    "KVEventQueue",
+]
+
+
+class BlockStored(msgspec.Struct, frozen=True, tag=True):
+    """Consecutive full blocks of one chain became cached.
+
+    ``token_ids`` holds ``len(block_hashes) * block_size`` tokens, block by
+    block; ``parent_block_hash`` is the hash of the block before the first
+    one (None when the first is the start of a sequence).
+    """
+
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+
+
+class BlockRemoved(msgspec.Struct, frozen=True, tag=True):
+    """Cached blocks were evicted: their hashes no longer hit on this worker."""
+
+    block_hashes: list[int]
+
+
+class AllBlocksCleared(msgspec.Struct, frozen=True, tag=True):
+    """Every cached block was dropped (cache reset)."""
+
+
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KVEvent(msgspec.Struct, frozen=True):
+    """One event with its position in the engine's event stream."""
+
+    event_id: int  # 0, 1, 2, ... with no gaps unless ``KVEventQueue`` dropped some
+    timestamp: float  # time.time() when the event happened
+    event: KVCacheEvent
+
+
+class KVEventQueue:
+    """Events since the last drain, oldest first.
+
+    Bounded: when nobody drains (no router polls this worker) the oldest
+    events are dropped rather than growing without limit; ``num_dropped``
+    counts them and the consumer sees the gap in ``event_id``.
+    """
+
+    def __init__(self, max_events: int = 100_000) -> None:
+        if max_events < 1:
+            raise ValueError(f"max_events must be >= 1, got {max_events}")
+        self._events: deque[KVEvent] = deque()
+        self._max_events = max_events
+        self._next_event_id = 0
+        self.num_dropped = 0
+
+    def publish(self, event: KVCacheEvent) -> None:
+        if len(self._events) == self._max_events:
+            self._events.popleft()
+            self.num_dropped += 1
+        self._events.append(KVEvent(self._next_event_id, time.time(), event))
+        self._next_event_id += 1
+
+    def drain(self) -> list[KVEvent]:
+        events = list(self._events)
+        self._events.clear()
+        return events
+
+    def __len__(self) -> int:
+        return len(self._events)

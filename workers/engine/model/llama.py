@@ -1,0 +1,96 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2 shapes) over the paged KV cache.
+
+Every linear layer runs once on all tokens of a step, flattened to (N, ...);
+only attention looks at sequence boundaries (``AttentionMetadata``).
+q/k/v and gate/up projections are fused; ``loader`` concatenates the
+Hugging Face tensors into them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from workers.engine.attention import AttentionMetadata, paged_attention
+from workers.engine.kv_cache import KVCache
+from workers.engine.model.layers import RMSNorm, SwiGLUMLP
+from workers.engine.model.model_config import ModelConfig
+from workers.engine.model.rope import RotaryEmbedding, apply_rotary
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCache,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *cos_sin)  # (N, H, D)
+        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *cos_sin)  # (N, KVH, D)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # (N, KVH, D)
+        out = paged_attention(
+            q, k, v, kv_cache.key_cache(self.layer_index), kv_cache.value_cache(self.layer_index), metadata
+        )
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_index)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCache,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos_sin, kv_cache, metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, max_positions: int, device: torch.device) -> None:
+        """Parameters are created on the current default device (the loader uses meta);
+        the RoPE tables for ``max_positions`` positions on ``device``."""
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary = RotaryEmbedding(config, max_positions, device)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Hidden states (N, hidden) of the step's tokens; their K/V land in ``kv_cache``."""
+        hidden = self.embed_tokens(input_ids)  # (N, hidden)
+        cos_sin = self.rotary.cos_sin(positions, hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(hidden, cos_sin, kv_cache, metadata)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(S, hidden) -> (S, vocab) float32 logits."""
+        return self.lm_head(hidden).float()

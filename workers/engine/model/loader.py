@@ -1,0 +1,117 @@
+"""Load a Hugging Face Llama-family checkpoint (safetensors) into ``LlamaForCausalLM``.
+
+Reads ``model.safetensors`` or the shards named by
+``model.safetensors.index.json``. The model is built on the meta device and
+its parameters are replaced by the loaded tensors (already in the target
+dtype and on the target device), so nothing is initialised twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from workers.config import ConfigError
+from workers.engine.model.llama import LlamaForCausalLM
+from workers.engine.model.model_config import ModelConfig, load_model_config, read_json_file
+
+__all__ = ["DTYPES", "MissingWeightsError", "resolve_device", "load_model", "hf_weight_sources"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_MAX_NAMES_IN_ERROR = 20
+
+
+class MissingWeightsError(ValueError):
+    """The checkpoint lacks tensors the model needs; ``names`` lists them all."""
+
+    def __init__(self, model_dir: Path, names: list[str]) -> None:
+        shown = ", ".join(names[:_MAX_NAMES_IN_ERROR])
+        more = f" (and {len(names) - _MAX_NAMES_IN_ERROR} more)" if len(names) > _MAX_NAMES_IN_ERROR else ""
+        super().__init__(f"{model_dir}: checkpoint is missing {len(names)} tensors: {shown}{more}")
+        self.names = names
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` is cuda when available, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("engine.device", f"{device!r} requested but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def hf_weight_sources(config: ModelConfig) -> dict[str, list[str]]:
+    """Our parameter name -> the Hugging Face tensors concatenated (dim 0) into it."""
+    sources = {"embed_tokens.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
+    # Tied: lm_head shares embed_tokens' tensor; a checkpoint may still carry lm_head.weight.
+    sources["lm_head.weight"] = ["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
+    for layer in range(config.num_layers):
+        ours, hf = f"layers.{layer}.", f"model.layers.{layer}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            sources[f"{ours}{norm}.weight"] = [f"{hf}{norm}.weight"]
+        attn = f"{hf}self_attn."
+        sources[f"{ours}self_attn.qkv_proj.weight"] = [f"{attn}{p}_proj.weight" for p in "qkv"]
+        if config.qkv_bias:
+            sources[f"{ours}self_attn.qkv_proj.bias"] = [f"{attn}{p}_proj.bias" for p in "qkv"]
+        sources[f"{ours}self_attn.o_proj.weight"] = [f"{attn}o_proj.weight"]
+        if config.o_bias:
+            sources[f"{ours}self_attn.o_proj.bias"] = [f"{attn}o_proj.bias"]
+        sources[f"{ours}mlp.gate_up_proj.weight"] = [f"{hf}mlp.gate_proj.weight", f"{hf}mlp.up_proj.weight"]
+        sources[f"{ours}mlp.down_proj.weight"] = [f"{hf}mlp.down_proj.weight"]
+    return sources
+
+
+def load_model(
+    model_dir: str | Path, dtype: str, device: torch.device, max_positions: int | None = None
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """The model in eval mode on ``device``; RoPE covers ``max_positions`` (default: the model's)."""
+    model_dir = Path(model_dir)
+    config = load_model_config(model_dir)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, max_positions or config.max_position_embeddings, device)
+    sources = hf_weight_sources(config)
+    files = _tensor_files(model_dir)
+    missing = sorted({name for names in sources.values() for name in names if name not in files})
+    if missing:
+        raise MissingWeightsError(model_dir, missing)
+    hf_tensors = _read_tensors(model_dir, files, {name for names in sources.values() for name in names})
+    state = {
+        ours: torch.cat([hf_tensors[name] for name in names]).to(device=device, dtype=DTYPES[dtype])
+        for ours, names in sources.items()
+    }
+    model.load_state_dict(state, assign=True, strict=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.eval(), config
+
+
+def _tensor_files(model_dir: Path) -> dict[str, str]:
+    """Tensor name -> safetensors file name."""
+    if (model_dir / "model.safetensors.index.json").is_file():
+        index = read_json_file(model_dir, "model.safetensors.index.json")
+        return dict(index["weight_map"])
+    if not (model_dir / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"neither model.safetensors nor model.safetensors.index.json found in model directory {model_dir}"
+        )
+    with safe_open(model_dir / "model.safetensors", framework="pt") as f:
+        return {name: "model.safetensors" for name in f.keys()}
+
+
+def _read_tensors(model_dir: Path, files: dict[str, str], names: set[str]) -> dict[str, torch.Tensor]:
+    by_file: dict[str, list[str]] = {}
+    for name in sorted(names):
+        by_file.setdefault(files[name], []).append(name)
+    tensors = {}
+    for file_name, file_names in by_file.items():
+        path = model_dir / file_name
+        if not path.is_file():
+            raise FileNotFoundError(f"{file_name} (named by model.safetensors.index.json) not found in {model_dir}")
+        with safe_open(path, framework="pt") as f:
+            for name in file_names:
+                tensors[name] = f.get_tensor(name)
+    return tensors

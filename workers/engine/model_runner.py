@@ -1,0 +1,134 @@
+"""The torch executor: runs the model over a scheduled step and samples.
+
+``ModelRunner(config)`` loads the checkpoint, allocates the paged KV pool and
+implements ``workers.engine.executor.Executor``. A step's tokens (prefill
+chunks and decodes, in the scheduler's order) are flattened into one batch;
+the logits are computed only for the last token of each request whose
+``sample`` is true.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from workers.config import EngineConfig
+from workers.engine.attention import SequenceSlice, build_attention_metadata
+from workers.engine.executor import ExecutorOutput, SchedulerOutput
+from workers.engine.kv_cache import KVCache, KVCacheShape, num_blocks_for
+from workers.engine.model.loader import DTYPES, load_model, resolve_device
+from workers.engine.sampler import Sampler, SamplingRow
+
+__all__ = ["ModelRunner"]
+
+
+class ModelRunner:
+    """Executor over a Hugging Face Llama-family checkpoint (``config.model``)."""
+
+    def __init__(self, config: EngineConfig, sampler_seed: int | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.model, self.model_config = load_model(config.model, config.dtype, self.device, _positions(config))
+        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.vocab_size = self.model_config.vocab_size
+        self.eos_token_ids = self.model_config.eos_token_ids
+        self.block_size = config.cache.block_size
+        shape = KVCacheShape(
+            num_layers=self.model_config.num_layers,
+            block_size=self.block_size,
+            num_kv_heads=self.model_config.num_kv_heads,
+            head_dim=self.model_config.head_dim,
+            dtype=DTYPES[config.dtype],
+        )
+        self.num_blocks = num_blocks_for(config.cache, shape)
+        self.kv_cache = KVCache(shape, self.num_blocks, self.device)
+        self.sampler = Sampler(self.eos_token_ids, self.device, sampler_seed)
+        self._profiler: torch.profiler.profile | None = None
+        self._trace_dir: Path | None = None
+
+    # -- Executor -------------------------------------------------------
+
+    def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
+        sampled_requests = [r for r in batch.requests if r.sample]
+        logits = self.compute_logits(batch)
+        rows = [SamplingRow(r.sampling_params, r.num_output_tokens) for r in sampled_requests]
+        with torch.inference_mode():
+            tokens = self.sampler.sample(logits, rows) if rows else []
+        return ExecutorOutput(sampled={r.request_id: t for r, t in zip(sampled_requests, tokens)})
+
+    def compute_logits(self, batch: SchedulerOutput) -> torch.Tensor:
+        """Run the step; (S, vocab) float32 logits of the requests with ``sample`` set, in order."""
+        if not batch.requests:
+            return torch.empty((0, self.vocab_size), device=self.device)
+        token_ids: list[int] = []
+        positions: list[int] = []
+        last_rows: list[int] = []
+        for request in batch.requests:
+            start, num_tokens = request.start_position, len(request.token_ids)
+            if start + num_tokens > self.max_model_len:
+                raise ValueError(f"request {request.request_id} reaches position {start + num_tokens} > max_model_len")
+            token_ids.extend(request.token_ids)
+            positions.extend(range(start, start + num_tokens))
+            if request.sample:
+                last_rows.append(len(token_ids) - 1)
+        sequences = [SequenceSlice(r.start_position, len(r.token_ids), r.block_ids) for r in batch.requests]
+        with torch.inference_mode():
+            metadata = build_attention_metadata(sequences, self.block_size, self.device)
+            input_ids = torch.tensor(token_ids, dtype=torch.long).to(self.device)
+            position_ids = torch.tensor(positions, dtype=torch.long).to(self.device)
+            hidden = self.model(input_ids, position_ids, self.kv_cache, metadata)  # (N, hidden)
+            if len(last_rows) < len(token_ids):
+                hidden = hidden[torch.tensor(last_rows, dtype=torch.long).to(self.device)]  # (S, hidden)
+            return self.model.compute_logits(hidden)  # (S, vocab)
+
+    def export_blocks(self, block_ids: list[int]) -> list[memoryview]:
+        """One buffer per block: that block's K and V of every layer, raw bytes."""
+        blocks = self.kv_cache.export_blocks(block_ids)  # (n, layers, 2, BS, KVH, D), CPU, contiguous
+        raw = blocks.view(torch.uint8).reshape(len(block_ids), -1).numpy()  # (n, bytes_per_block)
+        return [memoryview(raw[i]) for i in range(len(block_ids))]
+
+    def import_blocks(self, block_ids: list[int], buffers: list[bytes]) -> None:
+        if len(block_ids) != len(buffers):
+            raise ValueError(f"{len(block_ids)} block ids but {len(buffers)} buffers")
+        if not block_ids:
+            return
+        expected = self.kv_cache.shape.bytes_per_block
+        for block_id, buffer in zip(block_ids, buffers):
+            nbytes = memoryview(buffer).nbytes
+            if nbytes != expected:
+                raise ValueError(f"buffer for block {block_id} has {nbytes} bytes, expected {expected}")
+        # One writable copy: torch.frombuffer needs a writable buffer to avoid aliasing read-only bytes.
+        data = bytearray(b"".join(buffers))
+        raw = torch.frombuffer(data, dtype=torch.uint8).reshape(len(block_ids), expected)
+        blocks = raw.view(self.kv_cache.storage.dtype).reshape(len(block_ids), *self.kv_cache.shape.block_dims)
+        self.kv_cache.import_blocks(block_ids, blocks)
+
+    def start_profile(self, trace_dir: str) -> None:
+        if self._profiler is not None:
+            raise RuntimeError("profiler already running")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._trace_dir = Path(trace_dir)
+        self._trace_dir.mkdir(parents=True, exist_ok=True)
+        self._profiler = torch.profiler.profile(activities=activities, record_shapes=True)
+        self._profiler.start()
+
+    def stop_profile(self) -> str:
+        """Stop the profiler; return the path of the chrome trace it wrote."""
+        if self._profiler is None or self._trace_dir is None:
+            raise RuntimeError("profiler is not running")
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        path = self._trace_dir / f"engine-{os.getpid()}-{time.time_ns()}.trace.json"
+        profiler.export_chrome_trace(str(path))
+        return str(path)
+
+
+def _positions(config: EngineConfig) -> int | None:
+    # RoPE tables must cover max_model_len even when it exceeds the model's own limit.
+    return config.max_model_len

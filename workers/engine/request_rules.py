@@ -1,0 +1,74 @@
+"""The rules over one request: what is rejected, when it stops, what it reports.
+
+Pure functions; the scheduler applies them and makes the state transitions.
+
+Stopping. ``max_tokens`` beyond the model length is not an error: generation
+stops when prompt + output reaches ``max_model_len``, with finish reason
+``length``. A stop token is checked before the length limits, so a stop
+token sampled as the last allowed token reports ``stop``; the stop token
+itself is part of the output (frontends leave it out of the text).
+``min_tokens``: EOS and stop token ids only stop a request once more than
+``min_tokens`` tokens exist (the sampler also masks them before that).
+"""
+
+from __future__ import annotations
+
+from workers.engine.request import FINISH_REASONS, Request, RequestStatus
+from workers.protocol import RequestOutput, TokenLogprobs
+
+__all__ = ["admission_error", "stop_status", "request_output", "token_slice"]
+
+
+def admission_error(request: Request, max_model_len: int) -> str | None:
+    """Why the request can never run, or None."""
+    if not request.prompt_token_ids:
+        return "prompt is empty"
+    if request.num_prompt_tokens > max_model_len:
+        return (
+            f"prompt has {request.num_prompt_tokens} tokens, more than the model's limit "
+            f"of {max_model_len} tokens (max_model_len)"
+        )
+    try:
+        request.sampling_params.validate()
+    except ValueError as exc:
+        return f"invalid sampling parameters: {exc}"
+    return None
+
+
+def stop_status(
+    request: Request, token_id: int, eos_token_ids: frozenset[int], max_model_len: int
+) -> RequestStatus | None:
+    """The finished state once ``token_id`` (already appended) was sampled, or None to go on."""
+    params = request.sampling_params
+    if request.num_output_tokens > params.min_tokens and (
+        token_id in params.stop_token_ids or (not params.ignore_eos and token_id in eos_token_ids)
+    ):
+        return RequestStatus.FINISHED_STOPPED
+    if request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH_CAPPED
+    return None
+
+
+def request_output(
+    request: Request, new_token_ids: list[int], is_first: bool, logprobs: list[TokenLogprobs] | None = None
+) -> RequestOutput:
+    """``num_prompt_tokens`` and ``num_cached_tokens`` go on a request's first output only."""
+    return RequestOutput(
+        request_id=request.request_id,
+        new_token_ids=new_token_ids,
+        finish_reason=FINISH_REASONS.get(request.status),
+        new_logprobs=logprobs,
+        num_prompt_tokens=request.num_prompt_tokens if is_first else 0,
+        num_cached_tokens=request.num_cached_tokens if is_first else 0,
+        error=request.error,
+    )
+
+
+def token_slice(request: Request, start: int, end: int) -> list[int]:
+    """``request.all_token_ids[start:end]`` without building the whole list (decode is the hot path)."""
+    num_prompt = request.num_prompt_tokens
+    if start >= num_prompt:
+        return request.output_token_ids[start - num_prompt : end - num_prompt]
+    if end <= num_prompt:
+        return request.prompt_token_ids[start:end]
+    return request.prompt_token_ids[start:] + request.output_token_ids[: end - num_prompt]

@@ -1,0 +1,149 @@
+"""Next-token sampling for a batch of requests with per-request parameters.
+
+Order per row: min_tokens masking -> (greedy argmax) or (temperature ->
+top-k -> top-p -> draw). Greedy rows are one vectorised argmax; random rows
+share the vectorised filtering and differ only in their noise.
+
+Seeded requests draw with the exponential-race trick (argmax of
+probs / Exp(1) noise, equivalent to sampling from probs) using noise from a
+generator seeded by (seed, output position) alone, so the token is a pure
+function of the request's own logits, seed and position: the same whatever
+else shares the batch, and reproducible after preemption or on another
+worker. Logprobs are those of the model's raw distribution (before
+temperature and filtering), as vLLM and the OpenAI API report them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workers.engine.executor import SampledToken
+from workers.protocol import TokenLogprobs
+from workers.sampling_params import SamplingParams
+
+__all__ = ["SamplingRow", "Sampler"]
+
+_MASK64 = 2**64 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingRow:
+    """What the sampler needs of one request: its params and output position."""
+
+    params: SamplingParams
+    num_output_tokens: int
+
+
+def position_seed(seed: int, num_output_tokens: int) -> int:
+    """A 63-bit generator seed from (seed, output position): splitmix64 of their mix."""
+    z = (seed * 0x9E3779B97F4A7C15 + num_output_tokens + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: frozenset[int], device: torch.device, seed: int | None = None) -> None:
+        self.eos_token_ids = eos_token_ids
+        self.device = device
+        # Unseeded requests draw from this one stream (seeded from the OS when
+        # ``seed`` is None): random, but one generator per runner, not global state.
+        self._generator = torch.Generator(device=device)
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+
+    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+        """One token per row of ``logits`` (S, V), float32."""
+        logits = self._mask_min_tokens(logits, rows)
+        token_ids = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+        greedy = [i for i, row in enumerate(rows) if row.params.is_greedy]
+        randoms = [i for i, row in enumerate(rows) if not row.params.is_greedy]
+        if greedy:
+            index = torch.tensor(greedy, device=logits.device)
+            token_ids[index] = logits[index].argmax(dim=-1)
+        if randoms:
+            index = torch.tensor(randoms, device=logits.device)
+            token_ids[index] = self._sample_random(logits[index], [rows[i] for i in randoms])
+        return self._with_logprobs(logits, token_ids, rows)
+
+    def _mask_min_tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        # Until min_tokens are out, the tokens that would end the request cannot be drawn.
+        masked = None
+        for i, row in enumerate(rows):
+            if row.num_output_tokens >= row.params.min_tokens:
+                continue
+            stop_ids = set(row.params.stop_token_ids)
+            if not row.params.ignore_eos:
+                stop_ids |= self.eos_token_ids
+            stop_ids = {token_id for token_id in stop_ids if 0 <= token_id < logits.shape[1]}
+            if stop_ids:
+                masked = logits.clone() if masked is None else masked
+                masked[i, sorted(stop_ids)] = float("-inf")
+        return logits if masked is None else masked
+
+    def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        temperatures = torch.tensor([row.params.temperature for row in rows], device=logits.device)
+        logits = logits / temperatures.unsqueeze(1)
+        if any(row.params.top_k is not None or row.params.top_p is not None for row in rows):
+            logits = _top_k_top_p(logits, rows)
+        probs = torch.softmax(logits, dim=-1)  # (R, V)
+        noise = torch.empty_like(probs)
+        unseeded = [i for i, row in enumerate(rows) if row.params.seed is None]
+        if unseeded:
+            noise[unseeded] = torch.empty((len(unseeded), probs.shape[1]), device=probs.device).exponential_(
+                generator=self._generator
+            )
+        for i, row in enumerate(rows):
+            if row.params.seed is not None:
+                generator = torch.Generator(device=probs.device)
+                generator.manual_seed(position_seed(row.params.seed, row.num_output_tokens))
+                noise[i].exponential_(generator=generator)
+        return (probs / noise).argmax(dim=-1)
+
+    def _with_logprobs(
+        self, logits: torch.Tensor, token_ids: torch.Tensor, rows: list[SamplingRow]
+    ) -> list[SampledToken]:
+        token_list = token_ids.tolist()
+        wanted = [row.params.logprobs for row in rows]
+        if all(n is None for n in wanted):
+            return [SampledToken(token_id) for token_id in token_list]
+        logprobs = torch.log_softmax(logits, dim=-1)  # (S, V)
+        max_n = max(n for n in wanted if n is not None)
+        top_values, top_ids = logprobs.topk(max_n, dim=-1) if max_n else (None, None)
+        chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
+        top_values = top_values.tolist() if top_values is not None else None
+        top_ids = top_ids.tolist() if top_ids is not None else None
+        sampled = []
+        for i, (token_id, n) in enumerate(zip(token_list, wanted)):
+            if n is None:
+                sampled.append(SampledToken(token_id))
+                continue
+            entry = TokenLogprobs(
+                token_id=token_id,
+                logprob=chosen[i],
+                top_token_ids=top_ids[i][:n] if n else [],
+                top_logprobs=top_values[i][:n] if n else [],
+            )
+            sampled.append(SampledToken(token_id, entry))
+        return sampled
+
+
+def _top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Set to -inf every logit outside each row's top-k and then top-p nucleus."""
+    vocab_size = logits.shape[1]
+    top_k = torch.tensor([row.params.top_k or vocab_size for row in rows], device=logits.device)
+    top_p = torch.tensor([row.params.top_p or 1.0 for row in rows], device=logits.device)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # (R, V)
+    ranks = torch.arange(vocab_size, device=logits.device).unsqueeze(0)  # (1, V)
+    sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Keep a token when the mass before it is below top_p: the first token always stays.
+    mass_before = probs.cumsum(dim=-1) - probs
+    # top_p == 1 must keep everything, even where the cumsum rounds to >= 1.
+    outside = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)

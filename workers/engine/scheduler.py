@@ -1,0 +1,331 @@
+"""Continuous batching: which tokens of which requests run in the next step.
+
+Every request state transition happens here (``RequestStatus``):
+
+    WAITING -> RUNNING                 admitted: prefix hits taken, blocks allocated
+    WAITING_FOR_REMOTE_KV -> WAITING   (disaggregated gen side) blocks allocated, the
+                                       transfer agent filled them: ``finish_remote_kv``
+    RUNNING -> PREEMPTED               blocks ran out: blocks freed, progress reset,
+                                       back to the front of the queue (recompute)
+    PREEMPTED -> RUNNING               re-admitted like a new request
+    RUNNING -> FINISHED_STOPPED        EOS (unless ignore_eos) or a stop token id
+    RUNNING -> FINISHED_LENGTH_CAPPED  max_tokens, or the sequence reached max_model_len
+    any -> FINISHED_ABORTED            abort, or rejected at admission (``error`` set)
+
+The rules for one request (what is rejected, when it stops, what it reports)
+are in ``workers.engine.request_rules``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from workers.config import SchedulerConfig
+from workers.engine.block_manager import BlockManager
+from workers.engine.executor import ExecutorOutput, ScheduledRequest, SchedulerOutput
+from workers.engine.request import Request, RequestStatus
+from workers.engine.request_rules import admission_error, request_output, stop_status, token_slice
+from workers.protocol import RequestOutput
+
+__all__ = ["Scheduler", "KVPull"]
+
+
+@dataclass(frozen=True, slots=True)
+class KVPull:
+    """Blocks of a ``WAITING_FOR_REMOTE_KV`` request that the KV-transfer agent must fill.
+
+    ``block_ids[i]`` receives block ``first_block + i`` of the remote request's
+    table: the blocks before ``first_block`` hit this engine's prefix cache.
+    The KV of positions ``[first_block * block_size, num_tokens)`` is needed.
+    """
+
+    request_id: int
+    block_ids: list[int]
+    first_block: int
+    num_tokens: int
+
+
+class Scheduler:
+    """Running requests first (decodes and unfinished prefill chunks), then waiting ones.
+
+    A step holds at most ``max_num_batched_tokens`` tokens and the running set
+    at most ``max_num_seqs`` requests. A prompt longer than what is left of the
+    budget is split across steps (chunked prefill); with chunked prefill off a
+    prompt waits for a step that fits it whole, unless it alone exceeds the
+    budget (then it is chunked anyway, or it would never run). When blocks run
+    out for a running request the newest running request is preempted,
+    possibly the one being scheduled; no waiting request is admitted in a
+    step that preempted.
+
+    ``max_model_len`` is capped at what the block pool can hold, so one request
+    alone always fits and preemption always makes progress.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        max_model_len: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.max_model_len = min(max_model_len, block_manager.num_blocks * block_manager.block_size)
+        self.eos_token_ids = eos_token_ids
+        self.requests: dict[int, Request] = {}  # every unfinished request
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.remote_waiting: deque[Request] = deque()  # WAITING_FOR_REMOTE_KV, no blocks yet
+        self._kv_pulls: list[KVPull] = []  # allocated remote requests not yet taken
+        self._park_seconds: dict[int, float] = {}  # request id -> how long to park its KV at finish
+        self._finished_outputs: list[RequestOutput] = []  # aborts and rejections, reported next step
+        # Cumulative prefix-cache accounting, in tokens, counted at each admission.
+        self.num_prefix_queries = 0
+        self.num_prefix_hits = 0
+        self.num_preemptions = 0  # cumulative
+        self.num_preemptions_last_step = 0
+
+    # ---- requests in and out -----------------------------------------------
+
+    def add_request(self, request: Request, park_kv_seconds: float | None = None) -> None:
+        """Queue a request, or reject it (reported by the next step) when it can never run.
+
+        ``park_kv_seconds`` (disaggregated ctx side): when the request finishes its
+        blocks are parked for that long instead of freed (``BlockManager.park``).
+        """
+        if park_kv_seconds is not None and self.block_manager.parked_block_ids(request.request_id) is not None:
+            self.reject(request, f"request id {request.request_id} still has parked KV blocks")
+            return
+        if not self._accept(request):
+            return
+        if park_kv_seconds is not None:
+            self._park_seconds[request.request_id] = park_kv_seconds
+        self.waiting.append(request)
+
+    def add_remote_request(self, request: Request) -> None:
+        """Queue a request whose KV (every position but the last token's) comes from another engine.
+
+        A later ``schedule`` allocates its blocks (reusing local prefix hits) and
+        publishes a ``KVPull``; ``finish_remote_kv`` makes it schedulable.
+        """
+        if not self._accept(request):
+            return
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KV
+        self.remote_waiting.append(request)
+
+    def take_kv_pulls(self) -> list[KVPull]:
+        pulls, self._kv_pulls = self._kv_pulls, []
+        return pulls
+
+    def finish_remote_kv(self, request_id: int) -> None:
+        """The pulled blocks hold the remote KV: queue the request first in line to decode."""
+        request = self.requests.get(request_id)
+        if request is None or request.status != RequestStatus.WAITING_FOR_REMOTE_KV or request in self.remote_waiting:
+            raise ValueError(f"request {request_id} is not waiting for pulled KV")
+        request.num_computed_tokens = request.num_tokens - 1
+        self.block_manager.cache_full_blocks(request)
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)  # it holds blocks: never leave it behind requests needing them
+
+    def _accept(self, request: Request) -> bool:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id} is already in the engine")
+        error = admission_error(request, self.max_model_len)
+        if error is not None:
+            self.reject(request, error)
+            return False
+        self.requests[request.request_id] = request
+        return True
+
+    def reject(self, request: Request, error: str) -> None:
+        request.status = RequestStatus.FINISHED_ABORTED
+        request.error = error
+        self._finished_outputs.append(request_output(request, [], is_first=request.first_token_time is None))
+
+    def abort(self, request_id: int) -> None:
+        """Finish the request in any state and free its blocks now; unknown ids are ignored."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request in self.remote_waiting:
+            self.remote_waiting.remove(request)
+        elif request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
+            self._kv_pulls = [p for p in self._kv_pulls if p.request_id != request_id]
+        else:
+            self.waiting.remove(request)
+        self._park_seconds.pop(request_id, None)
+        self.block_manager.free(request)
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._finished_outputs.append(request_output(request, [], is_first=request.first_token_time is None))
+
+    def take_finished_outputs(self) -> list[RequestOutput]:
+        """Outputs of requests aborted or rejected since the last call."""
+        outputs, self._finished_outputs = self._finished_outputs, []
+        return outputs
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests) or bool(self._finished_outputs)
+
+    def has_work(self) -> bool:
+        """Whether ``schedule`` can make progress now: false while every unfinished
+        request waits for pulled KV (the transfer agent, not a step, moves them on)."""
+        return bool(self.running or self.waiting or self.remote_waiting or self._finished_outputs)
+
+    @property
+    def num_waiting_for_remote_kv(self) -> int:
+        return sum(1 for r in self.requests.values() if r.status == RequestStatus.WAITING_FOR_REMOTE_KV)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ---- scheduling --------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        batch = SchedulerOutput(requests=[])
+        budget = self.config.max_num_batched_tokens
+        self.num_preemptions_last_step = 0
+        self.block_manager.release_expired(time.time())
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._allocate_or_preempt(request, num_new):
+                break  # the request preempted itself: it was the last running one
+            self._add_to_batch(batch, request, num_new)
+            budget -= num_new
+            i += 1
+        if self.num_preemptions_last_step == 0:
+            self._allocate_remote()
+            self._admit_waiting(batch, budget)
+        return batch
+
+    def _allocate_remote(self) -> None:
+        block_manager = self.block_manager
+        while self.remote_waiting:
+            request = self.remote_waiting[0]
+            hits = block_manager.get_computed_blocks(request)
+            num_cached = len(hits) * block_manager.block_size
+            num_remote = request.num_tokens - 1 - num_cached  # the last token is computed here
+            if not block_manager.can_allocate(request, num_remote, hits):
+                return
+            self.remote_waiting.popleft()
+            block_manager.allocate(request, num_remote, hits)
+            request.num_computed_tokens = request.num_cached_tokens = num_cached
+            self._count_prefix_lookup(request, num_cached)
+            pull = KVPull(request.request_id, request.block_ids[len(hits) :], len(hits), request.num_tokens - 1)
+            self._kv_pulls.append(pull)
+
+    def _count_prefix_lookup(self, request: Request, num_cached: int) -> None:
+        self.num_prefix_queries += request.num_tokens
+        self.num_prefix_hits += num_cached
+
+    def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
+        while not self.block_manager.can_allocate(request, num_new):
+            victim = self.running.pop()  # newest; never one already in this batch
+            self._preempt(victim)
+            if victim is request:
+                return False
+        self.block_manager.allocate(request, num_new)
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.num_preemptions_last_step += 1
+        self.waiting.appendleft(request)
+
+    def _admit_waiting(self, batch: SchedulerOutput, budget: int) -> None:
+        block_manager, max_batched = self.block_manager, self.config.max_num_batched_tokens
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            fresh = request.num_computed_tokens == 0  # else its KV was pulled from a remote engine
+            hits = block_manager.get_computed_blocks(request) if fresh else []
+            num_cached = len(hits) * block_manager.block_size
+            num_new = request.num_tokens - request.num_computed_tokens - num_cached
+            if num_new > budget:
+                if not self.config.enable_chunked_prefill and num_new <= max_batched:
+                    break  # wait for a step with room for the whole prompt
+                num_new = budget
+            if not block_manager.can_allocate(request, num_new, hits):
+                break
+            self.waiting.popleft()
+            block_manager.allocate(request, num_new, hits)
+            if fresh:
+                request.num_computed_tokens = request.num_cached_tokens = num_cached
+                self._count_prefix_lookup(request, num_cached)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._add_to_batch(batch, request, num_new)
+            budget -= num_new
+
+    def _add_to_batch(self, batch: SchedulerOutput, request: Request, num_new: int) -> None:
+        start = request.num_computed_tokens
+        end = start + num_new
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.time()
+        if request.num_output_tokens > 0 and start == request.num_tokens - 1:
+            batch.num_decode_tokens += num_new
+        else:
+            batch.num_prefill_tokens += num_new
+        batch.requests.append(
+            ScheduledRequest(
+                request_id=request.request_id,
+                token_ids=token_slice(request, start, end),
+                start_position=start,
+                block_ids=list(request.block_ids),
+                sample=end == request.num_tokens,
+                sampling_params=request.sampling_params,
+                num_output_tokens=request.num_output_tokens,
+                # The live list, read-only for the executor: copying it every
+                # step would cost O(output length) per request per step.
+                output_token_ids=request.output_token_ids,
+            )
+        )
+
+    # ---- results -----------------------------------------------------------
+
+    def update(self, batch: SchedulerOutput, result: ExecutorOutput) -> list[RequestOutput]:
+        """Advance the scheduled requests by what the step computed and sampled."""
+        outputs: list[RequestOutput] = []
+        finished: list[Request] = []
+        for scheduled in batch.requests:
+            request = self.requests.get(scheduled.request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += len(scheduled.token_ids)
+            self.block_manager.cache_full_blocks(request)
+            if not scheduled.sample:
+                continue
+            sampled = result.sampled[request.request_id]
+            request.output_token_ids.append(sampled.token_id)
+            is_first = request.first_token_time is None  # nothing reported for it before
+            if is_first:
+                request.first_token_time = time.time()
+            status = stop_status(request, sampled.token_id, self.eos_token_ids, self.max_model_len)
+            if status is not None:
+                request.status = status
+                finished.append(request)
+            logprobs = None if sampled.logprobs is None else [sampled.logprobs]
+            outputs.append(request_output(request, [sampled.token_id], is_first, logprobs))
+        for request in finished:
+            park_seconds = self._park_seconds.pop(request.request_id, None)
+            if park_seconds is None:
+                self.block_manager.free(request)
+            else:
+                self.block_manager.park(request, deadline=time.time() + park_seconds)
+            del self.requests[request.request_id]
+        if finished:
+            self.running = [r for r in self.running if not r.is_finished]
+        return outputs
