@@ -23,6 +23,12 @@ def _generate(args: argparse.Namespace) -> int:
     return run_generate(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from disagg.serve import run_serve
+
+    return run_serve(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="disagg", description="disagg: disaggregated prefill/decode LLM serving")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -39,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_arguments(gen)
     gen.set_defaults(func=_generate)
 
+    serve = sub.add_parser("serve", help="run one worker: a launcher, its engine and K HTTP frontends")
+    from disagg.serve import add_serve_arguments
+
+    add_serve_arguments(serve)
+    serve.set_defaults(func=_serve)
     return parser
 
 

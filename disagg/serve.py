@@ -1,0 +1,234 @@
+"""``disagg serve MODEL_DIR``: one worker (a launcher, its engine and K frontends).
+
+The same command runs both roles. Without ``DISAGG_ATTACH_FILE`` it is the
+launcher (frontend 0): it checks the port, starts the engine, re-executes
+this command K-1 times as attached frontends, serves HTTP itself and prints
+the URL once every frontend is ready. With it, it is an attached frontend.
+For the synthetic engine MODEL_DIR still supplies the tokenizer (and the
+vocabulary size and context length, from its config.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from workers.attach import attach_file_from_env, read_attach_file
+from workers.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, SyntheticConfig
+
+__all__ = ["add_serve_arguments", "run_serve", "build_engine_config", "resolve_num_frontends", "READY_MESSAGE"]
+
+log = logging.getLogger("disagg.serve")
+
+MAX_AUTO_FRONTENDS = 8
+READY_MESSAGE = "disagg serve: ready on"  # the line tools wait for: "<READY_MESSAGE> http://HOST:PORT ..."
+
+# (flag, argparse kwargs): one table, so attached frontends get the same options back.
+_OPTIONS: list[tuple[str, dict[str, Any]]] = [
+    ("--host", dict(default="127.0.0.1")),
+    ("--port", dict(type=int, default=8000)),
+    ("--num-frontends", dict(type=int, default=None,
+                             help=f"HTTP processes on the port (default: the CPUs available, at most "
+                                  f"{MAX_AUTO_FRONTENDS}; 1 = the launcher alone)")),
+    ("--engine", dict(choices=("torch", "synthetic"), default="torch")),
+    ("--role", dict(choices=("both", "ctx", "gen"), default="both")),
+    ("--block-size", dict(type=int, default=16)),
+    ("--num-blocks", dict(type=int, default=None)),
+    ("--max-num-seqs", dict(type=int, default=64)),
+    ("--max-num-batched-tokens", dict(type=int, default=2048)),
+    ("--max-model-len", dict(type=int, default=None)),
+    ("--dtype", dict(choices=("float32", "bfloat16", "float16"), default="float32")),
+    ("--device", dict(default="auto")),
+    ("--synthetic-decode-step-seconds", dict(type=float, default=0.0,
+                                             help="synthetic engine: seconds per decode step (load tests)")),
+    ("--synthetic-prefill-seconds-per-token", dict(type=float, default=0.0)),
+    ("--served-model-name", dict(default=None, help="the model name clients send (default: MODEL_DIR's name)")),
+    ("--grace-seconds", dict(type=float, default=30.0, help="how long in-flight requests may finish at shutdown")),
+    ("--engine-start-timeout", dict(type=float, default=600.0)),
+    ("--frontend-start-timeout", dict(type=float, default=60.0)),
+    ("--frontend-command", dict(default=None, help="the command attached frontends run, the serve arguments "
+                                                   "appended (default: this interpreter, `-m disagg.cli serve`)")),
+    ("--log-level", dict(choices=("debug", "info", "warning", "error"), default="info")),
+]
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", help="Hugging Face model directory (for the synthetic engine: the tokenizer)")
+    for flag, kwargs in _OPTIONS:
+        parser.add_argument(flag, **kwargs)
+
+
+def _serve_argv(args: argparse.Namespace, num_frontends: int) -> list[str]:
+    """The command an attached frontend runs: the same options, re-rendered."""
+    prefix = shlex.split(args.frontend_command) if args.frontend_command else [sys.executable, "-m", "disagg.cli"]
+    argv = [*prefix, "serve", str(args.model_dir)]
+    for flag, _ in _OPTIONS:
+        value = num_frontends if flag == "--num-frontends" else getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and flag != "--frontend-command":
+            argv += [flag, str(value)]
+    return argv
+
+
+def resolve_num_frontends(requested: int | None) -> int:
+    if requested is not None:
+        if requested < 1:
+            raise ConfigError("num_frontends", f"must be >= 1, got {requested}")
+        return requested
+    return max(1, min(MAX_AUTO_FRONTENDS, len(os.sched_getaffinity(0))))
+
+
+def build_engine_config(args: argparse.Namespace) -> EngineConfig:
+    model_dir = Path(args.model_dir)
+    synthetic = SyntheticConfig(decode_step_base_seconds=args.synthetic_decode_step_seconds,
+                                prefill_seconds_per_token=args.synthetic_prefill_seconds_per_token)
+    config_json = model_dir / "config.json"
+    if args.engine == "synthetic" and config_json.is_file():
+        # Synthetic tokens must be ids the model's tokenizer can decode.
+        hf = json.loads(config_json.read_text())
+        synthetic = dataclasses.replace(
+            synthetic, vocab_size=int(hf.get("vocab_size", synthetic.vocab_size)),
+            max_model_len=int(hf.get("max_position_embeddings", synthetic.max_model_len)))
+    return EngineConfig(
+        model=str(model_dir),
+        kind=args.engine,
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks),
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
+        synthetic=synthetic,
+    ).validate()
+
+
+def _make_app_factory(args: argparse.Namespace, frontend_id: int):
+    from frontends.app import FrontendConfig, build_app
+    from frontends.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_model_dir(args.model_dir)
+    name = args.served_model_name or Path(args.model_dir).resolve().name
+    config = FrontendConfig(served_model_name=name, frontend_id=frontend_id)
+    return lambda client: build_app(client, tokenizer, config)
+
+
+def _serve_options(args: argparse.Namespace):
+    from frontends.server import ServeOptions
+
+    return ServeOptions(grace_seconds=args.grace_seconds, log_level=args.log_level)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived while the launcher was starting (outside the event loop)."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated(signal.Signals(signum).name)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    attach_file = attach_file_from_env()
+    role = "launcher" if attach_file is None else "frontend"
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s")
+    if attach_file is not None:
+        return _run_attached(args, attach_file)
+    return _run_launcher(args)
+
+
+def _run_launcher(args: argparse.Namespace) -> int:
+    from workers.launcher import LaunchError, WorkerGroup, check_port_free
+
+    if args.role != "both":
+        print(f"disagg serve: --role {args.role} is not implemented yet (only 'both')", file=sys.stderr)
+        return 2
+    try:
+        check_port_free(args.host, args.port)  # before loading anything
+        num_frontends = resolve_num_frontends(args.num_frontends)
+        config = build_engine_config(args)
+    except (LaunchError, ConfigError) as exc:
+        print(f"disagg serve: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, LaunchError) else 2
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    group = WorkerGroup(config, num_frontends, args.host, args.port, grace_seconds=args.grace_seconds,
+                        log_level=args.log_level)
+    try:
+        group.start_engine(args.engine_start_timeout)
+        group.spawn_frontends(_serve_argv(args, num_frontends))
+        make_app = _make_app_factory(args, 0)
+        return _serve_launcher(args, group, make_app)
+    except (LaunchError, _Terminated, KeyboardInterrupt) as exc:
+        print(f"disagg serve: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # e.g. the engine died while frontend 0 connected: still clean up
+        log.exception("the launcher failed")
+        print(f"disagg serve: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        # A second signal must not cut the cleanup short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        group.shutdown()
+
+
+def _serve_launcher(args: argparse.Namespace, group: Any, make_app: Any) -> int:
+    from frontends.server import run_event_loop, serve_frontend
+
+    async def on_ready() -> None:
+        await asyncio.to_thread(group.wait_frontends_ready, args.frontend_start_timeout)
+        info = group.engine_info
+        print(f"{READY_MESSAGE} http://{args.host}:{args.port} ({group.num_frontends} frontends, "
+              f"{info.kind} engine, max_model_len {info.max_model_len})", flush=True)
+        asyncio.get_running_loop().create_task(_watch_frontends(group))
+
+    return run_event_loop(serve_frontend(group.attach_info(0), make_app, _serve_options(args),
+                                         on_ready=on_ready, on_signal=group.request_stop))
+
+
+async def _watch_frontends(group: Any) -> None:
+    """Log an attached frontend that died while serving; the others keep the port served."""
+    reported: set[int] = set()
+    while not group.stopping:
+        for frontend_id, how in group.exited_frontends().items():
+            if frontend_id not in reported and not group.stopping:
+                reported.add(frontend_id)
+                log.error("%s; %d of %d frontends left", how, group.num_frontends - len(reported),
+                          group.num_frontends)
+        await asyncio.sleep(1.0)
+
+
+def _run_attached(args: argparse.Namespace, attach_file: str) -> int:
+    import zmq
+
+    from frontends.server import run_event_loop, serve_frontend
+    from workers.ipc import FrameCodec
+    from workers.protocol import FrontendFailed, FrontendReady, StatusMessage
+
+    attach = read_attach_file(attach_file)
+    os.unlink(attach_file)  # it holds the key; nobody needs it once read
+    ctx = zmq.Context()
+    status = ctx.socket(zmq.PUSH)
+    status.setsockopt(zmq.LINGER, 2000)
+    status.connect(attach.paths.status)
+    codec: FrameCodec = FrameCodec(attach.key, StatusMessage, f"frontend {attach.frontend_id} status")
+
+    async def on_ready() -> None:
+        status.send_multipart(codec.encode(FrontendReady(attach.frontend_id, os.getpid())))
+
+    try:
+        make_app = _make_app_factory(args, attach.frontend_id)
+        return run_event_loop(serve_frontend(attach, make_app, _serve_options(args), on_ready=on_ready))
+    except Exception as exc:
+        log.exception("frontend %d failed", attach.frontend_id)
+        status.send_multipart(codec.encode(FrontendFailed(attach.frontend_id, f"{type(exc).__name__}: {exc}")))
+        return 1
+    finally:
+        status.close()
+        ctx.term()

@@ -1,0 +1,164 @@
+"""The frontend's ASGI app: ``build_app(client, tokenizer, config)``.
+
+Raw Starlette with msgspec (no pydantic on the request path). Every route is
+wrapped by ``_endpoint``, which renders any exception in the route's API
+shape (OpenAI or Anthropic) through the one mapping in ``frontends.errors``;
+unknown routes and methods get the same shapes. Every response carries
+``x-disagg-frontend: <frontend_id>`` so a client (and the tests) can see
+which of a worker's K frontend processes answered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import AsyncContextManager, Awaitable, Callable, Sequence
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from frontends import anthropic_api, openai_api
+from frontends.errors import (
+    ApiError,
+    EngineDeadError,
+    NotFoundError,
+    anthropic_error_body,
+    http_error,
+    openai_error_body,
+)
+from frontends.generation import EngineClientLike
+from frontends.serving import FrontendConfig, ServingContext
+from frontends.streaming import ClientDisconnected
+from frontends.tokenizer import Tokenizer
+
+__all__ = ["build_app", "FrontendConfig", "FRONTEND_HEADER"]
+
+logger = logging.getLogger(__name__)
+
+FRONTEND_HEADER = "x-disagg-frontend"
+_CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
+
+Handler = Callable[[ServingContext, Request], Awaitable[Response]]
+Lifespan = Callable[[Starlette], AsyncContextManager[None]]
+
+
+class FrontendHeaderMiddleware:
+    """Adds ``x-disagg-frontend`` to every HTTP response (pure ASGI: no per-request objects)."""
+
+    def __init__(self, app: ASGIApp, frontend_id: int) -> None:
+        self.app = app
+        self.header = (FRONTEND_HEADER.encode(), str(frontend_id).encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = self.header
+
+        async def send_with_header(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
+def _is_anthropic(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def error_response(error: ApiError, anthropic: bool) -> Response:
+    body = anthropic_error_body(error) if anthropic else openai_error_body(error)
+    return Response(body, status_code=error.status, media_type="application/json")
+
+
+def _endpoint(handler: Handler, anthropic: bool) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request.app.state.serving, request)
+        except ClientDisconnected:
+            return Response(status_code=_CLIENT_CLOSED_REQUEST)
+        except Exception as exc:  # noqa: BLE001 - the catch-all: always the API's error shape
+            error = http_error(exc)
+            if error.status >= 500 and not isinstance(exc, EngineDeadError):
+                logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+            return error_response(error, anthropic)
+
+    return endpoint
+
+
+async def _health(ctx: ServingContext, request: Request) -> Response:
+    ctx.check_engine()
+    return Response(b'{"status":"ok"}', media_type="application/json")
+
+
+async def _version(ctx: ServingContext, request: Request) -> Response:
+    return Response(msgspec.json.encode({"version": ctx.config.version}), media_type="application/json")
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    # Starlette's router raises these for unknown paths (404) and methods (405).
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if status == 404:
+        error = http_error(NotFoundError(f"no route {request.method} {request.url.path}"))
+    else:
+        error = ApiError(status, f"{request.method} is not allowed on {request.url.path}" if status == 405
+                         else str(getattr(exc, "detail", "error")), "invalid_request_error", "invalid_request_error")
+    return error_response(error, _is_anthropic(request.url.path))
+
+
+async def _unhandled(request: Request, exc: Exception) -> Response:
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(http_error(exc), _is_anthropic(request.url.path))
+
+
+def api_routes() -> list[Route]:
+    openai, anthropic = False, True
+    return [
+        Route("/v1/completions", _endpoint(openai_api.create_completion, openai), methods=["POST"]),
+        Route("/v1/chat/completions", _endpoint(openai_api.create_chat_completion, openai), methods=["POST"]),
+        Route("/v1/models", _endpoint(openai_api.list_models, openai), methods=["GET"]),
+        Route("/health", _endpoint(_health, openai), methods=["GET"]),
+        Route("/version", _endpoint(_version, openai), methods=["GET"]),
+        Route("/v1/messages", _endpoint(anthropic_api.create_message, anthropic), methods=["POST"]),
+        Route("/v1/messages/count_tokens", _endpoint(anthropic_api.count_message_tokens, anthropic),
+              methods=["POST"]),
+    ]
+
+
+def build_app(
+    client: EngineClientLike,
+    tokenizer: Tokenizer,
+    config: FrontendConfig,
+    *,
+    lifespan: Lifespan | None = None,
+    extra_routes: Sequence[BaseRoute] = (),
+) -> Starlette:
+    """The frontend app for one process.
+
+    ``lifespan``: the owner's startup/shutdown (e.g. starting the engine
+    client), run inside the app's own. ``extra_routes``: routes the process
+    adds (admin forwarding, /metrics); they take precedence over none of the
+    API routes, which are matched first.
+    """
+
+    @contextlib.asynccontextmanager
+    async def app_lifespan(app: Starlette):
+        async with lifespan(app) if lifespan is not None else contextlib.nullcontext():
+            yield
+
+    app = Starlette(
+        routes=[*api_routes(), *extra_routes],
+        middleware=[Middleware(FrontendHeaderMiddleware, frontend_id=config.frontend_id)],
+        exception_handlers={HTTPException: _http_exception, Exception: _unhandled},
+        lifespan=app_lifespan,
+    )
+    # Set here, not in the lifespan: transports that skip lifespan (httpx.ASGITransport) work too.
+    app.state.serving = ServingContext(client, tokenizer, config)
+    return app

@@ -1,0 +1,118 @@
+"""The frontend's error tree and its one mapping to HTTP error responses.
+
+Exception hierarchy (what a handler or the engine client may raise)::
+
+    FrontendError                 any error with an HTTP status and an API type
+    ├── InvalidRequestError       400: malformed JSON, wrong type, out-of-range value
+    │   └── PromptTooLongError    400: prompt tokens + max_tokens > max_model_len
+    ├── ModelNotFoundError        404: the body names a model this frontend does not serve
+    ├── NotFoundError             404: unknown route
+    └── EngineDeadError           503: the engine process is gone (or unhealthy)
+
+``http_error(exc)`` maps any exception to (status, ApiError): msgspec decode
+and validation errors and ``ValueError`` (e.g. ``SamplingParams.validate``)
+are 400s; anything else is a bug and becomes a 500 that still has the API's
+error shape (and is logged with its traceback by the app). Bodies are
+rendered per API: OpenAI ``{"error": {"message", "type", "param", "code"}}``,
+Anthropic ``{"type": "error", "error": {"type", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = [
+    "FrontendError",
+    "InvalidRequestError",
+    "PromptTooLongError",
+    "ModelNotFoundError",
+    "NotFoundError",
+    "EngineDeadError",
+    "ApiError",
+    "http_error",
+    "openai_error_body",
+    "anthropic_error_body",
+]
+
+
+class FrontendError(Exception):
+    status: int = 400
+    openai_type: str = "invalid_request_error"
+    anthropic_type: str = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequestError(FrontendError):
+    pass
+
+
+class PromptTooLongError(InvalidRequestError):
+    code = "context_length_exceeded"
+
+
+class ModelNotFoundError(FrontendError):
+    status = 404
+    anthropic_type = "not_found_error"
+    code = "model_not_found"
+
+
+class NotFoundError(FrontendError):
+    status = 404
+    anthropic_type = "not_found_error"
+    code = "not_found"
+
+
+class EngineDeadError(FrontendError):
+    status = 503
+    openai_type = "service_unavailable_error"
+    anthropic_type = "api_error"
+    code = "engine_dead"
+
+    def __init__(self, message: str = "the engine is not running", *, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+
+
+class ApiError(msgspec.Struct, frozen=True):
+    status: int
+    message: str
+    openai_type: str
+    anthropic_type: str
+    param: str | None = None
+    code: str | None = None
+
+
+def http_error(exc: BaseException) -> ApiError:
+    """The one mapping from exception types to HTTP errors."""
+    if isinstance(exc, FrontendError):
+        return ApiError(exc.status, exc.message, exc.openai_type, exc.anthropic_type, exc.param, exc.code)
+    if isinstance(exc, msgspec.ValidationError):
+        return ApiError(400, f"invalid request body: {exc}", "invalid_request_error", "invalid_request_error",
+                        _param_of(exc))
+    if isinstance(exc, msgspec.DecodeError):
+        return ApiError(400, f"malformed JSON body: {exc}", "invalid_request_error", "invalid_request_error")
+    if isinstance(exc, ValueError):
+        return ApiError(400, str(exc), "invalid_request_error", "invalid_request_error")
+    return ApiError(500, f"internal error: {type(exc).__name__}", "internal_error", "api_error")
+
+
+def _param_of(exc: msgspec.ValidationError) -> str | None:
+    # msgspec says "... - at `$.messages[0].content`": name the field for the client.
+    text = str(exc)
+    if "at `$." not in text:
+        return None
+    return text.rsplit("at `$.", 1)[1].rstrip("`")
+
+
+def openai_error_body(error: ApiError) -> bytes:
+    return msgspec.json.encode(
+        {"error": {"message": error.message, "type": error.openai_type, "param": error.param, "code": error.code}}
+    )
+
+
+def anthropic_error_body(error: ApiError) -> bytes:
+    return msgspec.json.encode({"type": "error", "error": {"type": error.anthropic_type, "message": error.message}})

@@ -1,0 +1,208 @@
+"""The one generation path shared by every API: engine outputs to text pieces.
+
+Both the OpenAI and the Anthropic handlers iterate ``Generation.pieces()``;
+only their encoders differ. A piece carries the text that became safe to
+emit (complete UTF-8 characters, no part of a stop string), the tokens and
+logprobs that produced it, and, on the last piece, why the request ended.
+
+A stop string ends the request here, in the frontend: leaving the
+``async with aclosing(...)`` block closes the engine client's iterator,
+which aborts the request in the engine. The same happens when the consumer
+of ``pieces()`` is cancelled or closed (a client that went away).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import aclosing
+from typing import AsyncGenerator, AsyncIterator, Protocol
+
+from frontends.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from frontends.errors import ApiError, FrontendError, InvalidRequestError, http_error
+from frontends.tokenizer import Tokenizer
+from workers.protocol import RequestOutput, TokenLogprobs
+from workers.sampling_params import SamplingParams
+
+__all__ = [
+    "EngineClientLike",
+    "Piece",
+    "Generation",
+    "Completion",
+    "RequestAbortedError",
+    "StreamEncoder",
+    "stream_events",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class EngineClientLike(Protocol):
+    """What the frontends need of ``frontends.engine_client.EngineClient``."""
+
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...] | list[int]
+
+    @property
+    def is_healthy(self) -> bool: ...
+
+    def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
+    ) -> AsyncIterator[RequestOutput]: ...
+
+    async def abort(self, request_id: int) -> None: ...
+
+
+class RequestAbortedError(FrontendError):
+    """The engine ended the request without an answer (it was aborted on its side)."""
+
+    status = 503
+    openai_type = "service_unavailable_error"
+    anthropic_type = "api_error"
+    code = "request_aborted"
+
+
+class Piece:
+    """Text safe to emit and what produced it. ``finish_reason`` only on the last piece:
+    ``stop`` (EOS, a stop token or ``stop_string``) or ``length``."""
+
+    __slots__ = ("text", "token_ids", "logprobs", "finish_reason", "stop_string")
+
+    def __init__(
+        self,
+        text: str,
+        token_ids: list[int],
+        logprobs: list[TokenLogprobs] | None,
+        finish_reason: str | None = None,
+        stop_string: str | None = None,
+    ) -> None:
+        self.text = text
+        self.token_ids = token_ids
+        self.logprobs = logprobs
+        self.finish_reason = finish_reason
+        self.stop_string = stop_string
+
+
+class Generation:
+    """One request's run through the engine; counts tokens for usage."""
+
+    def __init__(
+        self,
+        client: EngineClientLike,
+        tokenizer: Tokenizer,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        stop_strings: tuple[str, ...] = (),
+        arrival_time: float | None = None,
+    ) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.stop_strings = stop_strings
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_output_tokens = 0
+        self.num_cached_tokens = 0
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        detokenizer = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids)
+        matcher = StopStringMatcher(self.stop_strings) if self.stop_strings else None
+        want_logprobs = self.params.logprobs is not None
+        # Tokens whose text is still held back travel with the next piece.
+        pending_ids: list[int] = []
+        pending_logprobs: list[TokenLogprobs] | None = [] if want_logprobs else None
+        outputs = self.client.generate(self.prompt_token_ids, self.params, self.arrival_time)
+        async with aclosing(outputs) as stream:
+            async for output in stream:
+                if output.finish_reason == "abort":
+                    if output.error:
+                        raise InvalidRequestError(output.error)
+                    raise RequestAbortedError("the engine aborted the request")
+                self.num_output_tokens += len(output.new_token_ids)
+                self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
+                pending_ids.extend(output.new_token_ids)
+                if want_logprobs and output.new_logprobs:
+                    pending_logprobs.extend(output.new_logprobs)
+                finished = output.finish_reason is not None
+                text = detokenizer.add(output.new_token_ids)
+                if finished:
+                    text += detokenizer.flush()
+                stop_string = None
+                if matcher is not None:
+                    text, stop_string = matcher.feed(text)
+                    if finished and stop_string is None:
+                        text += matcher.flush()
+                if stop_string is not None:
+                    yield Piece(text, pending_ids, pending_logprobs, "stop", stop_string)
+                    return  # leaving aclosing aborts the request in the engine
+                if text or finished:
+                    yield Piece(text, pending_ids, pending_logprobs, output.finish_reason)
+                    if finished:
+                        return
+                    pending_ids = []
+                    pending_logprobs = [] if want_logprobs else None
+        raise RequestAbortedError("the engine stream ended without a finished output")
+
+    async def collect(self) -> "Completion":
+        """Run to the end; the whole answer (non-streaming requests)."""
+        texts: list[str] = []
+        logprobs: list[TokenLogprobs] | None = [] if self.params.logprobs is not None else None
+        last: Piece | None = None
+        async for piece in self.pieces():
+            texts.append(piece.text)
+            if logprobs is not None and piece.logprobs:
+                logprobs.extend(piece.logprobs)
+            last = piece
+        assert last is not None  # pieces() ends with a finishing piece or raises
+        return Completion("".join(texts), logprobs, last.finish_reason, last.stop_string)
+
+
+class Completion:
+    __slots__ = ("text", "logprobs", "finish_reason", "stop_string")
+
+    def __init__(self, text: str, logprobs: list[TokenLogprobs] | None, finish_reason: str | None,
+                 stop_string: str | None) -> None:
+        self.text = text
+        self.logprobs = logprobs
+        self.finish_reason = finish_reason
+        self.stop_string = stop_string
+
+
+class StreamEncoder(Protocol):
+    """How one API writes a generation as SSE frames (pre-encoded bytes)."""
+
+    def start(self, generation: Generation) -> list[bytes]: ...
+
+    def piece(self, piece: Piece) -> bytes | None: ...
+
+    def finish(self, generation: Generation, last: Piece) -> list[bytes]: ...
+
+    def error(self, error: ApiError) -> list[bytes]: ...
+
+
+async def stream_events(generation: Generation, encoder: StreamEncoder) -> AsyncGenerator[bytes, None]:
+    """The one streaming loop: every API's SSE stream is this loop and an encoder.
+
+    An error after the stream has started goes to the client in band (the
+    status line is already sent); closing this generator aborts the request.
+    """
+    for frame in encoder.start(generation):
+        yield frame
+    try:
+        last: Piece | None = None
+        async for piece in generation.pieces():
+            frame = encoder.piece(piece)
+            if frame is not None:
+                yield frame
+            last = piece
+        assert last is not None
+        frames = encoder.finish(generation, last)
+    except Exception as exc:  # noqa: BLE001 - reported to the client in the stream
+        error = http_error(exc)
+        if error.status >= 500:
+            logger.error("stream failed", exc_info=exc)
+        frames = encoder.error(error)
+    for frame in frames:
+        yield frame

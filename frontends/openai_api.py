@@ -1,0 +1,206 @@
+"""OpenAI-compatible handlers: /v1/completions, /v1/chat/completions, /v1/models.
+
+Thin: decode the body, build the prompt and SamplingParams through the
+ServingContext, then either stream (``stream_events`` with an encoder from
+this module) or collect the answer. Errors are raised, never rendered here.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from frontends.errors import ApiError, InvalidRequestError, openai_error_body
+from frontends.generation import Generation, Piece, stream_events
+from frontends.schemas_openai import (
+    SSE_DONE,
+    ChatChunkEncoder,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionChunkEncoder,
+    CompletionRequest,
+    Usage,
+    chat_logprobs,
+    completion_logprobs,
+)
+from frontends.serving import ServingContext
+from frontends.streaming import EventStreamResponse, run_until_disconnect
+from frontends.tokenizer import ChatTemplateError, Tokenizer
+
+__all__ = ["create_completion", "create_chat_completion", "list_models"]
+
+_JSON = "application/json"
+
+
+def _json_response(payload: Any) -> Response:
+    return Response(msgspec.json.encode(payload), media_type=_JSON)
+
+
+def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _usage(generation: Generation) -> Usage:
+    prompt, completion = generation.num_prompt_tokens, generation.num_output_tokens
+    return Usage(prompt, completion, prompt + completion)
+
+
+def _check_single_choice(n: int) -> None:
+    if n != 1:
+        raise InvalidRequestError(f"only n=1 is supported, got n={n}", param="n")
+
+
+class _CompletionStream:
+    def __init__(self, encoder: CompletionChunkEncoder, tokenizer: Tokenizer, include_usage: bool) -> None:
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.include_usage = include_usage
+        self.text_offset = 0
+
+    def start(self, generation: Generation) -> list[bytes]:
+        return []
+
+    def piece(self, piece: Piece) -> bytes | None:
+        logprobs = None
+        if piece.logprobs is not None:
+            logprobs = completion_logprobs(self.tokenizer, piece.logprobs, self.text_offset)
+        self.text_offset += len(piece.text)
+        return self.encoder.text(piece.text, logprobs, piece.finish_reason)
+
+    def finish(self, generation: Generation, last: Piece) -> list[bytes]:
+        usage = [self.encoder.usage(_usage(generation))] if self.include_usage else []
+        return usage + [SSE_DONE]
+
+    def error(self, error: ApiError) -> list[bytes]:
+        return [b"data: " + openai_error_body(error) + b"\n\n", SSE_DONE]
+
+
+class _ChatStream:
+    def __init__(self, encoder: ChatChunkEncoder, tokenizer: Tokenizer, include_usage: bool) -> None:
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.include_usage = include_usage
+
+    def start(self, generation: Generation) -> list[bytes]:
+        return [self.encoder.role()]
+
+    def piece(self, piece: Piece) -> bytes | None:
+        if not piece.text and not piece.logprobs:
+            return None
+        logprobs = chat_logprobs(self.tokenizer, piece.logprobs) if piece.logprobs is not None else None
+        return self.encoder.content(piece.text, logprobs)
+
+    def finish(self, generation: Generation, last: Piece) -> list[bytes]:
+        frames = [self.encoder.finish(last.finish_reason or "stop")]
+        if self.include_usage:
+            frames.append(self.encoder.usage(_usage(generation)))
+        return frames + [SSE_DONE]
+
+    def error(self, error: ApiError) -> list[bytes]:
+        return [b"data: " + openai_error_body(error) + b"\n\n", SSE_DONE]
+
+
+async def create_completion(ctx: ServingContext, request: Request) -> Response:
+    arrival_time = time.time()
+    body = msgspec.json.decode(await request.body(), type=CompletionRequest)
+    ctx.check_model(body.model)
+    _check_single_choice(body.n)
+    if body.echo:
+        raise InvalidRequestError("echo=true is not supported", param="echo")
+    prompt_ids = ctx.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
+    ctx.check_prompt_token_ids(prompt_ids, "prompt")
+    params = ctx.sampling_params(
+        len(prompt_ids), body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        seed=body.seed, min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids,
+        ignore_eos=body.ignore_eos, logprobs=body.logprobs,
+    )
+    ctx.check_engine()
+    generation = Generation(ctx.client, ctx.tokenizer, prompt_ids, params, _stop_strings(body.stop),
+                            arrival_time)
+    response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        encoder = _CompletionStream(CompletionChunkEncoder(response_id, created, ctx.model_name), ctx.tokenizer,
+                                    include_usage)
+        return EventStreamResponse(stream_events(generation, encoder))
+    result = await run_until_disconnect(request.receive, generation.collect())
+    logprobs = completion_logprobs(ctx.tokenizer, result.logprobs, 0) if result.logprobs is not None else None
+    choice = {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}
+    return _json_response({
+        "id": response_id, "object": "text_completion", "created": created, "model": ctx.model_name,
+        "choices": [choice], "usage": _usage(generation),
+    })
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    # Text parts become one string: most chat templates expect string content.
+    rendered = msgspec.to_builtins(message)
+    if isinstance(message.content, list):
+        rendered["content"] = "\n".join(part.text for part in message.content)
+    return rendered
+
+
+def chat_prompt_ids(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
+    if not body.messages:
+        raise InvalidRequestError("messages must not be empty", param="messages")
+    tools = msgspec.to_builtins(body.tools) if body.tools else None
+    try:
+        return ctx.tokenizer.encode_chat(
+            [_template_message(m) for m in body.messages], tools=tools,
+            add_generation_prompt=body.add_generation_prompt, template_kwargs=body.chat_template_kwargs,
+        )
+    except ChatTemplateError as exc:
+        raise InvalidRequestError(str(exc), param="messages") from exc
+
+
+async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
+    arrival_time = time.time()
+    body = msgspec.json.decode(await request.body(), type=ChatCompletionRequest)
+    ctx.check_model(body.model)
+    _check_single_choice(body.n)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
+    prompt_ids = chat_prompt_ids(ctx, body)
+    max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    params = ctx.sampling_params(
+        len(prompt_ids), max_tokens, max_tokens_param=max_tokens_param, prompt_param="messages",
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
+        min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+    )
+    ctx.check_engine()
+    generation = Generation(ctx.client, ctx.tokenizer, prompt_ids, params, _stop_strings(body.stop),
+                            arrival_time)
+    response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        encoder = _ChatStream(ChatChunkEncoder(response_id, created, ctx.model_name), ctx.tokenizer, include_usage)
+        return EventStreamResponse(stream_events(generation, encoder))
+    result = await run_until_disconnect(request.receive, generation.collect())
+    logprobs = chat_logprobs(ctx.tokenizer, result.logprobs) if result.logprobs is not None else None
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": result.text},
+        "logprobs": logprobs,
+        "finish_reason": result.finish_reason,
+    }
+    return _json_response({
+        "id": response_id, "object": "chat.completion", "created": created, "model": ctx.model_name,
+        "choices": [choice], "usage": _usage(generation),
+    })
+
+
+async def list_models(ctx: ServingContext, request: Request) -> Response:
+    model = {
+        "id": ctx.model_name, "object": "model", "created": 0, "owned_by": "disagg",
+        "max_model_len": ctx.client.max_model_len,
+    }
+    return _json_response({"object": "list", "data": [model]})

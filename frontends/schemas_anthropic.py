@@ -1,0 +1,145 @@
+"""Anthropic Messages API bodies: msgspec request structs and SSE event encoders.
+
+Event sequence of a stream: ``message_start``, ``content_block_start``,
+``ping``, ``content_block_delta``*, ``content_block_stop``,
+``message_delta`` (stop_reason, stop_sequence, usage), ``message_stop``.
+The fixed events are constant bytes; a delta encodes only its text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "TextBlock",
+    "Message",
+    "ToolDefinition",
+    "MessagesRequest",
+    "CountTokensRequest",
+    "MessageEventEncoder",
+    "STOP_REASONS",
+]
+
+_encode = msgspec.json.encode
+
+# Generation finish reasons (frontends.generation.Piece) to Anthropic stop reasons;
+# a stop string is "stop_sequence", decided where the piece carries one.
+STOP_REASONS: dict[str, str] = {"stop": "end_turn", "length": "max_tokens"}
+
+
+class TextBlock(msgspec.Struct, frozen=True, tag_field="type", tag="text"):
+    text: str
+    cache_control: Any = None
+
+
+class Message(msgspec.Struct, frozen=True):
+    role: Literal["user", "assistant"]
+    content: str | list[TextBlock]
+
+
+class ToolDefinition(msgspec.Struct, frozen=True):
+    name: str
+    input_schema: dict[str, Any]
+    description: str | None = None
+
+
+class MessagesRequest(msgspec.Struct, frozen=True):
+    model: str
+    messages: list[Message]
+    max_tokens: int
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stream: bool = False
+    metadata: Any = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Any = None
+    disaggregated_params: Any = None  # accepted, unused until disaggregated serving
+
+
+class CountTokensRequest(msgspec.Struct, frozen=True):
+    model: str
+    messages: list[Message]
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolDefinition] | None = None
+
+
+def _event(name: str, payload: bytes) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + payload + b"\n\n"
+
+
+_CONTENT_BLOCK_START = _event(
+    "content_block_start", b'{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}'
+)
+_PING = _event("ping", b'{"type":"ping"}')
+_CONTENT_BLOCK_STOP = _event("content_block_stop", b'{"type":"content_block_stop","index":0}')
+_MESSAGE_STOP = _event("message_stop", b'{"type":"message_stop"}')
+_DELTA_HEAD = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
+)
+
+
+class MessageEventEncoder:
+    __slots__ = ("message_id", "model")
+
+    def __init__(self, message_id: str, model: str) -> None:
+        self.message_id = message_id
+        self.model = model
+
+    def message_start(self, input_tokens: int) -> bytes:
+        message = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+        }
+        return _event("message_start", _encode({"type": "message_start", "message": message}))
+
+    def content_block_start(self) -> bytes:
+        return _CONTENT_BLOCK_START
+
+    def ping(self) -> bytes:
+        return _PING
+
+    def text_delta(self, text: str) -> bytes:
+        return _DELTA_HEAD + _encode(text) + b"}}\n\n"
+
+    def content_block_stop(self) -> bytes:
+        return _CONTENT_BLOCK_STOP
+
+    def message_delta(self, stop_reason: str, stop_sequence: str | None, input_tokens: int,
+                      output_tokens: int) -> bytes:
+        payload = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+        }
+        return _event("message_delta", _encode(payload))
+
+    def message_stop(self) -> bytes:
+        return _MESSAGE_STOP
+
+    def error(self, error_body: bytes) -> bytes:
+        return _event("error", error_body)
+
+    def message(self, text: str, stop_reason: str, stop_sequence: str | None, input_tokens: int,
+                output_tokens: int) -> bytes:
+        """The whole non-streaming response."""
+        return _encode({
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+        })

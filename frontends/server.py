@@ -1,0 +1,147 @@
+"""Runs one frontend process: its engine client and its uvicorn server.
+
+Every frontend of a worker listens on the same port through its own socket
+bound with SO_REUSEPORT (the kernel spreads connections over them). The
+caller owns the signals: uvicorn's own handlers are replaced, because they
+re-raise the signal after serving, which would kill the launcher before it
+stops the engine and removes the IPC directory.
+
+Shutdown (SIGTERM/SIGINT, a dead engine, or, for an attached frontend, a
+launcher that disappeared): stop accepting, let in-flight requests finish
+within ``grace_seconds``, close the engine client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterator
+
+import uvicorn
+
+from frontends.engine_client import EngineClient, process_alive
+from workers.attach import AttachInfo
+
+__all__ = ["make_listen_socket", "FrontendServer", "ServeOptions", "serve_frontend", "run_event_loop"]
+
+log = logging.getLogger("disagg.frontend")
+
+WATCH_SECONDS = 0.5
+
+
+def make_listen_socket(host: str, port: int, backlog: int = 4096) -> socket.socket:
+    """A listening TCP socket that the worker's other frontends can share (SO_REUSEPORT)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.set_inheritable(False)
+    return sock
+
+
+class FrontendServer(uvicorn.Server):
+    """uvicorn without its signal handling (see the module docstring)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    grace_seconds: float = 30.0
+    log_level: str = "info"
+    access_log: bool = False
+
+
+async def serve_frontend(
+    attach: AttachInfo,
+    make_app: Callable[[EngineClient], Any],
+    options: ServeOptions,
+    *,
+    on_ready: Callable[[], Awaitable[None]],
+    on_signal: Callable[[int], None] | None = None,
+) -> int:
+    """Serve until told to stop; 0 after a requested shutdown, 1 when the engine died.
+
+    ``on_ready`` runs once the server accepts connections (an exception from it
+    stops the server and propagates); ``on_signal`` runs on SIGTERM/SIGINT
+    before the drain starts (the launcher forwards the signal to its frontends).
+    """
+    client = EngineClient(attach)
+    await client.start()
+    sock = make_listen_socket(attach.host, attach.port)
+    config = uvicorn.Config(
+        make_app(client), log_level=options.log_level, access_log=options.access_log,
+        timeout_graceful_shutdown=options.grace_seconds,  # type: ignore[arg-type]
+        http=_http_impl(), lifespan="auto",
+    )
+    server = FrontendServer(config)
+    exit_code = 0
+
+    def stop(sig: int) -> None:
+        if on_signal is not None:
+            on_signal(sig)
+        server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop, sig)
+
+    async def watch_engine() -> None:
+        nonlocal exit_code
+        reason = await client.wait_until_dead()
+        log.error("frontend %d: %s; shutting down", attach.frontend_id, reason)
+        exit_code = 1
+        server.should_exit = True
+
+    async def watch_launcher() -> None:
+        while process_alive(attach.launcher_pid):
+            await asyncio.sleep(WATCH_SECONDS)
+        log.error("frontend %d: the launcher (pid %d) is gone; exiting", attach.frontend_id, attach.launcher_pid)
+        server.should_exit = server.force_exit = True
+
+    watchers = [asyncio.create_task(watch_engine())]
+    if attach.frontend_id != 0:
+        watchers.append(asyncio.create_task(watch_launcher()))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)  # uvicorn has no "started" event to await
+        if server.started:
+            await on_ready()
+        await serving
+    finally:
+        server.should_exit = True
+        await asyncio.gather(serving, return_exceptions=True)
+        for task in watchers:
+            task.cancel()
+        await client.close()
+        sock.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return exit_code
+
+
+def _http_impl() -> str:
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    return "httptools"
+
+
+def run_event_loop(main: Awaitable[int]) -> int:
+    """Run ``main`` on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)  # type: ignore[arg-type]
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)  # type: ignore[arg-type]

@@ -1,0 +1,122 @@
+"""What every API handler shares: the engine client, the tokenizer, the served
+model, and the checks that turn an API body into a valid engine request.
+
+Length policy (documented once, here): a request needs
+``prompt tokens + max_tokens <= max_model_len``. ``max_tokens`` is never
+clamped: a request that asks for more than fits is a 400 that names the
+limit and the largest ``max_tokens`` that would fit, because silently
+shortening the answer changes its meaning (vLLM does the same). When the
+API lets ``max_tokens`` be omitted (OpenAI chat), it defaults to all the
+room left: ``max_model_len - prompt tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from frontends.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError, PromptTooLongError
+from frontends.generation import EngineClientLike
+from frontends.tokenizer import Tokenizer
+from workers.sampling_params import SamplingParams
+
+__all__ = ["FrontendConfig", "ServingContext"]
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    served_model_name: str
+    """The model name clients send and /v1/models lists (default: the model dir's basename)."""
+    frontend_id: int = 0
+    """This process's index in its worker; sent as the ``x-disagg-frontend`` header."""
+    version: str = "0.1.0"
+
+    @classmethod
+    def for_model_dir(cls, model_dir: str | Path, frontend_id: int = 0,
+                      served_model_name: str | None = None) -> "FrontendConfig":
+        name = served_model_name or Path(model_dir).resolve().name
+        return cls(served_model_name=name, frontend_id=frontend_id)
+
+
+class ServingContext:
+    """The state one frontend process serves from (one per app)."""
+
+    def __init__(self, client: EngineClientLike, tokenizer: Tokenizer, config: FrontendConfig) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.config = config
+        self.model_name = config.served_model_name
+
+    def check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise ModelNotFoundError(
+                f"the model {model!r} does not exist; this server serves {self.model_name!r}", param="model"
+            )
+
+    def check_engine(self) -> None:
+        if not self.client.is_healthy:
+            raise EngineDeadError()
+
+    def check_prompt_token_ids(self, token_ids: list[int], param: str) -> None:
+        if not token_ids:
+            raise InvalidRequestError("the prompt is empty", param=param)
+        vocab_size = self.client.vocab_size
+        for token_id in token_ids:
+            if not 0 <= token_id < vocab_size:
+                raise InvalidRequestError(f"token id {token_id} is outside the vocabulary [0, {vocab_size})",
+                                          param=param)
+
+    def sampling_params(
+        self,
+        num_prompt_tokens: int,
+        max_tokens: int | None,
+        *,
+        max_tokens_param: str = "max_tokens",
+        prompt_param: str = "prompt",
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        min_tokens: int = 0,
+        stop_token_ids: list[int] | None = None,
+        ignore_eos: bool = False,
+        logprobs: int | None = None,
+    ) -> SamplingParams:
+        """Validated SamplingParams, or InvalidRequestError / PromptTooLongError."""
+        limit = self.client.max_model_len
+        if num_prompt_tokens >= limit:
+            raise PromptTooLongError(
+                f"this model's maximum context length is {limit} tokens, for the prompt and at least one "
+                f"generated token; the prompt has {num_prompt_tokens} tokens",
+                param=prompt_param,
+            )
+        if max_tokens is None:
+            max_tokens = limit - num_prompt_tokens
+        elif num_prompt_tokens + max_tokens > limit:
+            raise PromptTooLongError(
+                f"this model's maximum context length is {limit} tokens; the request needs "
+                f"{num_prompt_tokens} prompt tokens + {max_tokens} {max_tokens_param} = "
+                f"{num_prompt_tokens + max_tokens}; lower {max_tokens_param} to at most {limit - num_prompt_tokens}",
+                param=max_tokens_param,
+            )
+        if top_k is not None and top_k in (0, -1):
+            top_k = None  # OpenAI-compatible servers (vLLM) use 0 / -1 for "off"
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if temperature is None else temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            min_tokens=min_tokens,
+            stop_token_ids=tuple(stop_token_ids or ()),
+            ignore_eos=ignore_eos,
+            logprobs=logprobs,
+        )
+        try:
+            params.validate()
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), param=str(exc).split(" ", 1)[0]) from exc
+        for token_id in params.stop_token_ids:
+            if not 0 <= token_id < self.client.vocab_size:
+                raise InvalidRequestError(f"stop token id {token_id} is outside the vocabulary", param="stop_token_ids")
+        return params

@@ -1,0 +1,150 @@
+"""The model's tokenizer and chat template, without transformers or torch.
+
+``Tokenizer.from_model_dir(path)`` reads ``tokenizer.json`` with the
+``tokenizers`` library and ``tokenizer_config.json`` for the special tokens,
+``model_max_length`` and the chat template. Templates render in a sandboxed
+jinja2 environment set up as Hugging Face does (``trim_blocks``,
+``lstrip_blocks``, ``raise_exception``, ``tojson``, ``strftime_now``), so a
+model's own template gives the same prompt text as ``apply_chat_template``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import tokenizers
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+__all__ = ["Tokenizer", "ChatTemplateError"]
+
+
+class ChatTemplateError(ValueError):
+    """The chat template refused the conversation (its ``raise_exception``) or failed."""
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
+            sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _token_text(value: Any) -> str | None:
+    # tokenizer_config.json stores special tokens as strings or AddedToken dicts.
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _compile_template(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+class Tokenizer:
+    """Encode, decode, count and render chat for one model."""
+
+    def __init__(self, backend: tokenizers.Tokenizer, config: dict[str, Any]) -> None:
+        self.backend = backend
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        self.model_max_length: int | None = config.get("model_max_length")
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._template_sources = self._template_table(config.get("chat_template"))
+        self._templates: dict[str, jinja2.Template] = {}
+        eos_id = backend.token_to_id(self.eos_token) if self.eos_token else None
+        self.eos_token_id: int | None = eos_id
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path) -> "Tokenizer":
+        model_dir = Path(model_dir)
+        backend = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        config_path = model_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+        template_path = model_dir / "chat_template.jinja"
+        if "chat_template" not in config and template_path.exists():
+            config["chat_template"] = template_path.read_text(encoding="utf-8")
+        return cls(backend, config)
+
+    @staticmethod
+    def _template_table(value: Any) -> dict[str, str]:
+        # A string, or HF's list of {"name", "template"} (e.g. "default", "tool_use").
+        if value is None:
+            return {}
+        if isinstance(value, str):
+            return {"default": value}
+        return {entry["name"]: entry["template"] for entry in value}
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self._template_sources)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """One token on its own, as API logprobs show it."""
+        return self.backend.decode([token_id], skip_special_tokens=False)
+
+    def count_tokens(self, text: str, add_special_tokens: bool = True) -> int:
+        return len(self.encode(text, add_special_tokens))
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt text of a conversation under the model's chat template.
+
+        Raises ChatTemplateError when the model has no template or the
+        template rejects the conversation.
+        """
+        template = self._template(with_tools=bool(tools))
+        context = dict(template_kwargs or {})
+        context.update(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
+        try:
+            return template.render(**context)
+        except ChatTemplateError:
+            raise
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+    def encode_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+        # The template writes BOS itself: encode without adding special tokens, as HF does.
+        return self.encode(self.render_chat(messages, **kwargs), add_special_tokens=False)
+
+    def _template(self, with_tools: bool) -> jinja2.Template:
+        if not self._template_sources:
+            raise ChatTemplateError("this model has no chat template; use /v1/completions")
+        name = "tool_use" if with_tools and "tool_use" in self._template_sources else "default"
+        if name not in self._template_sources:
+            name = next(iter(self._template_sources))
+        if name not in self._templates:
+            self._templates[name] = _compile_template(self._template_sources[name])
+        return self._templates[name]

@@ -1,0 +1,48 @@
+"""Frontend fixtures: the tiny model's tokenizer and the app over an in-process engine."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import pytest
+import pytest_asyncio
+import uvicorn
+
+from frontends.tokenizer import Tokenizer
+from http_harness import make_harness
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir) -> Tokenizer:
+    return Tokenizer.from_model_dir(tiny_model_dir)
+
+
+@pytest_asyncio.fixture
+async def harness(tiny_model_dir, tokenizer):
+    app, h = await make_harness(tiny_model_dir, tokenizer)
+    yield h
+    await h.http.aclose()
+    await h.client.close()
+
+
+@pytest_asyncio.fixture
+async def live_server(tiny_model_dir, tokenizer):
+    """The app on a real uvicorn at 127.0.0.1 (same event loop as the engine task);
+    decode steps take 2 ms so that a stream is still running when a test disconnects."""
+    app, h = await make_harness(tiny_model_dir, tokenizer, decode_step_seconds=0.002)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    h.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    yield h
+    await h.http.aclose()
+    server.should_exit = True
+    await task
+    sock.close()
+    await h.client.close()

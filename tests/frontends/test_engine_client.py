@@ -1,0 +1,162 @@
+"""EngineClient against a real engine process (synthetic engine, real sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from contextlib import aclosing
+
+import pytest
+
+from frontends.engine_client import EngineClient
+from frontends.errors import EngineDeadError
+from workers.config import EngineConfig, SyntheticConfig
+from workers.launcher import WorkerGroup
+from workers.protocol import EngineHealth, HealthPing
+from workers.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=5, temperature=0.0)
+LONG = SamplingParams(max_tokens=10_000, temperature=0.0)
+
+
+@pytest.fixture
+def group():
+    # 20 ms per decode step: a LONG request runs for minutes, a GREEDY one for 0.1 s.
+    config = EngineConfig(kind="synthetic", synthetic=SyntheticConfig(decode_step_base_seconds=0.02))
+    with WorkerGroup(config, 2, "127.0.0.1", 1, grace_seconds=1.0) as group:
+        group.start_engine(timeout=30.0)
+        yield group
+
+
+def num_unfinished(group: WorkerGroup) -> int:
+    reply = group.control(HealthPing())
+    assert isinstance(reply, EngineHealth)
+    return reply.num_unfinished
+
+
+def test_generate_streams_until_the_finishing_output_on_every_frontend(group):
+    async def main():
+        clients = [EngineClient(group.attach_info(i)) for i in range(2)]
+        for client in clients:
+            await client.start()
+        assert clients[1].max_model_len == group.engine_info.max_model_len
+        assert clients[1].vocab_size == 32000
+        assert clients[0].is_healthy
+
+        async def run(client):
+            return [out async for out in client.generate([1, 2, 3], GREEDY)]
+
+        results = await asyncio.gather(run(clients[0]), run(clients[1]), run(clients[1]))
+        for client in clients:
+            await client.close()
+        return results
+
+    results = asyncio.run(main())
+    assert [{o.request_id for o in r} for r in results] == [{0}, {1 << 48}, {(1 << 48) + 1}]
+    for outputs in results:
+        assert sum(len(o.new_token_ids) for o in outputs) == 5
+        assert [o.finish_reason for o in outputs][-1] == "length"
+        assert all(o.finish_reason is None for o in outputs[:-1])
+    # Greedy synthetic tokens are a function of the prompt: every frontend got its own copy.
+    assert [o.new_token_ids for o in results[0]] == [o.new_token_ids for o in results[1]]
+
+
+def test_leaving_generate_early_aborts_the_request_in_the_engine(group):
+    async def main():
+        client = EngineClient(group.attach_info(0))
+        await client.start()
+        async with aclosing(client.generate([1, 2, 3], LONG)) as outputs:
+            async for _ in outputs:
+                break
+        assert client.num_in_flight == 0
+        async def consume():
+            async for _ in client.generate([4, 5], LONG):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.1)
+        task.cancel()  # a client that went away
+        await asyncio.gather(task, return_exceptions=True)
+        deadline = time.monotonic() + 5.0
+        while await asyncio.to_thread(num_unfinished, group) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        remaining = await asyncio.to_thread(num_unfinished, group)
+        await client.close()
+        return remaining
+
+    assert asyncio.run(main()) == 0
+
+
+def test_abort_ends_the_stream_with_finish_reason_abort(group):
+    async def main():
+        client = EngineClient(group.attach_info(0))
+        await client.start()
+        reasons = []
+        async for out in client.generate([1, 2, 3], LONG):
+            if out.finish_reason is None and not reasons:
+                await client.abort(out.request_id)
+            reasons.append(out.finish_reason)
+        await client.close()
+        return reasons[-1]
+
+    assert asyncio.run(main()) == "abort"
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_a_dead_engine_ends_in_flight_requests_with_engine_dead_error(group, how):
+    """SIGKILL: the process is gone. SIGSTOP: alive but silent (no heartbeat)."""
+    engine_pid = group.engine.popen.pid
+
+    async def main():
+        client = EngineClient(group.attach_info(0))
+        await client.start()
+        outputs = []
+
+        async def consume():
+            async for out in client.generate([1, 2, 3], LONG):
+                outputs.append(out)
+
+        task = asyncio.create_task(consume())
+        while not outputs:
+            await asyncio.sleep(0.01)
+        os.kill(engine_pid, getattr(signal, how))
+        killed_at = time.monotonic()
+        with pytest.raises(EngineDeadError):
+            await asyncio.wait_for(task, timeout=10.0)
+        noticed_after = time.monotonic() - killed_at
+        healthy = client.is_healthy
+        with pytest.raises(EngineDeadError):
+            await anext(aiter(client.generate([1], GREEDY)))
+        await client.close()
+        return noticed_after, healthy, client.dead_reason
+
+    try:
+        noticed_after, healthy, reason = asyncio.run(main())
+    finally:
+        if how == "SIGSTOP":
+            os.kill(engine_pid, signal.SIGCONT)
+    assert not healthy
+    if how == "SIGKILL":
+        assert noticed_after < 2.0
+        assert reason == f"the engine process (pid {engine_pid}) exited"
+    else:
+        assert 2.5 <= noticed_after < 5.0  # 3 heartbeats of silence, counted from the last output
+        assert reason.startswith("no heartbeat from the engine for ")
+
+
+def test_start_fails_cleanly_when_the_engine_does_not_answer(group):
+    engine_pid = group.engine.popen.pid
+
+    async def main():
+        client = EngineClient(group.attach_info(1))
+        with pytest.raises(EngineDeadError, match="did not answer frontend 1 within 0.3 s"):
+            await client.start(timeout=0.3)
+        assert not client.is_healthy
+
+    os.kill(engine_pid, signal.SIGSTOP)  # alive but hung
+    try:
+        asyncio.run(main())
+    finally:
+        os.kill(engine_pid, signal.SIGCONT)

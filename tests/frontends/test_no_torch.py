@@ -1,0 +1,22 @@
+"""Frontends start in about a second: they must never import torch, even transitively."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+MODULES = [
+    "frontends.app", "frontends.openai_api", "frontends.anthropic_api", "frontends.generation",
+    "frontends.detokenizer", "frontends.tokenizer", "frontends.errors", "frontends.streaming",
+    "frontends.engine_client", "frontends.server",
+]
+
+
+def test_frontend_modules_do_not_import_torch():
+    code = "import sys\n" + "".join(f"import {m}\n" for m in MODULES) + (
+        "heavy = sorted(m for m in ('torch', 'transformers', 'pydantic') if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""  # no torch, and no pydantic on the request path

@@ -1,0 +1,344 @@
+"""The engine process: a thin shell that moves messages around ``EngineCore``.
+
+As vLLM's ``EngineCoreProc.run_busy_loop``: drain the inputs (block in poll
+when there is no work, never spin), add and abort requests, ``step()``, send
+each lane at most one ``OutputBatch`` per step. Sockets (see DESIGN.md §3):
+
+    ingress.sock   bound PULL    requests and aborts from every frontend
+    lane-<i>.sock  PUSH-connect  outputs to frontend i (client id >> 48)
+    control.sock   bound ROUTER  health, shutdown, drains, profiler (launcher only)
+    status.sock    PUSH-connect  one EngineReady / EngineFailed to the launcher
+
+Sends never block: a lane whose queue is full (a dead or stuck frontend) has
+that step's batch dropped and all of its requests aborted, logged and counted.
+A heartbeat thread with its own sockets sends an empty batch on every lane
+each second, so frontends can tell a slow step from a dead engine.
+
+Run as ``python -m workers.engine_proc --spec FILE``: FILE (mode 0600, deleted
+once read) holds an ``EngineProcSpec`` with the key; the key is never on a
+command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import msgspec
+import zmq
+
+from workers.client_ids import lane_of
+from workers.config import EngineConfig
+from workers.ipc import (
+    HEARTBEAT_SECONDS,
+    INGRESS_HWM,
+    LANE_SNDHWM,
+    FrameCodec,
+    IpcPaths,
+    configure_engine_push,
+    send_nowait,
+)
+from workers.protocol import (
+    AbortRequests,
+    AddRequest,
+    ControlAck,
+    ControlReply,
+    ControlRequest,
+    DrainKVEvents,
+    DrainReply,
+    DrainStats,
+    EngineFailed,
+    EngineHealth,
+    EngineInfo,
+    EngineReady,
+    FrontendHello,
+    HealthPing,
+    IngressMessage,
+    OutputBatch,
+    RequestOutput,
+    Shutdown,
+    StartProfile,
+    StatusMessage,
+    StopProfile,
+)
+
+__all__ = ["EngineProcSpec", "EngineProc", "run_engine", "main"]
+
+log = logging.getLogger("disagg.engine")
+
+IDLE_POLL_MS = 250  # idle wake-up to notice a SIGTERM; a blocking wait, not a spin
+MAX_INPUTS_PER_LOOP = 4096  # bound one drain so a flood of requests cannot starve step()
+
+
+class EngineProcSpec(msgspec.Struct, frozen=True):
+    ipc_dir: str
+    key_hex: str
+    num_lanes: int
+    config: EngineConfig
+    lane_sndhwm: int = LANE_SNDHWM
+
+
+class EngineProc:
+    """The busy loop. Owns the core and the engine's sockets."""
+
+    def __init__(self, core: Any, paths: IpcPaths, key: bytes, num_lanes: int, ctx: zmq.Context,
+                 launcher_pid: int | None = None, lane_sndhwm: int = LANE_SNDHWM) -> None:
+        self.core = core
+        self.num_lanes = num_lanes
+        self.should_stop = False
+        self.launcher_gone = False  # the launcher died without cleaning up: the engine does
+        self.num_steps = 0
+        self.num_lane_drops = 0
+        self.num_lane_aborts = 0
+        self._ingress_codec: FrameCodec = FrameCodec(key, IngressMessage, "engine ingress")
+        self._control_codec: FrameCodec = FrameCodec(key, ControlRequest, "engine control")
+        self._lane_codec: FrameCodec = FrameCodec(key, OutputBatch, "engine lanes")
+        self._reply_codec: FrameCodec = FrameCodec(key, ControlReply, "engine control replies")
+        self._ingress = ctx.socket(zmq.PULL)
+        self._ingress.setsockopt(zmq.RCVHWM, INGRESS_HWM)
+        self._ingress.setsockopt(zmq.LINGER, 0)
+        self._ingress.bind(paths.ingress)
+        self._control = ctx.socket(zmq.ROUTER)
+        self._control.setsockopt(zmq.LINGER, 0)
+        self._control.bind(paths.control)
+        self._lanes = [_connect_lane(ctx, paths, i, lane_sndhwm) for i in range(num_lanes)]
+        self._live: list[set[int]] = [set() for _ in range(num_lanes)]  # unfinished ids per lane
+        self._pending: list[RequestOutput] = []  # rejections to send with the next batch
+        self._poller = zmq.Poller()
+        self._poller.register(self._ingress, zmq.POLLIN)
+        self._poller.register(self._control, zmq.POLLIN)
+        self._heartbeat = _Heartbeat(ctx, paths, key, num_lanes, launcher_pid, self._on_launcher_gone)
+
+    def _on_launcher_gone(self) -> None:
+        log.error("the launcher is gone: stopping the engine")
+        self.launcher_gone = True
+        self.should_stop = True
+
+    @property
+    def num_rejected_frames(self) -> int:
+        return self._ingress_codec.num_rejected + self._control_codec.num_rejected
+
+    def run(self) -> int:
+        self._heartbeat.start()
+        try:
+            while not self.should_stop:
+                busy = bool(self._pending) or self.core.has_work()
+                self._poll_inputs(timeout_ms=0 if busy else IDLE_POLL_MS)
+                if not self.should_stop and (self._pending or self.core.has_work()):
+                    self._step()
+        finally:
+            self._heartbeat.stop()
+            for sock in (self._ingress, self._control, *self._lanes):
+                sock.close(linger=0)
+        log.info("engine loop stopped after %d steps", self.num_steps)
+        return 0
+
+    def _poll_inputs(self, timeout_ms: int) -> None:
+        events = dict(self._poller.poll(timeout_ms))
+        if self._ingress in events:
+            for _ in range(MAX_INPUTS_PER_LOOP):
+                try:
+                    frames = self._ingress.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                message = self._ingress_codec.decode(frames)
+                if message is not None:
+                    self._handle_input(message)
+        if self._control in events:
+            while True:
+                try:
+                    identity, *frames = self._control.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                request = self._control_codec.decode(frames)
+                if request is not None:
+                    reply = self._handle_control(request)
+                    self._control.send_multipart([identity, *self._reply_codec.encode(reply)], flags=zmq.NOBLOCK)
+
+    def _handle_input(self, message: IngressMessage) -> None:
+        if isinstance(message, AddRequest):
+            request = message.request
+            lane = lane_of(request.request_id, self.num_lanes)
+            try:
+                self.core.add_request(request)
+            except Exception as exc:  # a bad request must not take the engine down
+                log.warning("rejected request %d: %s", request.request_id, exc)
+                self._pending.append(RequestOutput(request.request_id, [], "abort", error=str(exc)))
+                return
+            self._live[lane].add(request.request_id)
+        elif isinstance(message, AbortRequests):
+            for request_id in message.request_ids:
+                if request_id in self._live[lane_of(request_id, self.num_lanes)]:
+                    self.core.abort(request_id)
+        elif isinstance(message, FrontendHello):
+            if 0 <= message.frontend_id < self.num_lanes:
+                send_nowait(self._lanes[message.frontend_id], self._lane_codec, OutputBatch([], time.time()))
+
+    def _step(self) -> None:
+        outputs = self._pending + (self.core.step() if self.core.has_work() else [])
+        self._pending = []
+        self.num_steps += 1
+        batches: list[list[RequestOutput]] = [[] for _ in range(self.num_lanes)]
+        for output in outputs:
+            lane = lane_of(output.request_id, self.num_lanes)
+            batches[lane].append(output)
+            if output.finish_reason is not None:
+                self._live[lane].discard(output.request_id)
+        now = time.time()
+        for lane, batch in enumerate(batches):
+            if batch and not send_nowait(self._lanes[lane], self._lane_codec, OutputBatch(batch, now)):
+                self._drop_lane(lane, len(batch))
+
+    def _drop_lane(self, lane: int, num_outputs: int) -> None:
+        """Frontend ``lane`` is not reading: drop its batch and abort its requests."""
+        self.num_lane_drops += 1
+        aborted = self._live[lane]
+        self._live[lane] = set()
+        for request_id in aborted:
+            self.core.abort(request_id)
+        self.num_lane_aborts += len(aborted)
+        log.warning(
+            "lane %d is full (frontend dead or stuck): dropped %d outputs, aborted %d requests "
+            "(%d drops, %d aborts so far)", lane, num_outputs, len(aborted), self.num_lane_drops, self.num_lane_aborts,
+        )
+
+    def _handle_control(self, request: ControlRequest) -> ControlReply:
+        try:
+            if isinstance(request, HealthPing):
+                return EngineHealth(
+                    sum(len(s) for s in self._live), self.num_steps, self.num_rejected_frames,
+                    self.num_lane_drops, self.num_lane_aborts, time.time(),
+                )
+            if isinstance(request, Shutdown):
+                self.should_stop = True
+            elif isinstance(request, DrainStats):
+                return DrainReply(msgspec.Raw(msgspec.msgpack.encode(self.core.drain_stats())))
+            elif isinstance(request, DrainKVEvents):
+                return DrainReply(msgspec.Raw(msgspec.msgpack.encode(self.core.drain_kv_events())))
+            elif isinstance(request, StartProfile):
+                self.core.start_profile(request.dir)
+            elif isinstance(request, StopProfile):
+                self.core.stop_profile()
+        except Exception as exc:
+            log.exception("control request %s failed", type(request).__name__)
+            return ControlAck(error=f"{type(exc).__name__}: {exc}")
+        return ControlAck()
+
+
+def _connect_lane(ctx: zmq.Context, paths: IpcPaths, frontend_id: int, sndhwm: int = LANE_SNDHWM) -> zmq.Socket:
+    # Not zmq.IMMEDIATE: a lane connected before its frontend binds queues the
+    # Hello reply until the frontend is there, instead of dropping it.
+    sock = ctx.socket(zmq.PUSH)
+    configure_engine_push(sock, sndhwm)
+    sock.connect(paths.lane(frontend_id))
+    return sock
+
+
+class _Heartbeat:
+    """Sends an empty OutputBatch on every lane each HEARTBEAT_SECONDS, from its own
+    thread and sockets (zmq sockets are not thread-safe), even during a long step.
+    It also watches the launcher: an orphaned engine stops instead of holding the GPU."""
+
+    def __init__(self, ctx: zmq.Context, paths: IpcPaths, key: bytes, num_lanes: int,
+                 launcher_pid: int | None, on_launcher_gone: Callable[[], None]) -> None:
+        self._ctx, self._paths, self._num_lanes = ctx, paths, num_lanes
+        self._launcher_pid, self._on_launcher_gone = launcher_pid, on_launcher_gone
+        self._codec: FrameCodec = FrameCodec(key, OutputBatch, "engine heartbeat")
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        lanes = [_connect_lane(self._ctx, self._paths, i) for i in range(self._num_lanes)]
+        try:
+            while not self._stopped.wait(HEARTBEAT_SECONDS):
+                if self._launcher_pid is not None and os.getppid() != self._launcher_pid:
+                    self._on_launcher_gone()
+                for lane in lanes:
+                    send_nowait(lane, self._codec, OutputBatch([], time.time()))
+        finally:
+            for lane in lanes:
+                lane.close(linger=0)
+
+
+def build_core(config: EngineConfig) -> tuple[Any, EngineInfo]:
+    """The EngineCore for ``config`` and the handshake info frontends need."""
+    from workers.engine.core import EngineCore
+    from workers.engine.factory import build_executor
+
+    executor = build_executor(config)
+    core = EngineCore(config, executor)
+    info = EngineInfo(
+        kind=config.kind,
+        max_model_len=int(core.max_model_len),
+        vocab_size=int(executor.vocab_size),
+        eos_token_ids=sorted(int(t) for t in executor.eos_token_ids),
+        block_size=int(executor.block_size),
+        num_blocks=int(executor.num_blocks),
+    )
+    return core, info
+
+
+def run_engine(spec: EngineProcSpec, launcher_pid: int | None = None) -> int:
+    """Build the core, report readiness on status.sock, run the loop until shutdown."""
+    paths = IpcPaths(Path(spec.ipc_dir))
+    key = bytes.fromhex(spec.key_hex)
+    ctx = zmq.Context()
+    status = ctx.socket(zmq.PUSH)
+    status.setsockopt(zmq.LINGER, 5000)  # the ready report must reach the launcher
+    status.connect(paths.status)
+    status_codec: FrameCodec = FrameCodec(key, StatusMessage, "engine status")
+    proc: EngineProc | None = None
+    # Before the loop runs, SIGTERM ends the process (143: killed by SIGTERM); after, it stops the loop.
+    signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "should_stop", True) if proc else sys.exit(143))
+    try:
+        core, info = build_core(spec.config.validate())
+        proc = EngineProc(core, paths, key, spec.num_lanes, ctx, launcher_pid, spec.lane_sndhwm)
+    except Exception as exc:
+        log.exception("engine failed to start")
+        tail = "".join(traceback.format_exception(exc)[-3:]).strip()
+        status.send_multipart(status_codec.encode(EngineFailed(tail)))
+        status.close()
+        ctx.term()
+        return 1
+    status.send_multipart(status_codec.encode(EngineReady(info, os.getpid())))
+    status.close()
+    log.info("engine ready: %s", info)
+    try:
+        return proc.run()
+    finally:
+        ctx.term()
+        if proc.launcher_gone:
+            shutil.rmtree(paths.dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.engine_proc", description="the disagg engine process")
+    parser.add_argument("--spec", required=True, help="EngineProcSpec JSON file (mode 0600; deleted once read)")
+    parser.add_argument("--launcher-pid", type=int, default=None, help="stop when this parent process is gone")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s engine[%(process)d] %(levelname)s %(message)s")
+    spec_path = Path(args.spec)
+    spec = msgspec.json.decode(spec_path.read_bytes(), type=EngineProcSpec)
+    spec_path.unlink()
+    return run_engine(spec, args.launcher_pid)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

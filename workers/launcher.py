@@ -1,0 +1,271 @@
+"""Process supervision of one worker: the engine and the attached frontends.
+
+``WorkerGroup`` is what the launcher (frontend 0) owns besides its own HTTP
+server: the private IPC directory and HMAC key, the engine process, the K-1
+attached frontends (the same command line re-executed with an attach file),
+their readiness, and the one shutdown path. It never imports ``frontends``:
+the frontend side is handed the attach info and reports on status.sock.
+
+Shutdown order (``shutdown``): attached frontends get SIGTERM and drain within
+the grace period (SIGKILL after it), then the engine is told to stop (control
+message, SIGTERM, SIGKILL, each after a wait), then the directory with the
+sockets and attach files is removed. Every path, including a failed start,
+goes through it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import IO
+
+import msgspec
+import zmq
+
+from workers.attach import ATTACH_FILE_ENV, AttachInfo, write_attach_file
+from workers.config import EngineConfig
+from workers.engine_proc import EngineProcSpec
+from workers.ipc import LANE_SNDHWM, FrameCodec, make_ipc_dir, new_key, write_private_file
+from workers.protocol import (
+    ControlReply,
+    ControlRequest,
+    EngineFailed,
+    EngineInfo,
+    EngineReady,
+    FrontendFailed,
+    FrontendReady,
+    Shutdown,
+    StatusMessage,
+)
+
+__all__ = ["LaunchError", "check_port_free", "WorkerGroup", "RANK_ENV_VARS"]
+
+log = logging.getLogger("disagg.launcher")
+
+# An attached frontend is not an MPI/Slurm rank: left in its environment these
+# would make it believe it is one (e.g. join a tensor-parallel group).
+RANK_ENV_VARS = (
+    "PMI_RANK", "PMI_SIZE", "PMI_LOCAL_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "MPI_LOCALRANKID",
+)
+_TAIL_LINES = 40
+
+
+class LaunchError(RuntimeError):
+    """The worker could not start; the message says which part and why."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail fast, before anything loads, when ``host:port`` is taken.
+
+    Bound without SO_REUSEPORT on purpose: a worker's frontends share their
+    port with each other through SO_REUSEPORT, and this test makes sure a
+    second worker group never joins an existing one.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "in use"
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise LaunchError(f"port {port} on {host} is already in use ({exc.strerror})") from None
+
+
+class _Child:
+    """A child process whose output is forwarded to our stderr; the last lines are kept."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        self._reader = threading.Thread(target=self._forward, args=(self.popen.stdout,), daemon=True,
+                                        name=f"{name}-output")
+        self._reader.start()
+
+    def _forward(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            line = raw.decode(errors="replace")
+            self.tail.append(line)
+            try:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            except (ValueError, OSError):  # our stderr is gone; keep draining the pipe
+                pass
+
+    def describe_exit(self) -> str:
+        self._reader.join(timeout=2)
+        tail = "".join(self.tail).rstrip()
+        return f"{self.name} (pid {self.popen.pid}) exited with code {self.popen.returncode}" + (
+            f"; its last output:\n{tail}" if tail else "")
+
+    def stop(self, sig: int, wait_seconds: float) -> None:
+        """Send ``sig``, wait, then SIGKILL."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+        try:
+            self.popen.wait(timeout=wait_seconds)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0f s: killing it", self.name, wait_seconds)
+            self.popen.kill()
+            self.popen.wait()
+        self._reader.join(timeout=2)
+
+
+class WorkerGroup:
+    """The launcher's children and private state. Use as a context manager."""
+
+    def __init__(self, engine_config: EngineConfig, num_frontends: int, host: str, port: int,
+                 *, grace_seconds: float = 30.0, lane_sndhwm: int = LANE_SNDHWM, log_level: str = "info") -> None:
+        if num_frontends < 1:
+            raise LaunchError(f"num_frontends must be >= 1, got {num_frontends}")
+        self.engine_config = engine_config
+        self.num_frontends = num_frontends
+        self.host, self.port = host, port
+        self.grace_seconds = grace_seconds
+        self.lane_sndhwm = lane_sndhwm
+        self.log_level = log_level
+        self.paths = make_ipc_dir()
+        self.key = new_key()
+        self.engine: _Child | None = None
+        self.engine_info: EngineInfo | None = None
+        self.frontends: dict[int, _Child] = {}
+        self._ready_frontends: set[int] = set()
+        self._status_codec: FrameCodec = FrameCodec(self.key, StatusMessage, "launcher status")
+        self._control_codec: FrameCodec = FrameCodec(self.key, ControlReply, "launcher control")
+        self._ctx = zmq.Context()
+        self._status = self._ctx.socket(zmq.PULL)
+        self._status.setsockopt(zmq.LINGER, 0)
+        self._status.bind(self.paths.status)
+        self._closed = False
+        self.stopping = False  # a stop was requested (signal): readiness waits end early
+
+    def __enter__(self) -> "WorkerGroup":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # --- start -----------------------------------------------------------------
+
+    def start_engine(self, timeout: float = 600.0) -> EngineInfo:
+        spec = EngineProcSpec(str(self.paths.dir), self.key.hex(), self.num_frontends, self.engine_config,
+                              self.lane_sndhwm)
+        write_private_file(self.paths.engine_spec_file, msgspec.json.encode(spec))
+        argv = [sys.executable, "-m", "workers.engine_proc", "--spec", str(self.paths.engine_spec_file),
+                "--launcher-pid", str(os.getpid()), "--log-level", self.log_level.upper()]
+        self.engine = _Child("the engine", argv)
+        deadline = time.monotonic() + timeout
+        while self.engine_info is None:
+            if self.engine.popen.poll() is not None:
+                raise LaunchError(f"the engine failed to start: {self.engine.describe_exit()}")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"the engine was not ready within {timeout:g} s")
+            self._receive_status(timeout_ms=100)
+        return self.engine_info
+
+    def attach_info(self, frontend_id: int) -> AttachInfo:
+        assert self.engine is not None and self.engine_info is not None, "start_engine() first"
+        return AttachInfo(str(self.paths.dir), self.key.hex(), frontend_id, self.num_frontends, os.getpid(),
+                          self.engine.popen.pid, self.engine_info, self.host, self.port)
+
+    def spawn_frontends(self, argv: list[str]) -> None:
+        """Start frontends 1..K-1 as ``argv`` with the attach file in their environment."""
+        for frontend_id in range(1, self.num_frontends):
+            env = {k: v for k, v in os.environ.items() if k not in RANK_ENV_VARS}
+            env[ATTACH_FILE_ENV] = str(write_attach_file(self.attach_info(frontend_id)))
+            self.frontends[frontend_id] = _Child(f"frontend {frontend_id}", argv, env)
+
+    def wait_frontends_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self._ready_frontends) < len(self.frontends):
+            if self.stopping:
+                raise LaunchError("stopped by a signal before every frontend was ready")
+            for frontend_id, child in self.frontends.items():
+                if child.popen.poll() is not None:
+                    raise LaunchError(f"frontend {frontend_id} failed to start: {child.describe_exit()}")
+            if time.monotonic() > deadline:
+                missing = sorted(set(self.frontends) - self._ready_frontends)
+                raise LaunchError(f"frontends {missing} were not ready within {timeout:g} s")
+            self._receive_status(timeout_ms=100)
+
+    def _receive_status(self, timeout_ms: int) -> None:
+        if not self._status.poll(timeout_ms):
+            return
+        message = self._status_codec.decode(self._status.recv_multipart())
+        if isinstance(message, EngineReady):
+            self.engine_info = message.info
+        elif isinstance(message, EngineFailed):
+            raise LaunchError(f"the engine failed to start: {message.error}")
+        elif isinstance(message, FrontendReady):
+            self._ready_frontends.add(message.frontend_id)
+        elif isinstance(message, FrontendFailed):
+            raise LaunchError(f"frontend {message.frontend_id} failed to start: {message.error}")
+
+    # --- run -------------------------------------------------------------------
+
+    def exited_frontends(self) -> dict[int, str]:
+        """Attached frontends that exited, with how (for the launcher's watch while serving)."""
+        return {i: c.describe_exit() for i, c in self.frontends.items() if c.popen.poll() is not None}
+
+    def control(self, request: ControlRequest, timeout: float = 10.0) -> ControlReply:
+        """One request/reply on control.sock (a fresh DEALER: callers may be on any thread)."""
+        codec: FrameCodec = FrameCodec(self.key, ControlRequest, "launcher control")
+        with self._ctx.socket(zmq.DEALER) as dealer:
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(self.paths.control)
+            dealer.send_multipart(codec.encode(request))
+            if not dealer.poll(timeout * 1000):
+                raise TimeoutError(f"the engine did not answer {type(request).__name__} within {timeout:g} s")
+            reply = self._control_codec.decode(dealer.recv_multipart())
+        if reply is None:
+            raise RuntimeError("the engine's control reply failed its check")
+        return reply
+
+    def request_stop(self, sig: int) -> None:
+        """A signal asked the launcher to stop: forward it so that every frontend drains at once."""
+        self.stopping = True
+        self.signal_frontends(sig)
+
+    def signal_frontends(self, sig: int) -> None:
+        for child in self.frontends.values():
+            if child.popen.poll() is None:
+                child.popen.send_signal(sig)
+
+    # --- stop ------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Frontends (graceful, then killed), then the engine, then the IPC directory."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.signal_frontends(signal.SIGTERM)
+            for child in self.frontends.values():
+                child.stop(signal.SIGTERM, self.grace_seconds + 5.0)
+            if self.engine is not None:
+                self._stop_engine()
+        finally:
+            self._status.close(linger=0)
+            self._ctx.term()
+            shutil.rmtree(self.paths.dir, ignore_errors=True)
+
+    def _stop_engine(self) -> None:
+        assert self.engine is not None
+        try:
+            if self.engine_info is None:  # a failed start: it is exiting on its own
+                self.engine.popen.wait(timeout=2.0)
+            elif self.engine.popen.poll() is None:
+                self.control(Shutdown(), timeout=2.0)
+                self.engine.popen.wait(timeout=10.0)
+        except (TimeoutError, subprocess.TimeoutExpired) as exc:
+            log.warning("the engine did not stop on request (%s): sending SIGTERM", exc)
+        self.engine.stop(signal.SIGTERM, 10.0)
