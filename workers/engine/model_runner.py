@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from workers.config import EngineConfig
@@ -23,6 +24,8 @@ from workers.engine.model.loader import DTYPES, load_model, resolve_device
 from workers.engine.sampler import Sampler, SamplingRow
 
 __all__ = ["ModelRunner"]
+
+IMPORT_CHUNK_BLOCKS = 32  # blocks staged per copy into the KV cache (2 MiB of 64 KiB blocks)
 
 
 class ModelRunner:
@@ -77,7 +80,7 @@ class ModelRunner:
                 last_rows.append(len(token_ids) - 1)
         sequences = [SequenceSlice(r.start_position, len(r.token_ids), r.block_ids) for r in batch.requests]
         with torch.inference_mode():
-            metadata = build_attention_metadata(sequences, self.block_size, self.device)
+            metadata = build_attention_metadata(sequences, self.block_size, self.device, self.kv_cache.storage.dtype)
             input_ids = torch.tensor(token_ids, dtype=torch.long).to(self.device)
             position_ids = torch.tensor(positions, dtype=torch.long).to(self.device)
             hidden = self.model(input_ids, position_ids, self.kv_cache, metadata)  # (N, hidden)
@@ -101,11 +104,18 @@ class ModelRunner:
             nbytes = memoryview(buffer).nbytes
             if nbytes != expected:
                 raise ValueError(f"buffer for block {block_id} has {nbytes} bytes, expected {expected}")
-        # One writable copy: torch.frombuffer needs a writable buffer to avoid aliasing read-only bytes.
-        data = bytearray(b"".join(buffers))
-        raw = torch.frombuffer(data, dtype=torch.uint8).reshape(len(block_ids), expected)
-        blocks = raw.view(self.kv_cache.storage.dtype).reshape(len(block_ids), *self.kv_cache.shape.block_dims)
-        self.kv_cache.import_blocks(block_ids, blocks)
+        # Each (read-only, received) buffer is copied once into a small writable staging array that
+        # torch aliases, IMPORT_CHUNK_BLOCKS at a time: the same few MB are reused, where one array
+        # for the whole pull (b"".join + bytearray: two copies) page-faulted in every byte of it.
+        dtype, block_dims = self.kv_cache.storage.dtype, self.kv_cache.shape.block_dims
+        staging = np.empty((min(IMPORT_CHUNK_BLOCKS, len(block_ids)), expected), dtype=np.uint8)
+        for first in range(0, len(block_ids), IMPORT_CHUNK_BLOCKS):
+            chunk = buffers[first:first + IMPORT_CHUNK_BLOCKS]
+            for row, buffer in zip(staging, chunk):
+                row[:] = np.frombuffer(buffer, dtype=np.uint8)
+            raw = torch.from_numpy(staging[:len(chunk)])  # (n, bytes_per_block)
+            blocks = raw.view(dtype).reshape(len(chunk), *block_dims)
+            self.kv_cache.import_blocks(block_ids[first:first + len(chunk)], blocks)
 
     def start_profile(self, trace_dir: str) -> None:
         if self._profiler is not None:

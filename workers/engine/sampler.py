@@ -59,9 +59,11 @@ class Sampler:
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         """One token per row of ``logits`` (S, V), float32."""
         logits = self._mask_min_tokens(logits, rows)
+        randoms = [i for i, row in enumerate(rows) if not row.params.is_greedy]
+        if not randoms:  # all greedy, the common case: one argmax, no index copies of the logits
+            return self._with_logprobs(logits, logits.argmax(dim=-1), rows)
         token_ids = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         greedy = [i for i, row in enumerate(rows) if row.params.is_greedy]
-        randoms = [i for i, row in enumerate(rows) if not row.params.is_greedy]
         if greedy:
             index = torch.tensor(greedy, device=logits.device)
             token_ids[index] = logits[index].argmax(dim=-1)

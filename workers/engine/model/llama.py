@@ -38,10 +38,11 @@ class LlamaAttention(nn.Module):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *cos_sin)  # (N, H, D)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *cos_sin)  # (N, KVH, D)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # (N, KVH, D)
+        qkv = self.qkv_proj(hidden)  # (N, q_size + 2 * kv_size)
+        # q and k heads side by side rotate in one pass.
+        qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(qk, *cos_sin).split([self.num_heads, self.num_kv_heads], dim=1)  # (N, H | KVH, D)
+        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)  # (N, KVH, D)
         out = paged_attention(
             q, k, v, kv_cache.key_cache(self.layer_index), kv_cache.value_cache(self.layer_index), metadata
         )

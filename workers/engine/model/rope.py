@@ -52,19 +52,20 @@ class RotaryEmbedding:
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
         positions = torch.arange(max_positions, dtype=torch.float32, device=device)
         freqs = torch.outer(positions, inv_freq)  # (P, D/2)
-        table = torch.cat([freqs, freqs], dim=-1)  # (P, D)
-        self.cos_table = table.cos()
-        self.sin_table = table.sin()
+        self.cos_table = torch.cat([freqs, freqs], dim=-1).cos()  # (P, D)
+        # sin carries the rotation's sign, -sin on the first half: rotating is
+        # then a swap of the halves, with no negation pass over q and k.
+        self.sin_table = torch.cat([-freqs, freqs], dim=-1).sin()  # (P, D)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for ``positions`` (N,), each (N, 1, D) to broadcast over heads."""
+        """cos and signed sin for ``positions`` (N,), each (N, 1, D) to broadcast over heads."""
         cos = self.cos_table[positions].to(dtype).unsqueeze(1)
         sin = self.sin_table[positions].to(dtype).unsqueeze(1)
         return cos, sin
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (N, H, D) by the per-token angles in cos/sin (N, 1, D)."""
+    """Rotate ``x`` (N, H, D) by the per-token angles in cos/signed sin (N, 1, D)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+    return torch.addcmul(x * cos, swapped, sin)
