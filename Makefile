@@ -1,10 +1,12 @@
-# Two commands on a fresh machine: `make demo` and `make test` (see README.md).
+# Two commands on a fresh machine: `make up` and `make test` (see README.md).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 MODEL_DIR ?= .cache/tiny-bench
 
-.PHONY: setup demo serve test bench clean
+CONFIG ?= configs/local.yaml
+
+.PHONY: setup up down status demo test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +20,15 @@ setup: $(VENV)/.installed
 
 $(MODEL_DIR)/config.json: | setup
 	$(PY) -m disagg make-tiny-model $(MODEL_DIR) --size bench
+
+up: setup
+	$(VENV)/bin/disagg up $(CONFIG)
+
+down: setup
+	$(VENV)/bin/disagg down
+
+status: setup
+	$(VENV)/bin/disagg status
 
 demo: setup $(MODEL_DIR)/config.json
 	$(PY) -m disagg generate $(MODEL_DIR) --max-tokens 24

@@ -29,6 +29,24 @@ def _serve(args: argparse.Namespace) -> int:
     return run_serve(args)
 
 
+def _orchestrator(args: argparse.Namespace) -> int:
+    from orchestrator.server import run_orchestrator
+
+    return run_orchestrator(args)
+
+
+def _render(args: argparse.Namespace) -> int:
+    from disagg.slurm_deployment import run_render
+
+    return run_render(args)
+
+
+def _deployment(args: argparse.Namespace) -> int:
+    from disagg.deployment import run_deployment_command
+
+    return run_deployment_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="disagg", description="disagg: disaggregated prefill/decode LLM serving")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -50,6 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_arguments(serve)
     serve.set_defaults(func=_serve)
+
+    orch = sub.add_parser("orchestrator", help="run the orchestrator (K_o processes on one port)")
+    from orchestrator.server import add_orchestrator_arguments
+
+    add_orchestrator_arguments(orch)
+    orch.set_defaults(func=_orchestrator)
+
+    from disagg.deployment import add_deployment_commands
+
+    add_deployment_commands(sub, _deployment)
+    render = sub.add_parser("render", help="print the sbatch script of a deployment YAML (what `up --launcher "
+                                           "slurm` submits)")
+    from disagg.slurm_deployment import add_render_arguments
+
+    add_render_arguments(render)
+    render.set_defaults(func=_render)
     return parser
 
 

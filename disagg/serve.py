@@ -17,11 +17,14 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import signal
+import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from disagg.disagg_options import DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, start_registration
 from workers.attach import attach_file_from_env, read_attach_file
 from workers.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, SyntheticConfig
 
@@ -30,6 +33,7 @@ __all__ = ["add_serve_arguments", "run_serve", "build_engine_config", "resolve_n
 log = logging.getLogger("disagg.serve")
 
 MAX_AUTO_FRONTENDS = 8
+FRONTEND_WATCH_SECONDS = 0.5
 READY_MESSAGE = "disagg serve: ready on"  # the line tools wait for: "<READY_MESSAGE> http://HOST:PORT ..."
 
 # (flag, argparse kwargs): one table, so attached frontends get the same options back.
@@ -53,11 +57,17 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--synthetic-prefill-seconds-per-token", dict(type=float, default=0.0)),
     ("--served-model-name", dict(default=None, help="the model name clients send (default: MODEL_DIR's name)")),
     ("--grace-seconds", dict(type=float, default=30.0, help="how long in-flight requests may finish at shutdown")),
+    ("--profile-dir", dict(default=None, help="where POST /start_profile writes the engine's torch traces")),
+    ("--state-dir", dict(default=None, help="the launcher's persistent state, e.g. the Message Batches database "
+                                            "(default: ~/.cache/disagg/HOST-PORT)")),
+    ("--admin-timeout", dict(type=float, default=30.0,
+                             help="seconds an attached frontend waits for the launcher on a forwarded route")),
     ("--engine-start-timeout", dict(type=float, default=600.0)),
     ("--frontend-start-timeout", dict(type=float, default=60.0)),
     ("--frontend-command", dict(default=None, help="the command attached frontends run, the serve arguments "
                                                    "appended (default: this interpreter, `-m disagg.cli serve`)")),
     ("--log-level", dict(choices=("debug", "info", "warning", "error"), default="info")),
+    *DISAGG_OPTIONS,
 ]
 
 
@@ -106,17 +116,46 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
         synthetic=synthetic,
+        profile_dir=args.profile_dir,
     ).validate()
 
 
-def _make_app_factory(args: argparse.Namespace, frontend_id: int):
-    from frontends.app import FrontendConfig, build_app
+def _frontend_config(args: argparse.Namespace, frontend_id: int, engine_info: Any = None):
+    from frontends.app import FrontendConfig
     from frontends.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_model_dir(args.model_dir)
     name = args.served_model_name or Path(args.model_dir).resolve().name
-    config = FrontendConfig(served_model_name=name, frontend_id=frontend_id)
-    return lambda client: build_app(client, tokenizer, config)
+    disagg = None if engine_info is None else frontend_disagg_config(args, engine_info)
+    return Tokenizer.from_model_dir(args.model_dir), FrontendConfig(served_model_name=name, frontend_id=frontend_id,
+                                                                    disagg=disagg)
+
+
+def _make_launcher_app_factory(args: argparse.Namespace, group: Any):
+    from frontends.worker_app import make_launcher_app
+
+    info = group.engine_info
+    tokenizer, config = _frontend_config(args, 0, info)
+    labels = {"model": config.served_model_name, "engine": info.kind, "num_frontends": str(group.num_frontends),
+              "block_size": str(info.block_size), "num_blocks": str(info.num_blocks),
+              "max_model_len": str(info.max_model_len)}
+    state_dir = resolve_state_dir(args)
+    return lambda client: make_launcher_app(client, tokenizer, config, group.attach_info(0), group.control, labels,
+                                            state_dir)
+
+
+def resolve_state_dir(args: argparse.Namespace) -> Path:
+    """Where the launcher keeps what must survive a restart (the Message Batches database).
+    The default names host and port: two workers on one shared home never collide."""
+    if args.state_dir:
+        return Path(args.state_dir)
+    return Path.home() / ".cache" / "disagg" / f"{socket.gethostname()}-{args.port}"
+
+
+def _make_attached_app_factory(args: argparse.Namespace, attach: Any):
+    from frontends.worker_app import make_attached_app
+
+    tokenizer, config = _frontend_config(args, attach.frontend_id, attach.engine)
+    return lambda client: make_attached_app(client, tokenizer, config, attach, admin_timeout=args.admin_timeout)
 
 
 def _serve_options(args: argparse.Namespace):
@@ -146,24 +185,29 @@ def run_serve(args: argparse.Namespace) -> int:
 def _run_launcher(args: argparse.Namespace) -> int:
     from workers.launcher import LaunchError, WorkerGroup, check_port_free
 
-    if args.role != "both":
-        print(f"disagg serve: --role {args.role} is not implemented yet (only 'both')", file=sys.stderr)
-        return 2
     try:
         check_port_free(args.host, args.port)  # before loading anything
         num_frontends = resolve_num_frontends(args.num_frontends)
         config = build_engine_config(args)
+        disagg_spec = engine_disagg_spec(args)  # role, KV endpoint, cluster key (from its 0600 file)
     except (LaunchError, ConfigError) as exc:
         print(f"disagg serve: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, LaunchError) else 2
+    from frontends.prometheus import MULTIPROC_ENV
+
     signal.signal(signal.SIGTERM, _raise_terminated)
     group = WorkerGroup(config, num_frontends, args.host, args.port, grace_seconds=args.grace_seconds,
-                        log_level=args.log_level)
+                        log_level=args.log_level, disagg=disagg_spec)
+    # Before anything imports prometheus_client or is spawned: every process of the worker writes here.
+    os.environ[MULTIPROC_ENV] = str(group.paths.prometheus_dir)
     try:
         group.start_engine(args.engine_start_timeout)
         group.spawn_frontends(_serve_argv(args, num_frontends))
-        make_app = _make_app_factory(args, 0)
-        return _serve_launcher(args, group, make_app)
+        make_app = _make_launcher_app_factory(args, group)
+        exit_code = _serve_launcher(args, group, make_app)
+        if exit_code != 0:
+            group.engine_failed = True  # frontend 0 stopped because the engine died or hung
+        return exit_code
     except (LaunchError, _Terminated, KeyboardInterrupt) as exc:
         print(f"disagg serve: {exc or type(exc).__name__}", file=sys.stderr)
         return 1
@@ -181,32 +225,39 @@ def _run_launcher(args: argparse.Namespace) -> int:
 def _serve_launcher(args: argparse.Namespace, group: Any, make_app: Any) -> int:
     from frontends.server import run_event_loop, serve_frontend
 
+    clients: list[Any] = []  # frontend 0's engine client: its verdict on the engine gates respawns
+    background: list[Any] = []  # tasks of the launcher's loop (asyncio keeps only weak references)
+
+    def make_app_keeping_client(client: Any) -> Any:
+        clients.append(client)
+        return make_app(client)
+
     async def on_ready() -> None:
         await asyncio.to_thread(group.wait_frontends_ready, args.frontend_start_timeout)
         info = group.engine_info
         print(f"{READY_MESSAGE} http://{args.host}:{args.port} ({group.num_frontends} frontends, "
               f"{info.kind} engine, max_model_len {info.max_model_len})", flush=True)
-        asyncio.get_running_loop().create_task(_watch_frontends(group))
+        asyncio.get_running_loop().create_task(_watch_frontends(group, lambda: all(c.is_healthy for c in clients)))
+        background.append(start_registration(args, info))  # --register-url: join an orchestrator, heartbeat
 
-    return run_event_loop(serve_frontend(group.attach_info(0), make_app, _serve_options(args),
+    return run_event_loop(serve_frontend(group.attach_info(0), make_app_keeping_client, _serve_options(args),
                                          on_ready=on_ready, on_signal=group.request_stop))
 
 
-async def _watch_frontends(group: Any) -> None:
-    """Log an attached frontend that died while serving; the others keep the port served."""
-    reported: set[int] = set()
-    while not group.stopping:
-        for frontend_id, how in group.exited_frontends().items():
-            if frontend_id not in reported and not group.stopping:
-                reported.add(frontend_id)
-                log.error("%s; %d of %d frontends left", how, group.num_frontends - len(reported),
-                          group.num_frontends)
-        await asyncio.sleep(1.0)
+async def _watch_frontends(group: Any, engine_healthy: Callable[[], bool]) -> None:
+    """Respawn an attached frontend that died while serving (the others keep the port served).
+    Not once the engine is dead: then every frontend is leaving and the group shuts down."""
+    from frontends.prometheus import mark_process_dead
+
+    while not group.stopping and engine_healthy():
+        group.respawn_exited_frontends(on_exit=mark_process_dead)
+        await asyncio.sleep(FRONTEND_WATCH_SECONDS)
 
 
 def _run_attached(args: argparse.Namespace, attach_file: str) -> int:
     import zmq
 
+    from frontends.engine_client import process_alive
     from frontends.server import run_event_loop, serve_frontend
     from workers.ipc import FrameCodec
     from workers.protocol import FrontendFailed, FrontendReady, StatusMessage
@@ -223,7 +274,7 @@ def _run_attached(args: argparse.Namespace, attach_file: str) -> int:
         status.send_multipart(codec.encode(FrontendReady(attach.frontend_id, os.getpid())))
 
     try:
-        make_app = _make_app_factory(args, attach.frontend_id)
+        make_app = _make_attached_app_factory(args, attach)
         return run_event_loop(serve_frontend(attach, make_app, _serve_options(args), on_ready=on_ready))
     except Exception as exc:
         log.exception("frontend %d failed", attach.frontend_id)
@@ -232,3 +283,6 @@ def _run_attached(args: argparse.Namespace, attach_file: str) -> int:
     finally:
         status.close()
         ctx.term()
+        if not process_alive(attach.launcher_pid):
+            # The launcher was killed and cannot clean up: whoever of the group leaves last does.
+            shutil.rmtree(attach.ipc_dir, ignore_errors=True)

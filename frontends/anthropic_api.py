@@ -16,8 +16,9 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from frontends import disaggregation
 from frontends.errors import ApiError, InvalidRequestError, anthropic_error_body
-from frontends.generation import Generation, Piece, stream_events
+from frontends.generation import Completion, Generation, Piece, stream_events
 from frontends.schemas_anthropic import (
     STOP_REASONS,
     CountTokensRequest,
@@ -29,7 +30,7 @@ from frontends.serving import ServingContext
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
 
-__all__ = ["create_message", "count_message_tokens"]
+__all__ = ["create_message", "count_message_tokens", "prepare_message", "encode_message", "generate_message"]
 
 
 def _text(content: str | list[TextBlock]) -> str:
@@ -87,25 +88,50 @@ class _MessageStream:
         return [self.encoder.error(anthropic_error_body(error))]
 
 
-async def create_message(ctx: ServingContext, request: Request) -> Response:
-    arrival_time = time.time()
-    body = msgspec.json.decode(await request.body(), type=MessagesRequest)
+def prepare_message(ctx: ServingContext, body: MessagesRequest,
+                    arrival_time: float | None = None) -> tuple[Generation, MessageEventEncoder]:
+    """A validated /v1/messages body as an engine generation and its encoder (raises the API's errors)."""
     ctx.check_model(body.model)
-    prompt_ids = message_prompt_ids(ctx, body)
+    leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
+    if leg is not None and not leg.is_context:
+        prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-rendered
+    else:
+        prompt_ids = message_prompt_ids(ctx, body)
     params = ctx.sampling_params(
         len(prompt_ids), body.max_tokens, prompt_param="messages",
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
     )
+    if leg is not None:
+        params = disaggregation.engine_params(leg, params)
     ctx.check_engine()
     generation = Generation(ctx.client, ctx.tokenizer, prompt_ids, params, tuple(body.stop_sequences or ()),
-                            arrival_time)
-    encoder = MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)
+                            arrival_time, leg)
+    return generation, MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)
+
+
+def encode_message(generation: Generation, encoder: MessageEventEncoder, result: Completion) -> bytes:
+    """The non-streaming response body (a ``message`` object) of a finished generation."""
+    stop_reason = _stop_reason(result.finish_reason, result.stop_string)
+    return encoder.message(result.text, stop_reason, result.stop_string, generation.num_prompt_tokens,
+                           generation.num_output_tokens)
+
+
+async def generate_message(ctx: ServingContext, body: MessagesRequest) -> bytes:
+    """Run one non-streaming /v1/messages body to its ``message`` JSON (the batch runner's path)."""
+    generation, encoder = prepare_message(ctx, body, time.time())
+    return encode_message(generation, encoder, await generation.collect())
+
+
+async def create_message(ctx: ServingContext, request: Request) -> Response:
+    arrival_time = time.time()
+    body = msgspec.json.decode(await request.body(), type=MessagesRequest)
+    generation, encoder = prepare_message(ctx, body, arrival_time)
     if body.stream:
         return EventStreamResponse(stream_events(generation, _MessageStream(encoder)))
     result = await run_until_disconnect(request.receive, generation.collect())
-    stop_reason = _stop_reason(result.finish_reason, result.stop_string)
-    payload = encoder.message(result.text, stop_reason, result.stop_string, generation.num_prompt_tokens,
-                              generation.num_output_tokens)
+    payload = encode_message(generation, encoder, result)
+    if generation.leg is not None:
+        payload = disaggregation.add_ctx_fields_json(payload, generation.leg, generation.prompt_token_ids)
     return Response(payload, media_type="application/json")
 
 

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import AsyncContextManager, Awaitable, Callable, Sequence
+from typing import Any, AsyncContextManager, Awaitable, Callable, Sequence
 
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, Send
 
-from frontends import anthropic_api, openai_api
+from frontends import anthropic_api, disaggregation, openai_api
 from frontends.errors import (
     ApiError,
     EngineDeadError,
@@ -33,6 +32,7 @@ from frontends.errors import (
     openai_error_body,
 )
 from frontends.generation import EngineClientLike
+from frontends.perf_records import note_x_request_id
 from frontends.serving import FrontendConfig, ServingContext
 from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
@@ -49,24 +49,66 @@ Lifespan = Callable[[Starlette], AsyncContextManager[None]]
 
 
 class FrontendHeaderMiddleware:
-    """Adds ``x-disagg-frontend`` to every HTTP response (pure ASGI: no per-request objects)."""
+    """The app's one middleware layer: the ``x-disagg-frontend`` header on every HTTP
+    response, and the error responses of Starlette's ServerErrorMiddleware and
+    ExceptionMiddleware (which it replaces, see ``_FrontendStarlette``).
 
-    def __init__(self, app: ASGIApp, frontend_id: int) -> None:
+    Pure ASGI with one ``send`` wrapper: every SSE frame passes through it, so it
+    does the least per message (Starlette's three layers each wrapped ``send``).
+    An ``HTTPException`` (unknown path or method) answers through
+    ``http_exception``; any other exception answers 500 through ``unhandled``
+    when nothing was sent yet, and is re-raised, as ServerErrorMiddleware does.
+    """
+
+    def __init__(self, app: ASGIApp, frontend_id: int, http_exception: ExceptionHandler,
+                 unhandled: ExceptionHandler) -> None:
         self.app = app
         self.header = (FRONTEND_HEADER.encode(), str(frontend_id).encode())
+        self.http_exception = http_exception
+        self.unhandled = unhandled
+        # What ExceptionMiddleware puts in the scope for request_response routes' own wrapper.
+        self.scope_handlers = ({HTTPException: http_exception}, {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope["starlette.exception_handlers"] = self.scope_handlers
+        note_x_request_id(scope["headers"])  # the perf record joins the orchestrator's on it
         header = self.header
+        started = False
 
-        async def send_with_header(message: dict) -> None:
+        async def send_with_header(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message["headers"] = [*message.get("headers", ()), header]
             await send(message)
 
-        await self.app(scope, receive, send_with_header)
+        try:
+            await self.app(scope, receive, send_with_header)
+        except Exception as exc:
+            if started:
+                raise
+            handler = self.http_exception if isinstance(exc, HTTPException) else self.unhandled
+            response = await handler(Request(scope, receive), exc)
+            await response(scope, receive, send_with_header)
+            if not isinstance(exc, HTTPException):
+                raise
+
+
+class _FrontendStarlette(Starlette):
+    """Starlette with ``FrontendHeaderMiddleware`` as its whole middleware stack."""
+
+    def __init__(self, frontend_id: int, **kwargs: Any) -> None:
+        self.frontend_id = frontend_id
+        super().__init__(**kwargs)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        app: ASGIApp = self.router
+        for cls, args, kwargs in reversed(self.user_middleware):
+            app = cls(app, *args, **kwargs)
+        return FrontendHeaderMiddleware(app, self.frontend_id, _http_exception, _unhandled)
 
 
 def _is_anthropic(path: str) -> bool:
@@ -78,19 +120,36 @@ def error_response(error: ApiError, anthropic: bool) -> Response:
     return Response(body, status_code=error.status, media_type="application/json")
 
 
-def _endpoint(handler: Handler, anthropic: bool) -> Callable[[Request], Awaitable[Response]]:
-    async def endpoint(request: Request) -> Response:
+class _Endpoint:
+    """A route's ASGI app (no Starlette ``request_response`` wrapper: this catches everything).
+
+    Renders any exception of the handler in the route's API shape."""
+
+    __slots__ = ("handler", "anthropic")
+
+    def __init__(self, handler: Handler, anthropic: bool) -> None:
+        self.handler = handler
+        self.anthropic = anthropic
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        response = await self.respond(request)
+        await response(scope, receive, send)
+
+    async def respond(self, request: Request) -> Response:
         try:
-            return await handler(request.app.state.serving, request)
+            return await self.handler(request.app.state.serving, request)
         except ClientDisconnected:
             return Response(status_code=_CLIENT_CLOSED_REQUEST)
         except Exception as exc:  # noqa: BLE001 - the catch-all: always the API's error shape
             error = http_error(exc)
             if error.status >= 500 and not isinstance(exc, EngineDeadError):
                 logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-            return error_response(error, anthropic)
+            return error_response(error, self.anthropic)
 
-    return endpoint
+
+def _endpoint(handler: Handler, anthropic: bool) -> _Endpoint:
+    return _Endpoint(handler, anthropic)
 
 
 async def _health(ctx: ServingContext, request: Request) -> Response:
@@ -124,6 +183,7 @@ def api_routes() -> list[Route]:
         Route("/v1/completions", _endpoint(openai_api.create_completion, openai), methods=["POST"]),
         Route("/v1/chat/completions", _endpoint(openai_api.create_chat_completion, openai), methods=["POST"]),
         Route("/v1/models", _endpoint(openai_api.list_models, openai), methods=["GET"]),
+        Route("/worker_info", _endpoint(disaggregation.worker_info, openai), methods=["GET"]),
         Route("/health", _endpoint(_health, openai), methods=["GET"]),
         Route("/version", _endpoint(_version, openai), methods=["GET"]),
         Route("/v1/messages", _endpoint(anthropic_api.create_message, anthropic), methods=["POST"]),
@@ -139,13 +199,15 @@ def build_app(
     *,
     lifespan: Lifespan | None = None,
     extra_routes: Sequence[BaseRoute] = (),
+    prefix_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The frontend app for one process.
 
     ``lifespan``: the owner's startup/shutdown (e.g. starting the engine
     client), run inside the app's own. ``extra_routes``: routes the process
-    adds (admin forwarding, /metrics); they take precedence over none of the
-    API routes, which are matched first.
+    adds (/prometheus/metrics); they take precedence over none of the API
+    routes, which are matched first. ``prefix_routes``: matched before every
+    other route (the launcher-owned routes: their forwarders or handlers).
     """
 
     @contextlib.asynccontextmanager
@@ -153,10 +215,9 @@ def build_app(
         async with lifespan(app) if lifespan is not None else contextlib.nullcontext():
             yield
 
-    app = Starlette(
-        routes=[*api_routes(), *extra_routes],
-        middleware=[Middleware(FrontendHeaderMiddleware, frontend_id=config.frontend_id)],
-        exception_handlers={HTTPException: _http_exception, Exception: _unhandled},
+    app = _FrontendStarlette(
+        config.frontend_id,
+        routes=[*prefix_routes, *api_routes(), *extra_routes],
         lifespan=app_lifespan,
     )
     # Set here, not in the lifespan: transports that skip lifespan (httpx.ASGITransport) work too.

@@ -1,8 +1,8 @@
 """The engine client every frontend process uses: requests out, outputs fanned in.
 
 As vLLM's ``AsyncLLM._run_output_handler``: ONE task reads this frontend's
-lane and puts each ``RequestOutput`` on its request's ``asyncio.Queue``;
-``generate()`` awaits its queue. Nobody polls the engine.
+lane and puts each ``RequestOutput`` in its request's ``OutputCollector``;
+``generate()`` awaits it. Nobody polls the engine.
 
 Liveness: a watchdog marks the engine dead when its process is gone or its
 lane has been silent for ``ENGINE_SILENCE_LIMIT`` heartbeats; then every
@@ -21,12 +21,14 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
+import msgspec
 import zmq
 import zmq.asyncio
 
 from frontends.errors import EngineDeadError
+from frontends.perf_records import build_record
 from workers.attach import AttachInfo
 from workers.client_ids import ClientIdAllocator
 from workers.ipc import ENGINE_SILENCE_LIMIT, HEARTBEAT_SECONDS, FrameCodec, configure_frontend_push, send_nowait
@@ -37,11 +39,12 @@ from workers.protocol import (
     FrontendHello,
     IngressMessage,
     OutputBatch,
+    PerfRecord,
     RequestOutput,
 )
 from workers.sampling_params import SamplingParams
 
-__all__ = ["EngineClient", "EngineDeadError"]
+__all__ = ["EngineClient", "EngineDeadError", "OutputCollector", "merge_outputs"]
 
 log = logging.getLogger("disagg.engine_client")
 
@@ -55,17 +58,20 @@ class EngineClient:
         self.max_model_len = attach.engine.max_model_len
         self.vocab_size = attach.engine.vocab_size
         self.eos_token_ids = tuple(attach.engine.eos_token_ids)
-        self._ids = ClientIdAllocator(self.frontend_id)
+        # Each respawn of a slot starts 2**40 ids further: ids of a crashed predecessor never repeat.
+        self._ids = ClientIdAllocator(self.frontend_id, (attach.generation << 40) & ((1 << 48) - 1))
         key = attach.key
         self._ingress_codec: FrameCodec = FrameCodec(key, IngressMessage, f"frontend {self.frontend_id} ingress")
         self._lane_codec: FrameCodec = FrameCodec(key, OutputBatch, f"frontend {self.frontend_id} lane")
-        self._queues: dict[int, asyncio.Queue[RequestOutput | EngineDeadError]] = {}
+        self._queues: dict[int, OutputCollector] = {}
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: list[asyncio.Task] = []
         self._started = False
         self._last_heard = 0.0
         self.dead_reason: str | None = None
         self._dead_event: asyncio.Event | None = None
+        # Called with each request's PerfRecord when it ends (frontends.perf_records.PerfRecorder.add).
+        self.on_request_done: Callable[[PerfRecord], None] | None = None
 
     @classmethod
     def from_attach(cls, attach: AttachInfo) -> "EngineClient":
@@ -125,13 +131,16 @@ class EngineClient:
         self._close_sockets()
 
     def _close_sockets(self) -> None:
-        if self._ctx is None:
+        ctx, self._ctx = self._ctx, None
+        if ctx is None:
             return
-        self._lane.close(linger=0)
-        # Give queued aborts a moment to reach a live engine; none to a dead one.
-        self._ingress.close(linger=0 if self.dead_reason else 200)
-        self._ctx.term()
-        self._ctx = None
+        try:
+            self._lane.close(linger=0)
+            # Give queued aborts a moment to reach a live engine; none to a dead one.
+            self._ingress.close(linger=0 if self.dead_reason else 200)
+        finally:
+            # Never left to the garbage collector: Context.__del__ -> term() waits on open sockets.
+            ctx.destroy(linger=0)
 
     async def wait_until_dead(self) -> str:
         """Wait until the engine is marked dead; the reason."""
@@ -144,23 +153,34 @@ class EngineClient:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        make_message: Callable[[EngineRequest], IngressMessage] | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs in order; stops after the one with a finish reason."""
+        """The request's outputs in order; stops after the one with a finish reason.
+
+        ``make_message``: the ingress message for the request (a disaggregated
+        leg: ``AddContextRequest`` / ``AddRemoteRequest``); default ``AddRequest``."""
         if not self.is_healthy:
             raise EngineDeadError(self._dead_message())
         request_id = self._ids.next_id()
-        queue: asyncio.Queue[RequestOutput | EngineDeadError] = asyncio.Queue()
+        queue = OutputCollector()
         self._queues[request_id] = queue
         finished = False
+        tokenized = time.time()
+        arrival_time = tokenized if arrival_time is None else arrival_time
+        last: RequestOutput | None = None  # for the perf record
+        last_token_time: float | None = None
+        num_output_tokens = 0
         try:
-            request = EngineRequest(request_id, list(prompt_token_ids), params,
-                                    time.time() if arrival_time is None else arrival_time)
-            if not send_nowait(self._ingress, self._ingress_codec, AddRequest(request)):
+            request = EngineRequest(request_id, list(prompt_token_ids), params, arrival_time)
+            message = AddRequest(request) if make_message is None else make_message(request)
+            if not send_nowait(self._ingress, self._ingress_codec, message):
                 raise EngineDeadError("the engine is not accepting requests (its input queue is full)")
             while True:
-                item = await queue.get()
-                if isinstance(item, EngineDeadError):
-                    raise item
+                item = await queue.get()  # every output that arrived since the last get, merged
+                last = item
+                if item.new_token_ids:
+                    last_token_time = time.time()
+                    num_output_tokens += len(item.new_token_ids)
                 finished = item.finish_reason is not None
                 yield item
                 if finished:
@@ -169,6 +189,10 @@ class EngineClient:
             del self._queues[request_id]
             if not finished and self.dead_reason is None:
                 send_nowait(self._ingress, self._ingress_codec, AbortRequests([request_id]))
+            if self.on_request_done is not None:
+                self.on_request_done(build_record(
+                    request_id, self.frontend_id, arrival_time, tokenized, len(prompt_token_ids),
+                    num_output_tokens, last_token_time, last))
 
     async def abort(self, request_id: int) -> None:
         """Abort a request; its generate() then ends with a finish reason ``abort``."""
@@ -194,12 +218,18 @@ class EngineClient:
 
     async def _watch_engine(self) -> None:
         silence_limit = ENGINE_SILENCE_LIMIT * HEARTBEAT_SECONDS
+        last_tick = time.monotonic()
         while self.dead_reason is None:
             await asyncio.sleep(WATCH_SECONDS)
-            silent_for = time.monotonic() - self._last_heard
+            now = time.monotonic()
+            # This process itself stalled (SIGSTOP, swapped out): the heartbeats are waiting
+            # unread in the lane, so silence says nothing about the engine this round.
+            stalled = now - last_tick > silence_limit / 2
+            last_tick = now
+            silent_for = now - self._last_heard
             if not process_alive(self.attach.engine_pid):
                 self._mark_dead(f"the engine process (pid {self.attach.engine_pid}) exited")
-            elif silent_for > silence_limit:
+            elif silent_for > silence_limit and not stalled:
                 self._mark_dead(f"no heartbeat from the engine for {silent_for:.1f} s")
 
     def _mark_dead(self, reason: str, expected: bool = False) -> None:
@@ -217,6 +247,55 @@ class EngineClient:
         if not self._started and self.dead_reason is None:
             return "the engine client is not started"
         return f"the engine is not available: {self.dead_reason}"
+
+
+class OutputCollector:
+    """One request's outputs on their way to its ``generate()`` (vLLM's RequestOutputCollector).
+
+    Outputs that arrive while the consumer is behind merge into one: one SSE
+    frame and one socket write for all of them, so a loaded frontend spends
+    less per token instead of falling further behind. An error (a dead
+    engine) is raised after the outputs that came before it.
+    """
+
+    __slots__ = ("_output", "_error", "_waiter")
+
+    def __init__(self) -> None:
+        self._output: RequestOutput | None = None
+        self._error: EngineDeadError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: RequestOutput | EngineDeadError) -> None:
+        if isinstance(item, EngineDeadError):
+            self._error = item
+        else:
+            self._output = item if self._output is None else merge_outputs(self._output, item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> RequestOutput:
+        while self._output is None:
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        output, self._output = self._output, None
+        return output
+
+
+def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
+    """Two consecutive outputs of one request as one: tokens and logprobs joined, the
+    first output's fields (``kv_transfer``) from ``earlier``, the rest from ``later``."""
+    logprobs = later.new_logprobs
+    if earlier.new_logprobs is not None:
+        logprobs = earlier.new_logprobs + (later.new_logprobs or [])
+    return msgspec.structs.replace(
+        later, new_token_ids=earlier.new_token_ids + later.new_token_ids, new_logprobs=logprobs,
+        num_cached_tokens=max(earlier.num_cached_tokens, later.num_cached_tokens),
+        kv_transfer=earlier.kv_transfer if earlier.kv_transfer is not None else later.kv_transfer)
 
 
 def process_alive(pid: int) -> bool:

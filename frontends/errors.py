@@ -7,7 +7,9 @@ Exception hierarchy (what a handler or the engine client may raise)::
     │   └── PromptTooLongError    400: prompt tokens + max_tokens > max_model_len
     ├── ModelNotFoundError        404: the body names a model this frontend does not serve
     ├── NotFoundError             404: unknown route
-    └── EngineDeadError           503: the engine process is gone (or unhealthy)
+    ├── EngineDeadError           503: the engine process is gone (or unhealthy)
+    ├── LauncherUnavailableError  503: a launcher-owned route, and the launcher does not answer
+    └── NotSupportedError         501: the engine cannot do this (e.g. profile the synthetic engine)
 
 ``http_error(exc)`` maps any exception to (status, ApiError): msgspec decode
 and validation errors and ``ValueError`` (e.g. ``SamplingParams.validate``)
@@ -28,6 +30,8 @@ __all__ = [
     "ModelNotFoundError",
     "NotFoundError",
     "EngineDeadError",
+    "LauncherUnavailableError",
+    "NotSupportedError",
     "ApiError",
     "http_error",
     "openai_error_body",
@@ -75,6 +79,20 @@ class EngineDeadError(FrontendError):
 
     def __init__(self, message: str = "the engine is not running", *, param: str | None = None) -> None:
         super().__init__(message, param=param)
+
+
+class LauncherUnavailableError(FrontendError):
+    status = 503
+    openai_type = "service_unavailable_error"
+    anthropic_type = "api_error"
+    code = "launcher_unavailable"
+
+
+class NotSupportedError(FrontendError):
+    status = 501
+    openai_type = "not_implemented_error"
+    anthropic_type = "api_error"
+    code = "not_supported"
 
 
 class ApiError(msgspec.Struct, frozen=True):

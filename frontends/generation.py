@@ -16,13 +16,17 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import aclosing
-from typing import AsyncGenerator, AsyncIterator, Protocol
+from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator, Callable, Protocol
 
 from frontends.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from frontends.errors import ApiError, FrontendError, InvalidRequestError, http_error
+from frontends.streaming import FinalFrame
 from frontends.tokenizer import Tokenizer
-from workers.protocol import RequestOutput, TokenLogprobs
+from workers.protocol import EngineRequest, IngressMessage, RequestOutput, TokenLogprobs
 from workers.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from frontends.disaggregation import DisaggLeg
 
 __all__ = [
     "EngineClientLike",
@@ -48,7 +52,8 @@ class EngineClientLike(Protocol):
     def is_healthy(self) -> bool: ...
 
     def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
+        self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
+        make_message: Callable[[EngineRequest], IngressMessage] | None = None,
     ) -> AsyncIterator[RequestOutput]: ...
 
     async def abort(self, request_id: int) -> None: ...
@@ -95,6 +100,7 @@ class Generation:
         params: SamplingParams,
         stop_strings: tuple[str, ...] = (),
         arrival_time: float | None = None,
+        leg: DisaggLeg | None = None,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
@@ -105,6 +111,7 @@ class Generation:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
+        self.leg = leg
 
     async def pieces(self) -> AsyncIterator[Piece]:
         detokenizer = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids)
@@ -113,9 +120,14 @@ class Generation:
         # Tokens whose text is still held back travel with the next piece.
         pending_ids: list[int] = []
         pending_logprobs: list[TokenLogprobs] | None = [] if want_logprobs else None
-        outputs = self.client.generate(self.prompt_token_ids, self.params, self.arrival_time)
+        if self.leg is None:
+            outputs = self.client.generate(self.prompt_token_ids, self.params, self.arrival_time)
+        else:  # a disaggregated leg (frontends.disaggregation)
+            outputs = self.client.generate(self.prompt_token_ids, self.params, self.arrival_time, self.leg.message)
         async with aclosing(outputs) as stream:
             async for output in stream:
+                if self.leg is not None:
+                    output = self.leg.on_output(output)
                 if output.finish_reason == "abort":
                     if output.error:
                         raise InvalidRequestError(output.error)
@@ -187,16 +199,26 @@ async def stream_events(generation: Generation, encoder: StreamEncoder) -> Async
 
     An error after the stream has started goes to the client in band (the
     status line is already sent); closing this generator aborts the request.
+    Frames that are ready together go out as one write: the start frames
+    with the first piece's frame, the finishing piece's frame with the
+    finish frames (a ``FinalFrame``, after ``pieces()`` has ended, so a stop
+    string's abort reaches the engine first).
     """
-    for frame in encoder.start(generation):
-        yield frame
+    pending = b"".join(encoder.start(generation))
     try:
         last: Piece | None = None
         async for piece in generation.pieces():
             frame = encoder.piece(piece)
-            if frame is not None:
-                yield frame
             last = piece
+            if frame is None:
+                continue
+            if piece.finish_reason is not None:  # the last piece: pieces() ends right after it
+                pending += frame
+            elif pending:
+                yield pending + frame
+                pending = b""
+            else:
+                yield frame
         assert last is not None
         frames = encoder.finish(generation, last)
     except Exception as exc:  # noqa: BLE001 - reported to the client in the stream
@@ -204,5 +226,4 @@ async def stream_events(generation: Generation, encoder: StreamEncoder) -> Async
         if error.status >= 500:
             logger.error("stream failed", exc_info=exc)
         frames = encoder.error(error)
-    for frame in frames:
-        yield frame
+    yield FinalFrame(pending + b"".join(frames))

@@ -15,6 +15,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from frontends import disaggregation
 from frontends.errors import ApiError, InvalidRequestError, openai_error_body
 from frontends.generation import Generation, Piece, stream_events
 from frontends.schemas_openai import (
@@ -114,16 +115,22 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     _check_single_choice(body.n)
     if body.echo:
         raise InvalidRequestError("echo=true is not supported", param="echo")
-    prompt_ids = ctx.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
-    ctx.check_prompt_token_ids(prompt_ids, "prompt")
+    leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
+    if leg is not None and not leg.is_context:
+        prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-tokenized
+    else:
+        prompt_ids = ctx.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
+        ctx.check_prompt_token_ids(prompt_ids, "prompt")
     params = ctx.sampling_params(
         len(prompt_ids), body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         seed=body.seed, min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids,
         ignore_eos=body.ignore_eos, logprobs=body.logprobs,
     )
+    if leg is not None:
+        params = disaggregation.engine_params(leg, params)
     ctx.check_engine()
     generation = Generation(ctx.client, ctx.tokenizer, prompt_ids, params, _stop_strings(body.stop),
-                            arrival_time)
+                            arrival_time, leg)
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -133,10 +140,13 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     result = await run_until_disconnect(request.receive, generation.collect())
     logprobs = completion_logprobs(ctx.tokenizer, result.logprobs, 0) if result.logprobs is not None else None
     choice = {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}
-    return _json_response({
+    payload = {
         "id": response_id, "object": "text_completion", "created": created, "model": ctx.model_name,
         "choices": [choice], "usage": _usage(generation),
-    })
+    }
+    if leg is not None:
+        disaggregation.add_ctx_fields(payload, leg, prompt_ids)
+    return _json_response(payload)
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:
@@ -167,7 +177,11 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     _check_single_choice(body.n)
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
-    prompt_ids = chat_prompt_ids(ctx, body)
+    leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
+    if leg is not None and not leg.is_context:
+        prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-rendered
+    else:
+        prompt_ids = chat_prompt_ids(ctx, body)
     max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = ctx.sampling_params(
@@ -176,9 +190,11 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
         min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
+    if leg is not None:
+        params = disaggregation.engine_params(leg, params)
     ctx.check_engine()
     generation = Generation(ctx.client, ctx.tokenizer, prompt_ids, params, _stop_strings(body.stop),
-                            arrival_time)
+                            arrival_time, leg)
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -192,10 +208,13 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
         "logprobs": logprobs,
         "finish_reason": result.finish_reason,
     }
-    return _json_response({
+    payload = {
         "id": response_id, "object": "chat.completion", "created": created, "model": ctx.model_name,
         "choices": [choice], "usage": _usage(generation),
-    })
+    }
+    if leg is not None:
+        disaggregation.add_ctx_fields(payload, leg, prompt_ids)
+    return _json_response(payload)
 
 
 async def list_models(ctx: ServingContext, request: Request) -> Response:

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from workers.disagg_params import DisaggParams
+
 __all__ = [
     "TextBlock",
     "Message",
@@ -58,7 +60,7 @@ class MessagesRequest(msgspec.Struct, frozen=True):
     metadata: Any = None
     tools: list[ToolDefinition] | None = None
     tool_choice: Any = None
-    disaggregated_params: Any = None  # accepted, unused until disaggregated serving
+    disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 
 class CountTokensRequest(msgspec.Struct, frozen=True):

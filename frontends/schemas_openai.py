@@ -13,6 +13,7 @@ from typing import Any, Literal
 import msgspec
 
 from frontends.tokenizer import Tokenizer
+from workers.disagg_params import DisaggParams
 from workers.protocol import TokenLogprobs
 
 __all__ = [
@@ -59,7 +60,7 @@ class CompletionRequest(msgspec.Struct, frozen=True):
     ignore_eos: bool = False
     min_tokens: int = 0
     user: str | None = None
-    disaggregated_params: Any = None  # accepted, unused until disaggregated serving
+    disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 
 class TextPart(msgspec.Struct, frozen=True, tag_field="type", tag="text"):
@@ -121,7 +122,7 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     user: str | None = None
-    disaggregated_params: Any = None  # accepted, unused until disaggregated serving
+    disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 
 class Usage(msgspec.Struct, frozen=True):

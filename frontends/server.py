@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from dataclasses import dataclass
@@ -24,13 +25,26 @@ from typing import Any, Awaitable, Callable, Iterator
 import uvicorn
 
 from frontends.engine_client import EngineClient, process_alive
+from frontends.watchdog import Watchdog, frontend_probes
 from workers.attach import AttachInfo
 
-__all__ = ["make_listen_socket", "FrontendServer", "ServeOptions", "serve_frontend", "run_event_loop"]
+__all__ = ["make_listen_socket", "make_unix_listen_socket", "FrontendServer", "ServeOptions", "serve_frontend", "run_event_loop"]
 
 log = logging.getLogger("disagg.frontend")
 
 WATCH_SECONDS = 0.5
+
+
+def make_unix_listen_socket(path: str, backlog: int = 256) -> socket.socket:
+    """The launcher's admin socket (inside the worker's private 0700 directory)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a stale file from a crashed launcher of the same directory
+    sock.bind(path)
+    os.chmod(path, 0o600)
+    sock.listen(backlog)
+    sock.set_inheritable(False)
+    return sock
 
 
 def make_listen_socket(host: str, port: int, backlog: int = 4096) -> socket.socket:
@@ -58,6 +72,7 @@ class ServeOptions:
     grace_seconds: float = 30.0
     log_level: str = "info"
     access_log: bool = False
+    dead_engine_linger_seconds: float = 1.0  # /health says 503 this long before a frontend drains and exits
 
 
 async def serve_frontend(
@@ -76,7 +91,10 @@ async def serve_frontend(
     """
     client = EngineClient(attach)
     await client.start()
-    sock = make_listen_socket(attach.host, attach.port)
+    sockets = [make_listen_socket(attach.host, attach.port)]
+    admin_path = str(attach.paths.launcher_admin) if attach.frontend_id == 0 else None
+    if admin_path is not None:  # the launcher also answers its attached frontends' forwarded routes
+        sockets.append(make_unix_listen_socket(admin_path))
     config = uvicorn.Config(
         make_app(client), log_level=options.log_level, access_log=options.access_log,
         timeout_graceful_shutdown=options.grace_seconds,  # type: ignore[arg-type]
@@ -84,33 +102,29 @@ async def serve_frontend(
     )
     server = FrontendServer(config)
     exit_code = 0
+    loop = asyncio.get_running_loop()
 
     def stop(sig: int) -> None:
         if on_signal is not None:
             on_signal(sig)
         server.should_exit = True
 
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop, sig)
 
-    async def watch_engine() -> None:
+    def on_fatal(reason: str) -> None:
         nonlocal exit_code
-        reason = await client.wait_until_dead()
-        log.error("frontend %d: %s; shutting down", attach.frontend_id, reason)
         exit_code = 1
-        server.should_exit = True
+        if reason.startswith("launcher"):  # the worker is gone: nothing left to drain for
+            server.should_exit = server.force_exit = True
+        else:  # answer 503 on /health a moment (load balancers see why), then drain and exit
+            loop.call_later(options.dead_engine_linger_seconds, setattr, server, "should_exit", True)
 
-    async def watch_launcher() -> None:
-        while process_alive(attach.launcher_pid):
-            await asyncio.sleep(WATCH_SECONDS)
-        log.error("frontend %d: the launcher (pid %d) is gone; exiting", attach.frontend_id, attach.launcher_pid)
-        server.should_exit = server.force_exit = True
-
-    watchers = [asyncio.create_task(watch_engine())]
-    if attach.frontend_id != 0:
-        watchers.append(asyncio.create_task(watch_launcher()))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    launcher_pid = attach.launcher_pid if attach.frontend_id != 0 else None
+    watchdog = Watchdog(frontend_probes(client, launcher_pid, process_alive), on_fatal,
+                        lambda: bool(server.should_exit), interval=WATCH_SECONDS)
+    watchers = [asyncio.create_task(watchdog.run(), name="frontend-watchdog")]
+    serving = asyncio.create_task(server.serve(sockets=sockets))
     try:
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)  # uvicorn has no "started" event to await
@@ -123,7 +137,11 @@ async def serve_frontend(
         for task in watchers:
             task.cancel()
         await client.close()
-        sock.close()
+        for sock in sockets:
+            sock.close()
+        if admin_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(admin_path)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     return exit_code

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from frontends.disaggregation import DisaggConfig
 from frontends.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError, PromptTooLongError
 from frontends.generation import EngineClientLike
 from frontends.tokenizer import Tokenizer
@@ -30,6 +31,8 @@ class FrontendConfig:
     frontend_id: int = 0
     """This process's index in its worker; sent as the ``x-disagg-frontend`` header."""
     version: str = "0.1.0"
+    disagg: DisaggConfig | None = None
+    """Disaggregated serving: role, cluster key, KV endpoint (None: plain requests only)."""
 
     @classmethod
     def for_model_dir(cls, model_dir: str | Path, frontend_id: int = 0,

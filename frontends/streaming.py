@@ -7,6 +7,11 @@ closed connection silently). ``EventStreamResponse`` therefore watches
 event iterator; closing it closes the engine client's ``generate()``
 iterator underneath, which aborts the request. ``run_until_disconnect``
 does the same for a non-streaming request.
+
+Writes are the frontend's main per-token cost (each is an ASGI message
+through the middleware and a socket write): a producer that knows its
+last bytes yields them as a ``FinalFrame``, which goes out in one write
+with the end of the response.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import AsyncGenerator, Awaitable, TypeVar
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["EventStreamResponse", "ClientDisconnected", "run_until_disconnect"]
+__all__ = ["EventStreamResponse", "FinalFrame", "ClientDisconnected", "run_until_disconnect"]
 
 T = TypeVar("T")
 
@@ -29,6 +34,10 @@ _SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),  # no proxy buffering of tokens
 ]
+
+
+class FinalFrame(bytes):
+    """The last bytes of an event stream: sent together with the end of the response."""
 
 
 class ClientDisconnected(Exception):
@@ -50,37 +59,70 @@ class EventStreamResponse(Response):
         self.raw_headers = list(_SSE_HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        stream = asyncio.ensure_future(self._stream(send))
-        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        watch = _DisconnectWatch(receive)
         try:
-            await asyncio.wait((stream, watcher), return_when=asyncio.FIRST_COMPLETED)
+            await self._stream(send)
+        except asyncio.CancelledError:
+            if not watch.cancelled_us():  # anyone else's cancellation propagates
+                raise
+        except OSError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the status line is out: nothing else to tell the client
+            logger.error("event stream failed", exc_info=exc)
         finally:
-            stream.cancel()
-            watcher.cancel()
-            failure, _ = await asyncio.gather(stream, watcher, return_exceptions=True)
+            watch.stop()
             await self.events.aclose()
-        if isinstance(failure, Exception) and not isinstance(failure, OSError):
-            logger.error("event stream failed", exc_info=failure)
 
     async def _stream(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         async for frame in self.events:
+            if type(frame) is FinalFrame:
+                await send({"type": "http.response.body", "body": bytes(frame), "more_body": False})
+                return
             await send({"type": "http.response.body", "body": frame, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def run_until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
     """``await work``, cancelling it (and raising ClientDisconnected) if the client leaves."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+    watch = _DisconnectWatch(receive)
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not watch.cancelled_us():
+            raise
+        raise ClientDisconnected() from None
     finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
-    if task.cancelled() or not task.done():
-        await asyncio.gather(task, return_exceptions=True)
-        raise ClientDisconnected()
-    return task.result()
+        watch.stop()
+
+
+class _DisconnectWatch:
+    """Cancels the current task when the client goes away, until ``stop()``.
+
+    The work runs in the caller's task (no second task, no ``asyncio.wait``:
+    per request, that was most of the cost of watching)."""
+
+    __slots__ = ("_task", "_watcher", "_watching", "_disconnected")
+
+    def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._watching = True
+        self._disconnected = False
+        self._watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        self._watcher.add_done_callback(self._on_disconnect)
+
+    def _on_disconnect(self, watcher: asyncio.Future) -> None:
+        if self._watching and not watcher.cancelled():
+            self._disconnected = True
+            self._task.cancel()
+
+    def cancelled_us(self) -> bool:
+        """In an ``except CancelledError``: True (and the cancellation consumed) when it
+        was this watch's, because the client left; False when someone else cancelled."""
+        return self._disconnected and self._task.uncancel() == 0
+
+    def stop(self) -> None:
+        self._watching = False
+        self._watcher.cancel()

@@ -1,1 +1,20 @@
-"""The orchestrator: one OpenAI/Anthropic URL in front of ctx and gen workers."""
+"""The orchestrator: one OpenAI/Anthropic URL in front of ctx and gen workers.
+
+Modules (one concept each):
+
+- ``config``      the frozen, typed OrchestratorConfig (``typed`` builds it from YAML/JSON)
+- ``server``      ``disagg orchestrator``: K_o processes on one port; process 0 owns the state
+- ``state``       process 0's state owner and its Unix-socket app (registry, KV index, loads, perf)
+- ``health``      process 0's loop: health checks, /worker_info, KV-event drains, TTL expiry
+- ``view``        each process's view of the cluster (snapshots + own load) and its link to the owner
+- ``registry``    workers: static and registered, TTL, health thresholds
+- ``kv_index``    which worker holds which blocks (from KV-cache events)
+- ``routing``     round_robin / least_load / kv_cache_aware / session; conditional disaggregation
+- ``prompt``      tokenize once, session ids, the ctx and gen leg bodies
+- ``flow``        the two-phase request: legs, retries, streaming relay, timeouts, cancellation
+- ``app``         the HTTP routes, API key, error shapes
+- ``metrics``     Prometheus (multiprocess); ``perf`` joins /perf_metrics across orchestrator and workers
+- ``errors``      the orchestrator's additions to ``frontends.errors``
+
+Never imports torch (tests/orchestrator/test_e2e.py checks it).
+"""

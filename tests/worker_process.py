@@ -53,6 +53,8 @@ def spawn_worker(model_dir: str | Path, num_frontends: int, engine: str = "synth
     log = open(base / "worker.log", "w")
     argv = [sys.executable, "-m", "disagg.cli", "serve", str(model_dir), "--port", str(port),
             "--num-frontends", str(num_frontends), "--engine", engine, "--log-level", "warning", *extra_args]
+    if "--state-dir" not in extra_args:
+        argv += ["--state-dir", str(base / "state")]
     env = {**os.environ, "TMPDIR": ipc_root}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, text=True)
     log.close()

@@ -32,6 +32,7 @@ class AttachInfo(msgspec.Struct, frozen=True):
     engine: EngineInfo
     host: str
     port: int
+    generation: int = 0  # respawns of this frontend slot so far (0: the first process)
 
     @property
     def key(self) -> bytes:

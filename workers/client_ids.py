@@ -51,10 +51,11 @@ def lane_of(client_id: int, num_lanes: int) -> int:
 class ClientIdAllocator:
     """Hands out one frontend's client ids in order. One per frontend process."""
 
-    def __init__(self, frontend_id: int) -> None:
-        make_client_id(frontend_id, 0)  # validates the frontend id
+    def __init__(self, frontend_id: int, first_local_id: int = 0) -> None:
+        make_client_id(frontend_id, first_local_id)  # validates both
         self.frontend_id = frontend_id
-        self._sequence = itertools.count()
+        # A respawned frontend starts past its predecessor's ids (see AttachInfo.generation).
+        self._sequence = itertools.count(first_local_id)
 
     def next_id(self) -> int:
         return make_client_id(self.frontend_id, next(self._sequence) & LOCAL_MASK)

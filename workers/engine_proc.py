@@ -47,8 +47,11 @@ from workers.ipc import (
     configure_engine_push,
     send_nowait,
 )
+from workers.kv_transfer import DisaggEngineSpec, KVTransferAgent
 from workers.protocol import (
     AbortRequests,
+    AddContextRequest,
+    AddRemoteRequest,
     AddRequest,
     ControlAck,
     ControlReply,
@@ -60,6 +63,7 @@ from workers.protocol import (
     EngineHealth,
     EngineInfo,
     EngineReady,
+    EngineTiming,
     FrontendHello,
     HealthPing,
     IngressMessage,
@@ -85,14 +89,17 @@ class EngineProcSpec(msgspec.Struct, frozen=True):
     num_lanes: int
     config: EngineConfig
     lane_sndhwm: int = LANE_SNDHWM
+    disagg: DisaggEngineSpec | None = None  # None: no KV-transfer agent (an aggregated worker)
 
 
 class EngineProc:
     """The busy loop. Owns the core and the engine's sockets."""
 
     def __init__(self, core: Any, paths: IpcPaths, key: bytes, num_lanes: int, ctx: zmq.Context,
-                 launcher_pid: int | None = None, lane_sndhwm: int = LANE_SNDHWM) -> None:
+                 launcher_pid: int | None = None, lane_sndhwm: int = LANE_SNDHWM,
+                 kv_agent: KVTransferAgent | None = None) -> None:
         self.core = core
+        self.kv_agent = kv_agent
         self.num_lanes = num_lanes
         self.should_stop = False
         self.launcher_gone = False  # the launcher died without cleaning up: the engine does
@@ -112,10 +119,14 @@ class EngineProc:
         self._control.bind(paths.control)
         self._lanes = [_connect_lane(ctx, paths, i, lane_sndhwm) for i in range(num_lanes)]
         self._live: list[set[int]] = [set() for _ in range(num_lanes)]  # unfinished ids per lane
+        # request id -> (engine-side Request, arrival time): the finishing output carries its timing
+        self._timings: dict[int, tuple[Any, float]] = {}
         self._pending: list[RequestOutput] = []  # rejections to send with the next batch
         self._poller = zmq.Poller()
         self._poller.register(self._ingress, zmq.POLLIN)
         self._poller.register(self._control, zmq.POLLIN)
+        if kv_agent is not None:
+            kv_agent.register(self._poller)  # KV-transfer traffic wakes the loop too
         self._heartbeat = _Heartbeat(ctx, paths, key, num_lanes, launcher_pid, self._on_launcher_gone)
 
     def _on_launcher_gone(self) -> None:
@@ -132,13 +143,18 @@ class EngineProc:
         try:
             while not self.should_stop:
                 busy = bool(self._pending) or self.core.has_work()
+                busy = busy or (self.kv_agent is not None and self.kv_agent.has_work())
                 self._poll_inputs(timeout_ms=0 if busy else IDLE_POLL_MS)
+                if self.kv_agent is not None:
+                    self.kv_agent.tick()
                 if not self.should_stop and (self._pending or self.core.has_work()):
                     self._step()
         finally:
             self._heartbeat.stop()
             for sock in (self._ingress, self._control, *self._lanes):
                 sock.close(linger=0)
+            if self.kv_agent is not None:
+                self.kv_agent.close()
         log.info("engine loop stopped after %d steps", self.num_steps)
         return 0
 
@@ -165,27 +181,35 @@ class EngineProc:
                     self._control.send_multipart([identity, *self._reply_codec.encode(reply)], flags=zmq.NOBLOCK)
 
     def _handle_input(self, message: IngressMessage) -> None:
-        if isinstance(message, AddRequest):
+        if isinstance(message, (AddRequest, AddContextRequest, AddRemoteRequest)):
             request = message.request
             lane = lane_of(request.request_id, self.num_lanes)
+            arrival = time.time()
             try:
-                self.core.add_request(request)
+                engine_request = self._add_to_core(message)
             except Exception as exc:  # a bad request must not take the engine down
                 log.warning("rejected request %d: %s", request.request_id, exc)
-                self._pending.append(RequestOutput(request.request_id, [], "abort", error=str(exc)))
+                self._pending.append(RequestOutput(request.request_id, [], "abort", error=str(exc),
+                                                   timing=EngineTiming(arrival, None, None, time.time())))
                 return
             self._live[lane].add(request.request_id)
+            self._timings[request.request_id] = (engine_request, arrival)
         elif isinstance(message, AbortRequests):
             for request_id in message.request_ids:
                 if request_id in self._live[lane_of(request_id, self.num_lanes)]:
+                    if self.kv_agent is not None:
+                        self.kv_agent.abort(request_id)  # a pull in flight: free the ctx side too
                     self.core.abort(request_id)
         elif isinstance(message, FrontendHello):
             if 0 <= message.frontend_id < self.num_lanes:
+                self._abort_lane(message.frontend_id)
                 send_nowait(self._lanes[message.frontend_id], self._lane_codec, OutputBatch([], time.time()))
 
     def _step(self) -> None:
         outputs = self._pending + (self.core.step() if self.core.has_work() else [])
         self._pending = []
+        if self.kv_agent is not None:
+            self.kv_agent.on_outputs(outputs)
         self.num_steps += 1
         batches: list[list[RequestOutput]] = [[] for _ in range(self.num_lanes)]
         for output in outputs:
@@ -193,10 +217,39 @@ class EngineProc:
             batches[lane].append(output)
             if output.finish_reason is not None:
                 self._live[lane].discard(output.request_id)
+                self._stamp_timing(output)
         now = time.time()
         for lane, batch in enumerate(batches):
             if batch and not send_nowait(self._lanes[lane], self._lane_codec, OutputBatch(batch, now)):
                 self._drop_lane(lane, len(batch))
+
+    def _add_to_core(self, message: AddRequest | AddContextRequest | AddRemoteRequest) -> Any:
+        if isinstance(message, AddRequest):
+            return self.core.add_request(message.request)
+        if self.kv_agent is None:
+            raise ValueError("this worker has no KV-transfer agent: start it with a cluster key to serve "
+                             "disaggregated requests")
+        if isinstance(message, AddContextRequest):
+            return self.kv_agent.add_context(message)
+        return self.kv_agent.add_remote(message)
+
+    def _stamp_timing(self, output: RequestOutput) -> None:
+        entry = self._timings.pop(output.request_id, None)
+        if entry is not None and output.timing is None:
+            request, arrival = entry
+            output.timing = EngineTiming(arrival, getattr(request, "first_scheduled_time", None),
+                                         getattr(request, "first_token_time", None), time.time())
+
+    def _abort_lane(self, lane: int) -> None:
+        """A (re)started frontend said hello: whatever its lane still runs belongs to a
+        predecessor that crashed; free it now instead of decoding for nobody."""
+        orphans = self._live[lane]
+        if orphans:
+            log.warning("frontend %d (re)started: aborting %d requests of its predecessor", lane, len(orphans))
+            self._live[lane] = set()
+            for request_id in orphans:
+                self.core.abort(request_id)
+                self._timings.pop(request_id, None)
 
     def _drop_lane(self, lane: int, num_outputs: int) -> None:
         """Frontend ``lane`` is not reading: drop its batch and abort its requests."""
@@ -205,6 +258,7 @@ class EngineProc:
         self._live[lane] = set()
         for request_id in aborted:
             self.core.abort(request_id)
+            self._timings.pop(request_id, None)
         self.num_lane_aborts += len(aborted)
         log.warning(
             "lane %d is full (frontend dead or stuck): dropped %d outputs, aborted %d requests "
@@ -214,10 +268,7 @@ class EngineProc:
     def _handle_control(self, request: ControlRequest) -> ControlReply:
         try:
             if isinstance(request, HealthPing):
-                return EngineHealth(
-                    sum(len(s) for s in self._live), self.num_steps, self.num_rejected_frames,
-                    self.num_lane_drops, self.num_lane_aborts, time.time(),
-                )
+                return self._health()
             if isinstance(request, Shutdown):
                 self.should_stop = True
             elif isinstance(request, DrainStats):
@@ -227,11 +278,24 @@ class EngineProc:
             elif isinstance(request, StartProfile):
                 self.core.start_profile(request.dir)
             elif isinstance(request, StopProfile):
-                self.core.stop_profile()
+                trace = self.core.stop_profile()
+                return ControlAck(detail=None if trace is None else str(trace))
         except Exception as exc:
-            log.exception("control request %s failed", type(request).__name__)
-            return ControlAck(error=f"{type(exc).__name__}: {exc}")
+            log.warning("control request %s failed: %s: %s", type(request).__name__, type(exc).__name__, exc)
+            return ControlAck(error=f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
         return ControlAck()
+
+    def _health(self) -> EngineHealth:
+        scheduler = getattr(self.core, "scheduler", None)
+        blocks = getattr(self.core, "block_manager", None)
+        return EngineHealth(
+            sum(len(s) for s in self._live), self.num_steps, self.num_rejected_frames,
+            self.num_lane_drops, self.num_lane_aborts, time.time(),
+            num_running=int(getattr(scheduler, "num_running", 0)),
+            num_waiting=int(getattr(scheduler, "num_waiting", 0)),
+            kv_blocks_used=int(getattr(blocks, "num_used_blocks", 0)),
+            kv_blocks_total=int(getattr(blocks, "num_blocks", 0)),
+        )
 
 
 def _connect_lane(ctx: zmq.Context, paths: IpcPaths, frontend_id: int, sndhwm: int = LANE_SNDHWM) -> zmq.Socket:
@@ -290,6 +354,7 @@ def build_core(config: EngineConfig) -> tuple[Any, EngineInfo]:
         eos_token_ids=sorted(int(t) for t in executor.eos_token_ids),
         block_size=int(executor.block_size),
         num_blocks=int(executor.num_blocks),
+        hash_seed=int(config.cache.hash_seed),
     )
     return core, info
 
@@ -308,7 +373,12 @@ def run_engine(spec: EngineProcSpec, launcher_pid: int | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "should_stop", True) if proc else sys.exit(143))
     try:
         core, info = build_core(spec.config.validate())
-        proc = EngineProc(core, paths, key, spec.num_lanes, ctx, launcher_pid, spec.lane_sndhwm)
+        kv_agent = None
+        if spec.disagg is not None:
+            kv_agent = spec.disagg.build_agent(core, ctx)
+            info = msgspec.structs.replace(info, role=spec.disagg.role, kv_endpoint=kv_agent.endpoint)
+            log.info("KV-transfer agent (%s role) on %s", spec.disagg.role, kv_agent.endpoint)
+        proc = EngineProc(core, paths, key, spec.num_lanes, ctx, launcher_pid, spec.lane_sndhwm, kv_agent)
     except Exception as exc:
         log.exception("engine failed to start")
         tail = "".join(traceback.format_exception(exc)[-3:]).strip()

@@ -133,6 +133,16 @@ class IpcPaths:
         """The launcher's admin HTTP Unix socket (launcher-owned routes, DESIGN.md §4)."""
         return self.dir / "launcher.sock"
 
+    @property
+    def perf(self) -> str:
+        """The launcher's perf-record channel (attached frontends PUSH ``PerfRecordBatch``)."""
+        return f"ipc://{self.dir}/perf.sock"
+
+    @property
+    def prometheus_dir(self) -> Path:
+        """PROMETHEUS_MULTIPROC_DIR of every process of the worker."""
+        return self.dir / "prometheus"
+
     def lane(self, frontend_id: int) -> str:
         return f"ipc://{self.dir}/lane-{frontend_id}.sock"
 

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import IO
+from typing import IO, Callable
 
 import msgspec
 import zmq
@@ -33,6 +33,7 @@ import zmq
 from workers.attach import ATTACH_FILE_ENV, AttachInfo, write_attach_file
 from workers.config import EngineConfig
 from workers.engine_proc import EngineProcSpec
+from workers.kv_transfer import DisaggEngineSpec
 from workers.ipc import LANE_SNDHWM, FrameCodec, make_ipc_dir, new_key, write_private_file
 from workers.protocol import (
     ControlReply,
@@ -57,6 +58,10 @@ RANK_ENV_VARS = (
     "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "MPI_LOCALRANKID",
 )
 _TAIL_LINES = 40
+# A crashed attached frontend is respawned in its slot, unless it crashed this often
+# recently: then it is left down (the others keep serving) and that is logged loudly.
+RESPAWN_WINDOW_SECONDS = 60.0
+MAX_CRASHES_IN_WINDOW = 3
 
 
 class LaunchError(RuntimeError):
@@ -124,20 +129,29 @@ class WorkerGroup:
     """The launcher's children and private state. Use as a context manager."""
 
     def __init__(self, engine_config: EngineConfig, num_frontends: int, host: str, port: int,
-                 *, grace_seconds: float = 30.0, lane_sndhwm: int = LANE_SNDHWM, log_level: str = "info") -> None:
+                 *, grace_seconds: float = 30.0, lane_sndhwm: int = LANE_SNDHWM, log_level: str = "info",
+                 disagg: DisaggEngineSpec | None = None) -> None:
         if num_frontends < 1:
             raise LaunchError(f"num_frontends must be >= 1, got {num_frontends}")
         self.engine_config = engine_config
+        self.disagg = disagg  # the engine's KV-transfer agent (role, cluster key); None: aggregated
         self.num_frontends = num_frontends
         self.host, self.port = host, port
         self.grace_seconds = grace_seconds
         self.lane_sndhwm = lane_sndhwm
         self.log_level = log_level
         self.paths = make_ipc_dir()
+        # Every process's Prometheus samples (``disagg serve`` exports it as PROMETHEUS_MULTIPROC_DIR).
+        self.paths.prometheus_dir.mkdir(mode=0o700)
         self.key = new_key()
         self.engine: _Child | None = None
         self.engine_info: EngineInfo | None = None
         self.frontends: dict[int, _Child] = {}
+        self._frontend_argv: list[str] = []
+        self._generations: dict[int, int] = {}  # respawns per slot
+        self._crash_times: dict[int, deque[float]] = {}
+        self.abandoned_frontends: set[int] = set()  # crashed too often: not respawned
+        self.engine_failed = False  # the engine died or hung while serving: kill it, do not ask
         self._ready_frontends: set[int] = set()
         self._status_codec: FrameCodec = FrameCodec(self.key, StatusMessage, "launcher status")
         self._control_codec: FrameCodec = FrameCodec(self.key, ControlReply, "launcher control")
@@ -158,7 +172,7 @@ class WorkerGroup:
 
     def start_engine(self, timeout: float = 600.0) -> EngineInfo:
         spec = EngineProcSpec(str(self.paths.dir), self.key.hex(), self.num_frontends, self.engine_config,
-                              self.lane_sndhwm)
+                              self.lane_sndhwm, self.disagg)
         write_private_file(self.paths.engine_spec_file, msgspec.json.encode(spec))
         argv = [sys.executable, "-m", "workers.engine_proc", "--spec", str(self.paths.engine_spec_file),
                 "--launcher-pid", str(os.getpid()), "--log-level", self.log_level.upper()]
@@ -175,14 +189,21 @@ class WorkerGroup:
     def attach_info(self, frontend_id: int) -> AttachInfo:
         assert self.engine is not None and self.engine_info is not None, "start_engine() first"
         return AttachInfo(str(self.paths.dir), self.key.hex(), frontend_id, self.num_frontends, os.getpid(),
-                          self.engine.popen.pid, self.engine_info, self.host, self.port)
+                          self.engine.popen.pid, self.engine_info, self.host, self.port,
+                          self._generations.get(frontend_id, 0))
 
     def spawn_frontends(self, argv: list[str]) -> None:
         """Start frontends 1..K-1 as ``argv`` with the attach file in their environment."""
+        self._frontend_argv = list(argv)
         for frontend_id in range(1, self.num_frontends):
-            env = {k: v for k, v in os.environ.items() if k not in RANK_ENV_VARS}
-            env[ATTACH_FILE_ENV] = str(write_attach_file(self.attach_info(frontend_id)))
-            self.frontends[frontend_id] = _Child(f"frontend {frontend_id}", argv, env)
+            self._spawn_frontend(frontend_id)
+
+    def _spawn_frontend(self, frontend_id: int) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in RANK_ENV_VARS}
+        attach_file = self.paths.attach_file(frontend_id)
+        attach_file.unlink(missing_ok=True)  # a predecessor that died before reading its own
+        env[ATTACH_FILE_ENV] = str(write_attach_file(self.attach_info(frontend_id)))
+        self.frontends[frontend_id] = _Child(f"frontend {frontend_id}", self._frontend_argv, env)
 
     def wait_frontends_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -215,6 +236,40 @@ class WorkerGroup:
     def exited_frontends(self) -> dict[int, str]:
         """Attached frontends that exited, with how (for the launcher's watch while serving)."""
         return {i: c.describe_exit() for i, c in self.frontends.items() if c.popen.poll() is not None}
+
+    def respawn_exited_frontends(self, on_exit: Callable[[int], None] | None = None,
+                                 now: float | None = None) -> list[int]:
+        """Respawn every attached frontend that exited while serving, in its slot; the slots
+        respawned. ``on_exit(pid)`` runs for each exited process (e.g. to mark its metrics dead).
+        A slot that crashed ``MAX_CRASHES_IN_WINDOW`` times within ``RESPAWN_WINDOW_SECONDS``
+        is left down."""
+        now = time.monotonic() if now is None else now
+        respawned: list[int] = []
+        if self.engine is None or self.engine.popen.poll() is not None:
+            return respawned  # the group is going down with its engine
+        for frontend_id, child in list(self.frontends.items()):
+            if self.stopping or frontend_id in self.abandoned_frontends or child.popen.poll() is None:
+                continue
+            how = child.describe_exit()
+            if on_exit is not None:
+                on_exit(child.popen.pid)
+            crashes = self._crash_times.setdefault(frontend_id, deque())
+            crashes.append(now)
+            while crashes and now - crashes[0] > RESPAWN_WINDOW_SECONDS:
+                crashes.popleft()
+            if len(crashes) >= MAX_CRASHES_IN_WINDOW:
+                self.abandoned_frontends.add(frontend_id)
+                log.critical("!!! %s; frontend %d crashed %d times within %.0f s: NOT respawning it again; "
+                             "%d of %d frontends left serving", how, frontend_id, len(crashes),
+                             RESPAWN_WINDOW_SECONDS, self.num_frontends - len(self.abandoned_frontends),
+                             self.num_frontends)
+                continue
+            self._generations[frontend_id] = self._generations.get(frontend_id, 0) + 1
+            log.error("%s; respawning frontend %d (crash %d within %.0f s)", how, frontend_id, len(crashes),
+                      RESPAWN_WINDOW_SECONDS)
+            self._spawn_frontend(frontend_id)
+            respawned.append(frontend_id)
+        return respawned
 
     def control(self, request: ControlRequest, timeout: float = 10.0) -> ControlReply:
         """One request/reply on control.sock (a fresh DEALER: callers may be on any thread)."""
@@ -261,6 +316,9 @@ class WorkerGroup:
     def _stop_engine(self) -> None:
         assert self.engine is not None
         try:
+            if self.engine_failed:  # dead or hung (e.g. SIGSTOP): asking would only wait
+                self.engine.stop(signal.SIGKILL, 5.0)
+                return
             if self.engine_info is None:  # a failed start: it is exiting on its own
                 self.engine.popen.wait(timeout=2.0)
             elif self.engine.popen.poll() is None:

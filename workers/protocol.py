@@ -15,9 +15,14 @@ from workers.sampling_params import SamplingParams
 __all__ = [
     "EngineRequest",
     "TokenLogprobs",
+    "EngineTiming",
     "RequestOutput",
     # ingress.sock (every frontend -> engine)
     "AddRequest",
+    "AddContextRequest",
+    "AddRemoteRequest",
+    "ParkedKV",
+    "KVTransferStats",
     "AbortRequests",
     "FrontendHello",
     "IngressMessage",
@@ -42,6 +47,9 @@ __all__ = [
     "DrainReply",
     "ControlAck",
     "ControlReply",
+    # perf.sock (attached frontends -> launcher)
+    "PerfRecord",
+    "PerfRecordBatch",
 ]
 
 
@@ -67,6 +75,36 @@ class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True, gc=False):
     top_logprobs: list[float]
 
 
+class EngineTiming(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Engine-side times of one request (the engine's ``time.time()``), sent on its
+    finishing ``RequestOutput`` for the per-request perf records."""
+
+    arrival: float  # the engine took the request off ingress
+    first_scheduled: float | None  # None: never scheduled (rejected, aborted while waiting)
+    first_token: float | None
+    finished: float  # the finishing output left the engine
+
+
+class ParkedKV(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Disaggregated ctx side, on a request's finishing output: its prompt's KV is parked
+    in the engine (not freed, not evictable) until a gen engine pulls it or ``expires_at``."""
+
+    num_tokens: int
+    expires_at: float  # unix time
+
+
+class KVTransferStats(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Disaggregated gen side, on a request's finishing output: how its KV was pulled."""
+
+    num_blocks: int
+    num_bytes: int
+    seconds: float  # from the pull request sent to the last block imported
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.num_bytes / self.seconds if self.seconds > 0 else 0.0
+
+
 class RequestOutput(msgspec.Struct, omit_defaults=True, array_like=True, gc=False):
     """What one engine step produced for one request.
 
@@ -83,6 +121,9 @@ class RequestOutput(msgspec.Struct, omit_defaults=True, array_like=True, gc=Fals
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    kv_parked: ParkedKV | None = None  # ctx side of disaggregation: set on the finishing output
+    kv_transfer: KVTransferStats | None = None  # gen side: set on the finishing output
+    timing: EngineTiming | None = None  # set by the engine process on the finishing output only
 
 
 # --- ingress.sock: every frontend PUSHes, the engine PULLs -------------------
@@ -90,6 +131,24 @@ class RequestOutput(msgspec.Struct, omit_defaults=True, array_like=True, gc=Fals
 
 class AddRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="add"):
     request: EngineRequest
+
+
+class AddContextRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="add_ctx"):
+    """Disaggregated ctx leg: prefill, sample, then park the prompt's KV for ``park_kv_seconds``
+    (the finishing output carries ``kv_parked``; nothing is parked when it ends with ``stop``)."""
+
+    request: EngineRequest
+    park_kv_seconds: float
+
+
+class AddRemoteRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="add_remote"):
+    """Disaggregated gen leg: pull the prompt's KV from ``kv_endpoint`` (the ctx engine's
+    request ``ctx_request_id``), then decode after ``first_token_id`` (not reported again)."""
+
+    request: EngineRequest
+    first_token_id: int
+    ctx_request_id: int
+    kv_endpoint: str
 
 
 class AbortRequests(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="abort"):
@@ -105,7 +164,7 @@ class FrontendHello(msgspec.Struct, frozen=True, array_like=True, tag="hello"):
     frontend_id: int
 
 
-IngressMessage = AddRequest | AbortRequests | FrontendHello
+IngressMessage = AddRequest | AddContextRequest | AddRemoteRequest | AbortRequests | FrontendHello
 
 
 # --- lane-<i>.sock: the engine PUSHes, frontend i PULLs ----------------------
@@ -131,6 +190,9 @@ class EngineInfo(msgspec.Struct, frozen=True):
     eos_token_ids: list[int]
     block_size: int
     num_blocks: int
+    role: str = "both"  # both | ctx | gen (disaggregated serving)
+    kv_endpoint: str | None = None  # tcp://host:port of the KV-transfer agent; None without one
+    hash_seed: int = 0  # the block-hash seed (routers must use the same)
 
 
 class EngineReady(msgspec.Struct, frozen=True, tag="engine_ready"):
@@ -194,6 +256,11 @@ class EngineHealth(msgspec.Struct, frozen=True, tag="health"):
     num_lane_drops: int  # lane batches dropped because a frontend's queue was full
     num_lane_aborts: int  # requests aborted because their lane was full
     timestamp: float
+    # The scheduler and block pool now (Prometheus gauges; /metrics drains are not touched).
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
 
 
 class DrainReply(msgspec.Struct, frozen=True, tag="drain"):
@@ -205,6 +272,42 @@ class DrainReply(msgspec.Struct, frozen=True, tag="drain"):
 
 class ControlAck(msgspec.Struct, frozen=True, tag="ack"):
     error: str | None = None  # None: done
+    error_type: str | None = None  # the exception's class name (e.g. ProfilingUnsupported)
+    detail: str | None = None  # e.g. the trace file StopProfile wrote
 
 
 ControlReply = EngineHealth | DrainReply | ControlAck
+
+
+# --- perf.sock: attached frontends PUSH their perf records to the launcher ----
+
+
+class PerfRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One request's timeline (``time.time()`` of the frontend, or of the engine
+    for the ``engine_*`` fields) and token counts, for ``GET /perf_metrics``."""
+
+    request_id: int
+    frontend_id: int
+    frontend_arrival: float  # the HTTP request arrived
+    tokenized: float  # the prompt was tokenized and sent to the engine
+    engine_arrival: float | None  # None: the engine never reported on it (e.g. it died)
+    first_scheduled: float | None
+    first_token: float | None  # the engine produced the first token
+    last_token: float | None  # the frontend received the last token
+    finished: float  # the frontend saw the request end
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    finish_reason: str | None  # stop | length | abort | None (the client left first)
+    # Disaggregated gen leg: the KV pulled from the ctx engine (None / 0: no transfer).
+    kv_transfer_seconds: float | None = None
+    kv_transfer_bytes: int = 0
+    kv_transfer_blocks: int = 0
+    kv_transfer_bytes_per_second: float | None = None
+    # The HTTP request's x-request-id header (the orchestrator's "<id>-ctx" / "<id>-gen" per leg):
+    # what the orchestrator joins its own record on. None: no header.
+    x_request_id: str | None = None
+
+
+class PerfRecordBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    records: list[PerfRecord]

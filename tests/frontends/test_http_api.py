@@ -221,12 +221,13 @@ async def test_count_tokens_models_health_version(harness):
     assert (await harness.http.get("/version")).json() == {"version": "0.1.0"}
 
 
-async def test_disaggregated_params_are_accepted(harness):
+async def test_disaggregated_params_need_a_cluster_key(harness):
     response = await harness.http.post("/v1/completions", json={
         "model": harness.model, "prompt": "Hi", "max_tokens": 2,
         "disaggregated_params": {"request_type": "context_only"},
     })
-    assert response.status_code == 200
+    assert response.status_code == 400
+    assert "no cluster key" in response.json()["error"]["message"]
 
 
 async def test_dead_engine_is_503(harness):

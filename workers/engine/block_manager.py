@@ -126,7 +126,8 @@ class BlockManager:
 
     @property
     def num_parked_blocks(self) -> int:
-        return sum(len(p.block_ids) for p in self._parked.values())
+        # Distinct blocks: parked requests that shared a prefix share its blocks.
+        return len({block_id for p in self._parked.values() for block_id in p.block_ids})
 
     def ref_count(self, block_id: int) -> int:
         return self._blocks[block_id].ref_count

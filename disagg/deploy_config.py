@@ -1,0 +1,227 @@
+"""The deployment YAML (``disagg up CONFIG``), validated into frozen typed objects.
+
+    name: local                     # default: the file's stem; names the run dir
+    launcher: local                 # or slurm: one sbatch job (see slurm/ and disagg.slurm_deployment)
+    slurm: {partition, account, qos, time_limit, nodes, gpus_per_node, cpus_per_node, mem,
+            job_name, env_setup, container: {image, mounts}, extra_sbatch, run_root}  # slurm.config
+    run_dir: null                   # default: ./.disagg/<name>
+    model: tiny                     # a model dir; "tiny" (or a dir that does not exist) ->
+    tiny_model_size: bench          #   `up` writes a random-weight tiny model there first
+    engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
+             max_num_batched_tokens, kv_park_seconds, synthetic_decode_step_seconds,
+             synthetic_prefill_seconds_per_token}
+    orchestrator: {host, port, processes, ctx_router, gen_router, conditional, health,
+                   timeouts, max_retries, api_key}      # see orchestrator.config
+    pools:
+      ctx: {instances, frontends, host, base_port, role, tensor_parallel_size, gpus_per_worker,
+            engine: {overrides}}
+      gen: {...the same}
+    startup_timeout_seconds: 600
+
+Every error is a ConfigError whose key names the file and the dotted key,
+e.g. ``configs/local.yaml: pools.gen.instances: must be >= 1, got 0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.config import ConditionalDisaggConfig, HealthConfig, RouterConfig, TimeoutConfig
+from orchestrator.typed import ConfigError, from_mapping
+from slurm.config import SlurmConfig
+
+__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "DeployConfig",
+           "load_deploy_config", "check_runnable", "TINY_MODEL", "LAUNCHERS"]
+
+TINY_MODEL = "tiny"
+LAUNCHERS = ("local", "slurm")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine flags of ``disagg serve``; None = serve's default (or, in a pool, the deployment's)."""
+
+    kind: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    max_model_len: int | None = None
+    block_size: int | None = None
+    num_blocks: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_park_seconds: float | None = None
+    synthetic_decode_step_seconds: float | None = None
+    """Synthetic engine's timing model: seconds per decode step (serve's flag of the same name)."""
+    synthetic_prefill_seconds_per_token: float | None = None
+
+    def validate(self, prefix: str) -> None:
+        for name in ("synthetic_decode_step_seconds", "synthetic_prefill_seconds_per_token"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{prefix}.{name}", f"must be >= 0, got {value}")
+        if self.kind is not None and self.kind not in ("torch", "synthetic"):
+            raise ConfigError(f"{prefix}.kind", f"must be torch or synthetic, got {self.kind!r}")
+        if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"{prefix}.dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}")
+        for name in ("max_model_len", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{prefix}.{name}", f"must be >= 1, got {value}")
+
+    def merged(self, overrides: "EngineSettings") -> "EngineSettings":
+        changes = {f.name: getattr(overrides, f.name) for f in dataclasses.fields(overrides)
+                   if getattr(overrides, f.name) is not None}
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class OrchestratorSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    processes: int = 1
+    ctx_router: RouterConfig = field(default_factory=RouterConfig)
+    gen_router: RouterConfig = field(default_factory=RouterConfig)
+    conditional: ConditionalDisaggConfig = field(default_factory=ConditionalDisaggConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
+    max_retries: int = 2
+    api_key: str | None = None
+    served_model_name: str | None = None
+
+    def validate(self, prefix: str) -> None:
+        if not 1 <= self.processes <= 64:
+            raise ConfigError(f"{prefix}.processes", f"must be in [1, 64], got {self.processes}")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"{prefix}.port", f"must be in [0, 65535], got {self.port}")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    instances: int = 1
+    frontends: int = 1
+    """HTTP frontend processes per worker."""
+    host: str = "127.0.0.1"
+    base_port: int = 0
+    """Instance i listens on base_port + i; 0 = free ports chosen at `up`."""
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    role: str | None = None
+    """The workers' --role; None = the pool's name (ctx or gen). ``both`` makes an aggregated pool."""
+    tensor_parallel_size: int = 1
+    """Ranks per worker. Placement counts them; ``check_runnable`` refuses > 1 until the engine has TP."""
+    gpus_per_worker: int | None = None
+    """None: one GPU per TP rank on GPU nodes (slurm.gpus_per_node > 0), none otherwise."""
+
+    def validate(self, prefix: str) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"{prefix}.tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
+        if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
+            raise ConfigError(f"{prefix}.gpus_per_worker", f"must be >= 0, got {self.gpus_per_worker}")
+        if self.role is not None and self.role not in ("ctx", "gen", "both"):
+            raise ConfigError(f"{prefix}.role", f"must be ctx, gen or both, got {self.role!r}")
+        if self.instances < 1:
+            raise ConfigError(f"{prefix}.instances", f"must be >= 1, got {self.instances}")
+        if not 1 <= self.frontends <= 64:
+            raise ConfigError(f"{prefix}.frontends", f"must be in [1, 64], got {self.frontends}")
+        if not 0 <= self.base_port < 65536 - self.instances:
+            raise ConfigError(f"{prefix}.base_port", f"must leave room for {self.instances} ports")
+
+
+@dataclass(frozen=True)
+class PoolsConfig:
+    ctx: PoolConfig = field(default_factory=PoolConfig)
+    gen: PoolConfig = field(default_factory=PoolConfig)
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    model: str
+    name: str = ""
+    launcher: str = "local"
+    """local: supervised subprocesses on this machine; slurm: one sbatch job (the ``slurm`` section)."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    run_dir: str | None = None
+    tiny_model_size: str = "bench"
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    orchestrator: OrchestratorSettings = field(default_factory=OrchestratorSettings)
+    pools: PoolsConfig = field(default_factory=PoolsConfig)
+    startup_timeout_seconds: float = 600.0
+    source: str = ""
+    """The file this came from (set by the loader)."""
+
+    def validate(self, prefix: str) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"{prefix}launcher", f"must be local or slurm, got {self.launcher!r}")
+        if self.tiny_model_size not in ("test", "bench"):
+            raise ConfigError(f"{prefix}tiny_model_size", f"must be test or bench, got {self.tiny_model_size!r}")
+        if self.startup_timeout_seconds <= 0:
+            raise ConfigError(f"{prefix}startup_timeout_seconds", "must be > 0")
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir) if self.run_dir else Path(".disagg") / self.name
+
+    def engine_for(self, role: str) -> EngineSettings:
+        pool = self.pools.ctx if role == "ctx" else self.pools.gen
+        return self.engine.merged(pool.engine)
+
+    def pool_specs(self) -> tuple[Any, ...]:
+        """The pools as ``slurm.placement.PoolSpec``s (ctx, then gen)."""
+        from slurm.placement import PoolSpec
+
+        return tuple(PoolSpec(name=role, instances=pool.instances, frontends=pool.frontends,
+                              base_port=pool.base_port, tensor_parallel_size=pool.tensor_parallel_size,
+                              gpus_per_worker=pool.gpus_per_worker)
+                     for role, pool in (("ctx", self.pools.ctx), ("gen", self.pools.gen)))
+
+    def placement(self) -> tuple[Any, ...]:
+        """Every worker's ``WorkerPlacement`` in the Slurm allocation; a ConfigError (key prefixed with
+        the file) when the pools do not fit, its message showing the arithmetic."""
+        from slurm.placement import place_workers
+
+        try:
+            return place_workers(self.pool_specs(), self.slurm.nodes, self.slurm.gpus_per_node, prefix="pools",
+                                 reserved_ports={"orchestrator.port": self.orchestrator.port})
+        except ConfigError as exc:
+            raise ConfigError(f"{self.source}: {exc.key}", str(exc)[len(exc.key) + 2:]) from None
+
+
+def check_runnable(config: DeployConfig) -> None:
+    """What ``up`` refuses and ``render`` allows: what the engine cannot run yet (TP > 1)."""
+    from slurm.placement import check_engine_supports
+
+    for spec in config.pool_specs():
+        try:
+            check_engine_supports(spec, f"pools.{spec.name}")
+        except ConfigError as exc:
+            raise ConfigError(f"{config.source}: {exc.key}",
+                              f"{str(exc)[len(exc.key) + 2:]} (`disagg render` still shows the plan)") from None
+
+
+def load_deploy_config(path: str | Path, run_dir: str | None = None) -> DeployConfig:
+    """Read and validate; ``run_dir`` overrides the file's. Errors name the file and the key."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(str(path), f"cannot read: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "must be a YAML mapping")
+    data = {**data, "source": str(path)}
+    data.setdefault("name", path.stem)
+    if run_dir is not None:
+        data["run_dir"] = run_dir
+    try:
+        config = from_mapping(DeployConfig, data, "")
+    except ConfigError as exc:
+        key = exc.key.lstrip(".")
+        raise ConfigError(f"{path}: {key}", str(exc).split(": ", 1)[1]) from None
+    if config.model != TINY_MODEL and not config.model:
+        raise ConfigError(f"{path}: model", "must name a model directory or 'tiny'")
+    if config.launcher == "slurm":
+        config.placement()  # refuse a placement that cannot fit, with the arithmetic
+    return config

@@ -1,0 +1,398 @@
+"""``disagg up | status | down | logs``: a local deployment as supervised subprocesses.
+
+``up CONFIG`` validates the YAML (``disagg.deploy_config``), then starts a
+*supervisor* (``up CONFIG --foreground``, detached, its own output in
+``<run dir>/up.log``) and waits, with a progress line, until the
+orchestrator's /health answers 200; it prints the URL and returns. With
+``--foreground`` the supervisor is the command itself. The supervisor:
+
+1. resolves the model (``tiny`` or a missing dir -> ``make_tiny_model``),
+2. writes the cluster key file (0600) and ``orchestrator.json``,
+3. starts every worker (``disagg serve --role ctx|gen ...``) and the
+   orchestrator, each in its own session, logs in ``<run dir>/logs/<name>.log``,
+4. records them in ``<run dir>/state.json`` (what status/down/logs read),
+5. restarts a process that exits unexpectedly (at most ``MAX_RESTARTS`` times),
+6. on SIGTERM/SIGINT stops the orchestrator, then the workers (SIGTERM, then
+   SIGKILL after ``STOP_SECONDS``) and removes the runtime files (state,
+   key, orchestrator state dir). Logs stay.
+
+``down`` signals the supervisor and waits for it; if the supervisor is gone,
+it stops the recorded processes itself.
+
+With ``launcher: slurm`` in the file (or ``up --launcher slurm``) the deployment
+is one Slurm job instead: ``disagg.slurm_deployment`` (its run dir holds
+``slurm.json`` rather than ``state.json``; status and down dispatch on that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # the CLI imports this module to add its subcommands: keep that import light
+    from disagg.deploy_config import DeployConfig
+
+__all__ = ["add_deployment_commands", "run_deployment_command", "default_run_dir"]
+
+STATE_FILE = "state.json"
+KEY_FILE = "cluster.key"
+MAX_RESTARTS = 3
+STOP_SECONDS = 30.0
+
+
+def default_run_dir(config_path: str) -> str:
+    return str(Path(".disagg") / Path(config_path).stem)
+
+
+def add_deployment_commands(sub: Any, func: Callable[[argparse.Namespace], int]) -> None:
+    up = sub.add_parser("up", help="start a deployment from a YAML file (local processes or a Slurm job)")
+    up.add_argument("config")
+    up.add_argument("--run-dir", default=None, help="default: the file's run_dir, else ./.disagg/<name>")
+    up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops everything")
+    up.add_argument("--launcher", choices=("local", "slurm"), default=None, help="default: the file's launcher")
+    up.set_defaults(func=func, action="up")
+    for name, text in (("status", "show a local deployment's processes and workers"),
+                       ("down", "stop a local deployment and remove its runtime files")):
+        parser = sub.add_parser(name, help=text)
+        parser.add_argument("config", nargs="?", default=None, help="the YAML used with up (for its run dir)")
+        parser.add_argument("--run-dir", default=None)
+        parser.set_defaults(func=func, action=name)
+    logs = sub.add_parser("logs", help="print a local deployment's logs")
+    logs.add_argument("name", nargs="?", default=None, help="a process name (see status); default: all, tails")
+    logs.add_argument("--config", default=None)
+    logs.add_argument("--run-dir", default=None)
+    logs.add_argument("--lines", type=int, default=40, help="lines per log when showing all")
+    logs.set_defaults(func=func, action="logs")
+
+
+def run_deployment_command(args: argparse.Namespace) -> int:
+    from disagg.deploy_config import load_deploy_config
+    from orchestrator.typed import ConfigError
+
+    try:
+        if args.action == "up":
+            config = load_deploy_config(args.config, args.run_dir)
+            if (args.launcher or config.launcher) == "slurm":
+                from disagg.slurm_deployment import slurm_up
+
+                return slurm_up(config, args.config, config.run_path)
+            return _supervise(config) if args.foreground else _up_detached(config, args)
+        run_dir = _find_run_dir(args)
+        if args.action in ("status", "down") and (run_dir / "slurm.json").exists():  # launcher: slurm
+            from disagg.slurm_deployment import slurm_down, slurm_status
+
+            return (slurm_status if args.action == "status" else slurm_down)(run_dir)
+        return {"status": _status, "down": _down, "logs": lambda d: _logs(d, args)}[args.action](run_dir)
+    except ConfigError as exc:
+        print(f"disagg {args.action}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _find_run_dir(args: argparse.Namespace) -> Path:
+    from disagg.deploy_config import load_deploy_config
+    from orchestrator.typed import ConfigError
+
+    if args.run_dir:
+        return Path(args.run_dir)
+    config = getattr(args, "config", None)
+    if config:
+        return load_deploy_config(config).run_path
+    runs = sorted({p.parent for name in (STATE_FILE, "slurm.json") for p in Path(".disagg").glob(f"*/{name}")})
+    if len(runs) != 1:
+        raise ConfigError("run_dir", f"name the deployment (CONFIG or --run-dir); found {len(runs)} under ./.disagg")
+    return runs[0]
+
+
+# -- state file ---------------------------------------------------------------------------------
+
+def _read_state(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
+    tmp = run_dir / f"{STATE_FILE}.tmp"
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(run_dir / STATE_FILE)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not reaped) is gone
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+# -- up -----------------------------------------------------------------------------------------
+
+def _up_detached(config: DeployConfig, args: argparse.Namespace) -> int:
+    run_dir = config.run_path
+    state = _read_state(run_dir)
+    if state and _alive(state["supervisor_pid"]):
+        print(f"disagg up: already running from {run_dir} ({state['url']}); `disagg down` first", file=sys.stderr)
+        return 1
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "disagg.cli", "up", str(args.config), "--run-dir", str(run_dir), "--foreground"]
+    with open(run_dir / "up.log", "w") as log:
+        supervisor = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True)
+    deadline = time.monotonic() + config.startup_timeout_seconds
+    url = f"http://{config.orchestrator.host}:{config.orchestrator.port}"
+    while time.monotonic() < deadline:
+        if supervisor.poll() is not None:
+            print(f"disagg up: failed (exit code {supervisor.returncode}); {run_dir / 'up.log'}:", file=sys.stderr)
+            print(_tail(run_dir / "up.log", 30), file=sys.stderr)
+            return 1
+        state = _read_state(run_dir)
+        if state is not None:
+            url = state["url"]
+            line = _progress(url)
+            print(f"\rdisagg up: starting {len(state['processes'])} processes ... {line}".ljust(100), end="",
+                  flush=True)
+            if line == "ready":
+                print(f"\ndisagg up: ready on {url} (run dir {run_dir}; `disagg down` stops it)")
+                return 0
+        time.sleep(0.5)
+    print(f"\ndisagg up: not healthy after {config.startup_timeout_seconds} s; stopping", file=sys.stderr)
+    _down(run_dir)
+    return 1
+
+
+def _progress(url: str) -> str:
+    import httpx
+
+    try:
+        if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            return "ready"
+        workers = httpx.get(f"{url}/cluster_info", timeout=2).json()["workers"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return "waiting for the orchestrator"
+    healthy = sum(w["healthy"] for w in workers)
+    return f"{healthy}/{len(workers)} workers healthy"
+
+
+def _resolve_model(config: DeployConfig, run_dir: Path) -> Path:
+    from disagg.deploy_config import TINY_MODEL
+
+    path = run_dir / "model" if config.model == TINY_MODEL else Path(config.model)
+    if not (path / "config.json").exists():
+        from workers.engine.model.tiny import make_tiny_model
+
+        print(f"disagg up: writing a random-weight {config.tiny_model_size} model to {path}", flush=True)
+        make_tiny_model(path, size=config.tiny_model_size)
+    return path.resolve()
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_dir: Path) -> tuple[str, list[str]]:
+    pool = config.pools.ctx if role == "ctx" else config.pools.gen
+    port = pool.base_port + index if pool.base_port else _free_port(pool.host)
+    engine = config.engine_for(role)
+    argv = [sys.executable, "-m", "disagg.cli", "serve", str(model), "--role", pool.role or role, "--host", pool.host,
+            "--port", str(port), "--num-frontends", str(pool.frontends), "--log-level", "info"]
+    options = {"--engine": engine.kind or "torch", "--dtype": engine.dtype, "--device": engine.device,
+               "--max-model-len": engine.max_model_len, "--block-size": engine.block_size,
+               "--num-blocks": engine.num_blocks, "--max-num-seqs": engine.max_num_seqs,
+               "--max-num-batched-tokens": engine.max_num_batched_tokens,
+               "--kv-park-seconds": engine.kv_park_seconds, "--cluster-key-file": str(run_dir / KEY_FILE),
+               "--synthetic-decode-step-seconds": engine.synthetic_decode_step_seconds,
+               "--synthetic-prefill-seconds-per-token": engine.synthetic_prefill_seconds_per_token,
+               "--state-dir": str(run_dir / "worker-state" / f"{role}-{index}"),
+               "--kv-host": pool.host, "--kv-port": 0,
+               "--served-model-name": config.orchestrator.served_model_name}
+    for flag, value in options.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    return f"http://{pool.host}:{port}", argv
+
+
+def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]], str]:
+    """The processes to run (name, argv, log) and the orchestrator URL; writes key and config files."""
+    from orchestrator.config import OrchestratorConfig, StaticWorker
+
+    model = _resolve_model(config, run_dir)
+    key_file = run_dir / KEY_FILE
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    processes, workers = [], []
+    for role in ("ctx", "gen"):
+        pool = config.pools.ctx if role == "ctx" else config.pools.gen
+        for index in range(pool.instances):
+            url, argv = _worker_argv(config, role, index, model, run_dir)
+            processes.append({"name": f"{role}-{index}", "argv": argv, "url": url})
+            workers.append(StaticWorker(pool.role or role, url))
+    settings = config.orchestrator
+    port = settings.port or _free_port(settings.host)
+    engine = config.engine
+    orch = OrchestratorConfig(
+        model_dir=str(model), state_dir=str((run_dir / "orchestrator").resolve()),
+        served_model_name=settings.served_model_name, host=settings.host, port=port,
+        processes=settings.processes, ctx_router=settings.ctx_router, gen_router=settings.gen_router,
+        conditional=settings.conditional, health=settings.health, timeouts=settings.timeouts,
+        max_retries=settings.max_retries, api_key=settings.api_key, workers=tuple(workers),
+        default_block_size=engine.block_size or 16)
+    (run_dir / "orchestrator.json").write_text(orch.to_json())
+    url = f"http://{settings.host}:{port}"
+    processes.append({"name": "orchestrator", "url": url, "argv": [
+        sys.executable, "-m", "disagg.cli", "orchestrator", "--config", str(run_dir / "orchestrator.json")]})
+    return processes, url
+
+
+def _start(run_dir: Path, process: dict[str, Any]) -> subprocess.Popen:
+    log_path = run_dir / "logs" / f"{process['name']}.log"
+    with open(log_path, "a") as log:
+        child = subprocess.Popen(process["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+    process.update(pid=child.pid, log=str(log_path))
+    return child
+
+
+def _supervise(config: DeployConfig) -> int:
+    run_dir = config.run_path
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    stopping: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopping.append(signum))
+    processes, url = _prepare(config, run_dir)
+    children: dict[str, subprocess.Popen] = {}
+    state = {"config": config.source, "url": url, "supervisor_pid": os.getpid(), "processes": processes,
+             "started_at": time.time()}
+    try:
+        for process in processes:
+            children[process["name"]] = _start(run_dir, process)
+            process["restarts"] = 0
+        _write_state(run_dir, state)
+        print(f"disagg up: supervising {len(processes)} processes; orchestrator on {url}", flush=True)
+        while not stopping:
+            time.sleep(0.2)
+            for process in processes:
+                child = children[process["name"]]
+                if child.poll() is None or stopping:
+                    continue
+                if process["restarts"] >= MAX_RESTARTS:
+                    print(f"disagg up: {process['name']} exited ({child.returncode}) too often; stopping", flush=True)
+                    return 1
+                process["restarts"] += 1
+                print(f"disagg up: {process['name']} exited ({child.returncode}); restarting", flush=True)
+                children[process["name"]] = _start(run_dir, process)
+                _write_state(run_dir, state)
+        return 0
+    finally:
+        _stop_all(list(reversed(list(children.values()))))
+        _clean(run_dir)
+
+
+def _stop_all(children: list[subprocess.Popen]) -> None:
+    # The orchestrator (last started) goes first, so no request is routed to a stopping worker.
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+        try:
+            child.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _clean(run_dir: Path) -> None:
+    for name in (STATE_FILE, KEY_FILE, "orchestrator.json"):
+        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "orchestrator", ignore_errors=True)
+
+
+# -- status / down / logs ---------------------------------------------------------------------
+
+def _status(run_dir: Path) -> int:
+    import httpx
+
+    state = _read_state(run_dir)
+    if state is None:
+        print(f"no deployment running from {run_dir}")
+        return 1
+    print(f"deployment {run_dir} ({state['config']}), orchestrator {state['url']}")
+    print(f"  supervisor pid {state['supervisor_pid']}: {'running' if _alive(state['supervisor_pid']) else 'gone'}")
+    for process in state["processes"]:
+        alive = "running" if _alive(process["pid"]) else "exited"
+        print(f"  {process['name']:<14} pid {process['pid']:<8} {alive:<8} {process['url']}")
+    try:
+        info = httpx.get(f"{state['url']}/cluster_info", timeout=3).json()
+    except (httpx.HTTPError, ValueError):
+        print("  the orchestrator does not answer /cluster_info")
+        return 1
+    print("  the orchestrator's view of the workers:")
+    for worker in info["workers"]:
+        health = "healthy" if worker["healthy"] else f"UNHEALTHY ({worker.get('last_error')})"
+        print(f"    {worker['worker_id']:<10} {worker['role']:<5} {worker['url']:<26} {health}; in flight "
+              f"{worker['in_flight_requests']}, cached blocks {worker['num_cached_blocks']}")
+    return 0
+
+
+def _down(run_dir: Path) -> int:
+    state = _read_state(run_dir)
+    if state is None:
+        print(f"no deployment running from {run_dir}")
+        return 0
+    supervisor = state["supervisor_pid"]
+    if supervisor != os.getpid() and _alive(supervisor):
+        os.kill(supervisor, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_SECONDS * 2
+        while _alive(supervisor) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    for process in reversed(state["processes"]):  # a supervisor that died leaves these behind
+        if _alive(process["pid"]):
+            os.kill(process["pid"], signal.SIGTERM)
+            deadline = time.monotonic() + STOP_SECONDS
+            while _alive(process["pid"]) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _alive(process["pid"]):
+                os.kill(process["pid"], signal.SIGKILL)
+    _clean(run_dir)
+    print(f"disagg down: stopped {len(state['processes'])} processes from {run_dir}")
+    return 0
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _logs(run_dir: Path, args: argparse.Namespace) -> int:
+    logs = sorted((run_dir / "logs").glob("*.log"))
+    if args.name:
+        path = run_dir / "logs" / f"{args.name}.log"
+        if not path.exists():
+            print(f"no log {args.name!r}; have: {', '.join(p.stem for p in logs)}", file=sys.stderr)
+            return 1
+        sys.stdout.write(path.read_text(errors="replace"))
+        return 0
+    for path in logs:
+        print(f"==> {path.stem} <==\n{_tail(path, args.lines)}")
+    return 0

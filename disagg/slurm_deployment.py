@@ -1,0 +1,315 @@
+"""``disagg render`` and the Slurm side of ``disagg up | status | down``.
+
+One deployment = one Slurm job whose batch script is ``render_script`` of the
+plan built here: a setup command (model, orchestrator.json), the orchestrator
+on node 0 and every worker as concurrent ``srun`` steps. Workers wait for the
+orchestrator's URL in the run directory, then register with heartbeats
+(``slurm.step``). ``up`` makes the run directory (key 0600) before submitting
+through submitit and records the job in ``<run dir>/slurm.json``, which
+``status`` and ``down`` read; ``logs`` reads ``<run dir>/logs/<step>.log``
+exactly as for a local deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disagg.deploy_config import DeployConfig
+    from slurm.placement import WorkerPlacement
+    from slurm.plan import JobPlan
+
+__all__ = ["SLURM_STATE_FILE", "build_slurm_plan", "add_render_arguments", "run_render", "slurm_up",
+           "slurm_status", "slurm_down", "running_steps"]
+
+SLURM_STATE_FILE = "slurm.json"
+PYTHON = "python"
+"""The interpreter steps run: the one ``slurm.env_setup`` puts first on PATH (or the submitter's PATH)."""
+CANCEL_WAIT_SECONDS = 60.0
+_RUNTIME_FILES = ("cluster.key", "orchestrator.url", "orchestrator.json", "nodes", SLURM_STATE_FILE)
+_RUNTIME_DIRS = ("orchestrator", "state", "submitit")
+
+
+# -- the plan ----------------------------------------------------------------------------------
+
+def build_slurm_plan(config: DeployConfig, config_path: str) -> JobPlan:
+    """The job for ``config``; ``config_path`` is how the job's setup command names the YAML."""
+    from disagg.deploy_config import TINY_MODEL
+    from slurm.plan import RUN_DIR, build_plan
+    from slurm.step import ORCHESTRATOR_CONFIG_FILE
+
+    model = f"{RUN_DIR}/model" if config.model == TINY_MODEL else config.model
+    port = config.orchestrator.port
+    setup = [(PYTHON, "-m", "slurm.step", "prepare", config_path, "--run-dir", RUN_DIR)]
+    orchestrator = (PYTHON, "-m", "slurm.step", "orchestrator", "--run-dir", RUN_DIR, "--port", str(port), "--",
+                    PYTHON, "-m", "disagg.cli", "orchestrator", "--config", f"{RUN_DIR}/{ORCHESTRATOR_CONFIG_FILE}")
+    return build_plan(config.slurm, config.placement(), orchestrator,
+                      lambda worker: _worker_argv(config, worker, model),
+                      f"disagg deployment {config.name!r} from {config_path}", setup=setup)
+
+
+def _worker_argv(config: DeployConfig, worker: WorkerPlacement, model: str) -> list[str]:
+    from slurm.plan import RUN_DIR
+
+    pool = config.pools.ctx if worker.pool == "ctx" else config.pools.gen
+    engine = config.engine_for(worker.pool)
+    argv = [PYTHON, "-m", "slurm.step", "worker", "--run-dir", RUN_DIR, "--",
+            PYTHON, "-m", "disagg.cli", "serve", model, "--role", pool.role or worker.pool,
+            "--host", "0.0.0.0", "--port", str(worker.port), "--num-frontends", str(worker.frontends)]
+    options = {"--engine": engine.kind or "torch", "--dtype": engine.dtype, "--device": engine.device,
+               "--max-model-len": engine.max_model_len, "--block-size": engine.block_size,
+               "--num-blocks": engine.num_blocks, "--max-num-seqs": engine.max_num_seqs,
+               "--max-num-batched-tokens": engine.max_num_batched_tokens,
+               "--synthetic-decode-step-seconds": engine.synthetic_decode_step_seconds,
+               "--synthetic-prefill-seconds-per-token": engine.synthetic_prefill_seconds_per_token,
+               "--kv-park-seconds": engine.kv_park_seconds,
+               "--served-model-name": config.orchestrator.served_model_name,
+               "--cluster-key-file": f"{RUN_DIR}/cluster.key", "--state-dir": f"{RUN_DIR}/state/{worker.name}",
+               "--kv-host": "0.0.0.0"}
+    for flag, value in options.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+# -- render ------------------------------------------------------------------------------------
+
+def add_render_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="the deployment YAML")
+    parser.add_argument("-o", "--output", default=None, help="write the script here (default: stdout)")
+
+
+def run_render(args: argparse.Namespace) -> int:
+    from disagg.deploy_config import load_deploy_config
+    from slurm.render import render_script
+    from workers.config import ConfigError
+
+    try:
+        config = load_deploy_config(args.config)
+        script = render_script(build_slurm_plan(config, args.config))
+    except ConfigError as exc:
+        print(f"disagg render: {exc}", file=sys.stderr)
+        return 2
+    if args.output:
+        Path(args.output).write_text(script)
+        Path(args.output).chmod(0o755)
+    else:
+        sys.stdout.write(script)
+    return 0
+
+
+# -- up ----------------------------------------------------------------------------------------
+
+def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
+    from disagg.deploy_config import check_runnable
+    from slurm.jobs import job_in_queue
+    from slurm.rendezvous import LOGS_DIR, create_cluster_key
+    from slurm.submit import submit_with_submitit
+
+    config = dataclasses.replace(config, launcher="slurm")
+    check_runnable(config)
+    plan = build_slurm_plan(config, str(Path(config_path).resolve()))
+    state = _read_state(run_dir)
+    if state is not None and job_in_queue(state["job_id"]):
+        print(f"disagg up: job {state['job_id']} already runs from {run_dir}; `disagg down` first", file=sys.stderr)
+        return 1
+    _clean(run_dir)
+    (run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    for old in (run_dir / LOGS_DIR).glob("*.log"):
+        old.unlink()
+    create_cluster_key(run_dir)
+    run_dir = run_dir.resolve()
+    ports = {worker.name: worker.port for worker in config.placement()}
+    job_id = submit_with_submitit(plan, run_dir / "submitit", Path.cwd(), env={"DISAGG_RUN_DIR": str(run_dir)})
+    state = {"launcher": "slurm", "job_id": job_id, "config": str(config_path), "job_name": config.slurm.job_name,
+             "steps": [{"name": s.name, "port": ports.get(s.name, config.orchestrator.port)} for s in plan.steps],
+             "orchestrator_port": config.orchestrator.port}
+    tmp = run_dir / f".{SLURM_STATE_FILE}"
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(run_dir / SLURM_STATE_FILE)
+    print(f"disagg up: submitted job {job_id} ({len(plan.steps)} steps); run dir {run_dir}", flush=True)
+    try:
+        return _wait_healthy(run_dir, state, config.startup_timeout_seconds)
+    except KeyboardInterrupt:  # a half-started deployment is no use: leave no allocation behind
+        print(f"\ndisagg up: interrupted; cancelling job {job_id}", file=sys.stderr)
+        _cancel(job_id)
+        _clean(run_dir)
+        return 130
+
+
+def _wait_healthy(run_dir: Path, state: dict[str, Any], timeout: float) -> int:
+    from slurm.jobs import job_info
+    from slurm.rendezvous import read_orchestrator_url
+
+    job_id = state["job_id"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = job_info(job_id)
+        if info is None or info.finished:
+            ended = "gone from Slurm" if info is None else f"{info.state} ({info.reason})"
+            print(f"\ndisagg up: job {job_id} ended before it was healthy: {ended}", file=sys.stderr)
+            _print_failing_logs(run_dir, state)
+            _clean(run_dir)
+            return 1
+        url = read_orchestrator_url(run_dir)
+        if url is None and _step_ended(run_dir, job_id, "orchestrator"):
+            print(f"\ndisagg up: the orchestrator step ended before it answered; cancelling job {job_id}",
+                  file=sys.stderr)
+            return _fail(run_dir, state)
+        if info.state != "RUNNING":
+            line = f"job {job_id} {info.state} ({info.reason})"
+        elif url is None:
+            line = f"job {job_id} RUNNING on {info.node_list}; waiting for the orchestrator"
+        else:
+            line = f"job {job_id} RUNNING; {_health(url)}"
+        print(f"\rdisagg up: {line}".ljust(100), end="", flush=True)
+        if url is not None and line.endswith("ready"):
+            print(f"\ndisagg up: ready on {url} (job {job_id}, run dir {run_dir}; `disagg down` stops it)")
+            return 0
+        time.sleep(0.5)
+    print(f"\ndisagg up: not healthy after {timeout:g} s; cancelling job {job_id}", file=sys.stderr)
+    return _fail(run_dir, state)
+
+
+def _fail(run_dir: Path, state: dict[str, Any]) -> int:
+    _print_failing_logs(run_dir, state)
+    _cancel(state["job_id"])
+    _clean(run_dir)
+    return 1
+
+
+def _step_ended(run_dir: Path, job_id: int, name: str) -> bool:
+    """srun creates a step's log once Slurm has the step; a log without a step in squeue: it ended."""
+    from slurm.rendezvous import LOGS_DIR
+
+    return (run_dir / LOGS_DIR / f"{name}.log").exists() and name not in running_steps(job_id)
+
+
+def _health(url: str) -> str:
+    import httpx
+
+    try:
+        if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            return "ready"
+        workers = httpx.get(f"{url}/cluster_info", timeout=2).json()["workers"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return "the orchestrator does not answer"
+    return f"{sum(w['healthy'] for w in workers)}/{len(workers)} registered workers healthy"
+
+
+def _print_failing_logs(run_dir: Path, state: dict[str, Any], lines: int = 20) -> None:
+    """The steps that ended; none ended: the orchestrator's if it never published its URL, else all."""
+    from slurm.rendezvous import LOGS_DIR, read_orchestrator_url
+
+    names = [s["name"] for s in state["steps"]]
+    running = running_steps(state["job_id"])
+    failing = [n for n in names if n not in running] if running else []
+    if not failing:
+        failing = names[:1] if read_orchestrator_url(run_dir) is None else names
+    for name in failing:
+        path = run_dir / LOGS_DIR / f"{name}.log"
+        try:
+            tail = "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            tail = "(no log)"
+        print(f"==> {path} (last {lines} lines) <==\n{tail}", file=sys.stderr)
+
+
+# -- status / down -----------------------------------------------------------------------------
+
+def running_steps(job_id: int) -> dict[str, str]:
+    """Step name -> step id (JOB.STEP) of the job's steps Slurm still runs."""
+    result = subprocess.run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"], capture_output=True,
+                            text=True, timeout=30)
+    steps = (line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
+    return {name.strip(): step_id for step_id, name in steps}
+
+
+def slurm_status(run_dir: Path) -> int:
+    from slurm.jobs import job_info
+    from slurm.rendezvous import read_orchestrator_url
+
+    state = _read_state(run_dir)
+    if state is None:
+        print(f"no Slurm deployment in {run_dir}")
+        return 1
+    job_id = state["job_id"]
+    info = job_info(job_id)
+    if info is None:
+        print(f"deployment {run_dir} ({state['config']}): job {job_id} is no longer known to Slurm (it ended)")
+        return 1
+    print(f"deployment {run_dir} ({state['config']}): job {job_id} {info.state} ({info.reason}) on "
+          f"{info.node_list or '-'}, exit code {info.exit_code}")
+    if info.state in ("CANCELLED", "PREEMPTED", "TIMEOUT", "NODE_FAIL", "FAILED"):
+        print(f"  the job was {info.state.lower().replace('_', ' ')}; `disagg down` cleans up, `disagg up` restarts")
+    if info.state != "RUNNING":
+        return 1
+    running = running_steps(job_id)
+    url = read_orchestrator_url(run_dir)
+    view = _cluster_info(url) if url else None
+    by_port = {int(w["url"].rstrip("/").rsplit(":", 1)[-1]): w for w in (view or [])}
+    for step in state["steps"]:
+        where = f"step {running[step['name']]} running" if step["name"] in running else "step ENDED"
+        worker = by_port.get(step["port"])
+        if step["name"] == "orchestrator":
+            seen = f"on {url}" if url else "not answering yet"
+        elif worker is None:
+            seen = "not in the orchestrator's rotation (unregistered or dropped)"
+        else:
+            seen = (f"{worker['worker_id']} {'healthy' if worker['healthy'] else 'UNHEALTHY'}; "
+                    f"in flight {worker['in_flight_requests']}")
+        print(f"  {step['name']:<14} {where:<22} {seen}")
+    if view is None:
+        print("  the orchestrator does not answer /cluster_info")
+        return 1
+    return 0
+
+
+def _cluster_info(url: str) -> list[dict[str, Any]] | None:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/cluster_info", timeout=3).json()["workers"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def slurm_down(run_dir: Path) -> int:
+    state = _read_state(run_dir)
+    if state is None:
+        print(f"no Slurm deployment in {run_dir}")
+        return 0
+    _cancel(state["job_id"])
+    _clean(run_dir)
+    print(f"disagg down: job {state['job_id']} is gone; cleaned {run_dir} (logs kept)")
+    return 0
+
+
+def _cancel(job_id: int) -> None:
+    from slurm.jobs import cancel_job, job_in_queue, wait_until_gone
+
+    if job_in_queue(job_id):
+        cancel_job(job_id)
+    wait_until_gone(job_id, CANCEL_WAIT_SECONDS)
+
+
+def _read_state(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / SLURM_STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _clean(run_dir: Path) -> None:
+    for name in _RUNTIME_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    for name in _RUNTIME_DIRS:
+        shutil.rmtree(run_dir / name, ignore_errors=True)

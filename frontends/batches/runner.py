@@ -1,0 +1,205 @@
+"""BatchRunner: runs the launcher's Message Batches through its engine.
+
+One dispatcher task serves open batches oldest first, each in request order,
+with at most ``max_in_flight`` requests running at once (batch traffic never
+takes more of the engine than that; interactive requests queue beside it).
+Each request runs through the same non-streaming path as ``POST
+/v1/messages`` (``frontends.anthropic_api.generate_message``), and its
+result is written as soon as it finishes.
+
+Policies (documented once, here):
+
+- ``params`` are validated when the request runs, exactly as /v1/messages
+  validates a body; an invalid one is an ``errored`` result carrying the
+  error /v1/messages would have answered (Anthropic validates params
+  asynchronously too). Only the envelope is checked at create time.
+- Restart: a request is ``pending`` in the store until its result is
+  written, so requests that were running when the worker stopped run again
+  when the next runner starts, and a ``canceling`` batch finishes canceling.
+- A dead engine fails nothing: the request stays pending (re-run after the
+  worker restarts) and dispatching waits for the engine.
+- Cancel: the batch turns ``canceling``; requests not started become
+  ``canceled``; running ones are cancelled, which aborts them in the engine
+  (leaving ``Generation.pieces`` aborts the engine request), and become
+  ``canceled`` unless they finished first. Then the batch ends.
+- Expiry: requests still pending when their batch is dispatched after its
+  ``expires_at`` become ``expired``.
+- Request counts move as requests finish (Anthropic's move only at the end;
+  the sum is always the number of requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+import msgspec
+
+from frontends.anthropic_api import generate_message
+from frontends.batches.store import DEFAULT_TTL_SECONDS, BatchRecord, BatchStore
+from frontends.errors import EngineDeadError, InvalidRequestError, anthropic_error_body, http_error
+from frontends.schemas_anthropic import MessagesRequest
+from frontends.serving import ServingContext
+
+__all__ = ["BatchRunner", "DEFAULT_MAX_IN_FLIGHT"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_IN_FLIGHT = 32
+ENGINE_WAIT_SECONDS = 0.5
+DISPATCH_RETRY_SECONDS = 1.0
+
+
+class BatchRunner:
+    """Owns ``store`` (closed by ``close()``); use as ``async with runner:`` or start()/close()."""
+
+    def __init__(self, store: BatchStore, ctx: ServingContext, *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                 ttl_seconds: float = DEFAULT_TTL_SECONDS, clock: Callable[[], float] = time.time) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.store = store
+        self.ctx = ctx
+        self.max_in_flight = max_in_flight
+        self.ttl_seconds = ttl_seconds
+        self.clock = clock
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._wake = asyncio.Event()
+        self._running: dict[str, dict[int, asyncio.Task[None]]] = {}  # batch id -> request index -> task
+        self._dispatched: set[str] = set()  # every pending request of these was started (or settled)
+        self._canceling: set[str] = set()
+        self._current: str | None = None  # the batch being dispatched
+        self._background: set[asyncio.Task[Any]] = set()
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def __aenter__(self) -> "BatchRunner":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="batch-dispatcher")
+
+    async def close(self) -> None:
+        """Stop at once: running requests are cancelled (aborted in the engine) and stay pending."""
+        self._closing = True
+        tasks = [task for running in self._running.values() for task in running.values()]
+        tasks += [*self._background, *([self._dispatcher] if self._dispatcher else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(self.store.close)
+
+    @property
+    def num_in_flight(self) -> int:
+        return sum(len(running) for running in self._running.values())
+
+    # -- what the routes call ------------------------------------------------------------------------
+
+    async def create(self, items: list[tuple[str, bytes]]) -> BatchRecord:
+        record = await asyncio.to_thread(self.store.create, items, self.clock(), self.ttl_seconds)
+        self._wake.set()
+        return record
+
+    async def cancel(self, batch_id: str) -> BatchRecord | None:
+        record = await asyncio.to_thread(self.store.begin_cancel, batch_id, self.clock())
+        if record is None or record.processing_status != "canceling":
+            return record
+        self._canceling.add(batch_id)
+        running = self._running.get(batch_id, {})
+        for task in running.values():
+            task.cancel()
+        if not running and self._current != batch_id:
+            await self._finish(batch_id)  # nothing runs and the dispatcher is elsewhere: end it now
+            return await asyncio.to_thread(self.store.get, batch_id)
+        return record
+
+    # -- dispatching ---------------------------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                for batch_id in await asyncio.to_thread(self.store.open_batch_ids):
+                    if batch_id not in self._dispatched:
+                        self._current = batch_id
+                        try:
+                            await self._dispatch_batch(batch_id)
+                        finally:
+                            self._current = None
+            except Exception:  # noqa: BLE001 - a dead dispatcher would stall every batch in silence
+                logger.exception("batch dispatch failed; retrying in %.1f s", DISPATCH_RETRY_SECONDS)
+                await asyncio.sleep(DISPATCH_RETRY_SECONDS)
+                continue
+            await self._wake.wait()
+
+    async def _dispatch_batch(self, batch_id: str) -> None:
+        record = await asyncio.to_thread(self.store.get, batch_id)
+        if record is None or record.processing_status == "ended":
+            return
+        running = self._running.setdefault(batch_id, {})
+        if record.processing_status == "canceling":
+            self._canceling.add(batch_id)  # e.g. canceled before a restart
+        for idx in await asyncio.to_thread(self.store.pending_indices, batch_id):
+            while not self.ctx.client.is_healthy:
+                await asyncio.sleep(ENGINE_WAIT_SECONDS)
+            await self._slots.acquire()
+            if batch_id in self._canceling:
+                self._slots.release()
+                break
+            if self.clock() >= record.expires_at:
+                self._slots.release()
+                await asyncio.to_thread(self.store.expire_pending, batch_id, set(running))
+                break
+            task = asyncio.create_task(self._run_request(batch_id, idx), name=f"{batch_id}[{idx}]")
+            running[idx] = task
+            task.add_done_callback(lambda _, idx=idx: self._request_done(batch_id, idx))
+        self._dispatched.add(batch_id)
+        if not running:
+            await self._finish(batch_id)
+
+    def _request_done(self, batch_id: str, idx: int) -> None:
+        self._slots.release()
+        running = self._running[batch_id]
+        del running[idx]
+        if not running and batch_id in self._dispatched and not self._closing:
+            task = asyncio.create_task(self._finish(batch_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _finish(self, batch_id: str) -> None:
+        if await asyncio.to_thread(self.store.end_if_done, batch_id, self.clock()):
+            self._running.pop(batch_id, None)
+            self._dispatched.discard(batch_id)
+            self._canceling.discard(batch_id)
+
+    # -- one request ---------------------------------------------------------------------------------
+
+    async def _run_request(self, batch_id: str, idx: int) -> None:
+        params = await asyncio.to_thread(self.store.request_params, batch_id, idx)
+        outcome = await self._execute(params)
+        if outcome is None:
+            return  # left pending: it runs again after a restart
+        state, result = outcome
+        await asyncio.to_thread(self.store.record_result, batch_id, idx, state, result)
+
+    async def _execute(self, params: bytes) -> tuple[str, bytes] | None:
+        """(state, result JSON) of one request, or None when the engine is dead."""
+        try:
+            body = msgspec.json.decode(params, type=MessagesRequest)
+            if body.stream:
+                raise InvalidRequestError("stream: batch requests cannot stream", param="stream")
+            message = await generate_message(self.ctx, body)
+        except EngineDeadError:
+            logger.warning("batch request left pending: the engine is not running")
+            return None
+        except Exception as exc:  # noqa: BLE001 - every failure is this request's errored result
+            error = http_error(exc)
+            if error.status >= 500:
+                logger.error("batch request failed", exc_info=exc)
+            return "errored", b'{"type":"errored","error":' + anthropic_error_body(error) + b"}"
+        return "succeeded", b'{"type":"succeeded","message":' + message + b"}"

@@ -1,0 +1,192 @@
+"""The worker side of disaggregated serving in a frontend (DESIGN.md §6).
+
+A request body's ``disaggregated_params`` (``workers.disagg_params``) turns it
+into one leg of a disaggregated request:
+
+- ``context_only`` (ctx or both role): the engine prefills, samples ONE token
+  and parks the prompt's KV; the answer is the API's normal non-streaming
+  body plus ``disaggregated_params`` (signed: ctx request id, KV endpoint,
+  token count, first token, expiry) and ``prompt_token_ids``. When the first
+  token ended the request (EOS, a stop token or string) nothing is parked and
+  the params say ``finished: true``.
+- ``generation_only`` (gen or both role): the params are verified under the
+  cluster key BEFORE anything reaches the engine (unsigned, forged or expired:
+  400, no connection made); the prompt ids come from the params, never from
+  re-tokenizing; the engine pulls the KV and decodes after the first token,
+  which the answer's text starts with, so the client sees one seamless answer.
+
+Plain requests never touch this module (the hot path is unchanged).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from frontends.errors import FrontendError, InvalidRequestError
+from workers.disagg_params import (
+    CONTEXT_ONLY,
+    GENERATION_ONLY,
+    DisaggParams,
+    DisaggParamsError,
+    signed_params,
+    verify_params,
+)
+from workers.kv_protocol import KV_TRANSFER_ERROR
+from workers.protocol import AddContextRequest, AddRemoteRequest, EngineRequest, IngressMessage, ParkedKV, RequestOutput
+from workers.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from frontends.serving import ServingContext
+
+__all__ = ["DisaggConfig", "DisaggLeg", "KVTransferError", "start_leg", "prompt_ids", "engine_params",
+           "add_ctx_fields", "add_ctx_fields_json", "worker_info"]
+
+
+
+@dataclass(frozen=True)
+class DisaggConfig:
+    """What a frontend needs to serve disaggregated legs (from the engine handshake and CLI)."""
+
+    role: str = "both"  # both | ctx | gen
+    cluster_key: bytes | None = field(default=None, repr=False)  # None: this worker serves no legs
+    kv_park_seconds: float = 60.0
+    kv_endpoint: str | None = None
+    block_size: int | None = None
+    hash_seed: int | None = None
+
+
+class KVTransferError(FrontendError):
+    """The gen engine could not pull the KV from the ctx engine (expired, ctx gone, ...)."""
+
+    status = 502
+    openai_type = "kv_transfer_error"
+    anthropic_type = "api_error"
+    code = "kv_transfer_failed"
+
+
+class DisaggLeg:
+    """One leg's engine message and its view of the engine outputs."""
+
+    def __init__(self, params: DisaggParams, config: DisaggConfig) -> None:
+        self.params = params
+        self.config = config
+        self.is_context = params.request_type == CONTEXT_ONLY
+        self.request_id: int | None = None  # the engine's request id (the ctx request id of a ctx leg)
+        self.kv_parked: ParkedKV | None = None
+        self.first_token_id: int | None = None
+        self._first_pending = not self.is_context  # the gen leg's first token is not reported by its engine
+
+    def message(self, request: EngineRequest) -> IngressMessage:
+        if self.is_context:
+            return AddContextRequest(request, self.config.kv_park_seconds)
+        params = self.params
+        return AddRemoteRequest(request, params.first_token_id, int(params.ctx_request_id), params.kv_endpoint)
+
+    def on_output(self, output: RequestOutput) -> RequestOutput:
+        """Called on every output before the generation reads it."""
+        self.request_id = output.request_id
+        if output.finish_reason == "abort" and output.error and output.error.startswith(KV_TRANSFER_ERROR):
+            raise KVTransferError(output.error)
+        if self.is_context:
+            if output.new_token_ids and self.first_token_id is None:
+                self.first_token_id = output.new_token_ids[0]
+            if output.kv_parked is not None:
+                self.kv_parked = output.kv_parked
+            return output
+        if self._first_pending and output.finish_reason != "abort":
+            self._first_pending = False
+            return msgspec.structs.replace(output, new_token_ids=[self.params.first_token_id, *output.new_token_ids])
+        return output
+
+    def answer_params(self, prompt_token_ids: list[int]) -> dict[str, Any]:
+        """The ctx answer's ``disaggregated_params``."""
+        if self.kv_parked is None or self.request_id is None or self.first_token_id is None:
+            return {"request_type": CONTEXT_ONLY, "finished": True, "first_token_id": self.first_token_id}
+        assert self.config.cluster_key is not None and self.config.kv_endpoint is not None
+        params = signed_params(self.config.cluster_key, str(self.request_id), self.config.kv_endpoint,
+                               self.kv_parked.num_tokens, self.first_token_id, self.kv_parked.expires_at,
+                               prompt_token_ids)
+        answer = msgspec.to_builtins(params)
+        answer.pop("prompt_token_ids")  # top-level in the answer
+        return answer
+
+
+def start_leg(ctx: "ServingContext", params: DisaggParams | None, stream: bool) -> DisaggLeg | None:
+    """Check a request's ``disaggregated_params`` against this worker; None for a plain request.
+
+    A ``generation_only`` leg is verified here, before its prompt is read or
+    anything is sent to the engine.
+    """
+    if params is None:
+        return None
+    config: DisaggConfig = ctx.config.disagg or DisaggConfig()
+    try:
+        params.validate_type()
+    except DisaggParamsError as exc:
+        raise InvalidRequestError(str(exc), param="disaggregated_params") from exc
+    if config.cluster_key is None or config.kv_endpoint is None:
+        raise InvalidRequestError("this worker does not serve disaggregated requests (no cluster key)",
+                                  param="disaggregated_params")
+    wanted = "ctx" if params.request_type == CONTEXT_ONLY else "gen"
+    if config.role not in ("both", wanted):
+        raise InvalidRequestError(f"this is a {config.role} worker: it does not serve {params.request_type} "
+                                  f"requests", param="disaggregated_params")
+    if params.request_type == CONTEXT_ONLY and stream:
+        raise InvalidRequestError("a context_only request cannot stream", param="stream")
+    if params.request_type == GENERATION_ONLY:
+        try:
+            verify_params(config.cluster_key, params)
+        except DisaggParamsError as exc:
+            raise InvalidRequestError(str(exc), param="disaggregated_params") from exc
+    return DisaggLeg(params, config)
+
+
+def prompt_ids(ctx: "ServingContext", leg: DisaggLeg) -> list[int]:
+    """A gen leg's prompt: the signed ids (checked against the vocabulary), never re-tokenized."""
+    ids = list(leg.params.prompt_token_ids or ())
+    ctx.check_prompt_token_ids(ids + [leg.params.first_token_id], "disaggregated_params.prompt_token_ids")
+    return ids
+
+
+def engine_params(leg: DisaggLeg, params: SamplingParams) -> SamplingParams:
+    """A ctx leg samples exactly one token (min_tokens capped so EOS stays masked as it would be)."""
+    if leg.is_context:
+        return msgspec.structs.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
+    if params.max_tokens < 2:
+        raise InvalidRequestError("a generation_only request needs max_tokens >= 2: the first token is the ctx "
+                                  "leg's", param="max_tokens")
+    return params
+
+
+def add_ctx_fields(payload: dict[str, Any], leg: DisaggLeg | None, prompt_token_ids: list[int]) -> dict[str, Any]:
+    """A ctx leg's answer: the API body plus ``disaggregated_params`` and ``prompt_token_ids``."""
+    if leg is not None and leg.is_context:
+        payload["disaggregated_params"] = leg.answer_params(prompt_token_ids)
+        payload["prompt_token_ids"] = list(prompt_token_ids)
+    return payload
+
+
+def add_ctx_fields_json(body: bytes, leg: DisaggLeg | None, prompt_token_ids: list[int]) -> bytes:
+    """``add_ctx_fields`` on an already encoded body (the Anthropic encoder writes bytes)."""
+    if leg is None or not leg.is_context:
+        return body
+    return json.dumps(add_ctx_fields(json.loads(body), leg, prompt_token_ids)).encode()
+
+
+async def worker_info(ctx: "ServingContext", request: Request) -> Response:
+    """GET /worker_info: what an orchestrator needs to know to route to this worker."""
+    config = ctx.config.disagg or DisaggConfig()
+    info = {
+        "role": config.role, "model": ctx.model_name, "kv_endpoint": config.kv_endpoint,
+        "block_size": config.block_size, "hash_seed": config.hash_seed,
+        "max_model_len": ctx.client.max_model_len,
+        "server_time": time.time(),  # the orchestrator measures this worker's clock offset from it
+    }
+    return Response(msgspec.json.encode(info), media_type="application/json")

@@ -1,0 +1,143 @@
+"""Prometheus metrics of a worker: ``GET /prometheus/metrics`` on every frontend.
+
+Multiprocess mode: the launcher sets ``PROMETHEUS_MULTIPROC_DIR`` (inside the
+worker's IPC directory) before it spawns anything, so every process of the
+worker writes its samples there and any frontend's scrape sums them: request
+counters and latency histograms of all K frontends add up in every scrape.
+The engine gauges and ``disagg_config_info`` are written by the launcher
+alone (``LauncherMetrics``), so each appears once per scrape; the launcher
+refreshes them every second and before each scrape it answers itself. When a
+frontend dies the launcher marks its files dead (``mark_process_dead``).
+
+Without the variable (a single in-process app, as in the unit tests) the
+process's own registry is rendered. prometheus_client chooses its mode when
+it is first imported, so nothing here imports it at module level and
+``disagg serve`` sets the variable before anything could import it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from workers.protocol import PerfRecord
+
+__all__ = ["MULTIPROC_ENV", "FrontendMetrics", "LauncherMetrics", "render", "mark_process_dead", "CONTENT_TYPE"]
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_RATE_BUCKETS = tuple(float(10 ** e) for e in range(5, 12))  # bytes per second: 100 kB/s .. 100 GB/s
+
+
+def _multiproc_dir() -> str | None:
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+class FrontendMetrics:
+    """Counters and histograms of one frontend process, fed by its perf records."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.success = Counter("disagg_request_success", "Requests that finished with an answer.",
+                               ["finished_reason"], registry=r)
+        self.failure = Counter("disagg_request_failure",
+                               "Requests that ended without an answer (abort: by the engine; incomplete: the "
+                               "client left or the engine died).", ["reason"], registry=r)
+        self.prompt_tokens = Counter("disagg_prompt_tokens", "Prompt tokens of ended requests.", registry=r)
+        self.cached_tokens = Counter("disagg_prompt_cached_tokens", "Prompt tokens found in the prefix cache.",
+                                     registry=r)
+        self.generation_tokens = Counter("disagg_generation_tokens", "Generated tokens.", registry=r)
+        self.ttft = Histogram("disagg_time_to_first_token_seconds", "Frontend arrival to first token.",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("disagg_e2e_request_latency_seconds", "Frontend arrival to finish.",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("disagg_request_queue_time_seconds", "Engine arrival to first scheduled.",
+                               buckets=_LATENCY_BUCKETS, registry=r)
+        self.tokenization = Histogram("disagg_tokenization_seconds", "Frontend arrival to sent to the engine.",
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.kv_transfer = Histogram("disagg_kv_transfer_seconds", "Disaggregated gen leg: time to pull the "
+                                     "prompt's KV from the ctx engine.", buckets=_LATENCY_BUCKETS, registry=r)
+        self.kv_transfer_bytes = Counter("disagg_kv_transfer_bytes", "KV bytes pulled from ctx engines.",
+                                         registry=r)
+        self.kv_transfer_rate = Histogram("disagg_kv_transfer_bytes_per_second", "KV pull rate per request.",
+                                          buckets=_RATE_BUCKETS, registry=r)
+
+    def observe(self, record: PerfRecord) -> None:
+        reason = record.finish_reason
+        if reason in ("stop", "length"):
+            self.success.labels(reason).inc()
+        else:
+            self.failure.labels("abort" if reason == "abort" else "incomplete").inc()
+        self.prompt_tokens.inc(record.num_prompt_tokens)
+        self.cached_tokens.inc(record.num_cached_tokens)
+        self.generation_tokens.inc(record.num_output_tokens)
+        self.tokenization.observe(max(0.0, record.tokenized - record.frontend_arrival))
+        self.e2e.observe(max(0.0, record.finished - record.frontend_arrival))
+        if record.first_token is not None:
+            self.ttft.observe(max(0.0, record.first_token - record.frontend_arrival))
+        if record.first_scheduled is not None and record.engine_arrival is not None:
+            self.queue.observe(max(0.0, record.first_scheduled - record.engine_arrival))
+        if record.kv_transfer_seconds is not None:
+            self.kv_transfer.observe(record.kv_transfer_seconds)
+            self.kv_transfer_bytes.inc(record.kv_transfer_bytes)
+            if record.kv_transfer_bytes_per_second is not None:
+                self.kv_transfer_rate.observe(record.kv_transfer_bytes_per_second)
+
+    def render(self) -> bytes:
+        return render(self.registry)
+
+
+class LauncherMetrics:
+    """What only the launcher writes: engine gauges, config info, admin counters."""
+
+    def __init__(self, registry: Any, config_labels: dict[str, str]) -> None:
+        from prometheus_client import Counter, Gauge
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return Gauge(name, doc, list(labels), registry=registry, multiprocess_mode="mostrecent")
+
+        self.running = gauge("disagg_num_requests_running", "Requests in the engine's running batch.")
+        self.waiting = gauge("disagg_num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("disagg_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use (0..1).")
+        self.kv_used = gauge("disagg_kv_cache_blocks_used", "KV-cache blocks in use.")
+        self.engine_up = gauge("disagg_engine_up", "1 while the engine answers the launcher.")
+        self.config = gauge("disagg_config_info", "The worker's configuration (value 1).", tuple(config_labels))
+        self.config.labels(**config_labels).set(1)
+        self.forwarded = Counter("disagg_admin_forwarded_requests", "Requests an attached frontend replayed "
+                                 "to the launcher, by route.", ["route"], registry=registry)
+
+    def set_engine(self, num_running: int, num_waiting: int, kv_blocks_used: int, kv_blocks_total: int) -> None:
+        self.engine_up.set(1)
+        self.running.set(num_running)
+        self.waiting.set(num_waiting)
+        self.kv_used.set(kv_blocks_used)
+        self.kv_usage.set(kv_blocks_used / kv_blocks_total if kv_blocks_total else 0.0)
+
+    def set_engine_down(self) -> None:
+        self.engine_up.set(0)
+
+
+def render(registry: Any) -> bytes:
+    """The exposition text: every process's samples in multiprocess mode, else ``registry``'s."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    path = _multiproc_dir()
+    if path is None:
+        return generate_latest(registry)
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged, path=path)
+    return generate_latest(merged)
+
+
+def mark_process_dead(pid: int) -> None:
+    """A frontend exited: drop its live-gauge files (its counters keep counting in the sum)."""
+    path = _multiproc_dir()
+    if path is not None:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid, path)

@@ -1,0 +1,77 @@
+"""Which routes the launcher owns and which every frontend answers itself.
+
+With K frontends behind one port a client cannot choose who answers, so a
+route whose state has exactly one owner per worker (a destructive drain, the
+profiler, the batch store) is *launcher-owned*: the launcher answers it, and
+an attached frontend replays it verbatim over the admin socket
+(``frontends.admin_forwarder``). Everything else is *frontend-local*. A route
+that is in neither table is a bug, and ``unclassified_routes`` (run by the
+tests on the real apps) finds it.
+
+Inference routes are frontend-local by design: they never cross the launcher.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from starlette.routing import BaseRoute, Mount, Route
+
+__all__ = [
+    "LAUNCHER_ROUTES",
+    "LAUNCHER_PREFIXES",
+    "FRONTEND_LOCAL_PATHS",
+    "FORWARD_METHODS",
+    "is_launcher_owned",
+    "is_frontend_local",
+    "unclassified_routes",
+]
+
+# path -> methods. POST /kv_cache_events: some routers poll with POST.
+LAUNCHER_ROUTES: dict[str, tuple[str, ...]] = {
+    "/metrics": ("GET",),
+    "/kv_cache_events": ("GET", "POST"),
+    "/start_profile": ("POST",),
+    "/stop_profile": ("POST",),
+    "/perf_metrics": ("GET",),
+    "/v1/messages/batches": ("GET", "POST"),
+}
+# Every path below these is launcher-owned too (batch ids, results, cancel).
+LAUNCHER_PREFIXES: tuple[str, ...] = ("/v1/messages/batches/",)
+FORWARD_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+FRONTEND_LOCAL_PATHS: frozenset[str] = frozenset({
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/health",
+    "/version",
+    "/prometheus/metrics",
+    "/worker_info",  # static facts about this worker (role, model): the same on every frontend
+})
+
+
+def is_launcher_owned(path: str) -> bool:
+    """``path`` is a route template or a request path."""
+    return path in LAUNCHER_ROUTES or path.startswith(LAUNCHER_PREFIXES)
+
+
+def is_frontend_local(path: str) -> bool:
+    return path in FRONTEND_LOCAL_PATHS
+
+
+def _paths(routes: Iterable[BaseRoute], prefix: str = "") -> Iterable[str]:
+    for route in routes:
+        if isinstance(route, Mount):
+            yield from _paths(route.routes, prefix + route.path)
+        elif isinstance(route, Route):
+            yield prefix + route.path
+        else:
+            yield prefix + str(getattr(route, "path", route))
+
+
+def unclassified_routes(routes: Iterable[BaseRoute]) -> list[str]:
+    """The paths in ``routes`` (an app's ``app.routes``) that neither table names."""
+    return [p for p in _paths(routes) if not (is_launcher_owned(p) or is_frontend_local(p))]

@@ -1,0 +1,148 @@
+"""The two apps of a worker's frontends: the launcher's and an attached frontend's.
+
+Both are ``frontends.app.build_app`` with the same API routes; they differ in
+who answers the launcher-owned routes (``frontends.route_table``):
+
+- the launcher (frontend 0) mounts their handlers (``launcher_routes`` and
+  the Anthropic Message Batches routes, ``frontends.batches``), keeps the perf
+  store (its own records go straight in, attached frontends' arrive on
+  perf.sock) and writes the engine gauges;
+- an attached frontend mounts forwarders to the launcher's admin socket
+  before everything else, and ships its perf records to the launcher.
+
+Every frontend serves ``/prometheus/metrics`` itself and counts its own
+requests; ``disagg serve`` builds these apps through ``make_launcher_app`` /
+``make_attached_app``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from frontends.admin_forwarder import FORWARDED_BY_HEADER, LauncherForwarder
+from frontends.app import build_app
+from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore, batch_routes
+from frontends.engine_client import EngineClient
+from frontends.launcher_routes import Control, LauncherState, launcher_routes
+from frontends.perf_records import PerfReceiver, PerfRecorder, PerfSender, PerfStore
+from frontends.prometheus import CONTENT_TYPE, FrontendMetrics, LauncherMetrics, render
+from frontends.route_table import LAUNCHER_PREFIXES, LAUNCHER_ROUTES
+from frontends.serving import FrontendConfig, ServingContext
+from frontends.tokenizer import Tokenizer
+from workers.attach import AttachInfo
+
+__all__ = ["make_launcher_app", "make_attached_app", "ForwardedCounter"]
+
+log = logging.getLogger("disagg.worker_app")
+
+
+class ForwardedCounter:
+    """Counts (in Prometheus) every request an attached frontend replayed to the launcher."""
+
+    def __init__(self, app: ASGIApp, metrics: LauncherMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.header = FORWARDED_BY_HEADER.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            header = self.header
+            for key, _ in scope["headers"]:  # a plain loop: this runs on every request
+                if key == header:
+                    self._count(scope["path"])
+                    break
+        await self.app(scope, receive, send)
+
+    def _count(self, path: str) -> None:
+        route = path if path in LAUNCHER_ROUTES else next(
+            (p + "*" for p in LAUNCHER_PREFIXES if path.startswith(p)), "other")
+        self.metrics.forwarded.labels(route).inc()
+
+
+def _prometheus_route(metrics: FrontendMetrics, before: Callable[[], Any] | None = None) -> Route:
+    async def scrape(request: Request) -> Response:
+        if before is not None:
+            await before()
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return Route("/prometheus/metrics", scrape, methods=["GET"])
+
+
+def _safe(observe: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Metrics must never fail a request (e.g. the group is being torn down around us)."""
+
+    def call(record: Any) -> None:
+        try:
+            observe(record)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not record request metrics: %s", exc)
+
+    return call
+
+
+def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: FrontendConfig, attach: AttachInfo,
+                      control: Control, config_labels: dict[str, str], state_dir: Path) -> ASGIApp:
+    """Frontend 0's app. ``control``: ``WorkerGroup.control``. ``state_dir``: where the
+    launcher keeps state that outlives it (the Message Batches database)."""
+    metrics = FrontendMetrics()
+    launcher_metrics = LauncherMetrics(metrics.registry, config_labels)
+    store = PerfStore()
+    recorder = PerfRecorder(store.extend, _safe(metrics.observe))
+    client.on_request_done = recorder.add
+    state = LauncherState(control, store, launcher_metrics, recorder, attach.engine.kind)
+    # Opened here, before serving: a second worker on the same state dir fails at start-up.
+    batches = BatchRunner(BatchStore(state_dir / BATCHES_FILE), ServingContext(client, tokenizer, config))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        receiver = PerfReceiver(attach.paths.perf, attach.key, store)
+        receiver.start()
+        gauges = asyncio.create_task(state.refresh_gauges_forever(), name="engine-gauges")
+        try:
+            async with batches:
+                yield
+        finally:
+            gauges.cancel()
+            await asyncio.gather(gauges, return_exceptions=True)
+            await receiver.close()
+
+    app = build_app(client, tokenizer, config, lifespan=lifespan,
+                    prefix_routes=[*launcher_routes(state), *batch_routes(batches)],
+                    extra_routes=[_prometheus_route(metrics, state.refresh_gauges)])
+    app.state.launcher = state
+    return ForwardedCounter(app, launcher_metrics)
+
+
+def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: FrontendConfig, attach: AttachInfo,
+                      *, admin_timeout: float = 30.0) -> Starlette:
+    """An attached frontend's app: launcher-owned routes forwarded, perf records shipped."""
+    metrics = FrontendMetrics()
+    forwarder = LauncherForwarder(str(attach.paths.launcher_admin), attach.frontend_id, read_timeout=admin_timeout)
+    sender = PerfSender(attach.paths.perf, attach.key, attach.frontend_id)
+    recorder = PerfRecorder(sender.send, _safe(metrics.observe))
+    client.on_request_done = recorder.add
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        sender.open()
+        try:
+            yield
+        finally:
+            recorder.flush()
+            sender.close()
+            await forwarder.aclose()
+
+    app = build_app(client, tokenizer, config, lifespan=lifespan, prefix_routes=forwarder.routes(),
+                    extra_routes=[_prometheus_route(metrics)])
+    app.state.forwarder = forwarder
+    return app

@@ -1,0 +1,215 @@
+"""The orchestrator's ASGI app (one per process): ``build_app(config, process_index, tokenizer)``.
+
+Client APIs (OpenAI, Anthropic) run through ``orchestrator.flow``; cluster
+routes read this process's ``ClusterView``; registration and perf routes are
+forwarded to the state owner (process 0). Every error has the API's shape
+(``frontends.errors``). With ``api_key`` set, /v1/* and /workers* need
+``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise);
+/health, /cluster_info and the metrics stay open for probes and scrapers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import time
+import uuid
+from typing import Awaitable, Callable
+
+import httpx
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from frontends.errors import NotFoundError, anthropic_error_body, http_error, openai_error_body
+from frontends.streaming import ClientDisconnected
+from frontends.tokenizer import Tokenizer
+from orchestrator.config import OrchestratorConfig
+from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamRejected
+from orchestrator.flow import Flow, PerfRecord
+from orchestrator.metrics import CONTENT_TYPE, Metrics
+from orchestrator.prompt import parse_request
+from orchestrator.view import ClusterView, StateLink
+from orchestrator.upstream import UpstreamClients
+
+__all__ = ["build_app", "Orchestrator"]
+
+log = logging.getLogger("disagg.orchestrator")
+
+_CLIENT_CLOSED_REQUEST = 499
+
+
+class Orchestrator:
+    """What one process serves from: config, tokenizer, view, link to the owner, flow."""
+
+    def __init__(self, config: OrchestratorConfig, process_index: int, tokenizer: Tokenizer) -> None:
+        self.config = config
+        self.process_index = process_index
+        self.tokenizer = tokenizer
+        self.view = ClusterView(process_index, config.default_block_size, config.default_hash_seed)
+        self.link = StateLink(config.state_socket, self.view)
+        self.metrics = Metrics()
+        timeouts = config.timeouts
+        self.upstream = UpstreamClients(httpx.Timeout(timeouts.idle_seconds, connect=timeouts.connect_seconds))
+        self.client = self.upstream.first  # health, worker info, KV events, perf: a few calls a second
+        self.flow = Flow(config, self.view, self.link, self.upstream, self.metrics)
+
+    async def start(self) -> None:
+        self.link.start()
+
+    async def close(self) -> None:
+        await self.link.close()
+        await self.upstream.aclose()
+
+
+def _error(exc: BaseException, anthropic: bool) -> Response:
+    error = http_error(exc)
+    body = anthropic_error_body(error) if anthropic else openai_error_body(error)
+    return Response(body, status_code=error.status, media_type="application/json")
+
+
+def _json(payload, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(payload), status_code=status, media_type="application/json")
+
+
+def _authorized(config: OrchestratorConfig, request: Request) -> bool:
+    if config.api_key is None:
+        return True
+    given = request.headers.get("x-api-key")
+    auth = request.headers.get("authorization", "")
+    if given is None and auth.lower().startswith("bearer "):
+        given = auth[7:].strip()
+    return given is not None and hmac.compare_digest(given.encode(), config.api_key.encode())
+
+
+Handler = Callable[[Orchestrator, Request], Awaitable[Response]]
+
+
+def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True):
+    async def endpoint(request: Request) -> Response:
+        orch: Orchestrator = request.app.state.orchestrator
+        try:
+            if protected and not _authorized(orch.config, request):
+                raise UnauthorizedError("a valid API key is required (Authorization: Bearer KEY or x-api-key)")
+            return await handler(orch, request)
+        except ClientDisconnected:
+            return Response(status_code=_CLIENT_CLOSED_REQUEST)
+        except UpstreamRejected as exc:
+            return Response(exc.body, status_code=exc.status, media_type="application/json")
+        except Exception as exc:  # noqa: BLE001 - always the API's error shape
+            if http_error(exc).status == 500:
+                log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+            return _error(exc, anthropic)
+
+    return endpoint
+
+
+def _generate(api: str):
+    async def handler(orch: Orchestrator, request: Request) -> Response:
+        request_id = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex}"
+        record = PerfRecord(request_id=request_id, api=api, arrival=time.time())
+        try:
+            parsed = parse_request(api, await request.body(), orch.tokenizer, request.headers.get("x-session-id"))
+            record.tokenized = time.time()
+            return await orch.flow.handle(parsed, request_id, request.receive, record)
+        except Exception as exc:
+            orch.metrics.errors.labels("request", type(exc).__name__).inc()
+            record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
+            orch.link.perf_queue.append(msgspec.to_builtins(record.__dict__))
+            raise
+
+    return handler
+
+
+async def _models(orch: Orchestrator, request: Request) -> Response:
+    return _json({"object": "list", "data": [
+        {"id": orch.config.model_name, "object": "model", "created": 0, "owned_by": "disagg"}]})
+
+
+async def _health(orch: Orchestrator, request: Request) -> Response:
+    missing = [phase for phase in ("ctx", "gen") if not orch.view.has_healthy(phase)]
+    if missing:
+        raise NoWorkerError(f"no healthy {' or '.join(missing)} worker yet")
+    return _json({"status": "ok"})
+
+
+async def _cluster_info(orch: Orchestrator, request: Request) -> Response:
+    view = orch.view
+    workers = []
+    for worker in sorted(view.workers.values(), key=lambda w: w.worker_id):
+        requests, tokens = view.load(worker.worker_id)
+        workers.append({**msgspec.to_builtins(worker), "in_flight_requests": requests, "in_flight_tokens": tokens,
+                        "num_cached_blocks": len(view.kv.blocks.get(worker.worker_id, ()))})
+    config = orch.config
+    return _json({"model": config.model_name, "process_index": orch.process_index, "processes": config.processes,
+                  "state_version": view.version, "ctx_router": msgspec.to_builtins(config.ctx_router.__dict__),
+                  "gen_router": msgspec.to_builtins(config.gen_router.__dict__),
+                  "conditional": msgspec.to_builtins(config.conditional.__dict__), "workers": workers})
+
+
+async def _prometheus(orch: Orchestrator, request: Request) -> Response:
+    return Response(orch.metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def _perf(orch: Orchestrator, request: Request) -> Response:
+    await orch.link.flush_perf()
+    response = await orch.link.forward("GET", "/perf", b"")
+    return Response(response.content, status_code=response.status_code, media_type="application/json")
+
+
+def _forward(path: str):
+    async def handler(orch: Orchestrator, request: Request) -> Response:
+        body = await request.body() if request.method == "POST" else b""
+        try:
+            msgspec.json.decode(body) if body else None
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"malformed JSON body: {exc}") from None
+        response = await orch.link.forward(request.method, path, body)
+        return Response(response.content, status_code=response.status_code, media_type="application/json")
+
+    return handler
+
+
+async def _workers(orch: Orchestrator, request: Request) -> Response:
+    return _json({"workers": msgspec.to_builtins(sorted(orch.view.workers.values(), key=lambda w: w.worker_id))})
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    anthropic = request.url.path.startswith("/v1/messages")
+    if status == 404:
+        return _error(NotFoundError(f"no route {request.method} {request.url.path}"), anthropic)
+    return _error(ValueError(f"{request.method} is not allowed on {request.url.path}"), anthropic) \
+        if status == 405 else _error(exc, anthropic)
+
+
+def build_app(orch: Orchestrator) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        await orch.start()
+        try:
+            yield
+        finally:
+            await orch.close()
+
+    routes = [
+        Route("/v1/completions", _endpoint(_generate("completions")), methods=["POST"]),
+        Route("/v1/chat/completions", _endpoint(_generate("chat")), methods=["POST"]),
+        Route("/v1/messages", _endpoint(_generate("messages"), anthropic=True), methods=["POST"]),
+        Route("/v1/models", _endpoint(_models), methods=["GET"]),
+        Route("/health", _endpoint(_health, protected=False), methods=["GET"]),
+        Route("/cluster_info", _endpoint(_cluster_info, protected=False), methods=["GET"]),
+        Route("/prometheus/metrics", _endpoint(_prometheus, protected=False), methods=["GET"]),
+        Route("/perf_metrics", _endpoint(_perf, protected=False), methods=["GET"]),
+        Route("/workers", _endpoint(_workers), methods=["GET"]),
+        Route("/workers/register", _endpoint(_forward("/register")), methods=["POST"]),
+        Route("/workers/heartbeat", _endpoint(_forward("/heartbeat")), methods=["POST"]),
+        Route("/workers/deregister", _endpoint(_forward("/deregister")), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan)
+    app.state.orchestrator = orch
+    return app

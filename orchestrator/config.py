@@ -1,0 +1,168 @@
+"""The orchestrator's configuration: frozen, typed, errors that name the key.
+
+``disagg up`` renders it from the deployment YAML into ``<run dir>/orchestrator.json``;
+``disagg orchestrator --config FILE`` reads that file (JSON or YAML, the keys below).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from orchestrator.typed import ConfigError, from_mapping, to_mapping
+
+__all__ = [
+    "RouterConfig", "ConditionalDisaggConfig", "HealthConfig", "TimeoutConfig", "StaticWorker",
+    "OrchestratorConfig", "load_orchestrator_config", "ROUTER_POLICIES", "WORKER_ROLES",
+]
+
+ROUTER_POLICIES = ("round_robin", "least_load", "kv_cache_aware", "session")
+WORKER_ROLES = ("ctx", "gen", "both")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    policy: str = "round_robin"
+    """round_robin | least_load | kv_cache_aware | session."""
+    load_metric: str = "requests"
+    """What least_load (and the load term of kv_cache_aware) counts in flight: requests | tokens."""
+    load_weight: float = 1.0
+    """kv_cache_aware: score = matched prefix blocks - load_weight * load (load in blocks for
+    tokens, in requests otherwise)."""
+
+    def validate(self, prefix: str) -> None:
+        if self.policy not in ROUTER_POLICIES:
+            raise ConfigError(f"{prefix}.policy", f"must be one of {', '.join(ROUTER_POLICIES)}, got {self.policy!r}")
+        if self.load_metric not in ("requests", "tokens"):
+            raise ConfigError(f"{prefix}.load_metric", f"must be requests or tokens, got {self.load_metric!r}")
+        if self.load_weight < 0:
+            raise ConfigError(f"{prefix}.load_weight", f"must be >= 0, got {self.load_weight}")
+
+
+@dataclass(frozen=True)
+class ConditionalDisaggConfig:
+    """When to skip the ctx leg and send a normal request to the gen worker."""
+
+    enabled: bool = True
+    max_local_prefill_tokens: int = 32
+    """Skip the ctx leg when the prompt tokens the gen worker does not hold are at most this."""
+    min_cached_fraction: float = 0.8
+    """Skip the ctx leg when the gen worker holds at least this fraction of the prompt's blocks."""
+
+    def validate(self, prefix: str) -> None:
+        if self.max_local_prefill_tokens < 0:
+            raise ConfigError(f"{prefix}.max_local_prefill_tokens", "must be >= 0")
+        if not 0.0 < self.min_cached_fraction <= 1.0:
+            raise ConfigError(f"{prefix}.min_cached_fraction", f"must be in (0, 1], got {self.min_cached_fraction}")
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    interval_seconds: float = 1.0
+    """How often process 0 checks every worker's /health and drains its KV events."""
+    timeout_seconds: float = 2.0
+    unhealthy_threshold: int = 2
+    """Consecutive failed checks before a worker leaves the rotation."""
+    healthy_threshold: int = 1
+    """Consecutive good checks before it (re)joins."""
+    registration_ttl_seconds: float = 10.0
+    """A self-registered worker without a heartbeat for this long is dropped."""
+
+    def validate(self, prefix: str) -> None:
+        for name in ("interval_seconds", "timeout_seconds", "registration_ttl_seconds"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{prefix}.{name}", "must be > 0")
+        for name in ("unhealthy_threshold", "healthy_threshold"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{prefix}.{name}", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class TimeoutConfig:
+    connect_seconds: float = 5.0
+    request_seconds: float = 600.0
+    """Whole request (both legs, all retries); a stream past it ends with an error event."""
+    idle_seconds: float = 120.0
+    """Longest wait for the next byte from a worker."""
+
+    def validate(self, prefix: str) -> None:
+        for name in ("connect_seconds", "request_seconds", "idle_seconds"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{prefix}.{name}", "must be > 0")
+
+
+@dataclass(frozen=True)
+class StaticWorker:
+    role: str
+    url: str
+
+    def validate(self, prefix: str) -> None:
+        if self.role not in WORKER_ROLES:
+            raise ConfigError(f"{prefix}.role", f"must be one of {', '.join(WORKER_ROLES)}, got {self.role!r}")
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"{prefix}.url", f"must be an http(s) URL, got {self.url!r}")
+
+
+@dataclass(frozen=True)
+class OrchestratorConfig:
+    model_dir: str
+    """The model directory whose tokenizer the orchestrator loads (it tokenizes once, to route)."""
+    state_dir: str
+    """Runtime files: process 0's state socket and the Prometheus multiprocess directory."""
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    processes: int = 1
+    """K_o HTTP processes on the port (SO_REUSEPORT)."""
+    ctx_router: RouterConfig = field(default_factory=RouterConfig)
+    gen_router: RouterConfig = field(default_factory=RouterConfig)
+    conditional: ConditionalDisaggConfig = field(default_factory=ConditionalDisaggConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
+    max_retries: int = 2
+    """Extra workers tried per leg when one fails before the client saw a byte."""
+    api_key: str | None = None
+    """Clients must send it (Authorization: Bearer KEY or x-api-key: KEY); None = open."""
+    workers: tuple[StaticWorker, ...] = ()
+    """Static workers; more may register themselves at run time."""
+    default_block_size: int = 16
+    default_hash_seed: int = 0
+    """Block hashing for workers that do not report theirs in /worker_info."""
+    perf_records: int = 1000
+    log_level: str = "info"
+
+    def validate(self, prefix: str) -> None:
+        if not 1 <= self.processes <= 64:
+            raise ConfigError(f"{prefix}.processes", f"must be in [1, 64], got {self.processes}")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"{prefix}.port", f"must be in [0, 65535], got {self.port}")
+        if self.max_retries < 0:
+            raise ConfigError(f"{prefix}.max_retries", "must be >= 0")
+        if self.api_key == "":
+            raise ConfigError(f"{prefix}.api_key", "must not be empty (omit it for no key)")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model_dir).resolve().name
+
+    @property
+    def state_socket(self) -> str:
+        return str(Path(self.state_dir) / "state.sock")
+
+    def to_json(self) -> str:
+        return json.dumps(to_mapping(self), indent=2)
+
+
+def load_orchestrator_config(path: str | Path) -> OrchestratorConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))  # JSON is YAML
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(str(path), f"cannot read: {exc}") from exc
+    try:
+        return from_mapping(OrchestratorConfig, data, "orchestrator")
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc.key}", str(exc).split(": ", 1)[1]) from None

@@ -1,0 +1,66 @@
+"""The orchestrator's additions to the frontends' error tree (``frontends.errors``)::
+
+    FrontendError
+    ├── NoWorkerError        503: no healthy worker for a leg
+    ├── UpstreamFailedError  502: every worker tried for a leg failed (after retries)
+    ├── RequestTimeoutError  504: the request ran past timeouts.request_seconds
+    └── UnauthorizedError    401: missing or wrong API key
+
+A worker's own 4xx answer is passed to the client unchanged (``UpstreamRejected``).
+"""
+
+from __future__ import annotations
+
+from frontends.errors import FrontendError
+
+__all__ = ["NoWorkerError", "UpstreamFailedError", "RequestTimeoutError", "UnauthorizedError",
+           "UpstreamRejected", "LegFailed"]
+
+
+class NoWorkerError(FrontendError):
+    status = 503
+    openai_type = "service_unavailable_error"
+    anthropic_type = "overloaded_error"
+    code = "no_worker"
+
+
+class UpstreamFailedError(FrontendError):
+    status = 502
+    openai_type = "upstream_error"
+    anthropic_type = "api_error"
+    code = "upstream_failed"
+
+
+class RequestTimeoutError(FrontendError):
+    status = 504
+    openai_type = "timeout_error"
+    anthropic_type = "api_error"
+    code = "timeout"
+
+
+class UnauthorizedError(FrontendError):
+    status = 401
+    openai_type = "invalid_request_error"
+    anthropic_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class UpstreamRejected(Exception):
+    """A worker answered 4xx: the client's request is at fault; its body goes back verbatim."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"worker answered {status}")
+        self.status = status
+        self.body = body
+
+
+class LegFailed(Exception):
+    """A worker failed a leg (no connection, timeout, 5xx): retry elsewhere.
+
+    ``kv_source_lost``: the gen worker itself is fine, only the ctx engine's parked
+    KV could not be pulled (502 ``kv_transfer_failed``): a normal request may go
+    to that same worker."""
+
+    def __init__(self, message: str, kv_source_lost: bool = False) -> None:
+        super().__init__(message)
+        self.kv_source_lost = kv_source_lost

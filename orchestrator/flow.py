@@ -1,0 +1,348 @@
+"""The two-phase request flow: plan, ctx leg, gen leg, with retries and streaming.
+
+1. Plan: the gen router picks the gen worker first, because conditional
+   disaggregation depends on what it already caches. The ctx leg is skipped
+   (one normal request to the gen worker: mode ``aggregated``) when
+   ``should_skip_ctx`` says so, when the client asked for one token, when no
+   ctx worker is healthy, or when the ctx router picks the gen worker itself
+   (a ``both`` worker: no point moving KV to itself).
+2. ctx leg: context_only, non-streaming, ``x-request-id: <id>-ctx``. A failed
+   worker (no connection, timeout, 5xx) is retried on another ctx worker, at
+   most ``max_retries`` times; when none succeeds, or a worker answers 4xx
+   (a client error, or a worker that cannot run the leg), the request goes to
+   the gen worker as a normal one, which serves it or reports the error. An answer
+   that already finished (``disaggregated_params.finished``) is the client's
+   answer (mode ``ctx_only``); for a streaming client it is instead served as
+   a normal request on the gen worker, because re-encoding a finished answer
+   as a stream per API is not worth its code.
+3. gen leg: generation_only with the ctx params and prompt ids,
+   ``x-request-id: <id>-gen``, streaming as the client asked. A failure
+   before the first byte reached the client is retried as a *normal* request
+   on another gen worker (always correct, whatever happened to the parked
+   KV), or on the same one when only the KV pull failed (``kv_transfer_failed``:
+   the ctx engine died or dropped the KV; the gen worker is fine); after it, the stream ends with the API's error event. Closing the
+   client's stream closes the upstream one, which aborts the request in the
+   worker (and, through it, the KV pull).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+import logging
+from typing import Any, AsyncGenerator, AsyncIterator
+
+import httpx
+import msgspec
+from starlette.responses import Response
+from starlette.types import Receive
+
+from frontends.errors import ApiError, anthropic_error_body, http_error, openai_error_body
+from frontends.streaming import EventStreamResponse, run_until_disconnect
+from orchestrator.config import OrchestratorConfig
+from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
+from orchestrator.metrics import Metrics
+from orchestrator.prompt import ParsedRequest, client_answer, ctx_body, gen_body
+from orchestrator.registry import WorkerRecord
+from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
+from orchestrator.upstream import UpstreamClients
+from orchestrator.view import ClusterView, StateLink
+
+__all__ = ["Flow", "PerfRecord"]
+
+log = logging.getLogger("disagg.orchestrator.flow")
+
+# The error code of a gen leg whose KV pull failed (frontends.disaggregation.KVTransferError):
+# the ctx engine died or dropped the parked KV, the gen worker is fine.
+KV_SOURCE_LOST = b'"kv_transfer_failed"'
+
+
+@dataclass
+class PerfRecord:
+    request_id: str
+    api: str
+    arrival: float
+    num_prompt_tokens: int = 0
+    mode: str = "disagg"
+    tokenized: float | None = None
+    ctx: dict[str, Any] | None = None
+    gen: dict[str, Any] | None = None
+    end: float | None = None
+    retries: int = 0
+    error: str | None = None
+    legs: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Flow:
+    def __init__(self, config: OrchestratorConfig, view: ClusterView, link: StateLink, upstream: UpstreamClients,
+                 metrics: Metrics) -> None:
+        self.config = config
+        self.view = view
+        self.link = link
+        self.upstream = upstream
+        self.metrics = metrics
+        self.ctx_router = Router(config.ctx_router)
+        self.gen_router = Router(config.gen_router)
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def choose(self, phase: str, request: ParsedRequest, exclude: set[str]) -> Candidate | None:
+        candidates = self.view.candidates(phase, request.prompt_ids, exclude)
+        if not candidates:
+            return None
+        router = self.ctx_router if phase == "ctx" else self.gen_router
+        return router.choose(candidates, RouteRequest(len(request.prompt_ids), request.session_id))
+
+    def pick(self, phase: str, request: ParsedRequest, exclude: set[str]) -> WorkerRecord | None:
+        chosen = self.choose(phase, request, exclude)
+        return None if chosen is None else self.view.workers[chosen.worker_id]
+
+    def plan(self, request: ParsedRequest) -> tuple[WorkerRecord, WorkerRecord | None]:
+        """(gen worker, ctx worker or None for a normal request)."""
+        chosen = self.choose("gen", request, set())
+        if chosen is None:
+            raise NoWorkerError("no healthy generation worker")
+        gen = self.view.workers[chosen.worker_id]
+        if request.max_tokens == 1:  # the ctx leg's one token is the whole answer
+            return gen, None
+        if should_skip_ctx(self.config.conditional, len(request.prompt_ids), chosen.matched_blocks,
+                           chosen.block_size):
+            return gen, None
+        ctx = self.pick("ctx", request, set())
+        if ctx is None or ctx.worker_id == gen.worker_id:
+            return gen, None
+        return gen, ctx
+
+    # -- the request ------------------------------------------------------------------------
+
+    async def handle(self, request: ParsedRequest, request_id: str, receive: Receive, record: PerfRecord) -> Response:
+        record.num_prompt_tokens = len(request.prompt_ids)
+        deadline = time.monotonic() + self.config.timeouts.request_seconds
+        gen, ctx = self.plan(request)
+        headers = {"x-request-id": request_id}
+        payload: dict[str, Any] = request.body
+        record.mode = "aggregated" if ctx is None else "disagg"
+        if ctx is not None:
+            ctx_answer = await self.ctx_phase(request, request_id, ctx, record, receive, deadline)
+            if record.ctx is not None:
+                headers["x-disagg-ctx-worker"] = record.ctx["worker_id"]
+            params = (ctx_answer or {}).get("disaggregated_params") or {}
+            if ctx_answer is not None and params.get("finished") and not request.stream:
+                record.mode = "ctx_only"
+                self._finish(record, request)
+                return Response(msgspec.json.encode(client_answer(ctx_answer)), media_type="application/json",
+                                headers={**headers, "x-disagg-mode": record.mode})
+            leg = None if ctx_answer is None or params.get("finished") else gen_body(request, ctx_answer)
+            if leg is None:  # no ctx answer, finished (streaming client), or a worker without disagg support
+                record.mode = "aggregated"
+            else:
+                payload = leg
+        headers["x-disagg-mode"] = record.mode
+        if request.stream:
+            return await self.stream_gen(request, request_id, gen, payload, record, headers, deadline)
+        answer, gen_worker = await run_until_disconnect(
+            receive, self._within(deadline, self.run_gen(request, request_id, gen, payload, record)))
+        headers["x-disagg-gen-worker"] = gen_worker.worker_id
+        self._finish(record, request)
+        return Response(answer, media_type="application/json", headers=headers)
+
+    async def ctx_phase(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, record: PerfRecord,
+                        receive: Receive, deadline: float) -> dict[str, Any] | None:
+        """The ctx answer, or None when the gen worker should serve the request alone."""
+        try:
+            answer, _ = await run_until_disconnect(
+                receive, self._within(deadline, self.run_ctx(request, request_id, ctx, record)))
+        except (UpstreamRejected, UpstreamFailedError) as exc:
+            # A 4xx: a client error the gen worker will report the same way, or a ctx worker that
+            # cannot run the leg. Every ctx worker failed: the gen worker can still do it all.
+            # Either way a normal request to the gen worker decides.
+            log.warning("request %s: no ctx leg (%s); serving it on the gen worker alone", request_id, exc)
+            if isinstance(exc, UpstreamRejected):
+                self.metrics.errors.labels("ctx", "rejected").inc()
+            return None
+        params = answer.get("disaggregated_params") or {}
+        if record.ctx is not None:  # joins the ctx worker's perf record (its engine request id)
+            record.ctx["engine_request_id"] = params.get("ctx_request_id")
+        return answer
+
+    async def _within(self, deadline: float, work):
+        try:
+            return await asyncio.wait_for(work, max(deadline - time.monotonic(), 0.001))
+        except asyncio.TimeoutError:
+            raise RequestTimeoutError(f"the request took longer than {self.config.timeouts.request_seconds} s") \
+                from None
+
+    def _finish(self, record: PerfRecord, request: ParsedRequest) -> None:
+        record.end = time.time()
+        self.metrics.requests.labels(request.api, record.mode).inc()
+        self.metrics.phase_seconds.labels("e2e").observe(record.end - record.arrival)
+        self.link.perf_queue.append(msgspec.to_builtins(record.__dict__))
+
+    def next_gen(self, request: ParsedRequest, tried: set[str], failed: WorkerRecord,
+                 exc: BaseException) -> WorkerRecord | None:
+        """Where a failed gen leg goes again, as a normal request: another gen worker; the same
+        one when only the ctx engine's KV was lost (the gen worker itself answered fine)."""
+        worker = self.pick("gen", request, tried)
+        if worker is None and isinstance(exc, LegFailed) and exc.kv_source_lost:
+            return failed
+        return worker
+
+    # -- legs -------------------------------------------------------------------------------
+
+    async def _post(self, worker: WorkerRecord, path: str, body: dict[str, Any], request_id: str,
+                    tokens: int) -> bytes:
+        self.view.acquire(worker.worker_id, tokens)
+        try:
+            response = await self.upstream.next().post(
+                worker.url + path, content=msgspec.json.encode(body),
+                headers={"x-request-id": request_id, "content-type": "application/json"})
+        except httpx.HTTPError as exc:
+            self.view.suspect(worker.worker_id)
+            raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.view.release(worker.worker_id, tokens)
+        if response.status_code >= 500:
+            raise LegFailed(f"{worker.worker_id} answered {response.status_code}",
+                            kv_source_lost=KV_SOURCE_LOST in response.content)
+        if response.status_code != 200:
+            raise UpstreamRejected(response.status_code, response.content)
+        return response.content
+
+    async def run_ctx(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
+                      record: PerfRecord) -> tuple[dict[str, Any], WorkerRecord]:
+        worker: WorkerRecord | None = first
+        tried: set[str] = set()
+        body = ctx_body(request)
+        while worker is not None:
+            tried.add(worker.worker_id)
+            start = time.time()
+            try:
+                raw = await self._post(worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids))
+            except LegFailed as exc:
+                record.legs.append({"phase": "ctx", "worker_id": worker.worker_id, "error": str(exc)})
+                if len(tried) > self.config.max_retries:
+                    break
+                self.metrics.retries.labels("ctx").inc()
+                record.retries += 1
+                worker = self.pick("ctx", request, tried)
+                continue
+            record.ctx = {"worker_id": worker.worker_id, "start": start, "end": time.time()}
+            self.metrics.phase_seconds.labels("ctx").observe(record.ctx["end"] - start)
+            return msgspec.json.decode(raw), worker
+        self.metrics.errors.labels("ctx", "upstream").inc()
+        raise UpstreamFailedError(f"every context worker failed ({len(tried)} tried)")
+
+    async def run_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
+                      payload: dict[str, Any], record: PerfRecord) -> tuple[bytes, WorkerRecord]:
+        worker: WorkerRecord | None = first
+        tried: set[str] = set()
+        while worker is not None:
+            tried.add(worker.worker_id)
+            start = time.time()
+            try:
+                raw = await self._post(worker, request.path, payload, f"{request_id}-gen", len(request.prompt_ids))
+            except LegFailed as exc:
+                record.legs.append({"phase": "gen", "worker_id": worker.worker_id, "error": str(exc)})
+                if len(tried) > self.config.max_retries:
+                    break
+                self.metrics.retries.labels("gen").inc()
+                record.retries += 1
+                payload = request.body  # a normal request: the parked KV may be gone
+                worker = self.next_gen(request, tried, worker, exc)
+                continue
+            end = time.time()
+            record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": end, "end": end}
+            self.metrics.phase_seconds.labels("gen").observe(end - start)
+            return raw, worker
+        self.metrics.errors.labels("gen", "upstream").inc()
+        raise UpstreamFailedError(f"every generation worker failed ({len(tried)} tried)")
+
+    async def stream_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
+                         payload: dict[str, Any], record: PerfRecord, headers: dict[str, str],
+                         deadline: float) -> Response:
+        worker: WorkerRecord | None = first
+        tried: set[str] = set()
+        while worker is not None:
+            tried.add(worker.worker_id)
+            start = time.time()
+            tokens = len(request.prompt_ids)
+            self.view.acquire(worker.worker_id, tokens)
+            upstream = None
+            try:
+                client = self.upstream.next()
+                upstream = await self._within(deadline, client.send(client.build_request(
+                    "POST", worker.url + request.path, content=msgspec.json.encode(payload),
+                    headers={"x-request-id": f"{request_id}-gen", "content-type": "application/json"}), stream=True))
+                if upstream.status_code >= 500:
+                    raise LegFailed(f"{worker.worker_id} answered {upstream.status_code}")
+                if upstream.status_code != 200:
+                    body = await upstream.aread()
+                    raise UpstreamRejected(upstream.status_code, body)
+                chunks = upstream.aiter_raw()
+                first_chunk = await self._within(deadline, chunks.__anext__())  # still retryable until here
+                if payload is not request.body and KV_SOURCE_LOST in first_chunk:  # the pull failed in band
+                    raise LegFailed(f"{worker.worker_id}: the KV pull failed", kv_source_lost=True)
+            except (LegFailed, httpx.HTTPError, StopAsyncIteration) as exc:
+                self.view.release(worker.worker_id, tokens)
+                if upstream is not None:
+                    await upstream.aclose()
+                if isinstance(exc, httpx.HTTPError):
+                    self.view.suspect(worker.worker_id)
+                error = str(exc) if isinstance(exc, LegFailed) else f"{worker.worker_id}: {type(exc).__name__}: {exc}"
+                record.legs.append({"phase": "gen", "worker_id": worker.worker_id, "error": error})
+                if len(tried) > self.config.max_retries:
+                    break
+                self.metrics.retries.labels("gen").inc()
+                record.retries += 1
+                payload = request.body
+                worker = self.next_gen(request, tried, worker, exc)
+                continue
+            except BaseException:
+                self.view.release(worker.worker_id, tokens)
+                if upstream is not None:
+                    await upstream.aclose()
+                raise
+            record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": time.time()}
+            self.metrics.phase_seconds.labels("gen_first_byte").observe(record.gen["first_byte"] - start)
+            relay = self._relay(request, upstream, chunks, first_chunk, worker, tokens, record, deadline)
+            response = EventStreamResponse(relay)
+            response.raw_headers += [(k.encode(), v.encode()) for k, v in
+                                     {**headers, "x-disagg-gen-worker": worker.worker_id}.items()]
+            return response
+        self.metrics.errors.labels("gen", "upstream").inc()
+        raise UpstreamFailedError(f"every generation worker failed ({len(tried)} tried)")
+
+    async def _relay(self, request: ParsedRequest, upstream: httpx.Response, chunks: AsyncIterator[bytes],
+                     first_chunk: bytes, worker: WorkerRecord, tokens: int, record: PerfRecord,
+                     deadline: float) -> AsyncGenerator[bytes, None]:
+        gen = record.gen or {}
+        last = first_chunk
+        try:
+            yield first_chunk
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(chunks.__anext__(), max(deadline - time.monotonic(), 0.001))
+                except StopAsyncIteration:
+                    break
+                last = chunk
+                yield chunk
+        except (httpx.HTTPError, asyncio.TimeoutError) as exc:
+            timed_out = isinstance(exc, (asyncio.TimeoutError, httpx.TimeoutException))
+            error = http_error(RequestTimeoutError("the request timed out") if timed_out else
+                               UpstreamFailedError(f"the generation worker failed mid-stream: {type(exc).__name__}"))
+            record.error = error.message
+            self.metrics.errors.labels("gen", "timeout" if timed_out else "stream").inc()
+            yield (b"" if last.endswith(b"\n\n") else b"\n\n") + _error_event(request.api, error)
+        finally:
+            gen["end"] = time.time()
+            self.metrics.phase_seconds.labels("gen").observe(gen["end"] - gen["start"])
+            self.view.release(worker.worker_id, tokens)
+            await upstream.aclose()  # a client that left: the worker sees the disconnect and aborts
+            self._finish(record, request)
+
+
+def _error_event(api: str, error: ApiError) -> bytes:
+    if api == "messages":
+        return b"event: error\ndata: " + anthropic_error_body(error) + b"\n\n"
+    return b"data: " + openai_error_body(error) + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,116 @@
+"""Process 0's loop over the workers: health, worker info, KV events, TTL expiry.
+
+Every ``health.interval_seconds``, for every known worker at once:
+``GET /health`` (a non-200 or no answer within ``timeout_seconds`` is a
+failed check; thresholds in ``orchestrator.registry``); once healthy and
+until known, ``GET /worker_info`` (role details, block hashing, the clock
+offset from its ``server_time``: offset = server_time - midpoint of our send
+and receive times, from the probe with the shortest round trip of
+``CLOCK_PROBES``, whose midpoint is the least uncertain); and ``GET /kv_cache_events`` (drained into the KV index;
+a 404 means the worker does not publish events, which only disables
+KV-aware scoring for it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import httpx
+import msgspec
+
+from orchestrator.registry import WorkerRecord
+from orchestrator.state import StateOwner
+
+__all__ = ["HealthChecker"]
+
+log = logging.getLogger("disagg.orchestrator.health")
+
+CLOCK_PROBES = 4  # /worker_info calls per (re)joined worker; the fastest round trip sets its offset
+
+
+class HealthChecker:
+    def __init__(self, owner: StateOwner, client: httpx.AsyncClient) -> None:
+        self.owner = owner
+        self.client = client
+        self.timeout = owner.config.health.timeout_seconds
+        self.no_events: set[str] = set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.check_all()
+            except Exception:  # noqa: BLE001 - one bad round must not end health checking
+                log.exception("health round failed")
+            await asyncio.sleep(self.owner.config.health.interval_seconds)
+
+    async def check_all(self) -> None:
+        registry = self.owner.registry
+        before = registry.version
+        for worker_id in registry.expire():
+            log.warning("worker %s missed its heartbeats; removed", worker_id)
+            self.owner.forget_worker(worker_id)
+        await asyncio.gather(*(self.check(w) for w in registry.snapshot()))
+        if registry.version != before:
+            self.owner.notify()
+
+    async def check(self, worker: WorkerRecord) -> None:
+        try:
+            response = await self.client.get(f"{worker.url}/health", timeout=self.timeout)
+            ok, error = response.status_code == 200, f"/health answered {response.status_code}"
+        except httpx.HTTPError as exc:
+            ok, error = False, f"{type(exc).__name__}: {exc}"
+        moved = self.owner.registry.report_check(worker.worker_id, ok, None if ok else error)
+        if moved:
+            log.warning("worker %s (%s) %s the rotation%s", worker.worker_id, worker.url,
+                        "joined" if ok else "left", "" if ok else f": {error}")
+        if not ok:
+            return
+        if worker.block_size is None or moved:  # a worker that comes back may have restarted differently
+            await self.fetch_info(worker)
+        if worker.worker_id not in self.no_events:
+            await self.drain_events(worker)
+
+    async def fetch_info(self, worker: WorkerRecord) -> None:
+        config = self.owner.config
+        info: dict | None = None
+        best: tuple[float, float] | None = None  # (round trip, offset) of the fastest probe
+        for _ in range(CLOCK_PROBES):
+            sent = time.time()
+            try:
+                response = await self.client.get(f"{worker.url}/worker_info", timeout=self.timeout)
+            except httpx.HTTPError:
+                break
+            received = time.time()
+            info = msgspec.json.decode(response.content) if response.status_code == 200 else {}
+            server_time = info.get("server_time")
+            if not isinstance(server_time, (int, float)):
+                break  # a worker without a clock: nothing to measure
+            if best is None or received - sent < best[0]:
+                best = (received - sent, server_time - (sent + received) / 2)
+        if info is None:
+            return
+        offset = None if best is None else best[1]
+        block_size, hash_seed = info.get("block_size"), info.get("hash_seed")
+        if block_size is None:
+            block_size = config.default_block_size
+        if hash_seed is None:
+            hash_seed = config.default_hash_seed
+        self.owner.registry.set_info(worker.worker_id, block_size, hash_seed, info.get("kv_endpoint"), offset)
+
+    async def drain_events(self, worker: WorkerRecord) -> None:
+        try:
+            response = await self.client.get(f"{worker.url}/kv_cache_events", timeout=self.timeout)
+        except httpx.HTTPError:
+            return
+        if response.status_code == 404:
+            self.no_events.add(worker.worker_id)
+            return
+        if response.status_code != 200:
+            return
+        events = msgspec.json.decode(response.content)
+        if isinstance(events, dict):  # tolerate {"events": [...]}
+            events = events.get("events", [])
+        if events and self.owner.kv_index.apply(worker.worker_id, events):
+            self.owner.kv_changed()

@@ -1,0 +1,44 @@
+"""The orchestrator's Prometheus metrics, summed over its K_o processes.
+
+``orchestrator.server`` exports ``PROMETHEUS_MULTIPROC_DIR`` (a fresh
+directory under the state dir) before any process imports prometheus_client,
+so every process writes its own files and ``render()`` in any process
+collects all of them. Phases: ``ctx`` (the context_only leg, to its answer),
+``gen`` (the generation leg, to its last byte; first byte separately),
+``e2e`` (the client's request, arrival to last byte).
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+__all__ = ["Metrics", "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        # Own registry: the default one would also export this process's own
+        # (non-multiprocess) collectors, double counting under K_o > 1.
+        self.registry = CollectorRegistry()
+        prefix = "disagg_orchestrator"
+        self.requests = Counter(f"{prefix}_requests", "Client requests by API and how they were served",
+                                ["api", "mode"], registry=self.registry)
+        self.phase_seconds = Histogram(f"{prefix}_phase_seconds", "Latency per phase (ctx, gen, gen_first_byte, e2e)",
+                                       ["phase"], buckets=_BUCKETS, registry=self.registry)
+        self.retries = Counter(f"{prefix}_retries", "Legs retried on another worker", ["phase"],
+                               registry=self.registry)
+        self.errors = Counter(f"{prefix}_errors", "Requests that failed, by phase and kind", ["phase", "kind"],
+                              registry=self.registry)
+
+    def render(self) -> bytes:
+        if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+            return generate_latest(self.registry)
+        collector_registry = CollectorRegistry()
+        MultiProcessCollector(collector_registry)
+        return generate_latest(collector_registry)

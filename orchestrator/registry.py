@@ -1,0 +1,146 @@
+"""The worker registry: static workers, self-registered workers with a TTL, health state.
+
+Owned by orchestrator process 0 alone (see ``orchestrator.state``); the other
+processes see its snapshots. Pure bookkeeping with an injected clock, so
+the TTL and threshold rules are unit-tested without sleeping.
+
+A worker is in the rotation iff it is ``healthy``: it becomes healthy after
+``healthy_threshold`` consecutive good health checks and leaves after
+``unhealthy_threshold`` consecutive bad ones. A registered worker that sends
+no heartbeat for ``registration_ttl_seconds`` is removed; registering again
+(same URL -> same worker id) brings it back, unhealthy until checked.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Callable
+
+import msgspec
+
+from orchestrator.config import WORKER_ROLES, HealthConfig
+
+__all__ = ["WorkerRecord", "Registry", "RegistryError"]
+
+
+class RegistryError(ValueError):
+    """A registration request is invalid (bad role or URL)."""
+
+
+class WorkerRecord(msgspec.Struct, kw_only=True):
+    worker_id: str
+    role: str
+    url: str
+    static: bool
+    kv_endpoint: str | None = None
+    healthy: bool = False
+    num_failures: int = 0
+    """Consecutive failed health checks."""
+    num_successes: int = 0
+    """Consecutive good health checks."""
+    last_seen: float = 0.0
+    """time.time() of the last heartbeat (registered) or registration."""
+    block_size: int | None = None
+    hash_seed: int | None = None
+    clock_offset: float | None = None
+    """Worker clock minus ours, seconds (from /worker_info's server_time); None = unknown."""
+    last_error: str | None = None
+
+    def serves(self, phase: str) -> bool:
+        return self.role == phase or self.role == "both"
+
+
+class Registry:
+    def __init__(self, health: HealthConfig, clock: Callable[[], float] = time.time) -> None:
+        self.health = health
+        self.clock = clock
+        self.workers: dict[str, WorkerRecord] = {}
+        self.version = 0
+        """Bumped on every change that the other processes must see."""
+
+    def _changed(self) -> None:
+        self.version += 1
+
+    def _by_url(self, url: str) -> WorkerRecord | None:
+        return next((w for w in self.workers.values() if w.url == url), None)
+
+    def add_static(self, role: str, url: str) -> WorkerRecord:
+        record = WorkerRecord(worker_id=f"static-{len(self.workers)}", role=role, url=url.rstrip("/"), static=True)
+        self.workers[record.worker_id] = record
+        self._changed()
+        return record
+
+    def register(self, role: str, url: str, kv_endpoint: str | None = None,
+                 worker_id: str | None = None) -> WorkerRecord:
+        if role not in WORKER_ROLES:
+            raise RegistryError(f"role must be one of {', '.join(WORKER_ROLES)}, got {role!r}")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise RegistryError(f"url must be an http(s) URL, got {url!r}")
+        url = url.rstrip("/")
+        record = self._by_url(url)
+        if record is not None and (record.role != role or record.kv_endpoint != kv_endpoint):
+            del self.workers[record.worker_id]  # the same address came back as a different worker
+            record = None
+        if record is None:
+            record = WorkerRecord(worker_id=worker_id or f"w-{uuid.uuid4().hex[:12]}", role=role, url=url,
+                                  static=False, kv_endpoint=kv_endpoint)
+            self.workers[record.worker_id] = record
+        record.last_seen = self.clock()
+        self._changed()
+        return record
+
+    def heartbeat(self, worker_id: str) -> bool:
+        record = self.workers.get(worker_id)
+        if record is None:
+            return False
+        record.last_seen = self.clock()  # not a published change: only the owner expires workers
+        return True
+
+    def deregister(self, worker_id: str) -> bool:
+        if self.workers.pop(worker_id, None) is None:
+            return False
+        self._changed()
+        return True
+
+    def expire(self) -> list[str]:
+        """Drop registered workers whose heartbeat is older than the TTL; their ids."""
+        deadline = self.clock() - self.health.registration_ttl_seconds
+        gone = [w.worker_id for w in self.workers.values() if not w.static and w.last_seen < deadline]
+        for worker_id in gone:
+            del self.workers[worker_id]
+        if gone:
+            self._changed()
+        return gone
+
+    def report_check(self, worker_id: str, ok: bool, error: str | None = None) -> bool:
+        """Record one health check; True when the worker joined or left the rotation."""
+        record = self.workers.get(worker_id)
+        if record is None:
+            return False
+        was_healthy = record.healthy
+        if ok:
+            record.num_successes, record.num_failures, record.last_error = record.num_successes + 1, 0, None
+            if record.num_successes >= self.health.healthy_threshold:
+                record.healthy = True
+        else:
+            record.num_failures, record.num_successes, record.last_error = record.num_failures + 1, 0, error
+            if record.num_failures >= self.health.unhealthy_threshold:
+                record.healthy = False
+        if record.healthy != was_healthy:
+            self._changed()
+            return True
+        return False
+
+    def set_info(self, worker_id: str, block_size: int | None, hash_seed: int | None,
+                 kv_endpoint: str | None, clock_offset: float | None) -> None:
+        record = self.workers.get(worker_id)
+        if record is None:
+            return
+        record.block_size, record.hash_seed, record.clock_offset = block_size, hash_seed, clock_offset
+        if kv_endpoint is not None:
+            record.kv_endpoint = kv_endpoint
+        self._changed()
+
+    def snapshot(self) -> list[WorkerRecord]:
+        return sorted(self.workers.values(), key=lambda w: w.worker_id)

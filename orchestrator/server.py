@@ -1,0 +1,183 @@
+"""``disagg orchestrator --config FILE``: K_o HTTP processes on one port, process 0 owning the state.
+
+Process 0 (the command itself) binds the port first (SO_REUSEPORT; a port of
+0 becomes a real one, passed on), creates the state dir, exports a fresh
+``PROMETHEUS_MULTIPROC_DIR`` (before prometheus_client is imported
+anywhere), starts the state owner (Unix socket ``state.sock`` + the health
+checker) and re-executes itself K_o-1 times with ``--process-index i
+--port P``. Each process serves the same app on its own socket of the port
+and writes ``ready-<i>`` in the state dir once it accepts connections and
+holds the owner's first state snapshot;
+process 0 prints ``READY_MESSAGE URL`` when all have. SIGTERM/SIGINT on
+process 0 stops the others, then itself, and removes the runtime files; an
+extra process whose parent is gone exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports this module to add its arguments: keep that import light
+    from orchestrator.config import OrchestratorConfig
+
+__all__ = ["add_orchestrator_arguments", "run_orchestrator", "READY_MESSAGE"]
+
+log = logging.getLogger("disagg.orchestrator")
+
+READY_MESSAGE = "disagg orchestrator: ready on"
+START_TIMEOUT_SECONDS = 60.0
+
+
+def add_orchestrator_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="orchestrator config (JSON or YAML), see orchestrator.config")
+    parser.add_argument("--port", type=int, default=None, help="override the config's port")
+    parser.add_argument("--process-index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def run_orchestrator(args: argparse.Namespace) -> int:
+    from frontends.server import make_listen_socket, run_event_loop
+    from orchestrator.config import load_orchestrator_config
+
+    config = load_orchestrator_config(args.config)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per worker poll otherwise
+    state_dir = Path(config.state_dir)
+    port = config.port if args.port is None else args.port
+    if args.process_index == 0:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        prom_dir = state_dir / "prometheus"
+        shutil.rmtree(prom_dir, ignore_errors=True)
+        prom_dir.mkdir()
+        for stale in state_dir.glob("ready-*"):
+            stale.unlink()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(prom_dir)
+    sock = make_listen_socket(config.host, port)
+    port = sock.getsockname()[1]
+    return run_event_loop(_serve(config, args, sock, port))
+
+
+async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: socket.socket, port: int) -> int:
+    import uvicorn
+
+    from frontends.server import FrontendServer
+    from frontends.tokenizer import Tokenizer
+    from orchestrator.app import Orchestrator, build_app
+
+    index = args.process_index
+    orch = Orchestrator(config, index, Tokenizer.from_model_dir(config.model_dir))
+    server = FrontendServer(uvicorn.Config(build_app(orch), log_level=config.log_level, access_log=False,
+                                           lifespan="on", timeout_graceful_shutdown=5))
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    owner_task = children = None
+    if index == 0:
+        owner_task = asyncio.create_task(_run_owner(config))
+        children = [_spawn(args, i, port) for i in range(1, config.processes)]
+    else:
+        asyncio.create_task(_watch_parent(args.parent_pid, stopping))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)  # uvicorn has no "started" event
+        # Ready = serving and holding the owner's state (else it would answer 503s for a moment).
+        await asyncio.wait_for(orch.link.first_snapshot.wait(), START_TIMEOUT_SECONDS)
+        (Path(config.state_dir) / f"ready-{index}").touch()
+        if index == 0:
+            await _wait_ready(config, children or [])
+            print(f"{READY_MESSAGE} http://{config.host}:{port} ({config.processes} processes)", flush=True)
+        await asyncio.wait([serving, asyncio.create_task(stopping.wait())], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if children:
+            _stop_children(children)
+        server.should_exit = True
+        await asyncio.gather(serving, return_exceptions=True)
+        if owner_task is not None:
+            owner_task.cancel()
+            await asyncio.gather(owner_task, return_exceptions=True)
+            shutil.rmtree(Path(config.state_dir) / "prometheus", ignore_errors=True)
+            for path in Path(config.state_dir).glob("ready-*"):
+                path.unlink(missing_ok=True)
+        sock.close()
+    return 0
+
+
+async def _run_owner(config: OrchestratorConfig) -> None:
+    """Process 0's state owner: the Unix-socket state app and the health checker."""
+    import httpx
+    import uvicorn
+
+    from frontends.server import FrontendServer
+    from orchestrator.health import HealthChecker
+    from orchestrator.perf import PerfJoiner
+    from orchestrator.state import StateOwner, state_app
+
+    path = Path(config.state_socket)
+    path.unlink(missing_ok=True)
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(str(path))
+    os.chmod(path, 0o600)
+    unix.listen(1024)
+    owner = StateOwner(config)
+    client = httpx.AsyncClient(timeout=config.health.timeout_seconds)
+    server = FrontendServer(uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds)),
+                                           log_level="warning", access_log=False, lifespan="off"))
+    checker = asyncio.create_task(HealthChecker(owner, client).run())
+    try:
+        await server.serve(sockets=[unix])
+    finally:
+        checker.cancel()
+        server.should_exit = True
+        await client.aclose()
+        unix.close()
+        path.unlink(missing_ok=True)
+
+
+def _spawn(args: argparse.Namespace, index: int, port: int) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "disagg.cli", "orchestrator", "--config", args.config, "--port", str(port),
+            "--process-index", str(index), "--parent-pid", str(os.getpid())]
+    return subprocess.Popen(argv)
+
+
+async def _wait_ready(config: OrchestratorConfig, children: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    ready = [Path(config.state_dir) / f"ready-{i}" for i in range(config.processes)]
+    while not all(path.exists() for path in ready):
+        dead = [c for c in children if c.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            raise RuntimeError(f"orchestrator processes did not start (exited: {[c.args[-3] for c in dead]})")
+        await asyncio.sleep(0.05)
+
+
+def _stop_children(children: list[subprocess.Popen]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    for child in children:
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+async def _watch_parent(parent_pid: int | None, stopping: asyncio.Event) -> None:
+    from frontends.engine_client import process_alive
+
+    while parent_pid is None or process_alive(parent_pid):
+        await asyncio.sleep(0.5)
+    log.error("orchestrator process 0 (pid %s) is gone; exiting", parent_pid)
+    stopping.set()

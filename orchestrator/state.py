@@ -1,0 +1,165 @@
+"""Cluster state shared by the K_o orchestrator processes: one owner, published snapshots.
+
+Process 0 owns the state (``StateOwner``): the worker registry, the KV index
+(it alone drains the workers' destructive ``/kv_cache_events``), health, the
+in-flight load that every process reports, and the perf records. It serves
+them on a Unix socket (``<state_dir>/state.sock``) with ``state_app``:
+
+    POST /register /heartbeat /deregister   registration, forwarded verbatim by any process
+    POST /load        {"process": i, "loads": {worker_id: [requests, tokens]}}
+    POST /perf        {"records": [...]}       finished requests' orchestrator timings
+    GET  /perf        the records joined with the workers' timings (``orchestrator.perf``)
+    GET  /snapshot?after=V&kv_after=K   long poll: the state once its version exceeds V (or
+                      after 5 s); the KV index only if its own version exceeds K (else null),
+                      so load changes, the frequent ones, stay small
+
+Every process, process 0 included, learns the state the same way: a
+``StateLink`` long-polls ``/snapshot`` (see ``orchestrator.view``).
+So a registration made through any process is visible to all of them
+within one round trip, and the KV index is published, never drained twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from orchestrator.config import OrchestratorConfig
+from orchestrator.kv_index import KVIndex
+from orchestrator.registry import Registry, RegistryError
+
+__all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS"]
+
+SNAPSHOT_WAIT_SECONDS = 5.0
+
+
+class StateOwner:
+    def __init__(self, config: OrchestratorConfig) -> None:
+        self.config = config
+        self.registry = Registry(config.health)
+        self.kv_index = KVIndex()
+        self.loads: dict[int, dict[str, list[int]]] = {}
+        self.perf_records: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.perf_records)
+        self.worker_perf: dict[str, dict[str, Any]] = {}
+        """Worker perf records by x-request-id, kept because a worker's /perf_metrics may drain."""
+        self._kv_version = 0
+        self._load_version = 0
+        self._changed = asyncio.Event()
+        for worker in config.workers:
+            self.registry.add_static(worker.role, worker.url)
+
+    @property
+    def version(self) -> int:
+        return self.registry.version + self._kv_version + self._load_version
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def kv_changed(self) -> None:
+        # Also bumped when a worker is forgotten: its blocks leave the published index.
+        self._kv_version += 1
+        self.notify()
+
+    def set_loads(self, process: int, loads: dict[str, list[int]]) -> None:
+        self.loads[process] = loads
+        self._load_version += 1
+        self.notify()
+
+    def snapshot(self, kv_after: int = -1) -> dict[str, Any]:
+        """The state; the KV index (the large part) only when it changed after ``kv_after``."""
+        kv_changed = self._kv_version > kv_after
+        return {
+            "version": self.version,
+            "kv_version": self._kv_version,
+            "workers": msgspec.to_builtins(self.registry.snapshot()),
+            "kv": self.kv_index.export() if kv_changed else None,
+            "loads": {str(p): loads for p, loads in self.loads.items()},
+        }
+
+    async def wait_newer(self, after: int, kv_after: int, timeout: float) -> dict[str, Any]:
+        if self.version <= after:
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return self.snapshot(kv_after)
+
+    def forget_worker(self, worker_id: str) -> None:
+        self.kv_index.remove_worker(worker_id)
+        self._kv_version += 1
+        for loads in self.loads.values():
+            loads.pop(worker_id, None)
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(payload), status_code=status, media_type="application/json")
+
+
+def state_app(owner: StateOwner, join_perf) -> Starlette:
+    """The owner's Unix-socket app; ``join_perf(owner) -> list`` builds GET /perf."""
+
+    async def register(request: Request) -> Response:
+        body = msgspec.json.decode(await request.body())
+        try:
+            record = owner.registry.register(body.get("role"), body.get("url"), body.get("kv_endpoint"),
+                                             body.get("worker_id"))
+        except RegistryError as exc:
+            return _json({"error": str(exc)}, 400)
+        owner.notify()
+        health = owner.config.health
+        return _json({"worker_id": record.worker_id, "ttl_seconds": health.registration_ttl_seconds,
+                      "heartbeat_seconds": health.registration_ttl_seconds / 3})
+
+    async def heartbeat(request: Request) -> Response:
+        body = msgspec.json.decode(await request.body())
+        if not owner.registry.heartbeat(str(body.get("worker_id"))):
+            return _json({"error": "unknown worker id; register again"}, 404)
+        return _json({"ok": True})
+
+    async def deregister(request: Request) -> Response:
+        body = msgspec.json.decode(await request.body())
+        worker_id = str(body.get("worker_id"))
+        if not owner.registry.deregister(worker_id):
+            return _json({"error": "unknown worker id"}, 404)
+        owner.forget_worker(worker_id)
+        owner.notify()
+        return _json({"ok": True})
+
+    async def load(request: Request) -> Response:
+        body = msgspec.json.decode(await request.body())
+        owner.set_loads(int(body["process"]), body["loads"])
+        return _json({"ok": True})
+
+    async def perf_push(request: Request) -> Response:
+        body = msgspec.json.decode(await request.body())
+        owner.perf_records.extend(body["records"])
+        return _json({"ok": True})
+
+    async def perf_get(request: Request) -> Response:
+        return _json({"records": await join_perf(owner)})
+
+    async def snapshot(request: Request) -> Response:
+        after = int(request.query_params.get("after", "-1"))
+        kv_after = int(request.query_params.get("kv_after", "-1"))
+        return _json(await owner.wait_newer(after, kv_after, SNAPSHOT_WAIT_SECONDS))
+
+    return Starlette(routes=[
+        Route("/register", register, methods=["POST"]),
+        Route("/heartbeat", heartbeat, methods=["POST"]),
+        Route("/deregister", deregister, methods=["POST"]),
+        Route("/load", load, methods=["POST"]),
+        Route("/perf", perf_push, methods=["POST"]),
+        Route("/perf", perf_get, methods=["GET"]),
+        Route("/snapshot", snapshot, methods=["GET"]),
+    ])
+
+

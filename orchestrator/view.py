@@ -1,0 +1,178 @@
+"""One orchestrator process's view of the cluster, kept current from the owner's snapshots.
+
+``ClusterView`` answers the routing questions (the healthy candidates of a
+leg, with their load and prefix match) from the last snapshot plus this
+process's own live in-flight counts; ``StateLink`` moves data to and from
+the owner (``orchestrator.state``): the snapshot long poll, this process's
+load (pushed when it changes, at most every ``LOAD_PUSH_SECONDS``), perf
+records, and forwarded registrations. Load from the other processes is as
+old as the last snapshot (tens of milliseconds), this process's is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Sequence
+
+import httpx
+import msgspec
+
+from orchestrator.kv_index import KVIndex
+from orchestrator.registry import WorkerRecord
+from orchestrator.routing import Candidate
+from workers.engine.block_hash import compute_block_hashes
+
+__all__ = ["ClusterView", "StateLink", "LOAD_PUSH_SECONDS"]
+
+log = logging.getLogger("disagg.orchestrator.view")
+
+LOAD_PUSH_SECONDS = 0.02
+SUSPECT_SECONDS = 2.0
+"""How long a worker that just failed a request is avoided by this process."""
+
+
+class ClusterView:
+    def __init__(self, process_index: int, default_block_size: int, default_hash_seed: int) -> None:
+        self.process_index = process_index
+        self.default_block_size = default_block_size
+        self.default_hash_seed = default_hash_seed
+        self.version = -1
+        self.kv_version = -1
+        self.workers: dict[str, WorkerRecord] = {}
+        self.kv = KVIndex()
+        self.others_load: dict[str, list[int]] = {}
+        self.local_load: dict[str, list[int]] = {}
+        self.suspects: dict[str, float] = {}
+        self.load_dirty = asyncio.Event()
+
+    def apply(self, snapshot: dict[str, Any]) -> None:
+        self.version = snapshot["version"]
+        self.workers = {w["worker_id"]: msgspec.convert(w, WorkerRecord) for w in snapshot["workers"]}
+        if snapshot["kv"] is not None:
+            self.kv.replace(snapshot["kv"])
+            self.kv_version = snapshot["kv_version"]
+        others: dict[str, list[int]] = {}
+        for process, loads in snapshot["loads"].items():
+            if int(process) == self.process_index:
+                continue
+            for worker_id, (requests, tokens) in loads.items():
+                total = others.setdefault(worker_id, [0, 0])
+                total[0] += requests
+                total[1] += tokens
+        self.others_load = others
+
+    def healthy(self, phase: str) -> list[WorkerRecord]:
+        now = time.monotonic()
+        return [w for w in self.workers.values()
+                if w.healthy and w.serves(phase) and self.suspects.get(w.worker_id, 0.0) <= now]
+
+    def has_healthy(self, phase: str) -> bool:
+        return any(w.healthy and w.serves(phase) for w in self.workers.values())
+
+    def hashing(self, worker: WorkerRecord) -> tuple[int, int]:
+        block_size = worker.block_size if worker.block_size is not None else self.default_block_size
+        return block_size, worker.hash_seed if worker.hash_seed is not None else self.default_hash_seed
+
+    def candidates(self, phase: str, prompt_ids: Sequence[int], exclude: set[str]) -> list[Candidate]:
+        hashes: dict[tuple[int, int], list[int]] = {}
+        rows = []
+        for worker in sorted(self.healthy(phase), key=lambda w: w.worker_id):
+            if worker.worker_id in exclude:
+                continue
+            key = self.hashing(worker)
+            if key not in hashes:
+                hashes[key] = list(compute_block_hashes(prompt_ids, key[0], key[1])) if prompt_ids else []
+            requests, tokens = self.load(worker.worker_id)
+            rows.append(Candidate(worker.worker_id, requests, tokens,
+                                  self.kv.num_matched_blocks(worker.worker_id, hashes[key]), key[0]))
+        return rows
+
+    def load(self, worker_id: str) -> tuple[int, int]:
+        mine = self.local_load.get(worker_id, (0, 0))
+        others = self.others_load.get(worker_id, (0, 0))
+        return mine[0] + others[0], mine[1] + others[1]
+
+    def acquire(self, worker_id: str, tokens: int) -> None:
+        load = self.local_load.setdefault(worker_id, [0, 0])
+        load[0] += 1
+        load[1] += tokens
+        self.load_dirty.set()
+
+    def release(self, worker_id: str, tokens: int) -> None:
+        load = self.local_load.get(worker_id)
+        if load is None:
+            return
+        load[0] -= 1
+        load[1] -= tokens
+        if load[0] <= 0:
+            del self.local_load[worker_id]
+        self.load_dirty.set()
+
+    def suspect(self, worker_id: str) -> None:
+        self.suspects[worker_id] = time.monotonic() + SUSPECT_SECONDS
+
+
+class StateLink:
+    """This process's connection to the state owner (over its Unix socket)."""
+
+    def __init__(self, socket_path: str, view: ClusterView) -> None:
+        self.view = view
+        self.client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=socket_path),
+                                        base_url="http://state", timeout=httpx.Timeout(10.0, read=30.0))
+        self.perf_queue: list[dict[str, Any]] = []
+        self.first_snapshot = asyncio.Event()
+        self.tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(self._follow()), asyncio.create_task(self._push_loads()),
+                      asyncio.create_task(self._push_perf())]
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.client.aclose()
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                response = await self.client.get("/snapshot", params={"after": self.view.version,
+                                                                     "kv_after": self.view.kv_version})
+                response.raise_for_status()
+                self.view.apply(msgspec.json.decode(response.content))
+                self.first_snapshot.set()
+            except httpx.HTTPError as exc:
+                log.debug("state owner not reachable: %s", exc)
+                await asyncio.sleep(0.2)
+
+    async def _push_loads(self) -> None:
+        while True:
+            await self.view.load_dirty.wait()
+            self.view.load_dirty.clear()
+            body = {"process": self.view.process_index, "loads": self.view.local_load}
+            try:
+                await self.client.post("/load", content=msgspec.json.encode(body))
+            except httpx.HTTPError:
+                self.view.load_dirty.set()
+            await asyncio.sleep(LOAD_PUSH_SECONDS)
+
+    async def _push_perf(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            if not self.perf_queue:
+                continue
+            records, self.perf_queue = self.perf_queue, []
+            try:
+                await self.client.post("/perf", content=msgspec.json.encode({"records": records}))
+            except httpx.HTTPError:
+                self.perf_queue[:0] = records[-1000:]
+
+    async def forward(self, method: str, path: str, body: bytes) -> httpx.Response:
+        return await self.client.request(method, path, content=body)
+
+    async def flush_perf(self) -> None:
+        if self.perf_queue:
+            records, self.perf_queue = self.perf_queue, []
+            await self.client.post("/perf", content=msgspec.json.encode({"records": records}))

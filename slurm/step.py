@@ -1,0 +1,119 @@
+"""``python -m slurm.step``: what the rendered sbatch script runs around each process.
+
+    python -m slurm.step prepare CONFIG --run-dir DIR
+        once, in the batch shell: the model (``tiny`` -> a random-weight one in DIR/model)
+        and DIR/orchestrator.json (no static workers: every worker registers itself)
+    python -m slurm.step orchestrator --run-dir DIR --port P -- COMMAND...
+        runs COMMAND (the orchestrator); once it answers HTTP on P, writes
+        DIR/orchestrator.url = http://<this host>:P for the workers and `disagg up`
+    python -m slurm.step worker --run-dir DIR -- COMMAND...
+        waits for DIR/orchestrator.url, then becomes COMMAND (`disagg serve ...`) with
+        ``--register-url URL --kv-advertise-host <this host> --advertise-url http://<this host>:<its
+        --port>`` appended
+
+Torch-free, and light: every worker step imports it before exec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from slurm.rendezvous import publish_orchestrator_url, read_orchestrator_url
+
+__all__ = ["main", "ORCHESTRATOR_CONFIG_FILE"]
+
+ORCHESTRATOR_CONFIG_FILE = "orchestrator.json"
+_POLL_SECONDS = 0.2
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from disagg.deploy_config import TINY_MODEL, load_deploy_config
+    from orchestrator.config import OrchestratorConfig
+
+    config = load_deploy_config(args.config)
+    run_dir = Path(args.run_dir).resolve()
+    model = run_dir / "model" if config.model == TINY_MODEL else Path(config.model)
+    if not (model / "config.json").exists():
+        from workers.engine.model.tiny import make_tiny_model
+
+        make_tiny_model(model, size=config.tiny_model_size)
+        print(f"slurm.step prepare: wrote a random-weight {config.tiny_model_size} model to {model}", flush=True)
+    s = config.orchestrator
+    orch = OrchestratorConfig(
+        model_dir=str(model.resolve()), state_dir=str(run_dir / "orchestrator"), served_model_name=s.served_model_name,
+        host="0.0.0.0", port=s.port, processes=s.processes, ctx_router=s.ctx_router, gen_router=s.gen_router,
+        conditional=s.conditional, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
+        api_key=s.api_key, workers=(), default_block_size=config.engine.block_size or 16)
+    (run_dir / ORCHESTRATOR_CONFIG_FILE).write_text(orch.to_json())
+    return 0
+
+
+def _answers(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/cluster_info", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _orchestrator(args: argparse.Namespace) -> int:
+    child = subprocess.Popen(args.command)
+    # scancel / the time limit signal every process of the step; a kill of this wrapper alone
+    # (e.g. the batch script's forward_term) must still reach the orchestrator.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+    while child.poll() is None and not _answers(args.port):
+        time.sleep(_POLL_SECONDS)
+    if child.poll() is None:
+        url = f"http://{socket.gethostname()}:{args.port}"
+        publish_orchestrator_url(Path(args.run_dir), url)
+        print(f"slurm.step: the orchestrator answers; wrote {url} to {args.run_dir}", flush=True)
+    return child.wait()
+
+
+def _worker(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    while (url := read_orchestrator_url(run_dir)) is None:
+        time.sleep(_POLL_SECONDS)  # the job's time limit bounds this wait
+    host = socket.gethostname()  # what other nodes resolve; getfqdn() may answer localhost
+    command = [*args.command, "--register-url", url, "--kv-advertise-host", host]
+    if "--port" in args.command:
+        command += ["--advertise-url", f"http://{host}:{args.command[args.command.index('--port') + 1]}"]
+    sys.stdout.flush()
+    os.execvp(command[0], command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurm.step")
+    sub = parser.add_subparsers(dest="role", required=True)
+    prepare = sub.add_parser("prepare")
+    prepare.add_argument("config")
+    prepare.add_argument("--run-dir", required=True)
+    prepare.set_defaults(func=_prepare)
+    orch = sub.add_parser("orchestrator")
+    orch.add_argument("--run-dir", required=True)
+    orch.add_argument("--port", type=int, required=True)
+    orch.add_argument("command", nargs=argparse.REMAINDER)
+    orch.set_defaults(func=_orchestrator)
+    worker = sub.add_parser("worker")
+    worker.add_argument("--run-dir", required=True)
+    worker.add_argument("command", nargs=argparse.REMAINDER)
+    worker.set_defaults(func=_worker)
+    args = parser.parse_args(argv)
+    if hasattr(args, "command"):
+        args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not args.command:
+            parser.error("a command after -- is required")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

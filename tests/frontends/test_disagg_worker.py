@@ -1,0 +1,355 @@
+"""HTTP level: real ctx and gen workers (``disagg serve --role ctx|gen``); the test plays
+the orchestrator (a context_only call, then a generation_only call with the returned params).
+
+Invariant: the disaggregated answer equals the same request's answer from one
+aggregated worker (text, finish reason, usage), streaming or not, OpenAI and
+Anthropic; after every test both engines have zero KV blocks in use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.worker_process import free_port, start_worker, stop_worker, worker_log
+
+BLOCK_SIZE = 4
+MODEL = "tiny-test"
+# Token-id prompts: partial blocks (5, 7, 13) and exact block multiples (4, 8, 16).
+ID_PROMPTS = [list(range(30, 30 + n)) for n in (1, 4, 5, 7, 8, 13, 16)]
+
+
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("key") / "cluster.key"
+    path.write_text(os.urandom(32).hex())
+    path.chmod(0o600)
+    return path
+
+
+def _start(model_dir, role: str, key_file, num_frontends: int = 1, engine: str = "synthetic", key: bool = True):
+    args = ["--role", role, "--block-size", str(BLOCK_SIZE)]
+    if key:
+        args += ["--cluster-key-file", str(key_file)]
+    return start_worker(model_dir, num_frontends, engine, extra_args=args, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def workers(tiny_model_dir, key_file):
+    """(ctx url, gen url); both also answer plain requests (the ctx worker's are the aggregated reference)."""
+    ctx_url, ctx_proc = _start(tiny_model_dir, "ctx", key_file)
+    try:
+        gen_url, gen_proc = _start(tiny_model_dir, "gen", key_file, num_frontends=2)
+    except BaseException:
+        stop_worker(ctx_proc)
+        raise
+    yield ctx_url, gen_url
+    for proc in (ctx_proc, gen_proc):
+        assert stop_worker(proc) == 0, worker_log(proc)
+
+
+def _blocks_used(url: str) -> float | None:
+    text = httpx.get(f"{url}/prometheus/metrics", timeout=10).text
+    match = re.search(r"^disagg_kv_cache_blocks_used(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.M)
+    return None if match is None else float(match.group(1))
+
+
+def assert_no_blocks_in_use(*urls: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    for url in urls:
+        while (used := _blocks_used(url)) != 0.0:
+            assert time.monotonic() < deadline, f"{url}: {used} KV blocks still in use"
+            time.sleep(0.2)
+
+
+@pytest.fixture(autouse=True)
+def no_leak(request):
+    yield
+    if "workers" in request.fixturenames:
+        assert_no_blocks_in_use(*request.getfixturevalue("workers"))
+
+
+# ---- the orchestrator, by hand -------------------------------------------------
+
+
+def ctx_leg(url: str, path: str, body: dict) -> dict:
+    ctx_body = {**body, "stream": False, "max_tokens": 1, "disaggregated_params": {"request_type": "context_only"}}
+    ctx_body.pop("stream_options", None)
+    response = httpx.post(f"{url}{path}", json=ctx_body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def gen_body(body: dict, ctx_answer: dict) -> dict:
+    params = {**ctx_answer["disaggregated_params"], "request_type": "generation_only",
+              "prompt_token_ids": ctx_answer["prompt_token_ids"]}
+    return {**body, "disaggregated_params": params}
+
+
+def post(url: str, path: str, body: dict) -> tuple[int, dict | list[dict]]:
+    """Status and JSON body, or the list of SSE data objects of a stream."""
+    response = httpx.post(f"{url}{path}", json=body, timeout=60)
+    if not body.get("stream") or response.status_code != 200:
+        return response.status_code, response.json()
+    events = []
+    for line in response.text.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            events.append(json.loads(line[6:]))
+    return response.status_code, events
+
+
+def summary(path: str, answer) -> tuple:
+    """(text, finish reason, usage) of any API's answer, streamed or not."""
+    if path == "/v1/messages":
+        if isinstance(answer, dict):
+            return "".join(b["text"] for b in answer["content"]), answer["stop_reason"], answer["usage"]
+        text = "".join(e["delta"]["text"] for e in answer if e["type"] == "content_block_delta")
+        delta = next(e for e in answer if e["type"] == "message_delta")
+        start = next(e for e in answer if e["type"] == "message_start")
+        return text, delta["delta"]["stop_reason"], (start["message"]["usage"]["input_tokens"],
+                                                     delta["usage"]["output_tokens"])
+    if isinstance(answer, dict):
+        choice = answer["choices"][0]
+        text = choice["text"] if path == "/v1/completions" else choice["message"]["content"]
+        return text, choice["finish_reason"], answer["usage"]
+    chunks = [e for e in answer if e.get("choices")]
+    if path == "/v1/completions":
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+    else:
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0].get("finish_reason")]
+    usage = [e["usage"] for e in answer if e.get("usage")]
+    return text, finish[-1], usage[-1] if usage else None
+
+
+def disaggregated(ctx_url: str, gen_url: str, path: str, body: dict):
+    answer = ctx_leg(ctx_url, path, body)
+    params = answer["disaggregated_params"]
+    assert params["request_type"] == "context_only" and not params.get("finished")
+    status, result = post(gen_url, path, gen_body(body, answer))
+    assert status == 200, result
+    return result
+
+
+def check_same(ctx_url: str, gen_url: str, path: str, body: dict) -> None:
+    # A plain request on the ctx worker (it computes every KV itself): the aggregated answer.
+    status, reference = post(ctx_url, path, body)
+    assert status == 200, reference
+    assert summary(path, disaggregated(ctx_url, gen_url, path, body)) == summary(path, reference)
+
+
+def completion(prompt, stream: bool = False, max_tokens: int = 8) -> dict:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# ---- tests -------------------------------------------------------------------
+
+
+def test_worker_info(workers):
+    ctx_url, gen_url = workers
+    ctx_info, gen_info = (httpx.get(f"{u}/worker_info").json() for u in workers)
+    assert (ctx_info["role"], gen_info["role"]) == ("ctx", "gen")
+    assert ctx_info["kv_endpoint"].startswith("tcp://127.0.0.1:")
+    assert gen_info["kv_endpoint"] != ctx_info["kv_endpoint"]
+    assert (ctx_info["block_size"], ctx_info["hash_seed"], ctx_info["model"]) == (BLOCK_SIZE, 0, MODEL)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_equal_aggregated(workers, stream):
+    ctx_url, gen_url = workers
+    for prompt in [*ID_PROMPTS, "Hello there, how are you today?"]:
+        check_same(ctx_url, gen_url, "/v1/completions", completion(prompt, stream))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_equals_aggregated(workers, stream):
+    ctx_url, gen_url = workers
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story about blocks."}],
+            "max_tokens": 9, "temperature": 0, "ignore_eos": True, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    check_same(ctx_url, gen_url, "/v1/chat/completions", body)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_equals_aggregated(workers, stream):
+    ctx_url, gen_url = workers
+    body = {"model": MODEL, "max_tokens": 7, "temperature": 0, "stream": stream,
+            "system": "Be brief.", "messages": [{"role": "user", "content": "What is a KV cache?"}]}
+    check_same(ctx_url, gen_url, "/v1/messages", body)
+
+
+def test_concurrent_requests_equal_aggregated(workers):
+    ctx_url, gen_url = workers
+    bodies = [completion(list(range(100 + i, 110 + 3 * i)), stream=i % 2 == 1) for i in range(12)]
+    with ThreadPoolExecutor(12) as pool:
+        disagg = list(pool.map(lambda b: disaggregated(ctx_url, gen_url, "/v1/completions", b), bodies))
+    for body, answer in zip(bodies, disagg):
+        status, reference = post(ctx_url, "/v1/completions", body)
+        assert summary("/v1/completions", answer) == summary("/v1/completions", reference)
+
+
+def test_unsigned_or_forged_params_are_400(workers):
+    ctx_url, gen_url = workers
+    body = completion(ID_PROMPTS[5])
+    answer = ctx_leg(ctx_url, "/v1/completions", body)
+    good = gen_body(body, answer)
+    forged_endpoint = {**good["disaggregated_params"], "kv_endpoint": "tcp://10.9.9.9:1"}
+    unsigned = {k: v for k, v in good["disaggregated_params"].items() if k != "signature"}
+    other_prompt = {**good["disaggregated_params"], "prompt_token_ids": list(range(40, 53))}
+    for params in (forged_endpoint, unsigned, other_prompt):
+        status, error = post(gen_url, "/v1/completions", {**body, "disaggregated_params": params})
+        assert status == 400, error
+        assert error["error"]["param"] == "disaggregated_params"
+    # Nothing was pulled or released: the genuine params still work.
+    status, result = post(gen_url, "/v1/completions", good)
+    assert status == 200
+    assert summary("/v1/completions", result) == summary("/v1/completions", post(ctx_url, "/v1/completions", body)[1])
+
+
+def test_roles_refuse_the_other_leg(workers):
+    ctx_url, gen_url = workers
+    body = completion(ID_PROMPTS[3])
+    status, error = post(gen_url, "/v1/completions",
+                         {**body, "max_tokens": 1, "disaggregated_params": {"request_type": "context_only"}})
+    assert status == 400 and "gen worker" in error["error"]["message"]
+    answer = ctx_leg(ctx_url, "/v1/completions", body)
+    status, error = post(ctx_url, "/v1/completions", gen_body(body, answer))
+    assert status == 400 and "ctx worker" in error["error"]["message"]
+    assert post(gen_url, "/v1/completions", gen_body(body, answer))[0] == 200  # frees the parked KV
+
+
+def test_transfer_numbers_in_perf_records_and_prometheus(workers):
+    ctx_url, gen_url = workers
+    for _ in range(2):  # each frontend of the gen worker may answer; /perf_metrics drains
+        httpx.get(f"{gen_url}/perf_metrics", timeout=10)
+    disaggregated(ctx_url, gen_url, "/v1/completions", completion(list(range(200, 217))))
+    pulled: list[dict] = []
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and time.monotonic() < deadline:  # records are shipped a moment after the answer
+        time.sleep(0.1)
+        records = httpx.get(f"{gen_url}/perf_metrics", timeout=10).json()
+        records = records["records"] if isinstance(records, dict) else records
+        pulled += [r for r in records if r.get("kv_transfer_blocks") and r["num_prompt_tokens"] == 17]
+    assert len(pulled) == 1, pulled
+    record = pulled[0]
+    assert record["kv_transfer_blocks"] == 5  # 17 prompt tokens over blocks of 4, nothing cached before
+    assert record["kv_transfer_bytes"] == 5 * 8 * BLOCK_SIZE  # synthetic blocks: one uint64 per slot
+    assert record["kv_transfer_seconds"] > 0 and record["kv_transfer_bytes_per_second"] > 0
+    text = httpx.get(f"{gen_url}/prometheus/metrics", timeout=10).text
+    assert re.search(r"^disagg_kv_transfer_bytes_total [1-9]", text, re.M), text
+
+
+def test_torch_tokens_equal_aggregated(tiny_model_dir, key_file):
+    """Two role-both workers on the tiny model: A's ctx leg, B's gen leg vs A alone."""
+    a_url, a_proc = _start(tiny_model_dir, "both", key_file, engine="torch")
+    try:
+        b_url, b_proc = _start(tiny_model_dir, "both", key_file, engine="torch")
+        try:
+            for prompt in [ID_PROMPTS[2], ID_PROMPTS[4], ID_PROMPTS[5], "The quick brown fox"]:
+                body = completion(prompt, max_tokens=6)
+                status, reference = post(a_url, "/v1/completions", body)
+                got = disaggregated(a_url, b_url, "/v1/completions", body)
+                assert summary("/v1/completions", got) == summary("/v1/completions", reference)
+            assert_no_blocks_in_use(a_url, b_url)
+        finally:
+            assert stop_worker(b_proc) == 0, worker_log(b_proc)
+    finally:
+        assert stop_worker(a_proc) == 0, worker_log(a_proc)
+
+
+def test_ctx_role_without_a_cluster_key_does_not_start(tiny_model_dir, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.delenv("DISAGG_CLUSTER_KEY_FILE", raising=False)
+    argv = [sys.executable, "-m", "disagg.cli", "serve", str(tiny_model_dir), "--engine", "synthetic",
+            "--port", str(free_port()), "--role", "ctx"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "needs a cluster key" in done.stderr
+    loose = tmp_path / "loose.key"
+    loose.write_text("ab" * 32)
+    loose.chmod(0o644)
+    done = subprocess.run([*argv, "--cluster-key-file", str(loose)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "must be 0600" in done.stderr
+
+
+def test_worker_registers_heartbeats_and_deregisters(tiny_model_dir, key_file):
+    """A stub orchestrator on a real socket records what a --register-url worker sends."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[tuple[str, dict]] = []
+
+    class Stub(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append((self.path, body))
+            answer = {"worker_id": "w-1", "heartbeat_seconds": 0.2} if self.path.endswith("/register") else {}
+            data = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url, proc = start_worker(tiny_model_dir, 1, extra_args=[
+            "--role", "gen", "--cluster-key-file", str(key_file),
+            "--register-url", f"http://127.0.0.1:{server.server_port}"], timeout=120)
+        try:
+            deadline = time.monotonic() + 10
+            while sum(path == "/workers/heartbeat" for path, _ in received) < 2:
+                assert time.monotonic() < deadline, received
+                time.sleep(0.1)
+        finally:
+            assert stop_worker(proc) == 0, worker_log(proc)
+        path, body = received[0]
+        assert path == "/workers/register" and body["role"] == "gen" and body["url"] == url
+        assert body["kv_endpoint"].startswith("tcp://127.0.0.1:")
+        assert received[-1] == ("/workers/deregister", {"worker_id": "w-1"})
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_replayed_params_fail_cleanly_once_the_kv_is_released(workers, stream):
+    ctx_url, gen_url = workers
+    body = completion(list(range(300, 311)), stream)
+    answer = ctx_leg(ctx_url, "/v1/completions", body)
+    assert post(gen_url, "/v1/completions", gen_body(body, answer))[0] == 200  # the ack frees the ctx KV
+    status, replay = post(gen_url, "/v1/completions", gen_body(body, answer))
+    if not stream:
+        assert status == 502 and replay["error"]["code"] == "kv_transfer_failed"
+        assert "no parked KV" in replay["error"]["message"]
+    else:  # the status line went out before the pull failed: the error comes in band
+        assert status == 200
+        errors = [e for e in replay if "error" in e]
+        assert errors and errors[0]["error"]["code"] == "kv_transfer_failed"
+
+
+def test_a_first_token_that_stops_parks_nothing(workers):
+    ctx_url, gen_url = workers
+    body = completion(list(range(400, 409)))
+    parked = ctx_leg(ctx_url, "/v1/completions", body)
+    first = parked["disaggregated_params"]["first_token_id"]
+    assert post(gen_url, "/v1/completions", gen_body(body, parked))[0] == 200  # frees it again
+    answer = ctx_leg(ctx_url, "/v1/completions", {**body, "stop_token_ids": [first]})
+    assert answer["disaggregated_params"] == {"request_type": "context_only", "finished": True,
+                                              "first_token_id": first}
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["prompt_token_ids"] == list(range(400, 409))

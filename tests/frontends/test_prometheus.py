@@ -1,0 +1,59 @@
+"""/prometheus/metrics on a real worker with 4 frontends: one multiprocess view from any of them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import httpx
+import pytest
+
+from worker_process import start_worker, stop_worker
+
+K = 4
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    """{labels: value} of the series ``name`` (exact metric name, with or without labels)."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            series, value = line.rsplit(" ", 1)
+            found[series[len(name):]] = float(value)
+    return found
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_model_dir):
+    url, proc = start_worker(tiny_model_dir, num_frontends=K, engine="synthetic",
+                             extra_args=["--served-model-name", "tiny", "--num-blocks", "128"])
+    yield url
+    assert stop_worker(proc) == 0
+    assert os.listdir(proc.ipc_root) == []
+
+
+@pytest.mark.asyncio
+async def test_counters_of_all_frontends_sum_in_every_scrape(worker):
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=worker, timeout=30, limits=limits) as http:
+        responses = await asyncio.gather(*(
+            http.post("/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 3, "ignore_eos": True})
+            for _ in range(64)))
+        assert all(r.status_code == 200 for r in responses)
+        assert len({r.headers["x-disagg-frontend"] for r in responses}) >= 3
+        scrapes = [await http.get("/prometheus/metrics") for _ in range(32)]
+    assert {s.headers["x-disagg-frontend"] for s in scrapes} == {"0", "1", "2", "3"}
+    for scrape in scrapes:
+        assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain")
+        text = scrape.text
+        assert samples(text, "disagg_request_success_total") == {'{finished_reason="length"}': 64.0}
+        assert samples(text, "disagg_generation_tokens_total") == {"": 192.0}
+        assert samples(text, "disagg_e2e_request_latency_seconds_count") == {"": 64.0}
+        assert samples(text, "disagg_time_to_first_token_seconds_count") == {"": 64.0}
+        # The launcher's series: once per scrape, no pid label.
+        assert samples(text, "disagg_num_requests_running") == {"": 0.0}
+        assert samples(text, "disagg_num_requests_waiting") == {"": 0.0}
+        assert samples(text, "disagg_kv_cache_usage_ratio") == {"": 0.0}
+        (config,) = samples(text, "disagg_config_info")
+        assert 'engine="synthetic"' in config and 'num_frontends="4"' in config and 'num_blocks="128"' in config
+        assert text.count("# TYPE disagg_config_info gauge") == 1

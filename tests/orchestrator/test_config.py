@@ -1,0 +1,65 @@
+"""Deployment and orchestrator configs: typed, frozen, errors naming the file and the key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from disagg.deploy_config import load_deploy_config
+from orchestrator.config import load_orchestrator_config
+from workers.config import ConfigError
+
+
+def write(tmp_path, text: str, name: str = "dep.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, key, message", [
+    ("model: tiny\npools:\n  gen:\n    instances: 0\n", "pools.gen.instances", "must be >= 1, got 0"),
+    ("model: tiny\norchestrator:\n  gen_router: {policy: random}\n", "orchestrator.gen_router.policy",
+     "must be one of"),
+    ("model: tiny\nengine:\n  kind: jax\n", "engine.kind", "must be torch or synthetic"),
+    ("model: tiny\npools:\n  ctx:\n    engine: {max_num_seqs: many}\n", "pools.ctx.engine.max_num_seqs",
+     "must be an integer"),
+    ("model: tiny\norchestrator:\n  conditional: {min_cached_fraction: 1.5}\n",
+     "orchestrator.conditional.min_cached_fraction", "must be in (0, 1]"),
+    ("model: tiny\norchestrator: {port: 80, porrt: 1}\n", "orchestrator.porrt", "unknown key"),
+    ("engine: {}\n", "model", "is required"),
+])
+def test_deploy_config_errors_name_file_and_key(tmp_path, text, key, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_deploy_config(path)
+    assert info.value.key == f"{path}: {key}"
+    assert message in str(info.value)
+
+
+def test_deploy_config_defaults_overrides_and_frozen(tmp_path):
+    path = write(tmp_path, "model: tiny\nengine: {kind: synthetic, block_size: 8}\n"
+                           "pools:\n  gen: {instances: 2, frontends: 3, engine: {block_size: 32}}\n", "mine.yaml")
+    config = load_deploy_config(path)
+    assert config.name == "mine" and str(config.run_path) == ".disagg/mine"
+    assert config.engine_for("gen").block_size == 32 and config.engine_for("gen").kind == "synthetic"
+    assert config.engine_for("ctx").block_size == 8
+    assert config.pools.gen.instances == 2 and config.pools.ctx.instances == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.model = "x"  # type: ignore[misc]
+    assert str(load_deploy_config(path, run_dir="/tmp/r").run_path) == "/tmp/r"
+
+
+def test_shipped_local_yaml_is_valid():
+    config = load_deploy_config("configs/local.yaml")
+    assert config.pools.ctx.instances >= 1 and config.pools.gen.instances >= 1
+
+
+def test_orchestrator_config_errors(tmp_path):
+    path = write(tmp_path, '{"model_dir": "/m", "state_dir": "/s", "workers": [{"role": "gen", "url": "x"}]}',
+                 "o.json")
+    with pytest.raises(ConfigError) as info:
+        load_orchestrator_config(path)
+    assert info.value.key == f"{path}: orchestrator.workers[0].url"
+    path = write(tmp_path, '{"model_dir": "/m", "state_dir": "/s", "processes": 2}', "o.json")
+    assert load_orchestrator_config(path).processes == 2

@@ -1,0 +1,96 @@
+"""Disaggregated serving through the orchestrator: a ctx worker, a gen worker (torch engine).
+
+Invariant (DESIGN §6): greedy tokens of a disaggregated request equal those
+of the same request on one aggregated worker. Skipped while this checkout's
+``disagg serve`` does not accept ``--role ctx|gen``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
+from worker_process import start_worker, stop_worker
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES_SUPPORTED = "is not implemented yet" not in (REPO / "disagg/serve.py").read_text() and \
+    (REPO / "workers/disagg_params.py").exists()
+pytestmark = pytest.mark.skipif(not ROLES_SUPPORTED, reason="disagg serve --role ctx|gen not in this checkout")
+
+
+@pytest.fixture(scope="module")
+def disagg_cluster(tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("disagg")
+    key_file = tmp / "cluster.key"
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, secrets.token_hex(32).encode())
+    os.close(fd)
+    common = ["--cluster-key-file", str(key_file), "--kv-port", "0"]
+    ctx = start_worker(tiny_model_dir, 1, engine="torch", extra_args=["--role", "ctx", *common])
+    gen = start_worker(tiny_model_dir, 1, engine="torch", extra_args=["--role", "gen", *common])
+    both = start_worker(tiny_model_dir, 1, engine="torch")
+    url, proc = start_orchestrator(tmp, tiny_model_dir, [("ctx", ctx[0]), ("gen", gen[0])], processes=2,
+                                   conditional={"enabled": False})
+    yield url, both[0]
+    assert stop_orchestrator(proc) == 0
+    for _, worker in (ctx, gen, both):
+        stop_worker(worker)
+
+
+def test_greedy_tokens_equal_an_aggregated_worker(disagg_cluster):
+    url, aggregated = disagg_cluster
+    prompt = "a long prompt about disaggregated serving " * 4
+    kwargs = dict(model="tiny-test", prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True)
+    expected = httpx.post(f"{aggregated}/v1/completions", json=kwargs).json()["choices"][0]["text"]
+    response = httpx.post(f"{url}/v1/completions", json=kwargs, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-disagg-mode"] == "disagg" and response.headers["x-disagg-ctx-worker"] == "static-0"
+    assert response.headers["x-disagg-gen-worker"] == "static-1"
+    body = response.json()
+    assert body["choices"][0]["text"] == expected and "disaggregated_params" not in body
+    assert body["usage"]["completion_tokens"] == 12
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    streamed = client.completions.create(stream=True, **{k: v for k, v in kwargs.items() if k != "ignore_eos"},
+                                         extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == expected
+
+
+def test_chat_through_both_legs_matches(disagg_cluster):
+    url, aggregated = disagg_cluster
+    body = {"model": "tiny-test", "messages": [{"role": "user", "content": "tell me a story " * 5}],
+            "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    expected = httpx.post(f"{aggregated}/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert response.headers["x-disagg-mode"] == "disagg"
+    assert response.json()["choices"][0]["message"]["content"] == expected["content"]
+
+
+def test_perf_metrics_join_both_legs(disagg_cluster):
+    url, _ = disagg_cluster
+    httpx.post(f"{url}/v1/completions", headers={"x-request-id": "joined-1"}, timeout=60,
+               json={"model": "tiny-test", "prompt": "join me " * 10, "max_tokens": 4, "ignore_eos": True})
+
+    def joined():  # the orchestrator process that served it pushes its records every 0.2 s
+        records = {r["request_id"]: r for r in httpx.get(f"{url}/perf_metrics").json()["records"]}
+        record = records.get("joined-1")
+        return record if record and record["ctx_worker"] and record["gen_worker"] else None
+
+    record = wait_until(joined, timeout=10)
+    assert record["mode"] == "disagg"
+    assert record["ctx"]["start"] <= record["ctx"]["end"] <= record["gen"]["start"] <= record["end"]
+    ctx_worker, gen_worker = record["ctx_worker"], record["gen_worker"]
+    assert ctx_worker["worker_id"] == "static-0" and gen_worker["worker_id"] == "static-1"
+    assert ctx_worker["record"]["request_id"] == int(record["ctx"]["engine_request_id"])
+    # Joined exactly, on the x-request-id each leg carried; the workers' clocks were measured.
+    assert ctx_worker["record"]["x_request_id"] == "joined-1-ctx"
+    assert gen_worker["record"]["x_request_id"] == "joined-1-gen"
+    assert abs(ctx_worker["clock_offset"]) < 0.5 and abs(gen_worker["clock_offset"]) < 0.5  # one host
+    assert ctx_worker["record"]["num_prompt_tokens"] == gen_worker["record"]["num_prompt_tokens"] == \
+        record["num_prompt_tokens"]
+    assert gen_worker["record"]["kv_transfer_blocks"] >= 1  # the gen worker pulled the prompt's KV

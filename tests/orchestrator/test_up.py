@@ -1,0 +1,94 @@
+"""`disagg up` -> requests through the openai and anthropic clients -> `disagg status` / `logs` -> `disagg down` leaves nothing running."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import anthropic
+import httpx
+import openai
+
+from worker_process import free_port, port_is_free
+
+
+def disagg(*args: str, cwd, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "disagg.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_up_request_status_down(tmp_path):
+    port = free_port()
+    config = tmp_path / "tiny.yaml"
+    # A ctx and a gen worker (the pools' default roles), both legs for every request; the model dir
+    # does not exist yet, so `up` generates it.
+    config.write_text(textwrap.dedent(f"""
+        model: {tmp_path / "model"}
+        tiny_model_size: test
+        run_dir: {tmp_path / "run"}
+        engine: {{kind: synthetic}}
+        orchestrator:
+          port: {port}
+          processes: 2
+          health: {{interval_seconds: 0.2}}
+          conditional: {{enabled: false}}
+        pools:
+          ctx: {{instances: 1, frontends: 1}}
+          gen: {{instances: 1, frontends: 2}}
+        startup_timeout_seconds: 90
+    """))
+    up = disagg("up", str(config), cwd=tmp_path)
+    run = tmp_path / "run"
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr + (run / "up.log").read_text()
+        assert f"ready on http://127.0.0.1:{port}" in up.stdout
+        state = json.loads((run / "state.json").read_text())
+        pids = [state["supervisor_pid"], *(p["pid"] for p in state["processes"])]
+        assert [p["name"] for p in state["processes"]] == ["ctx-0", "gen-0", "orchestrator"]
+        assert stat.S_IMODE((run / "cluster.key").stat().st_mode) == 0o600
+        assert (tmp_path / "model" / "config.json").exists()
+
+        url = f"http://127.0.0.1:{port}"
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        raw = client.completions.with_raw_response.create(model="model", prompt="hello there", max_tokens=3)
+        assert raw.headers["x-disagg-mode"] == "disagg"  # a ctx leg, then a gen leg
+        assert raw.parse().usage.completion_tokens == 3
+        chunks = list(client.chat.completions.create(model="model", max_tokens=4, stream=True,
+                                                     messages=[{"role": "user", "content": "hi"}]))
+        assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+        claude = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+        message = claude.messages.create(model="model", max_tokens=3, messages=[{"role": "user", "content": "hey"}])
+        assert message.usage.output_tokens == 3 and message.stop_reason == "max_tokens"
+        with claude.messages.stream(model="model", max_tokens=3,
+                                    messages=[{"role": "user", "content": "hey you"}]) as stream:
+            assert stream.get_final_message().usage.output_tokens == 3
+
+        status = disagg("status", "--run-dir", str(run), cwd=tmp_path)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert status.stdout.count("running") == 4 and status.stdout.count(" healthy;") == 2
+        logs = disagg("logs", "orchestrator", "--run-dir", str(run), cwd=tmp_path)
+        assert logs.returncode == 0 and "ready on" in logs.stdout
+    finally:  # even when an assertion failed: nothing may outlive the test
+        down = disagg("down", "--run-dir", str(run), cwd=tmp_path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in pids if alive(pid)] == []
+    assert port_is_free(port)
+    # runtime files gone; logs and the workers' persistent state (Message Batches) kept
+    assert sorted(p.name for p in run.iterdir()) == ["logs", "up.log", "worker-state"]
+    assert disagg("status", "--run-dir", str(run), cwd=tmp_path).returncode == 1

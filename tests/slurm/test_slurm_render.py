@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from disagg.deploy_config import load_deploy_config
+from disagg.slurm_deployment import build_slurm_plan
+from slurm.config import SlurmConfig
+from slurm.plan import JobPlan, Step
+from slurm.render import render_script
+from slurm_plans import dsv4_plan, local_plan
+from workers.config import ConfigError
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+REPO = Path(__file__).resolve().parents[2]
+UPDATE = os.environ.get("DISAGG_UPDATE_SNAPSHOTS") == "1"  # rewrite the snapshots, then read the diff
+
+
+def _check_snapshot(name: str, script: str) -> None:
+    path = SNAPSHOTS / name
+    if UPDATE:
+        path.write_text(script)
+    assert script == path.read_text(), f"{path} differs; DISAGG_UPDATE_SNAPSHOTS=1 rewrites it"
+
+
+def _srun_steps(script: str) -> list[str]:
+    """Each srun command with its continuation lines joined."""
+    return [m.replace("\\\n    ", "") for m in re.findall(r"^srun (?:.*\\\n)*.*&$", script, flags=re.M)]
+
+
+def _yaml_script(name: str) -> str:
+    """What `disagg render configs/<name>` prints, run from the repository root."""
+    return render_script(build_slurm_plan(load_deploy_config(REPO / "configs" / name), f"configs/{name}"))
+
+
+@pytest.mark.parametrize("name", ["local", "dsv4"])
+def test_yaml_snapshot(name: str) -> None:
+    _check_snapshot(f"{name}.sbatch", _yaml_script(f"{name}.yaml"))
+
+
+def test_dsv4_yaml_script_runs_twelve_workers_that_register_through_the_run_dir() -> None:
+    script = _yaml_script("dsv4.yaml")
+    steps = _srun_steps(script)
+    assert len(steps) == 13 and sum("--mpi=pmix" in s for s in steps) == 12
+    assert "python -m slurm.step prepare configs/dsv4.yaml --run-dir \"$RUN_DIR\"\n" in script
+    for step in steps[1:]:
+        assert ' python -m slurm.step worker --run-dir "$RUN_DIR" -- python -m disagg.cli serve ' in step
+        assert ' --host 0.0.0.0 ' in step and ' --cluster-key-file "$RUN_DIR"/cluster.key ' in step
+        assert ' --engine synthetic ' in step and ' --synthetic-decode-step-seconds 0.01 ' in step
+    assert [re.search(r"--state-dir \"\$RUN_DIR\"/state/(\S+)", s).group(1) for s in steps[1:]] == [
+        *(f"ctx-{i}" for i in range(11)), "gen-0"]
+
+
+@pytest.mark.parametrize("plan", [local_plan(), dsv4_plan()], ids=["local", "dsv4"])
+def test_scripts_are_valid_bash(plan: JobPlan, tmp_path: Path) -> None:
+    path = tmp_path / "job.sbatch"
+    path.write_text(render_script(plan))
+    result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_dsv4_runs_all_twelve_workers_pinned_to_their_nodes() -> None:
+    script = render_script(dsv4_plan())
+    steps = _srun_steps(script)
+    assert len(steps) == 13  # orchestrator + 11 ctx + 1 gen
+    assert "--nodes=1 --ntasks=1 --ntasks-per-node=1" in steps[0] and '-w "${NODES[0]}"' in steps[0]
+    for i, step in enumerate(steps[1:12]):
+        assert f'-w "${{NODES[{i}]}}"' in step and f"--port {8100 + i} --num-frontends 8" in step
+        assert "--nodes=1 --ntasks=4 --ntasks-per-node=4 --cpus-per-task=\"$((CPUS / 4))\"" in step
+        assert "--mpi=pmix" in step and "env CUDA_VISIBLE_DEVICES=0,1,2,3" in step
+    gen = steps[12]
+    assert "--nodes=4 --ntasks=16 --ntasks-per-node=4" in gen and "--mpi=pmix" in gen
+    assert '-w "${NODES[11]},${NODES[12]},${NODES[13]},${NODES[14]}"' in gen
+    assert "--port 8200 --num-frontends 4" in gen
+    assert all("--container-image='nvcr.io#nvidia/pytorch:24.05-py3' "
+               "--container-mounts=/shared:/shared,/models:/models:ro" in s for s in steps)
+    assert "#SBATCH --nodes=15\n" in script and "#SBATCH --gpus-per-node=4\n" in script
+    assert script.rstrip().endswith("wait")
+
+
+def test_local_has_no_mpi_and_one_cpu_node() -> None:
+    script = render_script(local_plan())
+    steps = _srun_steps(script)
+    assert len(steps) == 3 and not any("--mpi" in s for s in steps)
+    assert "#SBATCH --cpus-per-task=8\n" in script and "--gpus-per-node" not in script
+    assert 'RUN_DIR="${DISAGG_RUN_DIR:-$SLURM_SUBMIT_DIR/disagg-runs/$SLURM_JOB_NAME-$SLURM_JOB_ID}"' in script
+
+
+def test_run_dir_placeholder_and_quoting() -> None:
+    plan = local_plan(orchestrator_argv=["echo", "a b", "{run_dir}/x y", "it's"])
+    step = _srun_steps(render_script(plan))[0]
+    assert step.endswith("""echo 'a b' "$RUN_DIR"'/x y' 'it'"'"'s' &""")
+
+
+def test_plan_rejects_bad_steps() -> None:
+    slurm = SlurmConfig(nodes=2)
+    with pytest.raises(ConfigError, match="step names must be unique"):
+        JobPlan(slurm, (Step("a", ("x",), (0,)), Step("a", ("x",), (1,))), "t")
+    with pytest.raises(ConfigError, match=r"steps\.a: nodes \[2\] outside the job's 2 nodes"):
+        JobPlan(slurm, (Step("a", ("x",), (2,)),), "t")
+    with pytest.raises(ConfigError, match="empty command"):
+        JobPlan(slurm, (Step("a", (), (0,)),), "t")

@@ -1,0 +1,166 @@
+"""`disagg up --launcher slurm` of configs/dsv4-scaled.yaml on a real Slurm, then status, a killed
+worker step, down; and an `up` that cannot become healthy. Real sbatch (through submitit), real
+srun steps, real HTTP through the official openai client."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+SCALED = REPO / "configs" / "dsv4-scaled.yaml"
+ORCHESTRATOR_PORT = 18000  # configs/dsv4-scaled.yaml
+
+
+def _disagg(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    # The job inherits this environment (sbatch --export=ALL): the venv's python first on PATH.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([sys.executable, "-m", "disagg.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _job_ids(name: str) -> list[str]:
+    result = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=30)
+    return result.stdout.split()
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and proc.name != str(os.getpid()):
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def deployment(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    run_dir = tmp_path_factory.mktemp("dsv4-scaled")
+    up = _disagg("up", str(SCALED), "--launcher", "slurm", "--run-dir", str(run_dir))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert f"ready on http://{socket.gethostname()}:{ORCHESTRATOR_PORT} (job " in up.stdout
+    yield run_dir
+    _disagg("down", "--run-dir", str(run_dir))
+
+
+def _client() -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://{socket.gethostname()}:{ORCHESTRATOR_PORT}/v1", api_key="unused",
+                         max_retries=0, timeout=30)
+
+
+def test_up_serves_through_the_orchestrator_and_status_shows_every_step(deployment: Path) -> None:
+    client = _client()
+    model = client.models.list().data[0].id
+    for i in range(3):
+        chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": f"hi {i}"}],
+                                              max_tokens=5)
+        assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 5
+    assert (deployment / "cluster.key").stat().st_mode & 0o777 == 0o600
+    status = _disagg("status", "--run-dir", str(deployment))
+    assert status.returncode == 0, status.stdout + status.stderr
+    lines = status.stdout.splitlines()
+    assert " RUNNING (None) on " in lines[0]
+    assert [line.split()[0] for line in lines[1:]] == ["orchestrator", "ctx-0", "ctx-1", "gen-0"]
+    assert all(" running " in line for line in lines[1:])
+    assert all(line.endswith("healthy; in flight 0") and "UNHEALTHY" not in line for line in lines[2:])
+    logs = _disagg("logs", "ctx-0", "--run-dir", str(deployment))
+    assert logs.returncode == 0 and "registered with http://" in logs.stdout
+
+
+def test_killed_worker_step_is_reported_and_routed_around(deployment: Path) -> None:
+    from disagg.slurm_deployment import running_steps
+
+    job_id = int((deployment / "slurm.json").read_text().split('"job_id": ')[1].split(",")[0])
+    step_id = running_steps(job_id)["ctx-1"]
+    subprocess.run(["scancel", "--signal=KILL", step_id], check=True, timeout=30)
+    deadline = time.monotonic() + 15
+    while True:
+        status = _disagg("status", "--run-dir", str(deployment))
+        ctx1 = next(line for line in status.stdout.splitlines() if line.split()[:1] == ["ctx-1"])
+        if "step ENDED" in ctx1 and "not in the orchestrator's rotation" in ctx1:
+            break
+        assert time.monotonic() < deadline, status.stdout
+        time.sleep(0.5)
+    assert "ctx-0          step " in status.stdout and status.stdout.count(" healthy; ") == 2
+    client = _client()
+    for i in range(4):  # every request lands on ctx-0 now
+        done = client.completions.create(model=client.models.list().data[0].id, prompt=f"after {i}", max_tokens=3)
+        assert done.choices[0].finish_reason == "length"
+
+
+def test_down_cancels_the_job_and_leaves_nothing_running(deployment: Path) -> None:
+    down = _disagg("down", "--run-dir", str(deployment))
+    assert down.returncode == 0, down.stderr
+    assert _job_ids("dsv4-scaled") == []
+    assert _processes_mentioning(str(deployment)) == []
+    assert sorted(p.name for p in deployment.iterdir()) == ["logs", "model"]
+    status = _disagg("status", "--run-dir", str(deployment))
+    assert status.returncode == 1
+
+
+def test_cancelled_job_is_reported_as_cancelled(slurm_cluster: str, tmp_path: Path) -> None:
+    # After test_down (which frees the ports) when the module runs in order; alone it is fine too.
+    run_dir = tmp_path / "run"
+    up = _disagg("up", str(SCALED), "--run-dir", str(run_dir))
+    assert up.returncode == 0, up.stdout + up.stderr
+    job_id = _job_ids("dsv4-scaled")[0]
+    subprocess.run(["scancel", job_id], check=True, timeout=30)  # an operator's scancel, not `disagg down`
+    deadline = time.monotonic() + 30
+    while f"job {job_id} CANCELLED " not in (status := _disagg("status", "--run-dir", str(run_dir))).stdout:
+        assert time.monotonic() < deadline, status.stdout
+        time.sleep(0.3)
+    assert status.returncode == 1
+    assert status.stdout.splitlines()[1] == "  the job was cancelled; `disagg down` cleans up, `disagg up` restarts"
+    assert _disagg("down", "--run-dir", str(run_dir)).returncode == 0
+    assert _job_ids("dsv4-scaled") == [] and _processes_mentioning(str(run_dir)) == []
+
+
+def _failing_config(tmp_path: Path, name: str, **replace: str) -> Path:
+    text = SCALED.read_text().replace("job_name: dsv4-scaled", f"job_name: {name}")
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(text)
+    return config
+
+
+def test_up_whose_orchestrator_dies_cancels_its_job_and_shows_its_log(slurm_cluster: str, tmp_path: Path) -> None:
+    config = _failing_config(tmp_path, "dsv4-fail")
+    run_dir = tmp_path / "run"
+    with socket.socket() as taken:  # the orchestrator's port is taken: it cannot start
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("0.0.0.0", ORCHESTRATOR_PORT))
+        taken.listen()
+        up = _disagg("up", str(config), "--run-dir", str(run_dir))
+    assert up.returncode == 1
+    assert "disagg up: the orchestrator step ended before it answered; cancelling job " in up.stderr
+    assert f"==> {run_dir / 'logs' / 'orchestrator.log'} (last 20 lines) <==" in up.stderr
+    assert "Address already in use" in up.stderr
+    assert _job_ids("dsv4-fail") == []
+    assert _processes_mentioning(str(run_dir)) == []
+
+
+def test_up_that_times_out_cancels_its_job(slurm_cluster: str, tmp_path: Path) -> None:
+    # The batch shell hangs in its environment setup: RUNNING, but no step ever starts.
+    config = _failing_config(tmp_path, "dsv4-hang", **{"startup_timeout_seconds: 120": "startup_timeout_seconds: 3",
+                                                        "  env_setup: |\n": "  env_setup: |\n    sleep 300\n"})
+    run_dir = tmp_path / "run"
+    up = _disagg("up", str(config), "--run-dir", str(run_dir))
+    assert up.returncode == 1
+    assert "disagg up: not healthy after 3 s; cancelling job " in up.stderr
+    assert f"==> {run_dir / 'logs' / 'orchestrator.log'} (last 20 lines) <==\n(no log)" in up.stderr
+    assert _job_ids("dsv4-hang") == []
+    assert sorted(p.name for p in run_dir.iterdir()) == ["logs"]

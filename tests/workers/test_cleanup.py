@@ -1,0 +1,107 @@
+"""Nothing of a worker is left behind, on every exit path; a dead engine or launcher ends the group.
+
+Each worker runs with TMPDIR = ``proc.ipc_root`` (a per-test directory): the
+IPC directory, its sockets, the attach files (they hold the HMAC key) and the
+Prometheus files all live in it, so "nothing left" is ``listdir == []``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from worker_process import port_is_free, spawn_worker, start_worker, stop_worker, worker_log
+from worker_procs import children_of, engine_pid, frontend_slots, group_pids_alive, wait_until
+
+
+def group_pids(proc) -> list[int]:
+    return [proc.pid, *children_of(proc.pid)]
+
+
+def test_normal_shutdown_leaves_nothing(tiny_model_dir):
+    url, proc = start_worker(tiny_model_dir, num_frontends=4)
+    pids = group_pids(proc)
+    assert len(pids) == 5  # launcher, engine, 3 attached frontends
+    assert stop_worker(proc) == 0
+    assert group_pids_alive(pids) == [] and port_is_free(proc.port)
+    assert os.listdir(proc.ipc_root) == []
+
+
+def test_a_failed_start_leaves_nothing(tiny_model_dir, tmp_path):
+    # The engine cannot start (the model directory has no weights): the launcher cleans up and says why.
+    (tmp_path / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_text((tiny_model_dir / name).read_text())
+    proc = spawn_worker(tmp_path, num_frontends=4, engine="torch")
+    assert proc.wait(timeout=60) == 1
+    assert "the engine failed to start" in worker_log(proc)
+    # (torch keeps its compile cache in TMPDIR too: only the worker's own directory must be gone)
+    assert [n for n in os.listdir(proc.ipc_root) if n.startswith("disagg-")] == [] and port_is_free(proc.port)
+
+
+def test_sigkill_of_an_attached_frontend_leaves_nothing(tiny_model_dir):
+    url, proc = start_worker(tiny_model_dir, num_frontends=4)
+    os.kill(frontend_slots(proc.pid)[3], signal.SIGKILL)
+    wait_until(lambda: 3 in frontend_slots(proc.pid), 5)  # respawned, with a fresh attach file (read, deleted)
+    (ipc_dir,) = os.listdir(proc.ipc_root)
+    wait_until(lambda: not any(n.startswith("attach-") for n in os.listdir(os.path.join(proc.ipc_root, ipc_dir))),
+               5)
+    assert stop_worker(proc) == 0
+    assert os.listdir(proc.ipc_root) == []
+
+
+def test_sigkill_of_the_launcher_ends_the_group_within_5_s(tiny_model_dir):
+    url, proc = start_worker(tiny_model_dir, num_frontends=4)
+    pids = group_pids(proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    wait_until(lambda: port_is_free(proc.port) and group_pids_alive(pids) == [], 5)
+    wait_until(lambda: os.listdir(proc.ipc_root) == [], 2)  # the last process to leave removed it
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
+def test_a_dead_or_hung_engine_fails_requests_and_ends_the_group(tiny_model_dir, sig):
+    url, proc = start_worker(tiny_model_dir, num_frontends=4,
+                             extra_args=["--synthetic-decode-step-seconds", "0.01"])
+    pids = group_pids(proc)
+    engine = engine_pid(proc.pid)
+
+    async def scenario() -> tuple[list[str], list[int]]:
+        limits = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
+            async def stream() -> str:
+                body = {"model": "tiny-test", "prompt": "Hi", "max_tokens": 400, "ignore_eos": True, "stream": True}
+                async with http.stream("POST", "/v1/completions", json=body) as response:
+                    assert response.status_code == 200
+                    return "".join([line async for line in response.aiter_lines()])
+
+            streams = [asyncio.create_task(stream()) for _ in range(8)]
+            await asyncio.sleep(0.5)
+            os.kill(engine, sig)
+            started = time.monotonic()
+            ends = await asyncio.wait_for(asyncio.gather(*streams), 20)
+            health: list[int] = []
+            while time.monotonic() - started < 15:
+                try:
+                    health.append((await http.get("/health")).status_code)
+                except httpx.TransportError:
+                    break  # the group has shut down: nobody listens any more
+                await asyncio.sleep(0.05)
+            return ends, health
+
+    try:
+        ends, health = asyncio.run(scenario())
+    finally:
+        if sig == signal.SIGSTOP:
+            os.kill(engine, signal.SIGCONT) if group_pids_alive([engine]) else None
+    for text in ends:  # every in-flight stream ended with an error event, never a hang
+        assert "engine" in text and '"error"' in text, text[-300:]
+    assert 503 in health and health[health.index(503):] == [503] * (len(health) - health.index(503))
+    assert proc.wait(timeout=20) == 1
+    wait_until(lambda: port_is_free(proc.port) and group_pids_alive(pids) == [], 5)
+    assert os.listdir(proc.ipc_root) == []

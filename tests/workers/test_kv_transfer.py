@@ -1,0 +1,284 @@
+"""Engine level: two EngineCores and their real KV-transfer agents over TCP on 127.0.0.1.
+
+Invariant: greedy tokens of a disaggregated request (ctx prefill + first token,
+gen pulls the KV and decodes) equal those of the same request on one
+aggregated engine; after every test both engines hold zero blocks in use.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+
+import pytest
+import zmq
+
+from workers.config import CacheConfig, EngineConfig, SchedulerConfig
+from workers.engine.core import EngineCore
+from workers.kv_protocol import KVFrameCodec, KVPullRequest, KVReplyMessage, KVRequestMessage
+from workers.kv_transfer import KV_TRANSFER_ERROR, KVTransferAgent
+from workers.protocol import AddContextRequest, AddRemoteRequest, EngineRequest, RequestOutput
+from workers.sampling_params import SamplingParams
+
+KEY = b"k" * 32
+BLOCK_SIZE = 4
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+FIRST_ONLY = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+
+def _config(kind: str, model_dir: str | None, num_blocks: int = 256) -> EngineConfig:
+    return EngineConfig(kind=kind, model=model_dir, device="cpu",
+                        cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=num_blocks),
+                        scheduler=SchedulerConfig(max_num_batched_tokens=256))
+
+
+class Node:
+    """One engine and its agent, stepped like the engine process loop does."""
+
+    def __init__(self, config: EngineConfig, zctx: zmq.Context, key: bytes = KEY, pull_timeout: float = 30.0):
+        self.core = EngineCore(config)
+        self.agent = KVTransferAgent(self.core, key, zctx, "127.0.0.1", 0, pull_timeout=pull_timeout)
+        self.outputs: dict[int, list[RequestOutput]] = defaultdict(list)
+
+    def turn(self) -> bool:
+        self.agent.tick()
+        if not self.core.has_work():
+            return False
+        outputs = self.core.step()
+        self.agent.on_outputs(outputs)
+        for output in outputs:
+            self.outputs[output.request_id].append(output)
+        return True
+
+    def finished(self, request_id: int) -> bool:
+        outs = self.outputs.get(request_id)
+        return bool(outs) and outs[-1].finish_reason is not None
+
+    def tokens(self, request_id: int) -> list[int]:
+        return [t for o in self.outputs[request_id] for t in o.new_token_ids]
+
+    def assert_no_blocks_in_use(self) -> None:
+        blocks = self.core.block_manager
+        assert (blocks.num_used_blocks, blocks.num_parked_blocks) == (0, 0)
+        self.core.check_integrity()
+
+
+def run_until(nodes: list[Node], done, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        busy = [node.turn() for node in nodes]
+        if not any(busy):
+            time.sleep(0.0005)  # transfers in flight on ZeroMQ's I/O thread
+        assert time.monotonic() < deadline, "timed out"
+
+
+def settle(nodes: list[Node]) -> None:
+    """Let acks reach the ctx side."""
+    run_until(nodes, lambda: all(n.core.block_manager.num_used_blocks == 0 for n in nodes), timeout=10)
+
+
+@pytest.fixture
+def zctx():
+    ctx = zmq.Context()
+    yield ctx
+    ctx.term()
+
+
+def aggregated(config: EngineConfig, prompts: list[list[int]]) -> list[list[int]]:
+    core = EngineCore(config)
+    for i, prompt in enumerate(prompts):
+        core.add_request(EngineRequest(i, prompt, GREEDY))
+    tokens: dict[int, list[int]] = defaultdict(list)
+    while core.has_unfinished():
+        for output in core.step():
+            tokens[output.request_id].extend(output.new_token_ids)
+    return [tokens[i] for i in range(len(prompts))]
+
+
+def disaggregated(ctx: Node, gen: Node, prompts: list[list[int]], base_id: int) -> list[list[int]]:
+    """All prompts concurrently through ctx, then all concurrently through gen."""
+    ids = [base_id + i for i in range(len(prompts))]
+    for rid, prompt in zip(ids, prompts):
+        ctx.agent.add_context(AddContextRequest(EngineRequest(rid, prompt, FIRST_ONLY), 60.0))
+    run_until([ctx, gen], lambda: all(ctx.finished(r) for r in ids))
+    for rid, prompt in zip(ids, prompts):
+        last = ctx.outputs[rid][-1]
+        assert last.finish_reason == "length" and last.kv_parked is not None
+        assert last.kv_parked.num_tokens == len(prompt)
+        first = ctx.tokens(rid)
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(rid, prompt, GREEDY), first[0], rid, ctx.agent.endpoint))
+    run_until([ctx, gen], lambda: all(gen.finished(r) for r in ids))
+    settle([ctx, gen])
+    return [ctx.tokens(r) + gen.tokens(r) for r in ids]
+
+
+def _prompts(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
+    """50 prompts: partial blocks, exact block multiples, and a second wave that hits both caches."""
+    rng = random.Random(7)
+    lengths = [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 15, 16, 17, 20, 23, 24, 31, 32, 33, 40]
+    first = [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
+    first += [first[i][:8] + [rng.randrange(vocab) for _ in range(n)] for i, n in ((16, 3), (17, 8), (18, 5))]
+    second = [p + [rng.randrange(vocab) for _ in range(n)] for p, n in zip(first, [1, 4, 6] * 9)][:27]
+    return first, second  # 23 + 27 = 50
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "torch"])
+def test_disaggregated_tokens_equal_aggregated(kind, tiny_model_dir, zctx):
+    model_dir = str(tiny_model_dir) if kind == "torch" else None
+    vocab = 512 if kind == "torch" else 32000
+    config = _config(kind, model_dir)
+    first, second = _prompts(vocab)
+    ctx, gen = Node(config, zctx), Node(config, zctx)
+    try:
+        got_first = disaggregated(ctx, gen, first, base_id=1000)
+        # The second wave extends the first: prefix hits on the ctx side and on the gen side.
+        got_second = disaggregated(ctx, gen, second, base_id=2000)
+        assert got_first + got_second == aggregated(config, first + second)
+        ctx_cached = [ctx.outputs[2000 + i][0].num_cached_tokens for i in range(len(second))]
+        gen_pulled = [gen.outputs[2000 + i][-1].kv_transfer.num_blocks for i in range(len(second))]
+        assert sum(ctx_cached) > 0 and all(c % BLOCK_SIZE == 0 for c in ctx_cached)
+        # gen pulled only what it did not hold: fewer blocks than the prompts span
+        assert sum(gen_pulled) < sum(-(-len(p) // BLOCK_SIZE) for p in second)
+        assert gen.agent.num_bytes_received == ctx.agent.num_bytes_sent > 0
+        ctx.assert_no_blocks_in_use()
+        gen.assert_no_blocks_in_use()
+    finally:
+        ctx.agent.close()
+        gen.agent.close()
+
+
+def test_decode_of_other_requests_continues_while_a_pull_is_in_flight(zctx):
+    config = _config("synthetic", None)
+    ctx, gen = Node(config, zctx), Node(config, zctx)
+    try:
+        gen.core.add_request(EngineRequest(1, [5, 6, 7], SamplingParams(max_tokens=50, temperature=0.0,
+                                                                        ignore_eos=True)))
+        gen.turn()
+        ctx.agent.add_context(AddContextRequest(EngineRequest(7, list(range(10, 50)), FIRST_ONLY), 60.0))
+        run_until([ctx], lambda: ctx.finished(7))
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, list(range(10, 50)), GREEDY), ctx.tokens(7)[0], 7,
+                                              ctx.agent.endpoint))
+        # gen alone: the ctx engine does not answer yet, so the pull stays in flight ...
+        for _ in range(5):
+            gen.turn()
+        assert len(gen.tokens(1)) == 6 and not gen.outputs.get(9)
+        assert gen.core.scheduler.num_waiting_for_remote_kv == 1
+        run_until([ctx, gen], lambda: gen.finished(9) and gen.finished(1))  # ... then it completes
+        settle([ctx, gen])
+        ctx.assert_no_blocks_in_use()
+        gen.assert_no_blocks_in_use()
+    finally:
+        ctx.agent.close()
+        gen.agent.close()
+
+
+def test_abort_of_gen_request_frees_both_sides(zctx):
+    config = _config("synthetic", None)
+    ctx, gen = Node(config, zctx), Node(config, zctx)
+    try:
+        ctx.agent.add_context(AddContextRequest(EngineRequest(7, list(range(10, 30)), FIRST_ONLY), 60.0))
+        run_until([ctx], lambda: ctx.finished(7))
+        assert ctx.core.block_manager.num_parked_blocks == 5
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, list(range(10, 30)), GREEDY), 1, 7,
+                                              ctx.agent.endpoint))
+        gen.turn()  # allocates and sends the pull
+        gen.agent.abort(9)
+        gen.core.abort(9)
+        run_until([ctx, gen], lambda: gen.finished(9))
+        assert gen.outputs[9][-1].finish_reason == "abort"
+        settle([ctx, gen])
+        ctx.assert_no_blocks_in_use()
+        gen.assert_no_blocks_in_use()
+    finally:
+        ctx.agent.close()
+        gen.agent.close()
+
+
+def test_expired_park_fails_the_gen_request_clearly(zctx):
+    config = _config("synthetic", None)
+    ctx, gen = Node(config, zctx), Node(config, zctx)
+    try:
+        ctx.agent.add_context(AddContextRequest(EngineRequest(7, list(range(10, 30)), FIRST_ONLY), 0.05))
+        run_until([ctx], lambda: ctx.finished(7))
+        time.sleep(0.1)
+        ctx.turn()  # the deadline frees the parked blocks even though no step runs
+        ctx.assert_no_blocks_in_use()
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, list(range(10, 30)), GREEDY), 1, 7,
+                                              ctx.agent.endpoint))
+        run_until([ctx, gen], lambda: gen.finished(9))
+        last = gen.outputs[9][-1]
+        assert last.finish_reason == "abort"
+        assert last.error.startswith(KV_TRANSFER_ERROR) and "no parked KV" in last.error
+        gen.assert_no_blocks_in_use()
+    finally:
+        ctx.agent.close()
+        gen.agent.close()
+
+
+def test_stop_on_first_token_parks_nothing(zctx):
+    config = _config("synthetic", None)
+    ctx = Node(config, zctx)
+    try:
+        probe = EngineCore(config)
+        probe.add_request(EngineRequest(1, [3, 4, 5], FIRST_ONLY))
+        first = probe.step()[0].new_token_ids[0]
+        stop_at_first = SamplingParams(max_tokens=1, temperature=0.0, stop_token_ids=(first,))
+        ctx.agent.add_context(AddContextRequest(EngineRequest(7, [3, 4, 5], stop_at_first), 60.0))
+        run_until([ctx], lambda: ctx.finished(7))
+        last = ctx.outputs[7][-1]
+        assert (last.finish_reason, last.kv_parked) == ("stop", None)
+        ctx.assert_no_blocks_in_use()
+    finally:
+        ctx.agent.close()
+
+
+def test_messages_under_another_key_are_dropped(zctx):
+    config = _config("synthetic", None)
+    ctx = Node(config, zctx)
+    try:
+        ctx.agent.add_context(AddContextRequest(EngineRequest(7, list(range(10, 30)), FIRST_ONLY), 60.0))
+        run_until([ctx], lambda: ctx.finished(7))
+        forger = zctx.socket(zmq.DEALER)
+        forger.setsockopt(zmq.LINGER, 0)
+        forger.connect(ctx.agent.endpoint)
+        forged = KVFrameCodec(b"x" * 32, KVRequestMessage, "forger")
+        forger.send_multipart(forged.encode(KVPullRequest(1, 7, 0, 5)))
+        run_until([ctx], lambda: ctx.agent._request_codec.num_rejected == 1, timeout=5)
+        assert ctx.agent.num_pulls_served == 0 and ctx.core.block_manager.num_parked_blocks == 5
+        assert forger.poll(100) == 0  # no answer at all
+        # the same pull under the cluster key is served
+        forger.send_multipart(KVFrameCodec(KEY, KVRequestMessage, "gen").encode(KVPullRequest(1, 7, 0, 5)))
+        replies = KVFrameCodec(KEY, KVReplyMessage, "gen")
+        run_until([ctx], lambda: ctx.agent.num_pulls_served == 1, timeout=5)
+        ctx.turn()
+        kinds = []
+        while forger.poll(1000):
+            message, _ = replies.decode(forger.recv_multipart(copy=False))
+            kinds.append(type(message).__name__)
+            if kinds[-1] == "KVDone":
+                break
+        assert kinds == ["KVBlock"] * 5 + ["KVDone"]
+        forger.close()
+    finally:
+        ctx.agent.close()
+
+
+def test_a_silent_ctx_engine_fails_the_pull_after_the_timeout(zctx):
+    config = _config("synthetic", None)
+    gen = Node(config, zctx, pull_timeout=0.3)
+    silent = zctx.socket(zmq.ROUTER)  # accepts the connection, never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, list(range(10, 30)), GREEDY), 1, 7,
+                                              f"tcp://127.0.0.1:{port}"))
+        started = time.monotonic()
+        run_until([gen], lambda: gen.finished(9), timeout=10)
+        assert 0.3 <= time.monotonic() - started < 5
+        last = gen.outputs[9][-1]
+        assert last.finish_reason == "abort" and "no KV arrived" in last.error
+        gen.assert_no_blocks_in_use()
+    finally:
+        silent.close()
+        gen.agent.close()

@@ -1,0 +1,135 @@
+"""The ``disaggregated_params`` of a request body, and the cluster key that signs them.
+
+The ctx worker answers a ``context_only`` request with params naming where its
+KV is parked; the orchestrator copies them into the ``generation_only``
+request. The gen worker trusts them only when their HMAC-SHA256 under the
+cluster key checks: a forged endpoint or request id would make its engine
+connect to, or pull from, anything. Signed message (the wire format, shared
+with the orchestrator)::
+
+    HMAC-SHA256(cluster_key, msgpack([ctx_request_id, kv_endpoint, num_tokens,
+                                      first_token_id, expires_at, prompt_hash]))
+
+``prompt_hash``: hex sha256 of the prompt ids as little-endian int64 bytes.
+Torch-free; the orchestrator imports this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+import struct
+import time
+from pathlib import Path
+
+import msgspec
+
+__all__ = [
+    "CLUSTER_KEY_FILE_ENV",
+    "CONTEXT_ONLY",
+    "GENERATION_ONLY",
+    "DisaggParams",
+    "DisaggParamsError",
+    "ClusterKeyError",
+    "prompt_hash",
+    "sign_params",
+    "verify_params",
+    "signed_params",
+    "load_cluster_key",
+]
+
+CLUSTER_KEY_FILE_ENV = "DISAGG_CLUSTER_KEY_FILE"
+CONTEXT_ONLY = "context_only"
+GENERATION_ONLY = "generation_only"
+MIN_KEY_BYTES = 16
+
+
+class DisaggParamsError(ValueError):
+    """The params are missing a field, unsigned, forged or expired (an HTTP 400)."""
+
+
+class ClusterKeyError(ValueError):
+    """The cluster key file is missing, readable by others, or too short."""
+
+
+class DisaggParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """``disaggregated_params`` of a request or of a ctx answer (see the module doc)."""
+
+    request_type: str  # context_only | generation_only
+    ctx_request_id: str | None = None  # the ctx engine's request id, a decimal string
+    kv_endpoint: str | None = None  # tcp://host:port of the ctx engine's KV-transfer agent
+    num_tokens: int | None = None  # prompt tokens whose KV is parked on the ctx engine
+    first_token_id: int | None = None
+    expires_at: float | None = None  # unix time: the ctx engine frees the parked KV then
+    signature: str | None = None  # hex HMAC-SHA256 (module doc)
+    prompt_token_ids: list[int] | None = None  # generation_only: never re-tokenized
+    finished: bool = False  # ctx answer: the first token ended the request; no gen leg, nothing parked
+
+    def validate_type(self) -> None:
+        if self.request_type not in (CONTEXT_ONLY, GENERATION_ONLY):
+            raise DisaggParamsError(
+                f"disaggregated_params.request_type must be {CONTEXT_ONLY!r} or {GENERATION_ONLY!r}, "
+                f"got {self.request_type!r}")
+
+
+def prompt_hash(prompt_token_ids: list[int]) -> str:
+    return hashlib.sha256(struct.pack(f"<{len(prompt_token_ids)}q", *prompt_token_ids)).hexdigest()
+
+
+def sign_params(key: bytes, ctx_request_id: str, kv_endpoint: str, num_tokens: int, first_token_id: int,
+                expires_at: float, prompt_token_ids: list[int]) -> str:
+    message = msgspec.msgpack.encode(
+        [ctx_request_id, kv_endpoint, num_tokens, first_token_id, expires_at, prompt_hash(prompt_token_ids)])
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def signed_params(key: bytes, ctx_request_id: str, kv_endpoint: str, num_tokens: int, first_token_id: int,
+                  expires_at: float, prompt_token_ids: list[int]) -> DisaggParams:
+    """The ``context_only`` params of a ctx answer, signed."""
+    signature = sign_params(key, ctx_request_id, kv_endpoint, num_tokens, first_token_id, expires_at,
+                            prompt_token_ids)
+    return DisaggParams(CONTEXT_ONLY, ctx_request_id, kv_endpoint, num_tokens, first_token_id, expires_at,
+                        signature, list(prompt_token_ids))
+
+
+def verify_params(key: bytes, params: DisaggParams, now: float | None = None) -> list[int]:
+    """Check a ``generation_only`` request's params; its prompt ids. Raises DisaggParamsError."""
+    missing = [name for name in ("ctx_request_id", "kv_endpoint", "num_tokens", "first_token_id", "expires_at",
+                                 "signature", "prompt_token_ids") if getattr(params, name) is None]
+    if missing:
+        raise DisaggParamsError(f"disaggregated_params for generation_only lack {', '.join(missing)}")
+    prompt = params.prompt_token_ids
+    expected = sign_params(key, params.ctx_request_id, params.kv_endpoint, params.num_tokens,
+                           params.first_token_id, params.expires_at, prompt)
+    if not hmac.compare_digest(expected, params.signature):
+        raise DisaggParamsError("disaggregated_params.signature does not check under the cluster key")
+    if not params.ctx_request_id.isdigit() or not params.kv_endpoint.startswith("tcp://"):
+        raise DisaggParamsError("disaggregated_params name an invalid ctx request id or KV endpoint")
+    if params.num_tokens != len(prompt):
+        raise DisaggParamsError(
+            f"disaggregated_params.num_tokens is {params.num_tokens} but the prompt has {len(prompt)} tokens")
+    if params.expires_at <= (time.time() if now is None else now):
+        raise DisaggParamsError("disaggregated_params expired: the ctx worker has freed that KV")
+    return prompt
+
+
+def load_cluster_key(path: str | Path) -> bytes:
+    """The key in ``path``: a file of mode 0600 (no group or other bits), hex or raw bytes."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ClusterKeyError(f"cannot read the cluster key file {path}: {exc}") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ClusterKeyError(f"the cluster key file {path} has mode {stat.S_IMODE(mode):o}; it must be 0600")
+    text = data.strip()
+    try:
+        key = bytes.fromhex(text.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        key = data  # raw bytes
+    if len(key) < MIN_KEY_BYTES:
+        raise ClusterKeyError(f"the cluster key in {path} has {len(key)} bytes; at least {MIN_KEY_BYTES} needed")
+    return key

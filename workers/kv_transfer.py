@@ -1,0 +1,360 @@
+"""The KV-transfer agent of one engine: ctx-side server and gen-side puller (DESIGN.md §6).
+
+Runs inside the engine loop, never in a thread of its own: ``tick()`` between
+steps reads and writes non-blocking ZeroMQ sockets whose TCP work happens in
+ZeroMQ's I/O thread, so a pull in flight never stalls the decode of other
+requests, and ``EngineCore`` stays single-threaded (a block is written into
+the KV cache only while its request still owns it: an aborted request's
+late blocks are dropped, never written into blocks someone else now holds).
+
+Ctx side: a ``context_only`` request parks its prompt's blocks at finish;
+a pull streams them block by block (at most ``BLOCKS_PER_TICK`` exported per
+tick, so a long prompt cannot stall the loop), the ack frees them; so does
+the park deadline. Gen side: a ``generation_only`` request waits in
+``WAITING_FOR_REMOTE_KV`` until the scheduler allocates its blocks (reusing
+local prefix hits), then only the missing blocks are pulled; an abort
+releases the ctx side too. Wire format: ``workers.kv_protocol``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import zmq
+
+from workers.kv_protocol import (
+    KV_TRANSFER_ERROR,
+    KVAck,
+    KVBlock,
+    KVDone,
+    KVError,
+    KVFrameCodec,
+    KVPullRequest,
+    KVReplyMessage,
+    KVRequestMessage,
+)
+from workers.protocol import (
+    AddContextRequest,
+    AddRemoteRequest,
+    KVTransferStats,
+    ParkedKV,
+    RequestOutput,
+)
+
+__all__ = ["DisaggEngineSpec", "KVTransferAgent", "KV_TRANSFER_ERROR", "BLOCKS_PER_TICK"]
+
+log = logging.getLogger("disagg.kv_transfer")
+
+BLOCKS_PER_TICK = 32  # blocks one tick exports and sends, per ctx engine
+MAX_MESSAGES_PER_TICK = 4096  # bound one drain of a socket
+# The signed expiry is this much earlier than the engine's real deadline (set
+# a few microseconds before the output leaves the step): never later.
+EXPIRY_MARGIN_SECONDS = 0.5
+
+
+class DisaggEngineSpec(msgspec.Struct, frozen=True):
+    """The engine's part of disaggregated serving (inside the 0600 engine spec file)."""
+
+    role: str  # both | ctx | gen
+    cluster_key_hex: str  # read by the launcher from the 0600 cluster key file
+    kv_host: str = "127.0.0.1"  # the agent binds here (0.0.0.0: every interface)
+    kv_port: int = 0  # 0: a free port
+    kv_advertise_host: str | None = None  # the host in kv_endpoint (None: kv_host, or the FQDN for 0.0.0.0)
+    pull_timeout_seconds: float = 30.0  # a pull with no progress for this long fails its request
+
+    def build_agent(self, core: Any, ctx: zmq.Context) -> "KVTransferAgent":
+        return KVTransferAgent(core, bytes.fromhex(self.cluster_key_hex), ctx, self.kv_host, self.kv_port,
+                               self.kv_advertise_host, self.pull_timeout_seconds)
+
+
+@dataclass
+class _Send:
+    """A pull being answered by the ctx side."""
+
+    identity: bytes
+    pull_id: int
+    ctx_request_id: int
+    block_ids: list[int]
+    next_index: int = 0
+
+
+@dataclass
+class _Pull:
+    """A gen-side request whose KV comes from ``endpoint``."""
+
+    endpoint: str
+    ctx_request_id: int
+    block_ids: list[int] = field(default_factory=list)
+    started: float | None = None  # None: blocks not allocated yet, nothing requested
+    last_progress: float = 0.0
+    num_received: int = 0
+    num_bytes: int = 0
+    arrived_ids: list[int] = field(default_factory=list)  # blocks received, not imported yet
+    arrived: list[memoryview] = field(default_factory=list)
+
+
+class KVTransferAgent:
+    """One engine's KV-transfer endpoint; every method is called from the engine loop."""
+
+    def __init__(self, core: Any, key: bytes, ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
+                 advertise_host: str | None = None, pull_timeout: float = 30.0) -> None:
+        self.core = core
+        self.pull_timeout = pull_timeout
+        self._ctx = ctx
+        self._request_codec = KVFrameCodec(key, KVRequestMessage, "kv server")
+        self._reply_codec = KVFrameCodec(key, KVReplyMessage, "kv puller")
+        self._router = ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.setsockopt(zmq.SNDHWM, 0)  # a pull's blocks are bounded by one prompt's KV
+        self._router.bind(f"tcp://{host}:{port if port else '*'}")
+        bound_port = int(self._router.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
+        if advertise_host is None:
+            advertise_host = socket.getfqdn() if host in ("0.0.0.0", "*", "") else host
+        self.endpoint = f"tcp://{advertise_host}:{bound_port}"
+        self._poller: zmq.Poller | None = None
+        self._dealers: dict[str, zmq.Socket] = {}
+        self._sends: deque[_Send] = deque()
+        self._ctx_requests: dict[int, tuple[int, float]] = {}  # live ctx request id -> (prompt tokens, park s)
+        self._pulls: dict[int, _Pull] = {}  # gen request id -> its pull
+        self._errors: dict[int, str] = {}  # gen request id -> why its pull failed (put on its output)
+        self._stats: dict[int, KVTransferStats] = {}  # gen request id -> its transfer (finishing output)
+        # Counters for metrics.
+        self.num_pulls_served = 0
+        self.num_pulls_completed = 0
+        self.num_pulls_failed = 0
+        self.num_bytes_sent = 0
+        self.num_bytes_received = 0
+
+    # ---- engine loop hooks -------------------------------------------------
+
+    def register(self, poller: zmq.Poller) -> None:
+        """Wake the engine loop's poll on KV-transfer traffic too."""
+        self._poller = poller
+        poller.register(self._router, zmq.POLLIN)
+        for dealer in self._dealers.values():
+            poller.register(dealer, zmq.POLLIN)
+
+    def add_context(self, message: AddContextRequest) -> Any:
+        request = message.request
+        engine_request = self.core.add_request(request, park_kv_seconds=message.park_kv_seconds)
+        self._ctx_requests[request.request_id] = (len(request.prompt_token_ids), message.park_kv_seconds)
+        return engine_request
+
+    def add_remote(self, message: AddRemoteRequest) -> Any:
+        request = message.request
+        engine_request = self.core.add_remote_request(request, [message.first_token_id])
+        self._pulls[request.request_id] = _Pull(message.kv_endpoint, message.ctx_request_id)
+        return engine_request
+
+    def abort(self, request_id: int) -> None:
+        """Before ``core.abort``: a gen request's pull stops and the ctx side is released."""
+        pull = self._pulls.pop(request_id, None)
+        if pull is not None:
+            self._send_request(pull.endpoint, KVAck(request_id, pull.ctx_request_id, completed=False))
+
+    def has_work(self) -> bool:
+        """Blocks are waiting to be sent: the loop must not block in poll."""
+        return bool(self._sends)
+
+    def tick(self) -> None:
+        now = time.time()
+        self.core.block_manager.release_expired(now)  # also while no step runs
+        self._serve_requests()
+        self._send_blocks()
+        for pull in self.core.take_kv_pulls():
+            self._start_pull(pull.request_id, pull.block_ids, pull.first_block, now)
+        for dealer in list(self._dealers.values()):
+            self._receive_replies(dealer)
+        self._check_timeouts(time.time())
+
+    def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Annotate finishing outputs: parked KV (ctx), transfer stats and pull errors (gen)."""
+        for output in outputs:
+            if output.finish_reason is None:
+                continue
+            request_id = output.request_id
+            stats = self._stats.pop(request_id, None)
+            if stats is not None:
+                output.kv_transfer = stats
+            error = self._errors.pop(request_id, None)
+            if error is not None:
+                output.error = error
+            self._pulls.pop(request_id, None)
+            ctx_request = self._ctx_requests.pop(request_id, None)
+            if ctx_request is None:
+                continue
+            num_prompt, park_seconds = ctx_request
+            if output.finish_reason == "stop":
+                self.core.release_parked(request_id)  # EOS or a stop token: there is no gen leg
+            elif self.core.parked_block_ids(request_id) is not None:
+                output.kv_parked = ParkedKV(num_prompt, time.time() + park_seconds - EXPIRY_MARGIN_SECONDS)
+
+    def close(self) -> None:
+        for sock in (self._router, *self._dealers.values()):
+            sock.close(linger=0)
+
+    # ---- ctx side ----------------------------------------------------------
+
+    def _serve_requests(self) -> None:
+        for _ in range(MAX_MESSAGES_PER_TICK):
+            try:
+                identity, *frames = self._router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            decoded = self._request_codec.decode(frames)
+            if decoded is None:
+                continue
+            message = decoded[0]
+            if isinstance(message, KVPullRequest):
+                self._accept_pull(identity.bytes, message)
+            else:
+                self._release(message)
+
+    def _accept_pull(self, identity: bytes, pull: KVPullRequest) -> None:
+        parked = self.core.parked_block_ids(pull.ctx_request_id)
+        end = pull.first_block + pull.num_blocks
+        if parked is None:
+            error = f"request {pull.ctx_request_id} has no parked KV here (expired, released or unknown)"
+        elif pull.first_block < 0 or pull.num_blocks < 1 or end > len(parked):
+            error = f"blocks [{pull.first_block}, {end}) are outside the {len(parked)} parked blocks"
+        else:
+            self.num_pulls_served += 1
+            self._sends.append(_Send(identity, pull.pull_id, pull.ctx_request_id, parked[pull.first_block:end]))
+            return
+        log.warning("refused a KV pull: %s", error)
+        self._reply(identity, KVError(pull.pull_id, error))
+
+    def _release(self, ack: KVAck) -> None:
+        self._sends = deque(s for s in self._sends if s.ctx_request_id != ack.ctx_request_id)
+        self.core.release_parked(ack.ctx_request_id)
+
+    def _send_blocks(self) -> None:
+        budget = BLOCKS_PER_TICK
+        while self._sends and budget > 0:
+            send = self._sends[0]
+            if self.core.parked_block_ids(send.ctx_request_id) is None:  # the deadline passed mid-transfer
+                self._sends.popleft()
+                self._reply(send.identity, KVError(send.pull_id, f"request {send.ctx_request_id}'s parked KV "
+                                                                  f"expired during the transfer"))
+                continue
+            chunk = send.block_ids[send.next_index:send.next_index + budget]
+            for offset, buffer in enumerate(self.core.export_blocks(chunk)):
+                self._reply(send.identity, KVBlock(send.pull_id, send.next_index + offset), buffer)
+                self.num_bytes_sent += memoryview(buffer).nbytes
+            send.next_index += len(chunk)
+            budget -= len(chunk)
+            if send.next_index == len(send.block_ids):
+                self._sends.popleft()
+                self._reply(send.identity, KVDone(send.pull_id, len(send.block_ids)))
+
+    def _reply(self, identity: bytes, message: KVReplyMessage, block: Any = None) -> None:
+        frames = self._reply_codec.encode(message, block)
+        self._router.send_multipart([identity, *frames], flags=zmq.NOBLOCK, copy=False)
+
+    # ---- gen side ----------------------------------------------------------
+
+    def _start_pull(self, request_id: int, block_ids: list[int], first_block: int, now: float) -> None:
+        pull = self._pulls.get(request_id)
+        if pull is None:
+            return  # aborted meanwhile
+        pull.block_ids, pull.started, pull.last_progress = block_ids, now, now
+        if not block_ids:  # every block hit this engine's prefix cache
+            self._complete(request_id, pull)
+            return
+        self._send_request(pull.endpoint, KVPullRequest(request_id, pull.ctx_request_id, first_block,
+                                                        len(block_ids)))
+
+    def _send_request(self, endpoint: str, message: KVRequestMessage) -> None:
+        dealer = self._dealers.get(endpoint)
+        if dealer is None:
+            dealer = self._ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RCVHWM, 0)  # blocks of pulls already allocated: never drop them
+            dealer.connect(endpoint)
+            self._dealers[endpoint] = dealer
+            if self._poller is not None:
+                self._poller.register(dealer, zmq.POLLIN)
+        try:
+            dealer.send_multipart(self._request_codec.encode(message), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("KV request to %s dropped: its queue is full", endpoint)
+
+    def _receive_replies(self, dealer: zmq.Socket) -> None:
+        for _ in range(MAX_MESSAGES_PER_TICK):
+            try:
+                frames = dealer.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            decoded = self._reply_codec.decode(frames)
+            if decoded is None:
+                continue
+            message, block = decoded
+            pull = self._pulls.get(message.pull_id)
+            if pull is None or pull.started is None:
+                continue  # aborted: its blocks may belong to someone else now
+            if isinstance(message, KVBlock):
+                self._receive_block(message, pull, block)
+            elif isinstance(message, KVDone):
+                if not self._flush(message.pull_id, pull):
+                    continue
+                if pull.num_received != len(pull.block_ids) or message.num_blocks != len(pull.block_ids):
+                    self._fail(message.pull_id, f"{pull.num_received} of {len(pull.block_ids)} blocks arrived")
+                else:
+                    self._complete(message.pull_id, pull)
+            else:
+                self._fail(message.pull_id, message.error)
+        for request_id, pull in list(self._pulls.items()):
+            self._flush(request_id, pull)
+
+    def _receive_block(self, message: KVBlock, pull: _Pull, block: memoryview | None) -> None:
+        if block is None or not 0 <= message.index < len(pull.block_ids):
+            self._fail(message.pull_id, f"bad block message (index {message.index})")
+            return
+        pull.arrived_ids.append(pull.block_ids[message.index])
+        pull.arrived.append(block)  # the received frame itself: imported without another copy here
+        pull.num_received += 1
+        pull.num_bytes += block.nbytes
+        pull.last_progress = time.time()
+
+    def _flush(self, request_id: int, pull: _Pull) -> bool:
+        """Import the blocks that arrived this tick in one call (one host-to-device copy)."""
+        if not pull.arrived:
+            return True
+        block_ids, buffers = pull.arrived_ids, pull.arrived
+        pull.arrived_ids, pull.arrived = [], []
+        try:
+            self.core.import_blocks(block_ids, buffers)
+        except ValueError as exc:  # e.g. a ctx engine with another model or block size
+            self._fail(request_id, str(exc))
+            return False
+        return True
+
+    def _complete(self, request_id: int, pull: _Pull) -> None:
+        del self._pulls[request_id]
+        self.core.finish_remote_kv(request_id)
+        self._send_request(pull.endpoint, KVAck(request_id, pull.ctx_request_id, completed=True))
+        seconds = time.time() - (pull.started or time.time())
+        self._stats[request_id] = KVTransferStats(len(pull.block_ids), pull.num_bytes, seconds)
+        self.num_pulls_completed += 1
+        self.num_bytes_received += pull.num_bytes
+
+    def _fail(self, request_id: int, why: str) -> None:
+        """End the request with a clear error and release the ctx side."""
+        log.warning("KV pull for request %d failed: %s", request_id, why)
+        self.num_pulls_failed += 1
+        self.abort(request_id)
+        self.core.abort(request_id)
+        self._errors[request_id] = f"{KV_TRANSFER_ERROR}: {why}"
+
+    def _check_timeouts(self, now: float) -> None:
+        stalled = [rid for rid, p in self._pulls.items()
+                   if p.started is not None and now - p.last_progress > self.pull_timeout]
+        for request_id in stalled:
+            self._fail(request_id, f"no KV arrived from {self._pulls[request_id].endpoint} "
+                                   f"for {self.pull_timeout:g} s")
