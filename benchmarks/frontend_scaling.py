@@ -61,8 +61,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from http_loadgen import LoadResult, LoadSpec  # noqa: E402  (the sibling script)
 
 READY_LINE = "disagg serve: ready on"  # disagg.serve.READY_MESSAGE, not imported: it pulls in the worker
-BARE_READY_LINE = "bare app: ready"
+BARE_READY_LINE = "bare app: ready"  # bare_app.READY_LINE
 LOADGEN = Path(__file__).resolve().parent / "http_loadgen.py"
+BARE_APP = Path(__file__).resolve().parent / "bare_app.py"
 HOST = "127.0.0.1"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RSS_TARGET_MB = 120.0
@@ -177,66 +178,8 @@ def start_worker(args: argparse.Namespace, model_dir: Path, num_frontends: int, 
 
 
 def start_bare_app(args: argparse.Namespace, kind: str, log_dir: Path) -> Server:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--serve-bare-app", kind, "--port", str(args.port)]
+    argv = [sys.executable, str(BARE_APP), kind, "--port", str(args.port)]
     return Server(argv, BARE_READY_LINE, log_dir, f"bare-{kind}")
-
-
-_BARE_BODY = b'{"id":"bare","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",' \
-             b'"content":"ok"},"finish_reason":"stop"}]}'
-_BARE_HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(_BARE_BODY)).encode())]
-
-
-async def bare_app(scope, receive, send) -> None:
-    """The HTTP stack's limit: read the body, answer a fixed JSON body."""
-    if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            await send({"type": message["type"] + ".complete"})
-            if message["type"] == "lifespan.shutdown":
-                return
-    more = True
-    while more:
-        more = (await receive()).get("more_body", False)
-    await send({"type": "http.response.start", "status": 200, "headers": _BARE_HEADERS})
-    await send({"type": "http.response.body", "body": _BARE_BODY})
-
-
-def starlette_bare_app():
-    """The same fixed body through a Starlette route (routing, Request, Response objects)."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    async def chat(request: Request) -> Response:
-        await request.body()
-        return Response(_BARE_BODY, media_type="application/json")
-
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
-
-
-def serve_bare_app(kind: str, port: int) -> int:
-    """The same uvicorn settings as a frontend (frontends.server): uvloop, httptools, SO_REUSEPORT."""
-    import asyncio
-
-    import uvicorn
-
-    from frontends.server import FrontendServer, _http_impl, make_listen_socket, run_event_loop
-
-    async def main() -> int:
-        app = bare_app if kind == "raw" else starlette_bare_app()
-        config = uvicorn.Config(app, log_level="warning", access_log=False, http=_http_impl(), lifespan="auto")
-        server = FrontendServer(config)
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
-        serving = asyncio.create_task(server.serve(sockets=[make_listen_socket(HOST, port)]))
-        while not server.started and not serving.done():
-            await asyncio.sleep(0.01)
-        print(BARE_READY_LINE, flush=True)
-        await serving
-        return 0
-
-    return run_event_loop(main())
 
 
 # --- requests ----------------------------------------------------------------
@@ -461,7 +404,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="baselines, comma-separated: raw (raw ASGI), starlette (one Starlette route)")
     parser.add_argument("--decode-step-seconds", type=float, default=0.0,
                         help="synthetic engine seconds per decode step (0: zero compute cost)")
-    parser.add_argument("--serve-bare-app", choices=("raw", "starlette"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.num_frontends = args.num_frontends or default_num_frontends()
     if args.port is None:
@@ -473,11 +415,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.serve_bare_app is not None:
-        return serve_bare_app(args.serve_bare_app, args.port)
     from workers.engine.model.tiny import make_tiny_model
 
-    config = {k: v for k, v in vars(args).items() if k not in ("serve_bare_app",)}
+    config = dict(vars(args))
     config["cores"] = len(os.sched_getaffinity(0))
     report: dict = {"config": config, "runs": [], "startup": [], "rss": []}
     started = time.monotonic()

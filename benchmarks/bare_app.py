@@ -1,0 +1,84 @@
+"""The HTTP stack's limit for benchmarks/frontend_scaling.py: a fixed JSON body on uvicorn.
+
+Same uvicorn settings as a frontend (frontends.server): uvloop, httptools, no
+access log, an SO_REUSEPORT socket. ``raw`` is a bare ASGI callable;
+``starlette`` sends the same body through one Starlette route.
+
+    python benchmarks/bare_app.py raw|starlette --port PORT
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+HOST = "127.0.0.1"
+READY_LINE = "bare app: ready"
+
+_BARE_BODY = b'{"id":"bare","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",' \
+             b'"content":"ok"},"finish_reason":"stop"}]}'
+_BARE_HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(_BARE_BODY)).encode())]
+
+
+async def bare_app(scope, receive, send) -> None:
+    """The HTTP stack's limit: read the body, answer a fixed JSON body."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": _BARE_HEADERS})
+    await send({"type": "http.response.body", "body": _BARE_BODY})
+
+
+def starlette_bare_app():
+    """The same fixed body through a Starlette route (routing, Request, Response objects)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def chat(request: Request) -> Response:
+        await request.body()
+        return Response(_BARE_BODY, media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def serve_bare_app(kind: str, port: int) -> int:
+    """The same uvicorn settings as a frontend (frontends.server): uvloop, httptools, SO_REUSEPORT."""
+    import uvicorn
+
+    from frontends.server import FrontendServer, _http_impl, make_listen_socket, run_event_loop
+
+    async def main() -> int:
+        app = bare_app if kind == "raw" else starlette_bare_app()
+        config = uvicorn.Config(app, log_level="warning", access_log=False, http=_http_impl(), lifespan="auto")
+        server = FrontendServer(config)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
+        serving = asyncio.create_task(server.serve(sockets=[make_listen_socket(HOST, port)]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        print(READY_LINE, flush=True)
+        await serving
+        return 0
+
+    return run_event_loop(main())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=("raw", "starlette"))
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    return serve_bare_app(args.kind, args.port)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
