@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from orchestrator.readiness import health_progress
+
 if TYPE_CHECKING:  # the CLI imports this module to add its subcommands: keep that import light
     from disagg.deploy_config import DeployConfig
 
@@ -155,6 +157,7 @@ def _up_detached(config: DeployConfig, args: argparse.Namespace) -> int:
                                       start_new_session=True)
     deadline = time.monotonic() + config.startup_timeout_seconds
     url = f"http://{config.orchestrator.host}:{config.orchestrator.port}"
+    ready_processes: set[int] = set()
     while time.monotonic() < deadline:
         if supervisor.poll() is not None:
             print(f"disagg up: failed (exit code {supervisor.returncode}); {run_dir / 'up.log'}:", file=sys.stderr)
@@ -163,7 +166,7 @@ def _up_detached(config: DeployConfig, args: argparse.Namespace) -> int:
         state = _read_state(run_dir)
         if state is not None:
             url = state["url"]
-            line = _progress(url)
+            line = health_progress(url, ready_processes)
             print(f"\rdisagg up: starting {len(state['processes'])} processes ... {line}".ljust(100), end="",
                   flush=True)
             if line == "ready":
@@ -173,19 +176,6 @@ def _up_detached(config: DeployConfig, args: argparse.Namespace) -> int:
     print(f"\ndisagg up: not healthy after {config.startup_timeout_seconds} s; stopping", file=sys.stderr)
     _down(run_dir)
     return 1
-
-
-def _progress(url: str) -> str:
-    import httpx
-
-    try:
-        if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-            return "ready"
-        workers = httpx.get(f"{url}/cluster_info", timeout=2).json()["workers"]
-    except (httpx.HTTPError, ValueError, KeyError):
-        return "waiting for the orchestrator"
-    healthy = sum(w["healthy"] for w in workers)
-    return f"{healthy}/{len(workers)} workers healthy"
 
 
 def _resolve_model(config: DeployConfig, run_dir: Path) -> Path:

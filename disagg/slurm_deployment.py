@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.readiness import health_progress
+
 if TYPE_CHECKING:
     from disagg.deploy_config import DeployConfig
     from slurm.placement import WorkerPlacement
@@ -151,6 +153,7 @@ def _wait_healthy(run_dir: Path, state: dict[str, Any], timeout: float) -> int:
 
     job_id = state["job_id"]
     deadline = time.monotonic() + timeout
+    ready_processes: set[int] = set()
     while time.monotonic() < deadline:
         info = job_info(job_id)
         if info is None or info.finished:
@@ -169,7 +172,7 @@ def _wait_healthy(run_dir: Path, state: dict[str, Any], timeout: float) -> int:
         elif url is None:
             line = f"job {job_id} RUNNING on {info.node_list}; waiting for the orchestrator"
         else:
-            line = f"job {job_id} RUNNING; {_health(url)}"
+            line = f"job {job_id} RUNNING; {health_progress(url, ready_processes)}"
         print(f"\rdisagg up: {line}".ljust(100), end="", flush=True)
         if url is not None and line.endswith("ready"):
             print(f"\ndisagg up: ready on {url} (job {job_id}, run dir {run_dir}; `disagg down` stops it)")
@@ -191,18 +194,6 @@ def _step_ended(run_dir: Path, job_id: int, name: str) -> bool:
     from slurm.rendezvous import LOGS_DIR
 
     return (run_dir / LOGS_DIR / f"{name}.log").exists() and name not in running_steps(job_id)
-
-
-def _health(url: str) -> str:
-    import httpx
-
-    try:
-        if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-            return "ready"
-        workers = httpx.get(f"{url}/cluster_info", timeout=2).json()["workers"]
-    except (httpx.HTTPError, ValueError, KeyError):
-        return "the orchestrator does not answer"
-    return f"{sum(w['healthy'] for w in workers)}/{len(workers)} registered workers healthy"
 
 
 def _print_failing_logs(run_dir: Path, state: dict[str, Any], lines: int = 20) -> None:

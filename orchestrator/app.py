@@ -134,7 +134,8 @@ async def _health(orch: Orchestrator, request: Request) -> Response:
     missing = [phase for phase in ("ctx", "gen") if not orch.view.has_healthy(phase)]
     if missing:
         raise NoWorkerError(f"no healthy {' or '.join(missing)} worker yet")
-    return _json({"status": "ok"})
+    # Which process answered: `disagg up` waits until every one of them has (orchestrator.readiness).
+    return _json({"status": "ok", "process_index": orch.process_index, "processes": orch.config.processes})
 
 
 async def _cluster_info(orch: Orchestrator, request: Request) -> Response:

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from orchestrator.readiness import health_progress
 from orchestrator.server import READY_MESSAGE
 from worker_process import free_port
 
@@ -53,7 +54,8 @@ def start_orchestrator(tmp_path: Path, model_dir: str | Path, workers: list[tupl
             raise RuntimeError(f"orchestrator did not start:\n{orchestrator_log(proc)}")
     url = f"http://127.0.0.1:{port}"
     if wait_healthy:
-        wait_until(lambda: httpx.get(f"{url}/health").status_code == 200, timeout)
+        ready_processes: set[int] = set()  # every process must have seen a healthy worker
+        wait_until(lambda: health_progress(url, ready_processes) == "ready", timeout)
     return url, proc
 
 

@@ -49,7 +49,8 @@ def seen_by_every_process(url: str, check) -> bool:
 
 def test_health_models_and_cluster_info(cluster):
     url, worker_urls = cluster
-    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    health = httpx.get(f"{url}/health").json()
+    assert health["status"] == "ok" and health["processes"] == 2 and health["process_index"] in (0, 1)
     models = httpx.get(f"{url}/v1/models", headers=AUTH).json()
     assert [m["id"] for m in models["data"]] == ["tiny-test"]
     assert seen_by_every_process(url, lambda info: sorted(w["url"] for w in info["workers"] if w["healthy"])
