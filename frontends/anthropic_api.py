@@ -101,11 +101,7 @@ def prepare_message(ctx: ServingContext, body: MessagesRequest,
         len(prompt_ids), body.max_tokens, prompt_param="messages",
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
     )
-    if leg is not None:
-        params = disaggregation.engine_params(leg, params)
-    ctx.check_engine()
-    generation = Generation(ctx.client, ctx.tokenizer, prompt_ids, params, tuple(body.stop_sequences or ()),
-                            arrival_time, leg)
+    generation = ctx.start_generation(prompt_ids, params, tuple(body.stop_sequences or ()), arrival_time, leg)
     return generation, MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)
 
 

@@ -126,11 +126,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
         seed=body.seed, min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids,
         ignore_eos=body.ignore_eos, logprobs=body.logprobs,
     )
-    if leg is not None:
-        params = disaggregation.engine_params(leg, params)
-    ctx.check_engine()
-    generation = Generation(ctx.client, ctx.tokenizer, prompt_ids, params, _stop_strings(body.stop),
-                            arrival_time, leg)
+    generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -190,11 +186,7 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
         min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
-    if leg is not None:
-        params = disaggregation.engine_params(leg, params)
-    ctx.check_engine()
-    generation = Generation(ctx.client, ctx.tokenizer, prompt_ids, params, _stop_strings(body.stop),
-                            arrival_time, leg)
+    generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from frontends.disaggregation import DisaggConfig
+from frontends.disaggregation import DisaggConfig, DisaggLeg, engine_params
 from frontends.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError, PromptTooLongError
-from frontends.generation import EngineClientLike
+from frontends.generation import EngineClientLike, Generation
 from frontends.tokenizer import Tokenizer
 from workers.sampling_params import SamplingParams
 
@@ -59,6 +59,15 @@ class ServingContext:
     def check_engine(self) -> None:
         if not self.client.is_healthy:
             raise EngineDeadError()
+
+    def start_generation(self, prompt_ids: list[int], params: SamplingParams, stop_strings: tuple[str, ...],
+                         arrival_time: float | None, leg: DisaggLeg | None) -> Generation:
+        """The one way every API starts a request: the disaggregated leg's params applied,
+        the engine checked alive."""
+        if leg is not None:
+            params = engine_params(leg, params)
+        self.check_engine()
+        return Generation(self.client, self.tokenizer, prompt_ids, params, stop_strings, arrival_time, leg)
 
     def check_prompt_token_ids(self, token_ids: list[int], param: str) -> None:
         if not token_ids:
