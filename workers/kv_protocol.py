@@ -2,40 +2,34 @@
 
 The gen engine's DEALER talks to the ctx engine's ROUTER over TCP::
 
-    gen -> ctx   [mac, KVPullRequest]            pull blocks [first_block, first_block + num_blocks)
-    ctx -> gen   [mac, KVBlock, raw block] ...   one message per block, pipelined, zero-copy
-    ctx -> gen   [mac, KVDone] | [mac, KVError]
-    gen -> ctx   [mac, KVAck]                    the ctx engine frees the parked blocks
+    gen -> ctx   [auth, KVPullRequest]               pull blocks [first_block, first_block + num_blocks)
+    ctx -> gen   [auth, KVBlocks, frame, ...] ...     a chunk of blocks per message, pipelined, zero-copy
+    ctx -> gen   [auth, KVDone] | [auth, KVError]
+    gen -> ctx   [auth, KVAck]                       the ctx engine frees the parked blocks
 
-``mac`` is the HMAC-SHA256 under the cluster key of the header and, for a
-block, of its raw bytes: a message whose MAC does not check is dropped,
-counted and never decoded, and a block is never written into the KV cache
+A chunk's frames are the executor's wire layout of those blocks (for the
+torch engine, one contiguous slab per layer and K/V: see
+``KVCache.export_frames``); only an identical model on the other side
+imports them. ``auth`` authenticates the header and every frame under the
+cluster key (``workers.kv_codec``): a message that fails it is dropped,
+counted and never decoded, and no block is written into the KV cache
 unauthenticated. Torch-free.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import logging
-from typing import Any
-
 import msgspec
-import zmq
 
 __all__ = [
     "KV_TRANSFER_ERROR",
     "KVPullRequest",
     "KVAck",
     "KVRequestMessage",
-    "KVBlock",
+    "KVBlocks",
     "KVDone",
     "KVError",
     "KVReplyMessage",
-    "KVFrameCodec",
 ]
-
-log = logging.getLogger(__name__)
 
 # Prefix of the ``RequestOutput.error`` of a gen request whose pull failed (frontends map it to a 502).
 KV_TRANSFER_ERROR = "kv transfer failed"
@@ -59,11 +53,12 @@ class KVAck(msgspec.Struct, frozen=True, array_like=True, tag="ack"):
 KVRequestMessage = KVPullRequest | KVAck
 
 
-class KVBlock(msgspec.Struct, frozen=True, array_like=True, tag="block"):
-    """Header of one block; the block's raw bytes are the next frame."""
+class KVBlocks(msgspec.Struct, frozen=True, array_like=True, tag="blocks"):
+    """Header of a chunk of consecutive blocks of a pull; their frames follow it."""
 
     pull_id: int
-    index: int  # 0 = the pull's first_block
+    index: int  # of the chunk's first block: 0 = the pull's first_block
+    num_blocks: int
 
 
 class KVDone(msgspec.Struct, frozen=True, array_like=True, tag="done"):
@@ -76,51 +71,5 @@ class KVError(msgspec.Struct, frozen=True, array_like=True, tag="error"):
     error: str
 
 
-KVReplyMessage = KVBlock | KVDone | KVError
+KVReplyMessage = KVBlocks | KVDone | KVError
 
-
-class KVFrameCodec:
-    """``[mac, header(, block)]`` messages; the MAC covers the header and the block bytes."""
-
-    def __init__(self, key: bytes, decode_type: Any, name: str) -> None:
-        if len(key) < 16:
-            raise ValueError(f"the cluster key must be at least 16 bytes, got {len(key)}")
-        self._key = key
-        self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder(decode_type)
-        self.name = name
-        self.num_rejected = 0
-
-    def _mac(self, header: bytes | memoryview, block: Any = None) -> bytes:
-        mac = hmac.new(self._key, header, hashlib.sha256)
-        if block is not None:
-            mac.update(block)
-        return mac.digest()
-
-    def encode(self, message: Any, block: Any = None) -> list[Any]:
-        """Frames to send; ``block`` (a buffer) travels as its own frame, not copied here."""
-        header = self._encoder.encode(message)
-        frames: list[Any] = [self._mac(header, block), header]
-        if block is not None:
-            frames.append(block)
-        return frames
-
-    def decode(self, frames: list[zmq.Frame]) -> tuple[Any, memoryview | None] | None:
-        """(message, block buffer or None), or None when the message was dropped."""
-        if len(frames) not in (2, 3):
-            return self._reject(f"{len(frames)} frames")
-        mac, header = frames[0].bytes, frames[1].buffer
-        block = frames[2].buffer if len(frames) == 3 else None
-        if not hmac.compare_digest(mac, self._mac(header, block)):
-            return self._reject("HMAC check failed")
-        try:
-            message = self._decoder.decode(header)
-        except msgspec.DecodeError as exc:
-            return self._reject(f"undecodable header: {exc}")
-        return message, block
-
-    def _reject(self, why: str) -> None:
-        self.num_rejected += 1
-        if self.num_rejected <= 10 or self.num_rejected % 1000 == 0:
-            log.warning("%s: dropped a message (%s); %d rejected so far", self.name, why, self.num_rejected)
-        return None

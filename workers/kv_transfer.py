@@ -8,12 +8,14 @@ the KV cache only while its request still owns it: an aborted request's
 late blocks are dropped, never written into blocks someone else now holds).
 
 Ctx side: a ``context_only`` request parks its prompt's blocks at finish;
-a pull streams them block by block (at most ``BLOCKS_PER_TICK`` exported per
-tick, so a long prompt cannot stall the loop), the ack frees them; so does
-the park deadline. Gen side: a ``generation_only`` request waits in
+a pull streams them in chunks of ``CHUNK_BLOCKS`` (at most ``BLOCKS_PER_TICK``
+per tick, so a long prompt cannot stall the loop; a run of consecutive
+blocks goes out as views of the KV pool, never copied by this process), the
+ack frees them; so does the park deadline. Gen side: a ``generation_only`` request waits in
 ``WAITING_FOR_REMOTE_KV`` until the scheduler allocates its blocks (reusing
-local prefix hits), then only the missing blocks are pulled; an abort
-releases the ctx side too. Wire format: ``workers.kv_protocol``.
+local prefix hits), then only the missing blocks are pulled, each chunk
+imported as it arrives; an abort releases the ctx side too. Wire format:
+``workers.kv_protocol``; authentication: ``workers.kv_codec``.
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ from typing import Any
 import msgspec
 import zmq
 
+from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import (
     KV_TRANSFER_ERROR,
     KVAck,
-    KVBlock,
+    KVBlocks,
     KVDone,
     KVError,
-    KVFrameCodec,
     KVPullRequest,
     KVReplyMessage,
     KVRequestMessage,
@@ -47,11 +49,14 @@ from workers.protocol import (
     RequestOutput,
 )
 
-__all__ = ["DisaggEngineSpec", "KVTransferAgent", "KV_TRANSFER_ERROR", "BLOCKS_PER_TICK"]
+__all__ = ["DisaggEngineSpec", "KVTransferAgent", "KV_TRANSFER_ERROR", "BLOCKS_PER_TICK", "CHUNK_BLOCKS"]
 
 log = logging.getLogger("disagg.kv_transfer")
 
-BLOCKS_PER_TICK = 32  # blocks one tick exports and sends, per ctx engine
+CHUNK_BLOCKS = 32  # blocks per message: 2 MiB of the bench model's 64 KiB blocks
+# Blocks one tick sends (ctx) or imports (gen): bounds the tick, so the decode
+# of other requests goes on during a long pull (16 MiB of 64 KiB blocks).
+BLOCKS_PER_TICK = 256
 MAX_MESSAGES_PER_TICK = 4096  # bound one drain of a socket
 # The signed expiry is this much earlier than the engine's real deadline (set
 # a few microseconds before the output leaves the step): never later.
@@ -95,8 +100,6 @@ class _Pull:
     last_progress: float = 0.0
     num_received: int = 0
     num_bytes: int = 0
-    arrived_ids: list[int] = field(default_factory=list)  # blocks received, not imported yet
-    arrived: list[memoryview] = field(default_factory=list)
 
 
 class KVTransferAgent:
@@ -243,19 +246,19 @@ class KVTransferAgent:
                 self._reply(send.identity, KVError(send.pull_id, f"request {send.ctx_request_id}'s parked KV "
                                                                   f"expired during the transfer"))
                 continue
-            chunk = send.block_ids[send.next_index:send.next_index + budget]
-            for offset, buffer in enumerate(self.core.export_blocks(chunk)):
-                self._reply(send.identity, KVBlock(send.pull_id, send.next_index + offset), buffer)
-                self.num_bytes_sent += memoryview(buffer).nbytes
+            chunk = send.block_ids[send.next_index:send.next_index + min(budget, CHUNK_BLOCKS)]
+            frames = self.core.export_blocks(chunk)
+            self._reply(send.identity, KVBlocks(send.pull_id, send.next_index, len(chunk)), frames)
+            self.num_bytes_sent += sum(memoryview(frame).nbytes for frame in frames)
             send.next_index += len(chunk)
             budget -= len(chunk)
             if send.next_index == len(send.block_ids):
                 self._sends.popleft()
                 self._reply(send.identity, KVDone(send.pull_id, len(send.block_ids)))
 
-    def _reply(self, identity: bytes, message: KVReplyMessage, block: Any = None) -> None:
-        frames = self._reply_codec.encode(message, block)
-        self._router.send_multipart([identity, *frames], flags=zmq.NOBLOCK, copy=False)
+    def _reply(self, identity: bytes, message: KVReplyMessage, frames: list[Any] | tuple[()] = ()) -> None:
+        self._router.send_multipart([identity, *self._reply_codec.encode(message, frames)], flags=zmq.NOBLOCK,
+                                    copy=False)
 
     # ---- gen side ----------------------------------------------------------
 
@@ -286,7 +289,10 @@ class KVTransferAgent:
             log.warning("KV request to %s dropped: its queue is full", endpoint)
 
     def _receive_replies(self, dealer: zmq.Socket) -> None:
+        budget = BLOCKS_PER_TICK  # what is left waits in the socket, which keeps the loop's poll awake
         for _ in range(MAX_MESSAGES_PER_TICK):
+            if budget <= 0:
+                return
             try:
                 frames = dealer.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -294,52 +300,42 @@ class KVTransferAgent:
             decoded = self._reply_codec.decode(frames)
             if decoded is None:
                 continue
-            message, block = decoded
+            message, frames = decoded
             pull = self._pulls.get(message.pull_id)
             if pull is None or pull.started is None:
                 continue  # aborted: its blocks may belong to someone else now
-            if isinstance(message, KVBlock):
-                self._receive_block(message, pull, block)
+            if isinstance(message, KVBlocks):
+                self._receive_blocks(message, pull, frames)
+                budget -= message.num_blocks
             elif isinstance(message, KVDone):
-                if not self._flush(message.pull_id, pull):
-                    continue
                 if pull.num_received != len(pull.block_ids) or message.num_blocks != len(pull.block_ids):
                     self._fail(message.pull_id, f"{pull.num_received} of {len(pull.block_ids)} blocks arrived")
                 else:
                     self._complete(message.pull_id, pull)
             else:
                 self._fail(message.pull_id, message.error)
-        for request_id, pull in list(self._pulls.items()):
-            self._flush(request_id, pull)
 
-    def _receive_block(self, message: KVBlock, pull: _Pull, block: memoryview | None) -> None:
-        if block is None or not 0 <= message.index < len(pull.block_ids):
-            self._fail(message.pull_id, f"bad block message (index {message.index})")
+    def _receive_blocks(self, message: KVBlocks, pull: _Pull, frames: list[memoryview]) -> None:
+        """Import a chunk straight from the received frames (the only copy on this side)."""
+        end = message.index + message.num_blocks
+        if message.num_blocks < 1 or message.index != pull.num_received or end > len(pull.block_ids):
+            self._fail(message.pull_id, f"bad chunk: blocks [{message.index}, {end}) after {pull.num_received} "
+                                        f"of {len(pull.block_ids)}")
             return
-        pull.arrived_ids.append(pull.block_ids[message.index])
-        pull.arrived.append(block)  # the received frame itself: imported without another copy here
-        pull.num_received += 1
-        pull.num_bytes += block.nbytes
+        try:
+            self.core.import_blocks(pull.block_ids[message.index:end], frames)
+        except ValueError as exc:  # e.g. a ctx engine with another model or block size
+            self._fail(message.pull_id, str(exc))
+            return
+        pull.num_received = end
+        pull.num_bytes += sum(frame.nbytes for frame in frames)
         pull.last_progress = time.time()
 
-    def _flush(self, request_id: int, pull: _Pull) -> bool:
-        """Import the blocks that arrived this tick in one call (one host-to-device copy)."""
-        if not pull.arrived:
-            return True
-        block_ids, buffers = pull.arrived_ids, pull.arrived
-        pull.arrived_ids, pull.arrived = [], []
-        try:
-            self.core.import_blocks(block_ids, buffers)
-        except ValueError as exc:  # e.g. a ctx engine with another model or block size
-            self._fail(request_id, str(exc))
-            return False
-        return True
-
     def _complete(self, request_id: int, pull: _Pull) -> None:
+        seconds = time.time() - (pull.started or time.time())  # the last block is in: the transfer is over
         del self._pulls[request_id]
         self.core.finish_remote_kv(request_id)
         self._send_request(pull.endpoint, KVAck(request_id, pull.ctx_request_id, completed=True))
-        seconds = time.time() - (pull.started or time.time())
         self._stats[request_id] = KVTransferStats(len(pull.block_ids), pull.num_bytes, seconds)
         self.num_pulls_completed += 1
         self.num_bytes_received += pull.num_bytes

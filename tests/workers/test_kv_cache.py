@@ -39,20 +39,32 @@ def test_layer_views_share_one_storage() -> None:
     cache.value_cache(1)[3, 2] = 7.0
     assert cache.key_cache(1).is_contiguous()
     assert torch.equal(cache.storage[1, 1, 3, 2], torch.full((2, 8), 7.0))
-    exported = cache.export_blocks([3, 0])
-    assert exported.shape == (2, 2, 2, 4, 2, 8) and exported.is_contiguous()
-    assert torch.equal(exported[0, 1, 1, 2], torch.full((2, 8), 7.0)) and exported[1].abs().sum() == 0
+    frames = cache.export_frames([3, 0])  # K, V of layer 0, then of layer 1
+    assert [f.shape for f in frames] == [(2, 4, 2, 8)] * 4 and all(f.is_contiguous() for f in frames)
+    assert torch.equal(frames[3][0, 2], torch.full((2, 8), 7.0)) and frames[3][1].abs().sum() == 0
+
+
+def test_consecutive_blocks_export_as_views_of_the_pool() -> None:
+    cache = KVCache(SHAPE, num_blocks=5, device=torch.device("cpu"))
+    cache.storage.normal_()
+    views, gathered = cache.export_frames([1, 2, 3]), cache.export_frames([3, 2])
+    pool = cache.storage.untyped_storage().data_ptr()
+    assert all(f.untyped_storage().data_ptr() == pool for f in views)  # zero-copy
+    assert all(f.untyped_storage().data_ptr() != pool for f in gathered)
+    assert torch.equal(views[2][2], cache.key_cache(1)[3]) and torch.equal(gathered[1][1], cache.value_cache(0)[2])
 
 
 def test_import_checks_shape_and_ids() -> None:
     cache = KVCache(SHAPE, num_blocks=5, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="block id 5 out of range"):
-        cache.export_blocks([5])
-    with pytest.raises(ValueError, match="blocks must be"):
-        cache.import_blocks([1], torch.zeros((1, 2, 2, 4, 2, 4)))
-    blocks = torch.arange(2 * 2 * 4 * 2 * 8, dtype=torch.float32).reshape(1, 2, 2, 4, 2, 8)
-    cache.import_blocks([4], blocks)
-    assert torch.equal(cache.export_blocks([4]), blocks)
+        cache.export_frames([5])
+    with pytest.raises(ValueError, match="frames must be"):
+        cache.import_frames([1], [torch.zeros((1, 4, 2, 4))] * 4)
+    with pytest.raises(ValueError, match="expected 4 frames"):
+        cache.import_frames([1], [torch.zeros((1, 4, 2, 8))] * 3)
+    frames = list(torch.arange(4 * 4 * 2 * 8, dtype=torch.float32).reshape(4, 1, 4, 2, 8))
+    cache.import_frames([4], frames)
+    assert all(torch.equal(a, b) for a, b in zip(cache.export_frames([4]), frames))
 
 
 def test_num_blocks_from_memory_budget() -> None:
@@ -68,7 +80,9 @@ def test_export_import_between_runners_continues_identically(model_dir: Path, dt
     context, generation = _runner(model_dir, dtype), _runner(model_dir, dtype)
     first = context.execute(_step(PROMPT, 0, [7, 2, 10])).sampled[1].token_id
     buffers = context.export_blocks([7, 2, 10])
-    assert [memoryview(b).nbytes for b in buffers] == [context.kv_cache.shape.bytes_per_block] * 3
+    shape = context.kv_cache.shape
+    assert [memoryview(b).nbytes for b in buffers] == [3 * shape.bytes_per_block // (2 * shape.num_layers)] * (
+        2 * shape.num_layers)
     # Through bytes, as a transfer would deliver them, into other block ids.
     generation.import_blocks([4, 0, 11], [bytes(b) for b in buffers])
     assert [bytes(b) for b in generation.export_blocks([4, 0, 11])] == [bytes(b) for b in buffers]
@@ -83,8 +97,9 @@ def test_export_import_between_runners_continues_identically(model_dir: Path, dt
 
 def test_import_rejects_wrong_buffers(model_dir: Path) -> None:
     runner = _runner(model_dir)
-    size = runner.kv_cache.shape.bytes_per_block
-    with pytest.raises(ValueError, match="2 block ids but 1 buffers"):
-        runner.import_blocks([0, 1], [bytes(size)])
-    with pytest.raises(ValueError, match=f"buffer for block 3 has 10 bytes, expected {size}"):
+    shape = runner.kv_cache.shape
+    frame = shape.bytes_per_block // (2 * shape.num_layers)  # one block's K or V of one layer
+    with pytest.raises(ValueError, match=f"expected {2 * shape.num_layers} frames"):
+        runner.import_blocks([0, 1], [bytes(2 * frame)])
+    with pytest.raises(ValueError, match=f"a frame of 10 bytes for 1 blocks, expected {frame}"):
         runner.import_blocks([3], [bytes(10)])

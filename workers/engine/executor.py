@@ -80,13 +80,15 @@ class Executor(Protocol):
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput: ...
 
     def export_blocks(self, block_ids: list[int]) -> list[bytes]:
-        """The KV of ``block_ids``, one bytes-like buffer per block (all layers, K and V).
+        """The KV of ``block_ids`` (all layers, K and V) as the executor's wire frames.
 
-        Buffers may be memoryviews over tensors: they are sent as zero-copy frames."""
+        The frames' number and layout are the executor's own; they may be
+        memoryviews over the KV pool, sent as zero-copy frames, so they are
+        valid while the blocks are not written (parked blocks never are)."""
         ...
 
     def import_blocks(self, block_ids: list[int], buffers: list[bytes]) -> None:
-        """Write buffers produced by ``export_blocks`` of an identical model into ``block_ids``."""
+        """Write the frames ``export_blocks`` of an identical model gave for as many blocks into ``block_ids``."""
         ...
 
     def start_profile(self, trace_dir: str) -> None: ...

@@ -6,9 +6,9 @@ One tensor holds everything, layer-major::
 
 so each layer's K and V are contiguous (num_blocks, block_size, num_kv_heads,
 head_dim) tensors, which the attention gathers from every step. A block id
-means the same rows in every layer; exporting gathers a block's rows of all
-layers into one contiguous (layers, 2, block_size, kv heads, head_dim) slab,
-the wire layout of a KV transfer. Which blocks belong to whom is the block
+means the same rows in every layer; a KV transfer moves blocks as one
+(n, block_size, kv heads, head_dim) frame per layer and K/V, which for a run
+of consecutive blocks is a slice of the pool itself. Which blocks belong to whom is the block
 manager's business; this pool only stores.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from workers.config import CacheConfig, ConfigError
@@ -73,24 +74,47 @@ class KVCache:
     def value_cache(self, layer: int) -> torch.Tensor:
         return self.storage[layer, 1]  # (num_blocks, block_size, kv heads, head_dim), contiguous
 
-    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        """KV of ``block_ids`` as one contiguous CPU tensor (n, layers, 2, block_size, kv heads, head_dim)."""
-        self._check_ids(block_ids)
-        index = torch.tensor(block_ids, dtype=torch.long, device=self.storage.device)
-        blocks = self.storage.index_select(2, index)  # (layers, 2, n, BS, KVH, D)
-        # Reordered on the device, then one transfer.
-        return blocks.permute(2, 0, 1, 3, 4, 5).contiguous().cpu()  # (n, layers, 2, BS, KVH, D)
+    def export_frames(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """The KV of ``block_ids`` as ``2 * num_layers`` contiguous CPU tensors of (n, BS, KVH, D):
+        layer 0's keys, layer 0's values, layer 1's keys, ... (the wire layout of a KV transfer).
 
-    def import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
-        """Write ``blocks`` (as ``export_blocks`` returns them) into ``block_ids``."""
+        Consecutive ids in a CPU pool are views of the pool itself, not copies
+        (the KV transfer sends them zero-copy): they change if the blocks are
+        written, which parked blocks never are. Otherwise one gather."""
         self._check_ids(block_ids)
-        expected = (len(block_ids), *self.shape.block_dims)
-        if tuple(blocks.shape) != expected or blocks.dtype != self.storage.dtype:
-            got = f"{tuple(blocks.shape)} {blocks.dtype}"
-            raise ValueError(f"blocks must be {expected} {self.storage.dtype}, got {got}")
+        first = block_ids[0] if block_ids else 0
+        if self.storage.device.type == "cpu" and block_ids == list(range(first, first + len(block_ids))):
+            slab = self.storage[:, :, first:first + len(block_ids)]
+        else:
+            index = torch.tensor(block_ids, dtype=torch.long, device=self.storage.device)
+            slab = self.storage.index_select(2, index).cpu()  # (layers, 2, n, BS, KVH, D)
+        return [slab[layer, kind] for layer in range(self.shape.num_layers) for kind in (0, 1)]
+
+    def import_frames(self, block_ids: list[int], frames: list[torch.Tensor]) -> None:
+        """Write ``frames`` (as ``export_frames`` returns them) into ``block_ids``."""
+        self._check_ids(block_ids)
+        shape = self.shape
+        expected = (len(block_ids), shape.block_size, shape.num_kv_heads, shape.head_dim)
+        if len(frames) != 2 * shape.num_layers:
+            raise ValueError(f"expected {2 * shape.num_layers} frames (K and V of {shape.num_layers} layers), "
+                             f"got {len(frames)}")
+        for frame in frames:
+            if tuple(frame.shape) != expected or frame.dtype != self.storage.dtype:
+                raise ValueError(f"frames must be {expected} {self.storage.dtype}, "
+                                 f"got {tuple(frame.shape)} {frame.dtype}")
+        if self.storage.device.type == "cpu":
+            # A plain single-threaded numpy copy: ZeroMQ's I/O thread is receiving the next chunks
+            # meanwhile, and an OpenMP-parallel index_copy_ waits at its barrier for the core that
+            # thread holds (10x slower on 2 cores in benchmarks/kv_transfer.py).
+            rows = np.asarray(block_ids)
+            for number, frame in enumerate(frames):
+                layer, kind = divmod(number, 2)
+                self.storage[layer, kind].view(torch.uint8).numpy()[rows] = frame.view(torch.uint8).numpy()
+            return
         index = torch.tensor(block_ids, dtype=torch.long, device=self.storage.device)
-        layer_major = blocks.to(self.storage.device).permute(1, 2, 0, 3, 4, 5)  # (layers, 2, n, BS, KVH, D)
-        self.storage.index_copy_(2, index, layer_major)
+        for number, frame in enumerate(frames):
+            layer, kind = divmod(number, 2)
+            self.storage[layer, kind].index_copy_(0, index, frame.to(self.storage.device))
 
     def _check_ids(self, block_ids: list[int]) -> None:
         for block_id in block_ids:

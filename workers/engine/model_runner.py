@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from workers.config import EngineConfig
@@ -24,8 +24,6 @@ from workers.engine.model.loader import DTYPES, load_model, resolve_device
 from workers.engine.sampler import Sampler, SamplingRow
 
 __all__ = ["ModelRunner"]
-
-IMPORT_CHUNK_BLOCKS = 32  # blocks staged per copy into the KV cache (2 MiB of 64 KiB blocks)
 
 
 class ModelRunner:
@@ -89,33 +87,24 @@ class ModelRunner:
             return self.model.compute_logits(hidden)  # (S, vocab)
 
     def export_blocks(self, block_ids: list[int]) -> list[memoryview]:
-        """One buffer per block: that block's K and V of every layer, raw bytes."""
-        blocks = self.kv_cache.export_blocks(block_ids)  # (n, layers, 2, BS, KVH, D), CPU, contiguous
-        raw = blocks.view(torch.uint8).reshape(len(block_ids), -1).numpy()  # (n, bytes_per_block)
-        return [memoryview(raw[i]) for i in range(len(block_ids))]
+        """The KV cache's wire frames of ``block_ids`` as raw bytes (views, not copies, where it can)."""
+        return [memoryview(frame.view(torch.uint8).reshape(-1).numpy())
+                for frame in self.kv_cache.export_frames(block_ids)]
 
     def import_blocks(self, block_ids: list[int], buffers: list[bytes]) -> None:
-        if len(block_ids) != len(buffers):
-            raise ValueError(f"{len(block_ids)} block ids but {len(buffers)} buffers")
-        if not block_ids:
-            return
-        expected = self.kv_cache.shape.bytes_per_block
-        for block_id, buffer in zip(block_ids, buffers):
+        shape = self.kv_cache.shape
+        expected = len(block_ids) * shape.bytes_per_block // (2 * shape.num_layers)
+        frames = []
+        for buffer in buffers:
             nbytes = memoryview(buffer).nbytes
             if nbytes != expected:
-                raise ValueError(f"buffer for block {block_id} has {nbytes} bytes, expected {expected}")
-        # Each (read-only, received) buffer is copied once into a small writable staging array that
-        # torch aliases, IMPORT_CHUNK_BLOCKS at a time: the same few MB are reused, where one array
-        # for the whole pull (b"".join + bytearray: two copies) page-faulted in every byte of it.
-        dtype, block_dims = self.kv_cache.storage.dtype, self.kv_cache.shape.block_dims
-        staging = np.empty((min(IMPORT_CHUNK_BLOCKS, len(block_ids)), expected), dtype=np.uint8)
-        for first in range(0, len(block_ids), IMPORT_CHUNK_BLOCKS):
-            chunk = buffers[first:first + IMPORT_CHUNK_BLOCKS]
-            for row, buffer in zip(staging, chunk):
-                row[:] = np.frombuffer(buffer, dtype=np.uint8)
-            raw = torch.from_numpy(staging[:len(chunk)])  # (n, bytes_per_block)
-            blocks = raw.view(dtype).reshape(len(chunk), *block_dims)
-            self.kv_cache.import_blocks(block_ids[first:first + len(chunk)], blocks)
+                raise ValueError(f"a frame of {nbytes} bytes for {len(block_ids)} blocks, expected {expected}")
+            with warnings.catch_warnings():  # received frames are read-only; they are only read here
+                warnings.simplefilter("ignore", UserWarning)
+                raw = torch.frombuffer(buffer, dtype=torch.uint8)
+            frames.append(raw.view(shape.dtype).view(len(block_ids), shape.block_size, shape.num_kv_heads,
+                                                     shape.head_dim))
+        self.kv_cache.import_frames(block_ids, frames)
 
     def start_profile(self, trace_dir: str) -> None:
         if self._profiler is not None:

@@ -86,16 +86,18 @@ class SyntheticExecutor:
         return seconds
 
     def export_blocks(self, block_ids: list[int]) -> list[bytes]:
-        return [struct.pack(f"<{self.block_size}Q", *self._block(b)) for b in block_ids]
+        """One frame: the blocks' token ids, ``block_size`` little-endian uint64 each."""
+        tokens = [token for block_id in block_ids for token in self._block(block_id)]
+        return [struct.pack(f"<{len(tokens)}Q", *tokens)]
 
     def import_blocks(self, block_ids: list[int], buffers: list[bytes]) -> None:
-        if len(block_ids) != len(buffers):
-            raise ValueError(f"{len(block_ids)} block ids but {len(buffers)} buffers")
-        size = 8 * self.block_size
-        for block_id, buffer in zip(block_ids, buffers):
-            if len(buffer) != size:
-                raise ValueError(f"block buffer has {len(buffer)} bytes, expected {size}")
-            self._kv[block_id] = list(struct.unpack(f"<{self.block_size}Q", buffer))
+        size = 8 * self.block_size * len(block_ids)
+        if len(buffers) != 1 or memoryview(buffers[0]).nbytes != size:
+            got = [memoryview(b).nbytes for b in buffers]
+            raise ValueError(f"expected one frame of {size} bytes for {len(block_ids)} blocks, got frames of {got}")
+        tokens = struct.unpack(f"<{self.block_size * len(block_ids)}Q", buffers[0])
+        for number, block_id in enumerate(block_ids):
+            self._kv[block_id] = list(tokens[number * self.block_size:(number + 1) * self.block_size])
 
     def start_profile(self, trace_dir: str) -> None:
         raise ProfilingUnsupported("the synthetic engine runs no model: there is nothing to profile")
