@@ -34,7 +34,7 @@ from orchestrator.flow import Flow, PerfRecord
 from orchestrator.metrics import CONTENT_TYPE, Metrics
 from orchestrator.prompt import parse_request
 from orchestrator.view import ClusterView, StateLink
-from orchestrator.upstream import UpstreamClients
+from orchestrator.http_client import HttpClient
 
 __all__ = ["build_app", "Orchestrator"]
 
@@ -54,16 +54,18 @@ class Orchestrator:
         self.link = StateLink(config.state_socket, self.view)
         self.metrics = Metrics()
         timeouts = config.timeouts
-        self.upstream = UpstreamClients(httpx.Timeout(timeouts.idle_seconds, connect=timeouts.connect_seconds))
-        self.client = self.upstream.first  # health, worker info, KV events, perf: a few calls a second
-        self.flow = Flow(config, self.view, self.link, self.upstream, self.metrics)
+        self.legs = HttpClient(timeouts.connect_seconds, timeouts.idle_seconds)  # request legs: the hot path
+        # Health, worker info, KV events, perf: a few calls a second.
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeouts.idle_seconds, connect=timeouts.connect_seconds))
+        self.flow = Flow(config, self.view, self.link, self.legs, self.metrics)
 
     async def start(self) -> None:
         self.link.start()
 
     async def close(self) -> None:
         await self.link.close()
-        await self.upstream.aclose()
+        self.legs.close()
+        await self.client.aclose()
 
 
 def _error(exc: BaseException, anthropic: bool) -> Response:

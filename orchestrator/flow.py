@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 import logging
 from typing import Any, AsyncGenerator, AsyncIterator
 
-import httpx
 import msgspec
 from starlette.responses import Response
 from starlette.types import Receive
@@ -46,7 +45,7 @@ from orchestrator.metrics import Metrics
 from orchestrator.prompt import ParsedRequest, client_answer, ctx_body, gen_body
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
-from orchestrator.upstream import UpstreamClients
+from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout
 from orchestrator.view import ClusterView, StateLink
 
 __all__ = ["Flow", "PerfRecord"]
@@ -75,7 +74,7 @@ class PerfRecord:
 
 
 class Flow:
-    def __init__(self, config: OrchestratorConfig, view: ClusterView, link: StateLink, upstream: UpstreamClients,
+    def __init__(self, config: OrchestratorConfig, view: ClusterView, link: StateLink, upstream: HttpClient,
                  metrics: Metrics) -> None:
         self.config = config
         self.view = view
@@ -194,20 +193,22 @@ class Flow:
                     tokens: int) -> bytes:
         self.view.acquire(worker.worker_id, tokens)
         try:
-            response = await self.upstream.next().post(
-                worker.url + path, content=msgspec.json.encode(body),
-                headers={"x-request-id": request_id, "content-type": "application/json"})
-        except httpx.HTTPError as exc:
+            response = await self.upstream.post(worker.url + path, msgspec.json.encode(body),
+                                                {"x-request-id": request_id, "content-type": "application/json"})
+            try:
+                content = await response.read()
+            finally:
+                response.close()
+        except UpstreamError as exc:
             self.view.suspect(worker.worker_id)
             raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}") from exc
         finally:
             self.view.release(worker.worker_id, tokens)
-        if response.status_code >= 500:
-            raise LegFailed(f"{worker.worker_id} answered {response.status_code}",
-                            kv_source_lost=KV_SOURCE_LOST in response.content)
-        if response.status_code != 200:
-            raise UpstreamRejected(response.status_code, response.content)
-        return response.content
+        if response.status >= 500:
+            raise LegFailed(f"{worker.worker_id} answered {response.status}", kv_source_lost=KV_SOURCE_LOST in content)
+        if response.status != 200:
+            raise UpstreamRejected(response.status, content)
+        return content
 
     async def run_ctx(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
                       record: PerfRecord) -> tuple[dict[str, Any], WorkerRecord]:
@@ -270,24 +271,23 @@ class Flow:
             self.view.acquire(worker.worker_id, tokens)
             upstream = None
             try:
-                client = self.upstream.next()
-                upstream = await self._within(deadline, client.send(client.build_request(
-                    "POST", worker.url + request.path, content=msgspec.json.encode(payload),
-                    headers={"x-request-id": f"{request_id}-gen", "content-type": "application/json"}), stream=True))
-                if upstream.status_code >= 500:
-                    raise LegFailed(f"{worker.worker_id} answered {upstream.status_code}")
-                if upstream.status_code != 200:
-                    body = await upstream.aread()
-                    raise UpstreamRejected(upstream.status_code, body)
-                chunks = upstream.aiter_raw()
+                upstream = await self._within(deadline, self.upstream.post(
+                    worker.url + request.path, msgspec.json.encode(payload),
+                    {"x-request-id": f"{request_id}-gen", "content-type": "application/json"}))
+                if upstream.status >= 500:
+                    raise LegFailed(f"{worker.worker_id} answered {upstream.status}")
+                if upstream.status != 200:
+                    body = await upstream.read()
+                    raise UpstreamRejected(upstream.status, body)
+                chunks = upstream.chunks()
                 first_chunk = await self._within(deadline, chunks.__anext__())  # still retryable until here
                 if payload is not request.body and KV_SOURCE_LOST in first_chunk:  # the pull failed in band
                     raise LegFailed(f"{worker.worker_id}: the KV pull failed", kv_source_lost=True)
-            except (LegFailed, httpx.HTTPError, StopAsyncIteration) as exc:
+            except (LegFailed, UpstreamError, StopAsyncIteration) as exc:
                 self.view.release(worker.worker_id, tokens)
                 if upstream is not None:
-                    await upstream.aclose()
-                if isinstance(exc, httpx.HTTPError):
+                    upstream.close()
+                if isinstance(exc, UpstreamError):
                     self.view.suspect(worker.worker_id)
                 error = str(exc) if isinstance(exc, LegFailed) else f"{worker.worker_id}: {type(exc).__name__}: {exc}"
                 record.legs.append({"phase": "gen", "worker_id": worker.worker_id, "error": error})
@@ -301,7 +301,7 @@ class Flow:
             except BaseException:
                 self.view.release(worker.worker_id, tokens)
                 if upstream is not None:
-                    await upstream.aclose()
+                    upstream.close()
                 raise
             record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": time.time()}
             self.metrics.phase_seconds.labels("gen_first_byte").observe(record.gen["first_byte"] - start)
@@ -313,7 +313,7 @@ class Flow:
         self.metrics.errors.labels("gen", "upstream").inc()
         raise UpstreamFailedError(f"every generation worker failed ({len(tried)} tried)")
 
-    async def _relay(self, request: ParsedRequest, upstream: httpx.Response, chunks: AsyncIterator[bytes],
+    async def _relay(self, request: ParsedRequest, upstream: LegResponse, chunks: AsyncIterator[bytes],
                      first_chunk: bytes, worker: WorkerRecord, tokens: int, record: PerfRecord,
                      deadline: float) -> AsyncGenerator[bytes, None]:
         gen = record.gen or {}
@@ -327,8 +327,8 @@ class Flow:
                     break
                 last = chunk
                 yield chunk
-        except (httpx.HTTPError, asyncio.TimeoutError) as exc:
-            timed_out = isinstance(exc, (asyncio.TimeoutError, httpx.TimeoutException))
+        except (UpstreamError, asyncio.TimeoutError) as exc:
+            timed_out = isinstance(exc, (asyncio.TimeoutError, UpstreamTimeout))
             error = http_error(RequestTimeoutError("the request timed out") if timed_out else
                                UpstreamFailedError(f"the generation worker failed mid-stream: {type(exc).__name__}"))
             record.error = error.message
@@ -338,7 +338,7 @@ class Flow:
             gen["end"] = time.time()
             self.metrics.phase_seconds.labels("gen").observe(gen["end"] - gen["start"])
             self.view.release(worker.worker_id, tokens)
-            await upstream.aclose()  # a client that left: the worker sees the disconnect and aborts
+            upstream.close()  # a client that left: the worker sees the disconnect and aborts
             self._finish(record, request)
 
 

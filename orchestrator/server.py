@@ -37,6 +37,7 @@ log = logging.getLogger("disagg.orchestrator")
 
 READY_MESSAGE = "disagg orchestrator: ready on"
 START_TIMEOUT_SECONDS = 60.0
+OWNER_STOP_SECONDS = 10.0  # the state server drains its (answered at once) long polls within this
 
 
 def add_orchestrator_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +86,8 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
         loop.add_signal_handler(sig, stopping.set)
     owner_task = children = None
     if index == 0:
-        owner_task = asyncio.create_task(_run_owner(config))
+        owner_stop = asyncio.Event()
+        owner_task = asyncio.create_task(_run_owner(config, owner_stop))
         children = [_spawn(args, i, port) for i in range(1, config.processes)]
     else:
         asyncio.create_task(_watch_parent(args.parent_pid, stopping))
@@ -106,8 +108,11 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
         server.should_exit = True
         await asyncio.gather(serving, return_exceptions=True)
         if owner_task is not None:
-            owner_task.cancel()
-            await asyncio.gather(owner_task, return_exceptions=True)
+            owner_stop.set()
+            try:
+                await asyncio.wait_for(owner_task, OWNER_STOP_SECONDS)
+            except Exception:  # noqa: BLE001 - a failed or slow owner must not stop the cleanup
+                log.warning("the state owner did not stop cleanly", exc_info=True)
             shutil.rmtree(Path(config.state_dir) / "prometheus", ignore_errors=True)
             for path in Path(config.state_dir).glob("ready-*"):
                 path.unlink(missing_ok=True)
@@ -115,8 +120,8 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     return 0
 
 
-async def _run_owner(config: OrchestratorConfig) -> None:
-    """Process 0's state owner: the Unix-socket state app and the health checker."""
+async def _run_owner(config: OrchestratorConfig, stop: asyncio.Event) -> None:
+    """Process 0's state owner: the Unix-socket state app and the health checker, until ``stop``."""
     import httpx
     import uvicorn
 
@@ -136,11 +141,15 @@ async def _run_owner(config: OrchestratorConfig) -> None:
     server = FrontendServer(uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds)),
                                            log_level="warning", access_log=False, lifespan="off"))
     checker = asyncio.create_task(HealthChecker(owner, client).run())
+    serving = asyncio.create_task(server.serve(sockets=[unix]))
     try:
-        await server.serve(sockets=[unix])
+        await asyncio.wait([serving, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        checker.cancel()
+        owner.close()  # long polls answer now: the server stops with no request to cancel
         server.should_exit = True
+        await asyncio.gather(serving, return_exceptions=True)
+        checker.cancel()
+        await asyncio.gather(checker, return_exceptions=True)
         await client.aclose()
         unix.close()
         path.unlink(missing_ok=True)

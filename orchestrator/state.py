@@ -52,6 +52,7 @@ class StateOwner:
         self._kv_version = 0
         self._load_version = 0
         self._changed = asyncio.Event()
+        self.closing = False
         for worker in config.workers:
             self.registry.add_static(worker.role, worker.url)
 
@@ -62,6 +63,11 @@ class StateOwner:
     def notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def close(self) -> None:
+        """Shutting down: long polls in flight and to come answer at once, so none is cancelled mid-request."""
+        self.closing = True
+        self.notify()
 
     def kv_changed(self) -> None:
         # Also bumped when a worker is forgotten: its blocks leave the published index.
@@ -85,7 +91,7 @@ class StateOwner:
         }
 
     async def wait_newer(self, after: int, kv_after: int, timeout: float) -> dict[str, Any]:
-        if self.version <= after:
+        if self.version <= after and not self.closing:
             changed = self._changed
             try:
                 await asyncio.wait_for(changed.wait(), timeout)

@@ -84,7 +84,7 @@ def test_dead_worker_is_retried_before_the_first_byte(faults):
     records = {r["request_id"]: r for r in httpx.get(f"{url}/perf_metrics").json()["records"]}
     retried = [records[f"retry-{i}"] for i in range(3) if records[f"retry-{i}"]["retries"]]
     assert len(retried) == 1 and retried[0]["retries"] == 1  # round robin met static-0 once
-    assert retried[0]["legs"][0]["worker_id"] == "static-0" and "ConnectError" in retried[0]["legs"][0]["error"]
+    assert retried[0]["legs"][0]["worker_id"] == "static-0" and "cannot connect" in retried[0]["legs"][0]["error"]
 
 
 def test_worker_death_mid_stream_ends_with_an_error_event(faults):

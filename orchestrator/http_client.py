@@ -1,0 +1,305 @@
+"""The orchestrator's HTTP/1.1 client for request legs: asyncio protocols, httptools, keep-alive.
+
+Every client request becomes one or two legs to workers, so the client's
+cost is paid per request: httpx (httpcore, anyio, h11) spent ~1.5 ms of CPU
+per leg in profiles, most of what the orchestrator added to a request. A leg
+needs little: a POST to a known worker, the status, the body whole or as it
+arrives, keep-alive, and a way to abort. This is that, on the event loop's
+own transports and the C parser uvicorn uses (httptools); health checks and
+other control calls stay on httpx.
+
+Cancellation closes the connection: a worker sees the disconnect and aborts
+the request in its engine. A connection is reused only after a complete
+response that allows keep-alive, and not after ``IDLE_SECONDS`` unused (the
+workers' uvicorn closes keep-alive connections after 5 s; reusing one it is
+closing would fail a leg). A request that finds its reused connection closed
+before any byte of the answer is sent again once on a fresh connection: the
+worker never started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import httptools
+
+__all__ = ["HttpClient", "LegResponse", "UpstreamError", "UpstreamTimeout", "IDLE_SECONDS"]
+
+IDLE_SECONDS = 4.0
+MAX_IDLE_PER_ORIGIN = 512
+# Body bytes buffered before reading from the worker pauses (a slow client of a fast stream).
+MAX_BUFFERED = 1 << 20
+
+
+class UpstreamError(ConnectionError):
+    """No connection, a connection lost or an answer that is not HTTP/1.1."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The worker sent nothing for the client's ``idle_timeout``."""
+
+
+@lru_cache(maxsize=1024)
+def _origin(url: str) -> tuple[str, int, str]:
+    """(host, port, path with query) of an ``http://`` URL."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"not an http:// URL: {url!r}")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.hostname, parts.port or 80, path
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; one response at a time."""
+
+    def __init__(self, origin: tuple[str, int]) -> None:
+        self.origin = origin
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.idle_since = 0.0
+        self.closed = False
+        self._response: LegResponse | None = None
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self._response is None:  # bytes nobody asked for: the connection is not usable
+            self.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamError(f"bad HTTP from {self.origin[0]}:{self.origin[1]}: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(UpstreamError(f"{self.origin[0]}:{self.origin[1]} closed the connection"
+                                 + (f": {exc}" if exc else "")))
+
+    def pause_writing(self) -> None:  # requests are small: nothing to pause
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # -- httptools callbacks ----------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self._response is not None
+        self._response.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        assert self._response is not None
+        self._response._headers_complete(self.parser.get_status_code())
+
+    def on_body(self, body: bytes) -> None:
+        assert self._response is not None
+        self._response._body(body)
+
+    def on_message_complete(self) -> None:
+        response, self._response = self._response, None
+        assert response is not None
+        response._complete(self.parser.should_keep_alive())
+
+    # -- ours -------------------------------------------------------------------------------
+
+    def start(self, response: LegResponse, request: bytes) -> None:
+        self._response = response
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def _fail(self, exc: UpstreamError) -> None:
+        response, self._response = self._response, None
+        if response is not None:
+            response._fail(exc)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def set_reading(self, on: bool) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading() if on else self.transport.pause_reading()
+
+
+class LegResponse:
+    """A worker's answer: ``status`` and ``headers`` once ``HttpClient.post`` returns, then the body."""
+
+    def __init__(self, client: HttpClient, connection: _Connection) -> None:
+        self.status = 0
+        self.idle_timeout = client.idle_timeout
+        self.headers: list[tuple[bytes, bytes]] = []
+        self._client = client
+        self._connection = connection
+        self._loop = asyncio.get_running_loop()
+        self._head: asyncio.Future[None] = self._loop.create_future()
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: UpstreamError | None = None
+        self._done = False
+        self._keep_alive = False
+        self._released = False
+        self.received_any = False
+
+    # -- from the connection ----------------------------------------------------------------
+
+    def _headers_complete(self, status: int) -> None:
+        self.status = status
+        self.received_any = True
+        if not self._head.done():
+            self._head.set_result(None)
+
+    def _body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > MAX_BUFFERED:
+            self._connection.set_reading(False)
+        self._wake()
+
+    def _complete(self, keep_alive: bool) -> None:
+        self._done, self._keep_alive = True, keep_alive
+        self._wake()
+
+    def _fail(self, exc: UpstreamError) -> None:
+        self._error = exc
+        if not self._head.done():
+            self._head.set_exception(exc)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # -- for the caller ---------------------------------------------------------------------
+
+    async def _wait_head(self) -> None:
+        await self._idle(self._head)
+
+    async def _idle(self, future: asyncio.Future[None]) -> None:
+        try:
+            await asyncio.wait_for(future, self.idle_timeout)
+        except asyncio.TimeoutError:
+            raise UpstreamTimeout(f"no answer from {self._connection.origin[0]}:{self._connection.origin[1]} "
+                                  f"for {self.idle_timeout:g} s") from None
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        parts = []
+        async for chunk in self.chunks():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def chunks(self):
+        """The body as it arrives; raises ``UpstreamError`` if the connection fails before its end."""
+        try:
+            while True:
+                if self._chunks:
+                    chunk = self._chunks.popleft()
+                    self._buffered -= len(chunk)
+                    if self._buffered <= MAX_BUFFERED // 2:
+                        self._connection.set_reading(True)
+                    yield chunk
+                    continue
+                if self._done:
+                    return
+                if self._error is not None:
+                    raise self._error
+                self._waiter = self._loop.create_future()
+                await self._idle(self._waiter)
+        finally:
+            self._waiter = None
+
+    def close(self) -> None:
+        """Done with the answer: a complete one frees its connection for reuse, anything else closes it."""
+        if self._released:
+            return
+        self._released = True
+        if self._done and self._keep_alive and not self._chunks:
+            self._client._release(self._connection)
+        else:
+            self._connection.close()
+
+
+class HttpClient:
+    """Pooled keep-alive connections per worker origin."""
+
+    def __init__(self, connect_timeout: float, idle_timeout: float) -> None:
+        self.connect_timeout = connect_timeout
+        self.idle_timeout = idle_timeout  # the longest wait for the next byte of an answer
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> LegResponse:
+        """Send a POST; returns once the status and headers are in (the body follows).
+
+        Raises ``UpstreamError``: no connection (within ``connect_timeout``), lost before
+        the answer, or ``UpstreamTimeout``: no answer within ``idle_timeout``."""
+        host, port, path = _origin(url)
+        head = [f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"]
+        for name, value in headers.items():
+            if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+                raise ValueError(f"header {name!r} holds a line break")
+            head.append(f"{name}: {value}\r\n")
+        request = "".join(head).encode("latin-1") + b"\r\n" + body
+        connection = self._take_idle((host, port))
+        reused = connection is not None
+        while True:
+            if connection is None:
+                connection = await self._connect(host, port)
+            response = LegResponse(self, connection)
+            connection.start(response, request)
+            try:
+                await response._wait_head()
+                return response
+            except UpstreamError:
+                connection.close()
+                if not (reused and not response.received_any):
+                    raise
+                reused, connection = False, None  # a stale keep-alive connection: once more, fresh
+            except BaseException:
+                connection.close()  # cancelled: the worker sees the disconnect and aborts
+                raise
+
+    async def _connect(self, host: str, port: int) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(lambda: _Connection((host, port)), host, port), self.connect_timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise UpstreamError(f"cannot connect to {host}:{port}: {type(exc).__name__}: {exc}") from exc
+        return connection
+
+    def _take_idle(self, origin: tuple[str, int]) -> _Connection | None:
+        idle = self._idle.get(origin)
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            if not connection.closed and now - connection.idle_since < IDLE_SECONDS:
+                return connection
+            connection.close()
+        return None
+
+    def _release(self, connection: _Connection) -> None:
+        if connection.closed:
+            return
+        idle = self._idle.setdefault(connection.origin, [])
+        if len(idle) >= MAX_IDLE_PER_ORIGIN:
+            connection.close()
+            return
+        connection.idle_since = time.monotonic()
+        idle.append(connection)
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.close()
+        self._idle.clear()
