@@ -39,7 +39,15 @@ from workers.disagg_params import (
     verify_params,
 )
 from workers.kv_protocol import KV_TRANSFER_ERROR
-from workers.protocol import AddContextRequest, AddRemoteRequest, EngineRequest, IngressMessage, ParkedKV, RequestOutput
+from workers.protocol import (
+    AddContextRequest,
+    AddRemoteRequest,
+    EngineRequest,
+    IngressMessage,
+    ParkedKV,
+    RequestOutput,
+    TokenLogprobs,
+)
 from workers.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -81,6 +89,7 @@ class DisaggLeg:
         self.request_id: int | None = None  # the engine's request id (the ctx request id of a ctx leg)
         self.kv_parked: ParkedKV | None = None
         self.first_token_id: int | None = None
+        self.first_logprobs: TokenLogprobs | None = None  # a ctx leg's first token's, when asked for
         self._first_pending = not self.is_context  # the gen leg's first token is not reported by its engine
 
     def message(self, request: EngineRequest) -> IngressMessage:
@@ -97,12 +106,17 @@ class DisaggLeg:
         if self.is_context:
             if output.new_token_ids and self.first_token_id is None:
                 self.first_token_id = output.new_token_ids[0]
+                self.first_logprobs = output.new_logprobs[0] if output.new_logprobs else None
             if output.kv_parked is not None:
                 self.kv_parked = output.kv_parked
             return output
         if self._first_pending and output.finish_reason != "abort":
             self._first_pending = False
-            return msgspec.structs.replace(output, new_token_ids=[self.params.first_token_id, *output.new_token_ids])
+            logprobs, first_logprobs = output.new_logprobs, self.params.first_token_logprobs
+            if logprobs is not None and first_logprobs is not None:
+                logprobs = [first_logprobs, *logprobs]
+            return msgspec.structs.replace(output, new_token_ids=[self.params.first_token_id, *output.new_token_ids],
+                                           new_logprobs=logprobs)
         return output
 
     def answer_params(self, prompt_token_ids: list[int]) -> dict[str, Any]:
@@ -113,7 +127,7 @@ class DisaggLeg:
         params = signed_params(self.config.cluster_key, str(self.request_id), self.config.kv_endpoint,
                                self.kv_parked.num_tokens, self.first_token_id, self.kv_parked.expires_at,
                                prompt_token_ids)
-        answer = msgspec.to_builtins(params)
+        answer = msgspec.to_builtins(msgspec.structs.replace(params, first_token_logprobs=self.first_logprobs))
         answer.pop("prompt_token_ids")  # top-level in the answer
         return answer
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import msgspec
 
+from workers.protocol import TokenLogprobs
+
 __all__ = [
     "CLUSTER_KEY_FILE_ENV",
     "CONTEXT_ONLY",
@@ -66,6 +68,9 @@ class DisaggParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     signature: str | None = None  # hex HMAC-SHA256 (module doc)
     prompt_token_ids: list[int] | None = None  # generation_only: never re-tokenized
     finished: bool = False  # ctx answer: the first token ended the request; no gen leg, nothing parked
+    # ctx answer -> gen leg: the first token's logprobs when the request asks for logprobs, so the
+    # gen leg reports every token's. Not signed: it only reports, the engine never reads it.
+    first_token_logprobs: TokenLogprobs | None = None
 
     def validate_type(self) -> None:
         if self.request_type not in (CONTEXT_ONLY, GENERATION_ONLY):

@@ -353,3 +353,24 @@ def test_a_first_token_that_stops_parks_nothing(workers):
                                               "first_token_id": first}
     assert answer["choices"][0]["finish_reason"] == "stop"
     assert answer["prompt_token_ids"] == list(range(400, 409))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_cover_every_token_including_the_ctx_legs_first(workers, stream):
+    ctx_url, gen_url = workers
+    body = {**completion(ID_PROMPTS[3], stream, max_tokens=6), "logprobs": 2}
+
+    def logprobs(answer) -> dict:
+        choices = [answer["choices"][0]] if isinstance(answer, dict) else [e["choices"][0] for e in answer
+                                                                           if e.get("choices")]
+        merged: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+        for choice in choices:
+            for key in merged:
+                merged[key] += (choice.get("logprobs") or {}).get(key) or []
+        return merged
+
+    status, reference = post(ctx_url, "/v1/completions", body)
+    assert status == 200
+    expected = logprobs(reference)
+    assert len(expected["tokens"]) == 6
+    assert logprobs(disaggregated(ctx_url, gen_url, "/v1/completions", body)) == expected
