@@ -40,6 +40,7 @@ import msgspec
 from frontends.anthropic_api import generate_message
 from frontends.batches.store import DEFAULT_TTL_SECONDS, BatchRecord, BatchStore
 from frontends.errors import EngineDeadError, InvalidRequestError, anthropic_error_body, http_error
+from frontends.perf_records import X_REQUEST_ID
 from frontends.schemas_anthropic import MessagesRequest
 from frontends.serving import ServingContext
 
@@ -180,6 +181,9 @@ class BatchRunner:
     # -- one request ---------------------------------------------------------------------------------
 
     async def _run_request(self, batch_id: str, idx: int) -> None:
+        # This task was created inside the HTTP request that created or polled the batch and copied
+        # its context: without this its perf record would carry that request's x-request-id.
+        X_REQUEST_ID.set(f"{batch_id}[{idx}]")
         params = await asyncio.to_thread(self.store.request_params, batch_id, idx)
         outcome = await self._execute(params)
         if outcome is None:

@@ -30,7 +30,7 @@ def test_batches_are_launcher_owned_and_survive_a_restart(tiny_model_dir, tmp_pa
                                                "messages": [{"role": "user", "content": f"hello {i}"}]}}
             for i in range(6)
         ]
-        batch = client.messages.batches.create(requests=requests)
+        batch = client.messages.batches.create(requests=requests, extra_headers={"x-request-id": "the-creator"})
         ended = _wait_ended(client, batch.id)
         assert ended.request_counts.succeeded == 6
         results = {r.custom_id: r for r in client.messages.batches.results(batch.id)}
@@ -43,6 +43,9 @@ def test_batches_are_launcher_owned_and_survive_a_restart(tiny_model_dir, tmp_pa
             assert response.status_code == 200 and response.json()["id"] == batch.id
             served_by.add(response.headers["x-disagg-frontend"])
         assert served_by == {"0", "1"}
+        # Each batch request's perf record names it, not the HTTP request that created the batch.
+        ids = {r["x_request_id"] for r in httpx.get(f"{url}/perf_metrics").json()}
+        assert {f"{batch.id}[{i}]" for i in range(6)} <= ids and "the-creator" not in ids
     finally:
         assert stop_worker(proc) == 0
 
