@@ -27,15 +27,16 @@ Targets (printed as PASS/FAIL lines with the ratio):
 Each configuration runs ``--repeats`` times (servers restarted each time);
 the summary is the median, with the spread (max-min)/median as the noise.
 
-A second baseline, ``bare-starlette`` (the same body through one Starlette
-route), splits the framework's share from ours. Coalescing note: outputs
+Two more baselines split the shares: ``bare-starlette`` (the same body
+through one Starlette route: the framework's) and ``bare-stream`` (raw ASGI
+sending the SSE frames of a zero-cost chat stream: streaming's). Coalescing note: outputs
 that queue up while a frontend is behind merge into one SSE frame
 (``frontends.engine_client.OutputCollector``), so at zero engine cost the
 frames per request drop under load; ``--decode-step-seconds 0.01`` paces
 the engine so that every token is its own frame.
 
     python benchmarks/frontend_scaling.py [--concurrency 64,512] [--num-frontends 1,2]
-        [--warmup 1] [--duration 4] [--repeats 3] [--bare-apps raw,starlette]
+        [--warmup 1] [--duration 4] [--repeats 3] [--bare-apps raw,starlette,stream]
         [--decode-step-seconds 0] [--out benchmarks/results/frontend_scaling.json]
 """
 
@@ -400,7 +401,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-requests", type=int, default=500_000, help="bound on requests per run")
     parser.add_argument("--port", type=int, default=None, help="default: a free port")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "frontend_scaling.json"))
-    parser.add_argument("--bare-apps", type=lambda text: text.split(","), default=["raw", "starlette"],
+    parser.add_argument("--bare-apps", type=lambda text: text.split(","), default=["raw", "starlette", "stream"],
                         help="baselines, comma-separated: raw (raw ASGI), starlette (one Starlette route)")
     parser.add_argument("--decode-step-seconds", type=float, default=0.0,
                         help="synthetic engine seconds per decode step (0: zero compute cost)")
