@@ -21,6 +21,7 @@ from workers.engine.attention import SequenceSlice, build_attention_metadata
 from workers.engine.executor import ExecutorOutput, SchedulerOutput
 from workers.engine.kv_cache import KVCache, KVCacheShape, num_blocks_for
 from workers.engine.model.loader import DTYPES, load_model, resolve_device
+from workers.engine.model.packed_linear import can_pack, pack_linears
 from workers.engine.sampler import Sampler, SamplingRow
 
 __all__ = ["ModelRunner"]
@@ -34,6 +35,8 @@ class ModelRunner:
         self.config = config
         self.device = resolve_device(config.device)
         self.model, self.model_config = load_model(config.model, config.dtype, self.device, _positions(config))
+        if can_pack(self.device, DTYPES[config.dtype]):
+            pack_linears(self.model)  # from here on the model only serves inference
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.vocab_size = self.model_config.vocab_size
         self.eos_token_ids = self.model_config.eos_token_ids
