@@ -1,4 +1,4 @@
-"""The orchestrator's HTTP/1.1 client for request legs: asyncio protocols, httptools, keep-alive.
+"""The orchestrator's HTTP/1.1 client for its hot paths: asyncio protocols, httptools, keep-alive.
 
 Every client request becomes one or two legs to workers, so the client's
 cost is paid per request: httpx (httpcore, anyio, h11) spent ~1.5 ms of CPU
@@ -231,21 +231,26 @@ class LegResponse:
 
 
 class HttpClient:
-    """Pooled keep-alive connections per worker origin."""
+    """Pooled keep-alive connections per origin (TCP, or one Unix socket for every URL: ``uds``)."""
 
-    def __init__(self, connect_timeout: float, idle_timeout: float) -> None:
+    def __init__(self, connect_timeout: float, idle_timeout: float, uds: str | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.idle_timeout = idle_timeout  # the longest wait for the next byte of an answer
+        self.uds = uds
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> LegResponse:
-        """Send a POST; returns once the status and headers are in (the body follows).
+        return await self.request("POST", url, body, headers)
+
+    async def request(self, method: str, url: str, body: bytes = b"",
+                      headers: dict[str, str] | None = None) -> LegResponse:
+        """Send a request; returns once the status and headers are in (the body follows).
 
         Raises ``UpstreamError``: no connection (within ``connect_timeout``), lost before
         the answer, or ``UpstreamTimeout``: no answer within ``idle_timeout``."""
         host, port, path = _origin(url)
-        head = [f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"]
-        for name, value in headers.items():
+        head = [f"{method} {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"]
+        for name, value in (headers or {}).items():
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
                 raise ValueError(f"header {name!r} holds a line break")
             head.append(f"{name}: {value}\r\n")
@@ -271,11 +276,14 @@ class HttpClient:
 
     async def _connect(self, host: str, port: int) -> _Connection:
         loop = asyncio.get_running_loop()
+        factory = lambda: _Connection((host, port))  # noqa: E731
+        connecting = (loop.create_unix_connection(factory, self.uds) if self.uds is not None
+                      else loop.create_connection(factory, host, port))
         try:
-            _, connection = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection((host, port)), host, port), self.connect_timeout)
+            _, connection = await asyncio.wait_for(connecting, self.connect_timeout)
         except (OSError, asyncio.TimeoutError) as exc:
-            raise UpstreamError(f"cannot connect to {host}:{port}: {type(exc).__name__}: {exc}") from exc
+            where = self.uds if self.uds is not None else f"{host}:{port}"
+            raise UpstreamError(f"cannot connect to {where}: {type(exc).__name__}: {exc}") from exc
         return connection
 
     def _take_idle(self, origin: tuple[str, int]) -> _Connection | None:

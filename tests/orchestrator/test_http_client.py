@@ -215,3 +215,17 @@ async def test_a_connection_lost_mid_body_fails_the_stream() -> None:
 async def test_header_values_with_line_breaks_are_refused() -> None:
     with pytest.raises(ValueError, match="line break"):
         await HttpClient(connect_timeout=2, idle_timeout=2).post("http://127.0.0.1:9/", b"", {"x": "a\r\nb: c"})
+
+
+async def test_gets_over_a_unix_socket(tmp_path) -> None:
+    server = Server(echo)
+    path = str(tmp_path / "state.sock")
+    unix = await asyncio.start_unix_server(server.handle, path)
+    client = HttpClient(connect_timeout=2, idle_timeout=2, uds=path)
+    for _ in range(2):
+        response = await client.request("GET", "http://state/snapshot?after=3")
+        assert (response.status, await response.read()) == (200, b"echo:")
+        response.close()
+    assert server.connections == 1 and server.requests[0][0].startswith(b"GET /snapshot?after=3 HTTP/1.1\r\n")
+    client.close()
+    unix.close()
