@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from orchestrator.readiness import health_progress
+from workers.processes import stop_process
 
 if TYPE_CHECKING:  # the CLI imports this module to add its subcommands: keep that import light
     from disagg.deploy_config import DeployConfig
@@ -301,13 +302,7 @@ def _supervise(config: DeployConfig) -> int:
 def _stop_all(children: list[subprocess.Popen]) -> None:
     # The orchestrator (last started) goes first, so no request is routed to a stopping worker.
     for child in children:
-        if child.poll() is None:
-            child.terminate()
-        try:
-            child.wait(timeout=STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        stop_process(child, STOP_SECONDS)
 
 
 def _clean(run_dir: Path) -> None:

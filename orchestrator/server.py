@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from workers.processes import stop_processes
+
 if TYPE_CHECKING:  # the CLI imports this module to add its arguments: keep that import light
     from orchestrator.config import OrchestratorConfig
 
@@ -172,15 +174,7 @@ async def _wait_ready(config: OrchestratorConfig, children: list[subprocess.Pope
 
 
 def _stop_children(children: list[subprocess.Popen]) -> None:
-    for child in children:
-        if child.poll() is None:
-            child.terminate()
-    for child in children:
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+    stop_processes(children, timeout=10)
 
 
 async def _watch_parent(parent_pid: int | None, stopping: asyncio.Event) -> None:

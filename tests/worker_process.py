@@ -23,6 +23,7 @@ import weakref
 from pathlib import Path
 
 from disagg.serve import READY_MESSAGE  # the line the launcher prints when every frontend is ready
+from workers.processes import stop_process
 
 __all__ = ["free_port", "spawn_worker", "start_worker", "stop_worker", "port_is_free", "worker_log", "READY_MESSAGE"]
 
@@ -91,11 +92,4 @@ def worker_log(proc: subprocess.Popen) -> str:
 
 def stop_worker(proc: subprocess.Popen, timeout: float = 30.0) -> int:
     """SIGTERM the launcher and wait; its exit code (SIGKILL after ``timeout``)."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
+    return stop_process(proc, timeout)

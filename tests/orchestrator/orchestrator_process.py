@@ -19,6 +19,7 @@ import httpx
 
 from orchestrator.readiness import health_progress
 from orchestrator.server import READY_MESSAGE
+from workers.processes import stop_process
 from worker_process import free_port
 
 __all__ = ["start_orchestrator", "stop_orchestrator", "wait_until", "orchestrator_log"]
@@ -64,14 +65,7 @@ def orchestrator_log(proc: subprocess.Popen) -> str:
 
 
 def stop_orchestrator(proc: subprocess.Popen, timeout: float = 20.0) -> int:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
+    return stop_process(proc, timeout)
 
 
 def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05):
