@@ -187,27 +187,33 @@ class Flow:
             return failed
         return worker
 
+    def _retrying(self, phase: str, worker: WorkerRecord, error: str, tried: set[str], record: PerfRecord) -> bool:
+        """Record a failed leg; whether it may go again (``max_retries`` not spent yet), counted if so."""
+        record.legs.append({"phase": phase, "worker_id": worker.worker_id, "error": error})
+        if len(tried) > self.config.max_retries:
+            return False
+        self.metrics.retries.labels(phase).inc()
+        record.retries += 1
+        return True
+
     # -- legs -------------------------------------------------------------------------------
 
     async def _post(self, worker: WorkerRecord, path: str, body: dict[str, Any], request_id: str,
                     tokens: int) -> bytes:
         self.view.acquire(worker.worker_id, tokens)
         try:
-            response = await self.upstream.post(worker.url + path, msgspec.json.encode(body),
-                                                {"x-request-id": request_id, "content-type": "application/json"})
-            try:
-                content = await response.read()
-            finally:
-                response.close()
+            status, content = await self.upstream.call(
+                "POST", worker.url + path, msgspec.json.encode(body),
+                {"x-request-id": request_id, "content-type": "application/json"})
         except UpstreamError as exc:
             self.view.suspect(worker.worker_id)
             raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}") from exc
         finally:
             self.view.release(worker.worker_id, tokens)
-        if response.status >= 500:
-            raise LegFailed(f"{worker.worker_id} answered {response.status}", kv_source_lost=KV_SOURCE_LOST in content)
-        if response.status != 200:
-            raise UpstreamRejected(response.status, content)
+        if status >= 500:
+            raise LegFailed(f"{worker.worker_id} answered {status}", kv_source_lost=KV_SOURCE_LOST in content)
+        if status != 200:
+            raise UpstreamRejected(status, content)
         return content
 
     async def run_ctx(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
@@ -221,11 +227,8 @@ class Flow:
             try:
                 raw = await self._post(worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids))
             except LegFailed as exc:
-                record.legs.append({"phase": "ctx", "worker_id": worker.worker_id, "error": str(exc)})
-                if len(tried) > self.config.max_retries:
+                if not self._retrying("ctx", worker, str(exc), tried, record):
                     break
-                self.metrics.retries.labels("ctx").inc()
-                record.retries += 1
                 worker = self.pick("ctx", request, tried)
                 continue
             record.ctx = {"worker_id": worker.worker_id, "start": start, "end": time.time()}
@@ -244,11 +247,8 @@ class Flow:
             try:
                 raw = await self._post(worker, request.path, payload, f"{request_id}-gen", len(request.prompt_ids))
             except LegFailed as exc:
-                record.legs.append({"phase": "gen", "worker_id": worker.worker_id, "error": str(exc)})
-                if len(tried) > self.config.max_retries:
+                if not self._retrying("gen", worker, str(exc), tried, record):
                     break
-                self.metrics.retries.labels("gen").inc()
-                record.retries += 1
                 payload = request.body  # a normal request: the parked KV may be gone
                 worker = self.next_gen(request, tried, worker, exc)
                 continue
@@ -290,11 +290,8 @@ class Flow:
                 if isinstance(exc, UpstreamError):
                     self.view.suspect(worker.worker_id)
                 error = str(exc) if isinstance(exc, LegFailed) else f"{worker.worker_id}: {type(exc).__name__}: {exc}"
-                record.legs.append({"phase": "gen", "worker_id": worker.worker_id, "error": error})
-                if len(tried) > self.config.max_retries:
+                if not self._retrying("gen", worker, error, tried, record):
                     break
-                self.metrics.retries.labels("gen").inc()
-                record.retries += 1
                 payload = request.body
                 worker = self.next_gen(request, tried, worker, exc)
                 continue

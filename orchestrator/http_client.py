@@ -84,12 +84,6 @@ class _Connection(asyncio.Protocol):
         self._fail(UpstreamError(f"{self.origin[0]}:{self.origin[1]} closed the connection"
                                  + (f": {exc}" if exc else "")))
 
-    def pause_writing(self) -> None:  # requests are small: nothing to pause
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # -- httptools callbacks ----------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -241,6 +235,15 @@ class HttpClient:
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> LegResponse:
         return await self.request("POST", url, body, headers)
+
+    async def call(self, method: str, url: str, body: bytes = b"",
+                   headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """(status, whole body) of a request; the connection goes back to the pool."""
+        response = await self.request(method, url, body, headers)
+        try:
+            return response.status, await response.read()
+        finally:
+            response.close()
 
     async def request(self, method: str, url: str, body: bytes = b"",
                       headers: dict[str, str] | None = None) -> LegResponse:

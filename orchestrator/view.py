@@ -163,13 +163,9 @@ class StateLink:
             await asyncio.sleep(LOAD_PUSH_SECONDS)
 
     async def _call(self, method: str, path: str, body: bytes = b"") -> bytes:
-        response = await self.fast.request(method, "http://state" + path, body)
-        try:
-            content = await response.read()
-        finally:
-            response.close()
-        if response.status != 200:
-            raise UpstreamError(f"the state owner answered {response.status} to {method} {path}")
+        status, content = await self.fast.call(method, "http://state" + path, body)
+        if status != 200:
+            raise UpstreamError(f"the state owner answered {status} to {method} {path}")
         return content
 
     async def _push_perf(self) -> None:

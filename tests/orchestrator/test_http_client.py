@@ -51,11 +51,9 @@ def answer(body: bytes, status: int = 200, extra: bytes = b"") -> bytes:
 
 
 async def fetch(client: HttpClient, url: str, body: bytes = b"x", headers: dict | None = None) -> bytes:
-    response = await client.post(url, body, headers or {})
-    try:
-        return await response.read()
-    finally:
-        response.close()
+    status, content = await client.call("POST", url, body, headers)
+    assert status == 200
+    return content
 
 
 async def echo(head, body, writer, number) -> bool:
@@ -223,9 +221,7 @@ async def test_gets_over_a_unix_socket(tmp_path) -> None:
     unix = await asyncio.start_unix_server(server.handle, path)
     client = HttpClient(connect_timeout=2, idle_timeout=2, uds=path)
     for _ in range(2):
-        response = await client.request("GET", "http://state/snapshot?after=3")
-        assert (response.status, await response.read()) == (200, b"echo:")
-        response.close()
+        assert await client.call("GET", "http://state/snapshot?after=3") == (200, b"echo:")
     assert server.connections == 1 and server.requests[0][0].startswith(b"GET /snapshot?after=3 HTTP/1.1\r\n")
     client.close()
     unix.close()
