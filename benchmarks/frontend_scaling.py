@@ -56,14 +56,11 @@ import threading
 import time
 from pathlib import Path
 
-import msgspec
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_loadgen import LoadResult, LoadSpec  # noqa: E402  (the sibling script)
+from http_loadgen import LoadResult, LoadSpec, run_in_own_process  # noqa: E402  (the sibling script)
 
 READY_LINE = "disagg serve: ready on"  # disagg.serve.READY_MESSAGE, not imported: it pulls in the worker
 BARE_READY_LINE = "bare app: ready"  # bare_app.READY_LINE
-LOADGEN = Path(__file__).resolve().parent / "http_loadgen.py"
 BARE_APP = Path(__file__).resolve().parent / "bare_app.py"
 HOST = "127.0.0.1"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -219,12 +216,7 @@ def run_load(args: argparse.Namespace, request: str, concurrency: int, streaming
     spec = LoadSpec(host=HOST, port=args.port, request=request, concurrency=concurrency, warmup_s=args.warmup,
                     duration_s=args.duration, max_requests=args.max_requests, streaming=streaming,
                     server_pids=server_pids)
-    timeout = args.warmup + args.duration + spec.drain_timeout_s + 60
-    done = subprocess.run([sys.executable, str(LOADGEN), msgspec.json.encode(spec).decode()],
-                          capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"the load generator failed:\n{done.stderr[-4000:]}")
-    return msgspec.json.decode(done.stdout, type=LoadResult)
+    return run_in_own_process(spec)
 
 
 def run_record(server: str, k: int | None, concurrency: int, repeat: int, result: LoadResult) -> dict:

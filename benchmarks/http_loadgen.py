@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -223,6 +224,16 @@ async def run_load(spec: LoadSpec) -> LoadResult:
         server_cpu_s=server_cpu, loadgen_cpu_s=own_cpu, connections_failed=run.connections_failed,
         latency_p99_s=_percentile(latencies, 0.99),
     )
+
+
+def run_in_own_process(spec: LoadSpec) -> LoadResult:
+    """Run this script on ``spec`` in a process of its own (the benchmarks measure from outside the servers)."""
+    timeout = spec.warmup_s + spec.duration_s + spec.drain_timeout_s + 60
+    done = subprocess.run([sys.executable, __file__, msgspec.json.encode(spec).decode()],
+                          capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"the load generator failed:\n{done.stderr[-4000:]}")
+    return msgspec.json.decode(done.stdout, type=LoadResult)
 
 
 def main(argv: list[str]) -> int:

@@ -25,20 +25,16 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import msgspec
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from frontend_scaling import Server  # noqa: E402  (the sibling script: process start/stop)
-from http_loadgen import LoadResult, LoadSpec  # noqa: E402
+from http_loadgen import LoadResult, LoadSpec, run_in_own_process  # noqa: E402
 
 HOST = "127.0.0.1"
-LOADGEN = Path(__file__).resolve().parent / "http_loadgen.py"
 WORKER_READY = "disagg serve: ready on"  # not imported: disagg.serve pulls in the worker
 ORCHESTRATOR_READY = "disagg orchestrator: ready on"
 ADDED_P50_TARGET_MS = 2.0
@@ -99,12 +95,7 @@ def _healthy(port: int) -> bool:
 def run_load(args: argparse.Namespace, port: int, concurrency: int) -> LoadResult:
     spec = LoadSpec(host=HOST, port=port, request=completion_request(port, args.max_tokens), concurrency=concurrency,
                     warmup_s=args.warmup, duration_s=args.duration, max_requests=10_000_000, streaming=False)
-    timeout = args.warmup + args.duration + spec.drain_timeout_s + 60
-    done = subprocess.run([sys.executable, str(LOADGEN), msgspec.json.encode(spec).decode()],
-                          capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"the load generator failed:\n{done.stderr[-4000:]}")
-    return msgspec.json.decode(done.stdout, type=LoadResult)
+    return run_in_own_process(spec)
 
 
 def record(path: str, processes: int, concurrency: int, repeat: int, result: LoadResult) -> dict:

@@ -98,15 +98,15 @@ class ModelRunner:
         shape = self.kv_cache.shape
         expected = len(block_ids) * shape.bytes_per_block // (2 * shape.num_layers)
         frames = []
-        for buffer in buffers:
-            nbytes = memoryview(buffer).nbytes
-            if nbytes != expected:
-                raise ValueError(f"a frame of {nbytes} bytes for {len(block_ids)} blocks, expected {expected}")
-            with warnings.catch_warnings():  # received frames are read-only; they are only read here
-                warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings():  # received frames are read-only; they are only read here
+            warnings.simplefilter("ignore", UserWarning)
+            for buffer in buffers:
+                nbytes = memoryview(buffer).nbytes
+                if nbytes != expected:
+                    raise ValueError(f"a frame of {nbytes} bytes for {len(block_ids)} blocks, expected {expected}")
                 raw = torch.frombuffer(buffer, dtype=torch.uint8)
-            frames.append(raw.view(shape.dtype).view(len(block_ids), shape.block_size, shape.num_kv_heads,
-                                                     shape.head_dim))
+                frames.append(raw.view(shape.dtype).view(len(block_ids), shape.block_size, shape.num_kv_heads,
+                                                         shape.head_dim))
         self.kv_cache.import_frames(block_ids, frames)
 
     def start_profile(self, trace_dir: str) -> None:
