@@ -13,6 +13,7 @@ Measured in one run, so the ratios hold on a shared, noisy machine:
      2048-token prompts. Target: <= 0.25x.
 
     python benchmarks/engine_throughput.py [--out FILE] [--rounds 5] [--threads N]
+        [--decode-attention auto|native|sdpa]
 """
 
 from __future__ import annotations
@@ -41,10 +42,13 @@ def make_prompts(num: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(16, vocab_size - 16) for _ in range(rng.randint(64, 512))] for _ in range(num)]
 
 
-def engine_config(model_dir: Path, num_blocks: int, max_model_len: int | None = None) -> EngineConfig:
+def engine_config(
+    model_dir: Path, num_blocks: int, max_model_len: int | None = None, decode_attention: str = "auto"
+) -> EngineConfig:
     return EngineConfig(
         model=str(model_dir),
         device="cpu",
+        decode_attention=decode_attention,
         max_model_len=max_model_len,
         cache=CacheConfig(block_size=16, num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048),
@@ -103,7 +107,9 @@ def time_to_first_token(core: EngineCore, request_id: int, prompt: list[int]) ->
     return elapsed
 
 
-def prefix_ttft(model_dir: Path, vocab_size: int, prompt_len: int, repeats: int) -> dict[str, float]:
+def prefix_ttft(
+    model_dir: Path, vocab_size: int, prompt_len: int, repeats: int, decode_attention: str
+) -> dict[str, float]:
     """Best-of-``repeats`` TTFT of a prompt sharing 90% with a finished one, hit vs cold cache."""
     rng = random.Random(prompt_len)
     num_blocks = 4 * prompt_len // 16 + 16  # both prompts and the warm-up, with room to spare
@@ -113,10 +119,10 @@ def prefix_ttft(model_dir: Path, vocab_size: int, prompt_len: int, repeats: int)
         first = [rng.randrange(16, vocab_size - 16) for _ in range(prompt_len)]
         shared = int(len(first) * 0.9)
         second = first[:shared] + [rng.randrange(16, vocab_size - 16) for _ in range(len(first) - shared)]
-        core = EngineCore(engine_config(model_dir, num_blocks, max_model_len))
+        core = EngineCore(engine_config(model_dir, num_blocks, max_model_len, decode_attention))
         time_to_first_token(core, 0, first[:16])  # warm the kernels up, not the prefix
         cold.append(time_to_first_token(core, 1, second))
-        core = EngineCore(engine_config(model_dir, num_blocks, max_model_len))
+        core = EngineCore(engine_config(model_dir, num_blocks, max_model_len, decode_attention))
         time_to_first_token(core, 0, first[:16])
         time_to_first_token(core, 1, first)
         warm.append(time_to_first_token(core, 2, second))
@@ -126,7 +132,12 @@ def prefix_ttft(model_dir: Path, vocab_size: int, prompt_len: int, repeats: int)
 
 
 def throughput_rounds(
-    model_dir: Path, prompts: list[list[int]], warm_up: list[list[int]], max_tokens: int, num_rounds: int
+    model_dir: Path,
+    prompts: list[list[int]],
+    warm_up: list[list[int]],
+    max_tokens: int,
+    num_rounds: int,
+    decode_attention: str,
 ) -> list[dict[str, float]]:
     """Engine, then HF, ``num_rounds`` times: each round's rates, ratio and the load before it."""
     hf_model = load_hf_model(model_dir)
@@ -134,7 +145,7 @@ def throughput_rounds(
     rounds = []
     for index in range(num_rounds):
         # A fresh engine each round: the last round's blocks would be prefix-cache hits.
-        core = EngineCore(engine_config(model_dir, num_blocks=2048))
+        core = EngineCore(engine_config(model_dir, 2048, decode_attention=decode_attention))
         run_engine(core, warm_up, 4)
         load = os.getloadavg()[0]
         cpu_start = time.process_time()
@@ -173,6 +184,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="engine/HF rounds; the ratio is their median")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     parser.add_argument("--model-dir", default=None, help="default: a fresh bench-size tiny model")
+    parser.add_argument("--decode-attention", default="auto", choices=("auto", "native", "sdpa"),
+                        help="the engine's decode attention (EngineConfig.decode_attention)")
     args = parser.parse_args()
 
     if args.threads is not None:
@@ -185,9 +198,10 @@ def main() -> None:
     prompts = make_prompts(args.num_requests, vocab_size)
 
     warm_up = make_prompts(2, vocab_size, seed=1)  # not the measured prompts: no prefix-cache hits
-    rounds = throughput_rounds(model_dir, prompts, warm_up, args.max_tokens, args.rounds)
+    rounds = throughput_rounds(model_dir, prompts, warm_up, args.max_tokens, args.rounds, args.decode_attention)
     ratio = statistics.median(r["ratio"] for r in rounds)
-    ttft = [prefix_ttft(model_dir, vocab_size, 512, repeats=5), prefix_ttft(model_dir, vocab_size, 2048, repeats=3)]
+    ttft = [prefix_ttft(model_dir, vocab_size, 512, 5, args.decode_attention),
+            prefix_ttft(model_dir, vocab_size, 2048, 3, args.decode_attention)]
 
     result = {
         "machine": {
@@ -195,6 +209,7 @@ def main() -> None:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "threads_option": args.threads,
+            "decode_attention": args.decode_attention,
         },
         "throughput": {
             "num_requests": args.num_requests,

@@ -57,6 +57,8 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--synthetic-prefill-seconds-per-token", dict(type=float, default=0.0)),
     ("--served-model-name", dict(default=None, help="the model name clients send (default: MODEL_DIR's name)")),
     ("--grace-seconds", dict(type=float, default=30.0, help="how long in-flight requests may finish at shutdown")),
+    ("--decode-attention", dict(default="auto", choices=("auto", "native", "sdpa"),
+                                help="torch engine: native C kernel over the paged KV, or gather + SDPA")),
     ("--profile-dir", dict(default=None, help="where POST /start_profile writes the engine's torch traces")),
     ("--state-dir", dict(default=None, help="the launcher's persistent state, e.g. the Message Batches database "
                                             "(default: ~/.cache/disagg/HOST-PORT)")),
@@ -117,6 +119,7 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
         synthetic=synthetic,
         profile_dir=args.profile_dir,
+        decode_attention=args.decode_attention,
     ).validate()
 
 

@@ -99,6 +99,11 @@ class EngineConfig:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     profile_dir: str | None = None
     """Where ``start_profile`` writes torch profiler traces."""
+    decode_attention: str = "auto"
+    """Decode attention of the torch engine: ``native`` (a C kernel reading the paged
+    pool in place, built with the system C compiler on first use; float32 on the
+    CPU only), ``sdpa`` (gather each group's KV, then torch's SDPA), or ``auto``
+    (native where it applies and builds, else sdpa)."""
 
     def validate(self) -> "EngineConfig":
         if self.kind not in ("torch", "synthetic"):
@@ -109,6 +114,10 @@ class EngineConfig:
             raise ConfigError("engine.dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}")
         if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
             raise ConfigError("engine.device", f"must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        if self.decode_attention not in ("auto", "native", "sdpa"):
+            raise ConfigError(
+                "engine.decode_attention", f"must be auto, native or sdpa, got {self.decode_attention!r}"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("engine.max_model_len", f"must be >= 2, got {self.max_model_len}")
         self.cache.validate("engine.cache")

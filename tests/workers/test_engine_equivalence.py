@@ -14,13 +14,16 @@ from workers.sampling_params import SamplingParams  # noqa: E402
 BLOCK_SIZE = 4
 
 
-def make_core(model_dir, num_blocks: int = 256, max_num_batched_tokens: int = 2048) -> EngineCore:
+def make_core(
+    model_dir, num_blocks: int = 256, max_num_batched_tokens: int = 2048, block_size: int = BLOCK_SIZE, **options
+) -> EngineCore:
     config = EngineConfig(
         kind="torch",
         model=str(model_dir),
         device="cpu",
-        cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=num_blocks),
+        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens),
+        **options,
     )
     return EngineCore(config)
 
@@ -66,6 +69,14 @@ def test_batched_greedy_tokens_equal_each_request_alone(tiny_model_dir, alone_to
     outputs = run(make_core(tiny_model_dir), *mixed_requests())
     assert {i: tokens(o) for i, o in outputs.items()} == alone_tokens
     assert all(len(t) == 8 for t in alone_tokens.values())
+
+
+def test_native_decode_kernel_keeps_greedy_tokens(tiny_model_dir, alone_tokens):
+    # Block size 16: the kernel's; the alone runs (block size 4) attend through SDPA.
+    core = make_core(tiny_model_dir, num_blocks=128, block_size=16, decode_attention="native")
+    outputs = run(core, *mixed_requests())
+    assert {i: tokens(o) for i, o in outputs.items()} == alone_tokens
+    assert core.block_manager.num_used_blocks == 0
 
 
 def test_chunked_prefill_and_preemption_keep_greedy_tokens(tiny_model_dir, alone_tokens):

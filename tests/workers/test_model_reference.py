@@ -91,6 +91,18 @@ def test_chunked_prefill_and_decode_through_scattered_blocks(models: dict[str, P
     assert (ours - expected).abs().max().item() <= TOLERANCE
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_native_decode_kernel_matches_transformers(models: dict[str, Path], name: str) -> None:
+    cache = CacheConfig(block_size=16, num_blocks=8)
+    runner = ModelRunner(EngineConfig(model=str(models[name]), device="cpu", cache=cache, decode_attention="native"))
+    tokens = (PROMPT * 3)[:40]
+    ours = _paged_logits(runner, tokens, [6, 1, 4], prefill=10)  # 30 decodes across two block boundaries
+    reference = _reference_logits(models[name], tokens)
+    expected = torch.cat([reference[4:5], reference[9:10], reference[10:]])
+    assert ours.shape == expected.shape == (32, 512)
+    assert (ours - expected).abs().max().item() <= TOLERANCE
+
+
 def test_batched_decodes_of_different_lengths_match_alone(models: dict[str, Path]) -> None:
     runner = _runner(models["llama"])
     short, long = PROMPT[:5], PROMPT[3:14]

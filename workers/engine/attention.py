@@ -7,9 +7,11 @@ position ``p`` to slot ``p % block_size`` of block ``block_ids[p // block_size]`
 
 Per layer: the new K/V are written into their slots first, then every query
 attends to its sequence's keys ``[0, start + q]`` (causal with an offset).
-Decodes (one query each) run in groups of similar context length, one padded,
-masked SDPA call per group over KV gathered through the block tables just
-before it; prefill chunks run one SDPA call per sequence.
+Decodes (one query each) run in the native kernel (``native_attention``),
+which reads the blocks in place, when the engine has it; otherwise in groups
+of similar context length, one padded, masked SDPA call per group over KV
+gathered through the block tables just before it. Prefill chunks run one
+SDPA call per sequence.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from workers.engine.native_attention import DecodeBatch, NativeDecodeKernel
 
 __all__ = [
     "SequenceSlice",
@@ -66,9 +70,11 @@ class DecodeGroup:
 @dataclass(frozen=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # (N,) block * block_size + offset of each new token
-    decode_rows: torch.Tensor  # (B,) rows of the decode tokens, group after group
+    decode_rows: torch.Tensor  # (B,) rows of the decode tokens, group after group (SDPA path)
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
+    decode_kernel: NativeDecodeKernel | None = None  # set: the decodes are ``decode_batch``, not groups
+    decode_batch: DecodeBatch | None = None
 
 
 # Decodes are sorted by context length and attended in groups of at most this
@@ -85,10 +91,15 @@ DECODE_GROUP_KEYS = 2048
 
 
 def build_attention_metadata(
-    sequences: list[SequenceSlice], block_size: int, device: torch.device, dtype: torch.dtype = torch.float32
+    sequences: list[SequenceSlice],
+    block_size: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    decode_kernel: NativeDecodeKernel | None = None,
 ) -> AttentionMetadata:
     """Turn the step's sequences (in flattened order) into index tensors on ``device``.
 
+    With ``decode_kernel`` (a CPU pool) the decodes are one ``DecodeBatch`` for it.
     Masks are additive in ``dtype`` (the model's): SDPA turns a bool mask into
     one on every call, i.e. per group per layer; this is once per step.
     """
@@ -108,6 +119,13 @@ def build_attention_metadata(
         else:
             prefills.append(_prefill_chunk(seq, query_start, num_blocks, device, dtype))
         query_start += seq.num_query_tokens
+    if decode_kernel is not None:
+        batch = None
+        if decodes:
+            lengths, rows, tables = zip(*decodes)
+            batch = DecodeBatch.build(list(rows), list(tables), list(lengths))
+        empty = torch.empty(0, dtype=torch.long)
+        return AttentionMetadata(slots.tensor(), empty, [], prefills, decode_kernel, batch)
     decodes.sort(key=lambda decode: decode[0])
     return AttentionMetadata(
         slot_mapping=slots.tensor().to(device),
@@ -231,7 +249,9 @@ def paged_attention(
     key_cache.view(num_slots, *key_cache.shape[2:]).index_copy_(0, metadata.slot_mapping, key)  # (NB * BS, KVH, D)
     value_cache.view(num_slots, *value_cache.shape[2:]).index_copy_(0, metadata.slot_mapping, value)
     output = torch.empty_like(query)
-    if metadata.decode_groups:
+    if metadata.decode_kernel is not None and metadata.decode_batch is not None:
+        metadata.decode_kernel(query, key_cache, value_cache, metadata.decode_batch, output)
+    elif metadata.decode_groups:
         decode_out = _decode_attention(query.index_select(0, metadata.decode_rows), key_cache, value_cache, metadata)
         output.index_copy_(0, metadata.decode_rows, decode_out)
     for chunk in metadata.prefills:

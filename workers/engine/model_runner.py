@@ -16,12 +16,13 @@ from pathlib import Path
 
 import torch
 
-from workers.config import EngineConfig
+from workers.config import ConfigError, EngineConfig
 from workers.engine.attention import SequenceSlice, build_attention_metadata
 from workers.engine.executor import ExecutorOutput, SchedulerOutput
 from workers.engine.kv_cache import KVCache, KVCacheShape, num_blocks_for
 from workers.engine.model.loader import DTYPES, load_model, resolve_device
 from workers.engine.model.packed_linear import can_pack, pack_linears
+from workers.engine.native_attention import NativeDecodeKernel, kernel_supports, load_kernel
 from workers.engine.sampler import Sampler, SamplingRow
 
 __all__ = ["ModelRunner"]
@@ -50,6 +51,7 @@ class ModelRunner:
         )
         self.num_blocks = num_blocks_for(config.cache, shape)
         self.kv_cache = KVCache(shape, self.num_blocks, self.device)
+        self.decode_kernel = _decode_kernel(config, self.device, shape)
         self.sampler = Sampler(self.eos_token_ids, self.device, sampler_seed)
         self._profiler: torch.profiler.profile | None = None
         self._trace_dir: Path | None = None
@@ -81,7 +83,9 @@ class ModelRunner:
                 last_rows.append(len(token_ids) - 1)
         sequences = [SequenceSlice(r.start_position, len(r.token_ids), r.block_ids) for r in batch.requests]
         with torch.inference_mode():
-            metadata = build_attention_metadata(sequences, self.block_size, self.device, self.kv_cache.storage.dtype)
+            metadata = build_attention_metadata(
+                sequences, self.block_size, self.device, self.kv_cache.storage.dtype, self.decode_kernel
+            )
             input_ids = torch.tensor(token_ids, dtype=torch.long).to(self.device)
             position_ids = torch.tensor(positions, dtype=torch.long).to(self.device)
             hidden = self.model(input_ids, position_ids, self.kv_cache, metadata)  # (N, hidden)
@@ -129,6 +133,21 @@ class ModelRunner:
         path = self._trace_dir / f"engine-{os.getpid()}-{time.time_ns()}.trace.json"
         profiler.export_chrome_trace(str(path))
         return str(path)
+
+
+def _decode_kernel(config: EngineConfig, device: torch.device, shape: KVCacheShape) -> NativeDecodeKernel | None:
+    """The native paged-decode kernel where ``config.decode_attention`` allows it and it applies."""
+    if config.decode_attention == "sdpa":
+        return None
+    why = None
+    if device.type != "cpu" or config.dtype != "float32":
+        why = "it is float32 on the CPU only"
+    elif not kernel_supports(shape.head_dim, shape.block_size):
+        why = f"it needs head_dim and block_size multiples of 16 (got {shape.head_dim}, {shape.block_size})"
+    kernel = load_kernel() if why is None else None
+    if kernel is None and config.decode_attention == "native":
+        raise ConfigError("engine.decode_attention", f"'native' requested but {why or 'it could not be built (see the log)'}")
+    return kernel
 
 
 def _positions(config: EngineConfig) -> int | None:
