@@ -54,11 +54,18 @@ KVRequestMessage = KVPullRequest | KVAck
 
 
 class KVBlocks(msgspec.Struct, frozen=True, array_like=True, tag="blocks"):
-    """Header of a chunk of consecutive blocks of a pull; their frames follow it."""
+    """Header of a chunk of consecutive blocks of a pull; their frames follow it.
+
+    ``descending``: the frames hold the chunk's blocks last first. The ctx
+    engine frees a table tail first, so a later table often holds a run of
+    descending block ids; sent in memory order, that run is a view of its
+    pool (no gather), and the gen side writes it back to front.
+    """
 
     pull_id: int
     index: int  # of the chunk's first block: 0 = the pull's first_block
     num_blocks: int
+    descending: bool = False
 
 
 class KVDone(msgspec.Struct, frozen=True, array_like=True, tag="done"):

@@ -8,10 +8,12 @@ the KV cache only while its request still owns it: an aborted request's
 late blocks are dropped, never written into blocks someone else now holds).
 
 Ctx side: a ``context_only`` request parks its prompt's blocks at finish;
-a pull streams them in chunks of ``CHUNK_BLOCKS`` (at most ``BLOCKS_PER_TICK``
-per tick, so a long prompt cannot stall the loop; a run of consecutive
-blocks goes out as views of the KV pool, never copied by this process), the
-ack frees them; so does the park deadline. Gen side: a ``generation_only`` request waits in
+a pull streams them in chunks of up to ``CHUNK_BLOCKS`` (at most
+``BLOCKS_PER_TICK`` per tick, so a long prompt cannot stall the loop), the
+ack frees them; so does the park deadline. A chunk is a run of consecutive
+block ids, ascending or descending, sent as views of the KV pool (never
+copied by this process), where the table has such runs (``_next_chunk``);
+short runs are gathered. Gen side: a ``generation_only`` request waits in
 ``WAITING_FOR_REMOTE_KV`` until the scheduler allocates its blocks (reusing
 local prefix hits), then only the missing blocks are pulled, each chunk
 imported as it arrives; an abort releases the ctx side too. Wire format:
@@ -54,6 +56,9 @@ __all__ = ["DisaggEngineSpec", "KVTransferAgent", "KV_TRANSFER_ERROR", "BLOCKS_P
 log = logging.getLogger("disagg.kv_transfer")
 
 CHUNK_BLOCKS = 32  # blocks per message: 2 MiB of the bench model's 64 KiB blocks
+# A run of at least this many consecutive block ids (ascending or descending) goes out as views
+# of the KV pool, cut where the run ends; shorter runs are gathered into chunks of CHUNK_BLOCKS.
+MIN_VIEW_RUN = 8
 # Blocks one tick sends (ctx) or imports (gen): bounds the tick, so the decode
 # of other requests goes on during a long pull (16 MiB of 64 KiB blocks).
 BLOCKS_PER_TICK = 256
@@ -246,9 +251,9 @@ class KVTransferAgent:
                 self._reply(send.identity, KVError(send.pull_id, f"request {send.ctx_request_id}'s parked KV "
                                                                   f"expired during the transfer"))
                 continue
-            chunk = send.block_ids[send.next_index:send.next_index + min(budget, CHUNK_BLOCKS)]
-            frames = self.core.export_blocks(chunk)
-            self._reply(send.identity, KVBlocks(send.pull_id, send.next_index, len(chunk)), frames)
+            chunk, descending = _next_chunk(send.block_ids, send.next_index, min(budget, CHUNK_BLOCKS))
+            frames = self.core.export_blocks(chunk[::-1] if descending else chunk)
+            self._reply(send.identity, KVBlocks(send.pull_id, send.next_index, len(chunk), descending), frames)
             self.num_bytes_sent += sum(memoryview(frame).nbytes for frame in frames)
             send.next_index += len(chunk)
             budget -= len(chunk)
@@ -322,8 +327,9 @@ class KVTransferAgent:
             self._fail(message.pull_id, f"bad chunk: blocks [{message.index}, {end}) after {pull.num_received} "
                                         f"of {len(pull.block_ids)}")
             return
+        block_ids = pull.block_ids[message.index:end]
         try:
-            self.core.import_blocks(pull.block_ids[message.index:end], frames)
+            self.core.import_blocks(block_ids[::-1] if message.descending else block_ids, frames)
         except ValueError as exc:  # e.g. a ctx engine with another model or block size
             self._fail(message.pull_id, str(exc))
             return
@@ -354,3 +360,19 @@ class KVTransferAgent:
         for request_id in stalled:
             self._fail(request_id, f"no KV arrived from {self._pulls[request_id].endpoint} "
                                    f"for {self.pull_timeout:g} s")
+
+
+def _next_chunk(block_ids: list[int], start: int, limit: int) -> tuple[list[int], bool]:
+    """The next chunk of ``block_ids`` from ``start`` (at most ``limit`` blocks) and whether it
+    runs descending: the run of consecutive ids there when it is long enough to send as views
+    of the pool (or all that is left), else ``limit`` blocks to gather."""
+    end = min(start + limit, len(block_ids))
+    first, step = block_ids[start], 1
+    if end - start > 1 and block_ids[start + 1] == first - 1:
+        step = -1
+    run = 1
+    while start + run < end and block_ids[start + run] == first + step * run:
+        run += 1
+    if run >= MIN_VIEW_RUN or start + run == end:
+        return block_ids[start:start + run], step < 0 and run > 1
+    return block_ids[start:end], False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -33,38 +34,49 @@ def _step(tokens: list[int], start: int, blocks: list[int], outputs: int = 0) ->
     return SchedulerOutput([ScheduledRequest(1, tokens, start, blocks, True, GREEDY, outputs)])
 
 
+def _floats(buffer: memoryview, num_blocks: int) -> torch.Tensor:
+    """A wire frame back as (n, BS, KVH, D) float32."""
+    return torch.from_numpy(np.frombuffer(buffer, dtype=np.float32).copy()).view(num_blocks, 4, 2, 8)
+
+
 def test_layer_views_share_one_storage() -> None:
     cache = KVCache(SHAPE, num_blocks=5, device=torch.device("cpu"))
     assert cache.key_cache(1).shape == (5, 4, 2, 8)
     cache.value_cache(1)[3, 2] = 7.0
     assert cache.key_cache(1).is_contiguous()
     assert torch.equal(cache.storage[1, 1, 3, 2], torch.full((2, 8), 7.0))
-    frames = cache.export_frames([3, 0])  # K, V of layer 0, then of layer 1
-    assert [f.shape for f in frames] == [(2, 4, 2, 8)] * 4 and all(f.is_contiguous() for f in frames)
-    assert torch.equal(frames[3][0, 2], torch.full((2, 8), 7.0)) and frames[3][1].abs().sum() == 0
+    buffers = cache.export_buffers([3, 0])  # K, V of layer 0, then of layer 1
+    assert [b.nbytes for b in buffers] == [2 * 4 * 2 * 8 * 4] * 4 and all(b.c_contiguous for b in buffers)
+    frame = _floats(buffers[3], 2)
+    assert torch.equal(frame[0, 2], torch.full((2, 8), 7.0)) and frame[1].abs().sum() == 0
 
 
 def test_consecutive_blocks_export_as_views_of_the_pool() -> None:
     cache = KVCache(SHAPE, num_blocks=5, device=torch.device("cpu"))
     cache.storage.normal_()
-    views, gathered = cache.export_frames([1, 2, 3]), cache.export_frames([3, 2])
-    pool = cache.storage.untyped_storage().data_ptr()
-    assert all(f.untyped_storage().data_ptr() == pool for f in views)  # zero-copy
-    assert all(f.untyped_storage().data_ptr() != pool for f in gathered)
-    assert torch.equal(views[2][2], cache.key_cache(1)[3]) and torch.equal(gathered[1][1], cache.value_cache(0)[2])
+    views, gathered = cache.export_buffers([1, 2, 3]), cache.export_buffers([3, 2])
+    pool = cache.storage.view(torch.uint8).numpy()
+    assert all(np.shares_memory(np.asarray(b), pool) for b in views)  # zero-copy
+    assert not any(np.shares_memory(np.asarray(b), pool) for b in gathered)
+    assert torch.equal(_floats(views[2], 3)[2], cache.key_cache(1)[3])
+    assert torch.equal(_floats(gathered[1], 2)[1], cache.value_cache(0)[2])
 
 
 def test_import_checks_shape_and_ids() -> None:
     cache = KVCache(SHAPE, num_blocks=5, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="block id 5 out of range"):
-        cache.export_frames([5])
-    with pytest.raises(ValueError, match="frames must be"):
-        cache.import_frames([1], [torch.zeros((1, 4, 2, 4))] * 4)
+        cache.export_buffers([5])
+    with pytest.raises(ValueError, match="a frame of 100 bytes for 1 blocks, expected 256"):
+        cache.import_buffers([1], [bytes(256), bytes(100), bytes(256), bytes(256)])
     with pytest.raises(ValueError, match="expected 4 frames"):
-        cache.import_frames([1], [torch.zeros((1, 4, 2, 8))] * 3)
-    frames = list(torch.arange(4 * 4 * 2 * 8, dtype=torch.float32).reshape(4, 1, 4, 2, 8))
-    cache.import_frames([4], frames)
-    assert all(torch.equal(a, b) for a, b in zip(cache.export_frames([4]), frames))
+        cache.import_buffers([1], [bytes(256)] * 3)
+    frames = [np.arange(64, dtype=np.float32) + 64 * i for i in range(4)]  # one block's K or V: 4 x 2 x 8
+    for ids in ([4], [2, 1], [0, 1]):  # one block; descending ids; ascending (a slice of the pool)
+        cache.import_buffers(ids, [np.concatenate([f + 1000 * j for j in range(len(ids))]).tobytes() for f in frames])
+        for j, block in enumerate(ids):
+            assert torch.equal(cache.storage[0, 1, block].flatten(), torch.from_numpy(frames[1] + 1000 * j))
+            assert torch.equal(cache.storage[1, 0, block].flatten(), torch.from_numpy(frames[2] + 1000 * j))
+    assert [bytes(b) for b in cache.export_buffers([4])] == [f.tobytes() for f in frames]
 
 
 def test_num_blocks_from_memory_budget() -> None:
@@ -102,4 +114,4 @@ def test_import_rejects_wrong_buffers(model_dir: Path) -> None:
     with pytest.raises(ValueError, match=f"expected {2 * shape.num_layers} frames"):
         runner.import_blocks([0, 1], [bytes(2 * frame)])
     with pytest.raises(ValueError, match=f"a frame of 10 bytes for 1 blocks, expected {frame}"):
-        runner.import_blocks([3], [bytes(10)])
+        runner.import_blocks([3], [bytes(10)] * (2 * shape.num_layers))

@@ -7,9 +7,11 @@ aggregated engine; after every test both engines hold zero blocks in use.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections import defaultdict
+from typing import Iterator
 
 import pytest
 import zmq
@@ -18,7 +20,8 @@ from workers.config import CacheConfig, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
 from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import KVPullRequest, KVReplyMessage, KVRequestMessage
-from workers.kv_transfer import KV_TRANSFER_ERROR, KVTransferAgent
+from workers.engine.request import Request
+from workers.kv_transfer import KV_TRANSFER_ERROR, MIN_VIEW_RUN, KVTransferAgent, _next_chunk
 from workers.protocol import AddContextRequest, AddRemoteRequest, EngineRequest, RequestOutput
 from workers.sampling_params import SamplingParams
 
@@ -77,6 +80,20 @@ def run_until(nodes: list[Node], done, timeout: float = 60.0) -> None:
 def settle(nodes: list[Node]) -> None:
     """Let acks reach the ctx side."""
     run_until(nodes, lambda: all(n.core.block_manager.num_used_blocks == 0 for n in nodes), timeout=10)
+
+
+@contextlib.contextmanager
+def engine_pair(config: EngineConfig, zctx: zmq.Context) -> Iterator[tuple[Node, Node]]:
+    """A ctx and a gen node; on a clean exit both must end with no blocks in use."""
+    ctx, gen = Node(config, zctx), Node(config, zctx)
+    try:
+        yield ctx, gen
+        settle([ctx, gen])
+        ctx.assert_no_blocks_in_use()
+        gen.assert_no_blocks_in_use()
+    finally:
+        ctx.agent.close()
+        gen.agent.close()
 
 
 @pytest.fixture
@@ -149,10 +166,46 @@ def test_disaggregated_tokens_equal_aggregated(kind, tiny_model_dir, zctx):
         gen.agent.close()
 
 
+def test_chunks_are_runs_of_the_pool_where_they_can_be():
+    up, down = list(range(20, 40)), list(range(50, 30, -1))
+    assert _next_chunk(up, 0, 32) == (up, False)  # one view of the pool
+    assert _next_chunk(up, 5, 8) == (up[5:13], False)  # the tick's budget cuts it
+    assert _next_chunk(down, 0, 32) == (down, True)  # sent in memory order, written back to front
+    assert _next_chunk(up[:10] + down, 0, 32) == (up[:10], False)  # cut where the run ends
+    scattered = [7, 3, 9, 1, 12, 4, 8, 2, 30, 31]
+    assert _next_chunk(scattered, 0, 32) == (scattered, False)  # short runs: gathered
+    assert _next_chunk(scattered + up, 0, 32) == ((scattered + up)[:32], False)
+    assert _next_chunk([5, 6, 7], 0, 32) == ([5, 6, 7], False)  # all that is left
+    assert _next_chunk(up[:MIN_VIEW_RUN] + [0], 0, 32) == (up[:MIN_VIEW_RUN], False)
+
+
+def test_blocks_of_a_descending_ctx_table_land_in_order(tiny_model_dir, zctx):
+    # A table freed tail first hands out its ids in descending order: the next
+    # prompt's blocks are a descending run, sent as views and written back to front.
+    config = _config("torch", str(tiny_model_dir), num_blocks=24)
+    with engine_pair(config, zctx) as (ctx, gen):
+        blocks = ctx.core.block_manager
+        filler = Request(1, [3] * (24 * BLOCK_SIZE), FIRST_ONLY)
+        blocks.allocate(filler, 24 * BLOCK_SIZE)
+        blocks.free(filler)
+        prompt = [random.Random(5).randrange(512) for _ in range(15 * BLOCK_SIZE)]
+        ctx.agent.add_context(AddContextRequest(EngineRequest(7, prompt, FIRST_ONLY), 60.0))
+        run_until([ctx], lambda: ctx.finished(7))
+        parked = ctx.core.parked_block_ids(7)
+        assert parked == list(range(23, 8, -1))
+        ctx_kv = [bytes(b) for b in ctx.core.export_blocks(parked)]
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, prompt, GREEDY), ctx.tokens(7)[0], 7,
+                                              ctx.agent.endpoint))
+        run_until([ctx, gen], lambda: gen.finished(9))
+        assert ctx.tokens(7) + gen.tokens(9) == aggregated(config, [prompt])[0]
+        assert gen.outputs[9][-1].kv_transfer.num_blocks == 15
+        # A fresh gen engine took blocks 0..14 for the prompt; decoding wrote past them.
+        assert [bytes(b) for b in gen.core.export_blocks(list(range(15)))] == ctx_kv
+
+
 def test_decode_of_other_requests_continues_while_a_pull_is_in_flight(zctx):
     config = _config("synthetic", None)
-    ctx, gen = Node(config, zctx), Node(config, zctx)
-    try:
+    with engine_pair(config, zctx) as (ctx, gen):
         gen.core.add_request(EngineRequest(1, [5, 6, 7], SamplingParams(max_tokens=50, temperature=0.0,
                                                                         ignore_eos=True)))
         gen.turn()
@@ -166,18 +219,11 @@ def test_decode_of_other_requests_continues_while_a_pull_is_in_flight(zctx):
         assert len(gen.tokens(1)) == 6 and not gen.outputs.get(9)
         assert gen.core.scheduler.num_waiting_for_remote_kv == 1
         run_until([ctx, gen], lambda: gen.finished(9) and gen.finished(1))  # ... then it completes
-        settle([ctx, gen])
-        ctx.assert_no_blocks_in_use()
-        gen.assert_no_blocks_in_use()
-    finally:
-        ctx.agent.close()
-        gen.agent.close()
 
 
 def test_abort_of_gen_request_frees_both_sides(zctx):
     config = _config("synthetic", None)
-    ctx, gen = Node(config, zctx), Node(config, zctx)
-    try:
+    with engine_pair(config, zctx) as (ctx, gen):
         ctx.agent.add_context(AddContextRequest(EngineRequest(7, list(range(10, 30)), FIRST_ONLY), 60.0))
         run_until([ctx], lambda: ctx.finished(7))
         assert ctx.core.block_manager.num_parked_blocks == 5
@@ -188,12 +234,6 @@ def test_abort_of_gen_request_frees_both_sides(zctx):
         gen.core.abort(9)
         run_until([ctx, gen], lambda: gen.finished(9))
         assert gen.outputs[9][-1].finish_reason == "abort"
-        settle([ctx, gen])
-        ctx.assert_no_blocks_in_use()
-        gen.assert_no_blocks_in_use()
-    finally:
-        ctx.agent.close()
-        gen.agent.close()
 
 
 def test_expired_park_fails_the_gen_request_clearly(zctx):

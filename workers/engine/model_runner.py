@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -95,23 +95,10 @@ class ModelRunner:
 
     def export_blocks(self, block_ids: list[int]) -> list[memoryview]:
         """The KV cache's wire frames of ``block_ids`` as raw bytes (views, not copies, where it can)."""
-        return [memoryview(frame.view(torch.uint8).reshape(-1).numpy())
-                for frame in self.kv_cache.export_frames(block_ids)]
+        return self.kv_cache.export_buffers(block_ids)
 
-    def import_blocks(self, block_ids: list[int], buffers: list[bytes]) -> None:
-        shape = self.kv_cache.shape
-        expected = len(block_ids) * shape.bytes_per_block // (2 * shape.num_layers)
-        frames = []
-        with warnings.catch_warnings():  # received frames are read-only; they are only read here
-            warnings.simplefilter("ignore", UserWarning)
-            for buffer in buffers:
-                nbytes = memoryview(buffer).nbytes
-                if nbytes != expected:
-                    raise ValueError(f"a frame of {nbytes} bytes for {len(block_ids)} blocks, expected {expected}")
-                raw = torch.frombuffer(buffer, dtype=torch.uint8)
-                frames.append(raw.view(shape.dtype).view(len(block_ids), shape.block_size, shape.num_kv_heads,
-                                                         shape.head_dim))
-        self.kv_cache.import_frames(block_ids, frames)
+    def import_blocks(self, block_ids: list[int], buffers: list[Any]) -> None:
+        self.kv_cache.import_buffers(block_ids, buffers)
 
     def start_profile(self, trace_dir: str) -> None:
         if self._profiler is not None:
