@@ -14,7 +14,7 @@ the last block imported).
 Baseline, same run, same two processes and ZeroMQ settings: the main
 process's DEALER asks a ROUTER in the ctx process, which sends the same
 messages with the same frames (a 44-byte auth frame, a header frame, then per
-chunk of ``CHUNK_BLOCKS`` blocks one frame per layer and K/V of the same
+chunk of ``CHUNK_BYTES`` one frame per layer and K/V of the same
 sizes, zero-copy from memory prepared beforehand) and a final message; the
 DEALER receives them all and touches nothing. No export, MAC or import: the
 wire alone, between two processes as between two engines.
@@ -45,7 +45,7 @@ from workers.engine.core import EngineCore
 from workers.engine.model.tiny import make_tiny_model
 from workers.engine.request import Request
 from workers.kv_codec import AUTH_BYTES
-from workers.kv_transfer import CHUNK_BLOCKS, KVTransferAgent
+from workers.kv_transfer import CHUNK_BYTES, KVTransferAgent, blocks_within
 from workers.protocol import AddRemoteRequest, EngineRequest
 from workers.sampling_params import SamplingParams
 
@@ -68,9 +68,9 @@ def prompt_of(num_tokens: int, request_id: int) -> list[int]:
 
 def raw_chunks(pool: np.ndarray, num_blocks: int, bytes_per_block: int, frames_per_chunk: int) -> list[list[memoryview]]:
     """``num_blocks`` blocks of ``pool`` cut as the agent cuts them: per chunk, one frame per layer and K/V."""
-    chunks, offset = [], 0
-    for first in range(0, num_blocks, CHUNK_BLOCKS):
-        frame_bytes = min(CHUNK_BLOCKS, num_blocks - first) * bytes_per_block // frames_per_chunk
+    chunks, offset, chunk_blocks = [], 0, blocks_within(CHUNK_BYTES, bytes_per_block)
+    for first in range(0, num_blocks, chunk_blocks):
+        frame_bytes = min(chunk_blocks, num_blocks - first) * bytes_per_block // frames_per_chunk
         chunks.append([memoryview(pool[offset + i * frame_bytes:offset + (i + 1) * frame_bytes])
                        for i in range(frames_per_chunk)])
         offset += frames_per_chunk * frame_bytes

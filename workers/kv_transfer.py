@@ -8,8 +8,8 @@ the KV cache only while its request still owns it: an aborted request's
 late blocks are dropped, never written into blocks someone else now holds).
 
 Ctx side: a ``context_only`` request parks its prompt's blocks at finish;
-a pull streams them in chunks of up to ``CHUNK_BLOCKS`` (at most
-``BLOCKS_PER_TICK`` per tick, so a long prompt cannot stall the loop), the
+a pull streams them in messages of up to ``CHUNK_BYTES`` (at most
+``TICK_BYTES`` per tick, so a long prompt cannot stall the loop), the
 ack frees them; so does the park deadline. A chunk is a run of consecutive
 block ids, ascending or descending, sent as views of the KV pool (never
 copied by this process), where the table has such runs (``_next_chunk``);
@@ -51,17 +51,19 @@ from workers.protocol import (
     RequestOutput,
 )
 
-__all__ = ["DisaggEngineSpec", "KVTransferAgent", "KV_TRANSFER_ERROR", "BLOCKS_PER_TICK", "CHUNK_BLOCKS"]
+__all__ = ["DisaggEngineSpec", "KVTransferAgent", "KV_TRANSFER_ERROR", "CHUNK_BYTES", "TICK_BYTES", "blocks_within"]
 
 log = logging.getLogger("disagg.kv_transfer")
 
-CHUNK_BLOCKS = 32  # blocks per message: 2 MiB of the bench model's 64 KiB blocks
+# Budgets in bytes, not blocks: a block is 64 KiB of the bench model's KV but 2 MiB of an 8B
+# model's (bfloat16). Always at least one block.
+CHUNK_BYTES = 2 * 2**20  # per message: 32 of the bench model's blocks
 # A run of at least this many consecutive block ids (ascending or descending) goes out as views
-# of the KV pool, cut where the run ends; shorter runs are gathered into chunks of CHUNK_BLOCKS.
+# of the KV pool, cut where the run ends; shorter runs are gathered into full chunks.
 MIN_VIEW_RUN = 8
-# Blocks one tick sends (ctx) or imports (gen): bounds the tick, so the decode
-# of other requests goes on during a long pull (16 MiB of 64 KiB blocks).
-BLOCKS_PER_TICK = 256
+# What one tick sends (ctx) or imports (gen): bounds the tick, so the decode
+# of other requests goes on during a long pull.
+TICK_BYTES = 16 * 2**20
 MAX_MESSAGES_PER_TICK = 4096  # bound one drain of a socket
 # The signed expiry is this much earlier than the engine's real deadline (set
 # a few microseconds before the output leaves the step): never later.
@@ -114,6 +116,8 @@ class KVTransferAgent:
                  advertise_host: str | None = None, pull_timeout: float = 30.0) -> None:
         self.core = core
         self.pull_timeout = pull_timeout
+        self._chunk_blocks = blocks_within(CHUNK_BYTES, core.executor.kv_bytes_per_block)
+        self._tick_blocks = blocks_within(TICK_BYTES, core.executor.kv_bytes_per_block)
         self._ctx = ctx
         self._request_codec = KVFrameCodec(key, KVRequestMessage, "kv server")
         self._reply_codec = KVFrameCodec(key, KVReplyMessage, "kv puller")
@@ -243,7 +247,7 @@ class KVTransferAgent:
         self.core.release_parked(ack.ctx_request_id)
 
     def _send_blocks(self) -> None:
-        budget = BLOCKS_PER_TICK
+        budget = self._tick_blocks
         while self._sends and budget > 0:
             send = self._sends[0]
             if self.core.parked_block_ids(send.ctx_request_id) is None:  # the deadline passed mid-transfer
@@ -251,7 +255,7 @@ class KVTransferAgent:
                 self._reply(send.identity, KVError(send.pull_id, f"request {send.ctx_request_id}'s parked KV "
                                                                   f"expired during the transfer"))
                 continue
-            chunk, descending = _next_chunk(send.block_ids, send.next_index, min(budget, CHUNK_BLOCKS))
+            chunk, descending = _next_chunk(send.block_ids, send.next_index, min(budget, self._chunk_blocks))
             frames = self.core.export_blocks(chunk[::-1] if descending else chunk)
             self._reply(send.identity, KVBlocks(send.pull_id, send.next_index, len(chunk), descending), frames)
             self.num_bytes_sent += sum(memoryview(frame).nbytes for frame in frames)
@@ -294,7 +298,7 @@ class KVTransferAgent:
             log.warning("KV request to %s dropped: its queue is full", endpoint)
 
     def _receive_replies(self, dealer: zmq.Socket) -> None:
-        budget = BLOCKS_PER_TICK  # what is left waits in the socket, which keeps the loop's poll awake
+        budget = self._tick_blocks  # what is left waits in the socket, which keeps the loop's poll awake
         for _ in range(MAX_MESSAGES_PER_TICK):
             if budget <= 0:
                 return
@@ -360,6 +364,11 @@ class KVTransferAgent:
         for request_id in stalled:
             self._fail(request_id, f"no KV arrived from {self._pulls[request_id].endpoint} "
                                    f"for {self.pull_timeout:g} s")
+
+
+def blocks_within(budget_bytes: int, bytes_per_block: int) -> int:
+    """Whole blocks in ``budget_bytes``: at least one."""
+    return max(1, budget_bytes // max(1, bytes_per_block))
 
 
 def _next_chunk(block_ids: list[int], start: int, limit: int) -> tuple[list[int], bool]:

@@ -21,7 +21,14 @@ from workers.engine.core import EngineCore
 from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import KVPullRequest, KVReplyMessage, KVRequestMessage
 from workers.engine.request import Request
-from workers.kv_transfer import KV_TRANSFER_ERROR, MIN_VIEW_RUN, KVTransferAgent, _next_chunk
+from workers.kv_transfer import (
+    CHUNK_BYTES,
+    KV_TRANSFER_ERROR,
+    MIN_VIEW_RUN,
+    KVTransferAgent,
+    _next_chunk,
+    blocks_within,
+)
 from workers.protocol import AddContextRequest, AddRemoteRequest, EngineRequest, RequestOutput
 from workers.sampling_params import SamplingParams
 
@@ -177,6 +184,8 @@ def test_chunks_are_runs_of_the_pool_where_they_can_be():
     assert _next_chunk(scattered + up, 0, 32) == ((scattered + up)[:32], False)
     assert _next_chunk([5, 6, 7], 0, 32) == ([5, 6, 7], False)  # all that is left
     assert _next_chunk(up[:MIN_VIEW_RUN] + [0], 0, 32) == (up[:MIN_VIEW_RUN], False)
+    # Messages are sized in bytes: 32 of the bench model's 64 KiB blocks, one 8 MiB block at least.
+    assert blocks_within(CHUNK_BYTES, 64 * 2**10) == 32 and blocks_within(CHUNK_BYTES, 8 * 2**20) == 1
 
 
 def test_blocks_of_a_descending_ctx_table_land_in_order(tiny_model_dir, zctx):

@@ -76,6 +76,7 @@ class Executor(Protocol):
     num_blocks: int  # KV blocks the executor allocated (from CacheConfig)
     block_size: int
     max_model_len: int  # EngineConfig.max_model_len, or the model's own limit
+    kv_bytes_per_block: int  # what ``export_blocks`` sends per block: sizes KV-transfer messages
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput: ...
 

@@ -51,6 +51,7 @@ class ModelRunner:
         )
         self.num_blocks = num_blocks_for(config.cache, shape)
         self.kv_cache = KVCache(shape, self.num_blocks, self.device)
+        self.kv_bytes_per_block = shape.bytes_per_block
         self.decode_kernel = _decode_kernel(config, self.device, shape)
         self.sampler = Sampler(self.eos_token_ids, self.device, sampler_seed)
         self._profiler: torch.profiler.profile | None = None

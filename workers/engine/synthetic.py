@@ -60,6 +60,7 @@ class SyntheticExecutor:
             1, cache.memory_bytes // (NOMINAL_KV_BYTES_PER_TOKEN * cache.block_size)
         )
         self.max_model_len = config.max_model_len or synthetic.max_model_len
+        self.kv_bytes_per_block = 8 * self.block_size  # export_blocks: one uint64 per slot
         self._initial_hash = _mix(synthetic.seed)
         self._kv: dict[int, list[int]] = {}  # block id -> running hash per slot, written lazily
 
