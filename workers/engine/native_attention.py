@@ -130,7 +130,7 @@ def load_kernel() -> NativeDecodeKernel | None:
         return None
     try:
         kernel = NativeDecodeKernel(ctypes.CDLL(str(_build(compiler))))
-    except (OSError, subprocess.SubprocessError) as exc:
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # RuntimeError: no home directory
         log.warning("native paged-decode kernel unavailable (%s): decode attention gathers KV for SDPA", exc)
         return None
     if not _probe(kernel):
