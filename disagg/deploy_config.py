@@ -9,7 +9,7 @@
     tiny_model_size: bench          #   `up` writes a random-weight tiny model there first
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
              max_num_batched_tokens, kv_park_seconds, synthetic_decode_step_seconds,
-             synthetic_prefill_seconds_per_token}
+             synthetic_prefill_seconds_per_token, decode_attention}
     orchestrator: {host, port, processes, ctx_router, gen_router, conditional, health,
                    timeouts, max_retries, api_key}      # see orchestrator.config
     pools:
@@ -58,6 +58,8 @@ class EngineSettings:
     synthetic_decode_step_seconds: float | None = None
     """Synthetic engine's timing model: seconds per decode step (serve's flag of the same name)."""
     synthetic_prefill_seconds_per_token: float | None = None
+    decode_attention: str | None = None
+    """auto, native or sdpa: the torch engine's decode attention (serve's --decode-attention)."""
 
     def validate(self, prefix: str) -> None:
         for name in ("synthetic_decode_step_seconds", "synthetic_prefill_seconds_per_token"):
@@ -68,10 +70,24 @@ class EngineSettings:
             raise ConfigError(f"{prefix}.kind", f"must be torch or synthetic, got {self.kind!r}")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"{prefix}.dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.decode_attention is not None and self.decode_attention not in ("auto", "native", "sdpa"):
+            raise ConfigError(f"{prefix}.decode_attention",
+                              f"must be auto, native or sdpa, got {self.decode_attention!r}")
         for name in ("max_model_len", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{prefix}.{name}", f"must be >= 1, got {value}")
+
+    def serve_options(self) -> dict[str, object]:
+        """These settings as ``disagg serve`` flags; None values are left to serve's defaults."""
+        return {"--engine": self.kind or "torch", "--dtype": self.dtype, "--device": self.device,
+                "--max-model-len": self.max_model_len, "--block-size": self.block_size,
+                "--num-blocks": self.num_blocks, "--max-num-seqs": self.max_num_seqs,
+                "--max-num-batched-tokens": self.max_num_batched_tokens,
+                "--synthetic-decode-step-seconds": self.synthetic_decode_step_seconds,
+                "--synthetic-prefill-seconds-per-token": self.synthetic_prefill_seconds_per_token,
+                "--kv-park-seconds": self.kv_park_seconds,
+                "--decode-attention": self.decode_attention}
 
     def merged(self, overrides: "EngineSettings") -> "EngineSettings":
         changes = {f.name: getattr(overrides, f.name) for f in dataclasses.fields(overrides)

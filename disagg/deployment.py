@@ -205,13 +205,7 @@ def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_d
     engine = config.engine_for(role)
     argv = [sys.executable, "-m", "disagg.cli", "serve", str(model), "--role", pool.role or role, "--host", pool.host,
             "--port", str(port), "--num-frontends", str(pool.frontends), "--log-level", "info"]
-    options = {"--engine": engine.kind or "torch", "--dtype": engine.dtype, "--device": engine.device,
-               "--max-model-len": engine.max_model_len, "--block-size": engine.block_size,
-               "--num-blocks": engine.num_blocks, "--max-num-seqs": engine.max_num_seqs,
-               "--max-num-batched-tokens": engine.max_num_batched_tokens,
-               "--kv-park-seconds": engine.kv_park_seconds, "--cluster-key-file": str(run_dir / KEY_FILE),
-               "--synthetic-decode-step-seconds": engine.synthetic_decode_step_seconds,
-               "--synthetic-prefill-seconds-per-token": engine.synthetic_prefill_seconds_per_token,
+    options = {**engine.serve_options(), "--cluster-key-file": str(run_dir / KEY_FILE),
                "--state-dir": str(run_dir / "worker-state" / f"{role}-{index}"),
                "--kv-host": pool.host, "--kv-port": 0,
                "--served-model-name": config.orchestrator.served_model_name}

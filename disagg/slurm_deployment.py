@@ -66,13 +66,7 @@ def _worker_argv(config: DeployConfig, worker: WorkerPlacement, model: str) -> l
     argv = [PYTHON, "-m", "slurm.step", "worker", "--run-dir", RUN_DIR, "--",
             PYTHON, "-m", "disagg.cli", "serve", model, "--role", pool.role or worker.pool,
             "--host", "0.0.0.0", "--port", str(worker.port), "--num-frontends", str(worker.frontends)]
-    options = {"--engine": engine.kind or "torch", "--dtype": engine.dtype, "--device": engine.device,
-               "--max-model-len": engine.max_model_len, "--block-size": engine.block_size,
-               "--num-blocks": engine.num_blocks, "--max-num-seqs": engine.max_num_seqs,
-               "--max-num-batched-tokens": engine.max_num_batched_tokens,
-               "--synthetic-decode-step-seconds": engine.synthetic_decode_step_seconds,
-               "--synthetic-prefill-seconds-per-token": engine.synthetic_prefill_seconds_per_token,
-               "--kv-park-seconds": engine.kv_park_seconds,
+    options = {**engine.serve_options(),
                "--served-model-name": config.orchestrator.served_model_name,
                "--cluster-key-file": f"{RUN_DIR}/cluster.key", "--state-dir": f"{RUN_DIR}/state/{worker.name}",
                "--kv-host": "0.0.0.0"}

@@ -64,6 +64,8 @@ def test_placement_that_cannot_fit_shows_the_arithmetic(tmp_path: Path) -> None:
      "orchestrator.port", "port 9000 is also ctx-0's"),
     ("model: tiny\nengine: {synthetic_decode_step_seconds: -1}\n", "engine.synthetic_decode_step_seconds",
      "must be >= 0"),
+    ("model: tiny\npools: {gen: {engine: {decode_attention: flash}}}\n", "pools.gen.engine.decode_attention",
+     "must be auto, native or sdpa, got 'flash'"),
 ])
 def test_errors_name_the_file_and_key(tmp_path: Path, text: str, key: str, message: str) -> None:
     path = _write(tmp_path, text)

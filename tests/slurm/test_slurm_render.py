@@ -104,3 +104,16 @@ def test_plan_rejects_bad_steps() -> None:
         JobPlan(slurm, (Step("a", ("x",), (2,)),), "t")
     with pytest.raises(ConfigError, match="empty command"):
         JobPlan(slurm, (Step("a", (), (0,)),), "t")
+
+
+def test_pool_engine_settings_reach_that_pool_only(tmp_path: Path) -> None:
+    path = tmp_path / "pools.yaml"
+    path.write_text("model: tiny\nlauncher: slurm\nengine: {dtype: float32}\n"
+                    "pools: {ctx: {base_port: 9100}, gen: {base_port: 9200, engine: {decode_attention: sdpa}}}\n")
+    steps = _srun_steps(render_script(build_slurm_plan(load_deploy_config(path), str(path))))
+    ctx_steps = [s for s in steps if "/state/ctx-" in s]
+    gen_steps = [s for s in steps if "/state/gen-" in s]
+    assert ctx_steps and gen_steps
+    assert all(" --dtype float32 " in s for s in ctx_steps + gen_steps)
+    assert all(" --decode-attention sdpa " in s for s in gen_steps)
+    assert not any("--decode-attention" in s for s in ctx_steps)
