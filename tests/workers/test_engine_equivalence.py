@@ -6,9 +6,10 @@ import pytest
 
 pytest.importorskip("torch")
 
+from engine_runs import run, tokens  # noqa: E402
 from workers.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
 from workers.engine.core import EngineCore  # noqa: E402
-from workers.protocol import EngineRequest, RequestOutput  # noqa: E402
+from workers.protocol import EngineRequest  # noqa: E402
 from workers.sampling_params import SamplingParams  # noqa: E402
 
 BLOCK_SIZE = 4
@@ -32,21 +33,6 @@ def make_request(request_id: int, prompt: list[int], max_tokens: int = 8, **para
     params.setdefault("temperature", 0.0)
     params.setdefault("ignore_eos", True)
     return EngineRequest(request_id, prompt, SamplingParams(max_tokens=max_tokens, **params))
-
-
-def run(core: EngineCore, *requests: EngineRequest) -> dict[int, list[RequestOutput]]:
-    for request in requests:
-        core.add_request(request)
-    outputs: dict[int, list[RequestOutput]] = {}
-    while core.has_unfinished():
-        for output in core.step():
-            outputs.setdefault(output.request_id, []).append(output)
-        core.check_integrity()
-    return outputs
-
-
-def tokens(outputs: list[RequestOutput]) -> list[int]:
-    return [t for o in outputs for t in o.new_token_ids]
 
 
 def mixed_requests(count: int = 16, **params) -> list[EngineRequest]:

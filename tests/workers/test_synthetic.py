@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+from engine_runs import run, tokens
 
 from workers.config import CacheConfig, EngineConfig, SchedulerConfig, SyntheticConfig
 from workers.engine.core import EngineCore
@@ -24,21 +25,6 @@ def make_core(num_blocks: int | None = 64, block_size: int = 16, **synthetic) ->
 def make_request(request_id: int, prompt: list[int], max_tokens: int = 8, **params) -> EngineRequest:
     params.setdefault("temperature", 0.0)
     return EngineRequest(request_id, prompt, SamplingParams(max_tokens=max_tokens, **params))
-
-
-def run(core: EngineCore, *requests: EngineRequest) -> dict[int, list[RequestOutput]]:
-    for request in requests:
-        core.add_request(request)
-    outputs: dict[int, list[RequestOutput]] = {}
-    while core.has_unfinished():
-        for output in core.step():
-            outputs.setdefault(output.request_id, []).append(output)
-        core.check_integrity()
-    return outputs
-
-
-def tokens(outputs: list[RequestOutput]) -> list[int]:
-    return [t for o in outputs for t in o.new_token_ids]
 
 
 PROMPT = list(range(1, 41))
