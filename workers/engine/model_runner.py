@@ -9,6 +9,7 @@ the logits are computed only for the last token of each request whose
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ from workers.engine.native_attention import NativeDecodeKernel, kernel_supports,
 from workers.engine.sampler import Sampler, SamplingRow
 
 __all__ = ["ModelRunner"]
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -126,6 +129,7 @@ class ModelRunner:
 def _decode_kernel(config: EngineConfig, device: torch.device, shape: KVCacheShape) -> NativeDecodeKernel | None:
     """The native paged-decode kernel where ``config.decode_attention`` allows it and it applies."""
     if config.decode_attention == "sdpa":
+        log.info("decode attention: gather + SDPA (engine.decode_attention = sdpa)")
         return None
     why = None
     if device.type != "cpu" or config.dtype != "float32":
@@ -134,7 +138,12 @@ def _decode_kernel(config: EngineConfig, device: torch.device, shape: KVCacheSha
         why = f"it needs head_dim and block_size multiples of 16 (got {shape.head_dim}, {shape.block_size})"
     kernel = load_kernel() if why is None else None
     if kernel is None and config.decode_attention == "native":
-        raise ConfigError("engine.decode_attention", f"'native' requested but {why or 'it could not be built (see the log)'}")
+        raise ConfigError("engine.decode_attention",
+                          f"'native' requested but {why or 'it could not be built (see the log)'}")
+    if kernel is None:
+        log.info("decode attention: gather + SDPA (the native kernel does not apply: %s)", why or "see above")
+    else:
+        log.info("decode attention: native paged-decode kernel (%s)", kernel.path)
     return kernel
 
 

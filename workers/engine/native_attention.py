@@ -80,7 +80,8 @@ class DecodeBatch:
 
 
 class NativeDecodeKernel:
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
+        self.path = path  # the built shared object, for the engine's log
         self._function = library.paged_decode_attention
         self._function.argtypes = _ARGTYPES
         self._function.restype = ctypes.c_int
@@ -129,7 +130,8 @@ def load_kernel() -> NativeDecodeKernel | None:
         log.warning("no C compiler (cc or gcc) on PATH: decode attention gathers KV for SDPA instead")
         return None
     try:
-        kernel = NativeDecodeKernel(ctypes.CDLL(str(_build(compiler))))
+        path = _build(compiler)
+        kernel = NativeDecodeKernel(ctypes.CDLL(str(path)), path)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # RuntimeError: no home directory
         log.warning("native paged-decode kernel unavailable (%s): decode attention gathers KV for SDPA", exc)
         return None
