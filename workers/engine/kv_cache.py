@@ -14,6 +14,7 @@ manager's business; this pool only stores.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -41,10 +42,7 @@ class KVCacheShape:
 
     @property
     def bytes_per_block(self) -> int:
-        num_elements = 1
-        for dim in self.block_dims:
-            num_elements *= dim
-        return num_elements * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.block_dims) * self.dtype.itemsize
 
 
 def num_blocks_for(cache: CacheConfig, shape: KVCacheShape) -> int:
