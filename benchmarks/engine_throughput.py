@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from workers.config import CacheConfig, EngineConfig, SchedulerConfig
+from workers.config import DECODE_ATTENTION_MODES, CacheConfig, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
 from workers.engine.model.tiny import make_tiny_model
 from workers.protocol import EngineRequest
@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="engine/HF rounds; the ratio is their median")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     parser.add_argument("--model-dir", default=None, help="default: a fresh bench-size tiny model")
-    parser.add_argument("--decode-attention", default="auto", choices=("auto", "native", "sdpa"),
+    parser.add_argument("--decode-attention", default="auto", choices=DECODE_ATTENTION_MODES,
                         help="the engine's decode attention (EngineConfig.decode_attention)")
     args = parser.parse_args()
 

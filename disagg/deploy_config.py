@@ -34,6 +34,7 @@ import yaml
 from orchestrator.config import ConditionalDisaggConfig, HealthConfig, RouterConfig, TimeoutConfig
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
+from workers.config import DECODE_ATTENTION_MODES
 
 __all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "DeployConfig",
            "load_deploy_config", "check_runnable", "TINY_MODEL", "LAUNCHERS"]
@@ -70,7 +71,7 @@ class EngineSettings:
             raise ConfigError(f"{prefix}.kind", f"must be torch or synthetic, got {self.kind!r}")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"{prefix}.dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.decode_attention is not None and self.decode_attention not in ("auto", "native", "sdpa"):
+        if self.decode_attention is not None and self.decode_attention not in DECODE_ATTENTION_MODES:
             raise ConfigError(f"{prefix}.decode_attention",
                               f"must be auto, native or sdpa, got {self.decode_attention!r}")
         for name in ("max_model_len", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):

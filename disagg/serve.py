@@ -26,7 +26,14 @@ from typing import Any, Callable
 
 from disagg.disagg_options import DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, start_registration
 from workers.attach import attach_file_from_env, read_attach_file
-from workers.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, SyntheticConfig
+from workers.config import (
+    DECODE_ATTENTION_MODES,
+    CacheConfig,
+    ConfigError,
+    EngineConfig,
+    SchedulerConfig,
+    SyntheticConfig,
+)
 
 __all__ = ["add_serve_arguments", "run_serve", "build_engine_config", "resolve_num_frontends", "READY_MESSAGE"]
 
@@ -57,7 +64,7 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--synthetic-prefill-seconds-per-token", dict(type=float, default=0.0)),
     ("--served-model-name", dict(default=None, help="the model name clients send (default: MODEL_DIR's name)")),
     ("--grace-seconds", dict(type=float, default=30.0, help="how long in-flight requests may finish at shutdown")),
-    ("--decode-attention", dict(default="auto", choices=("auto", "native", "sdpa"),
+    ("--decode-attention", dict(default="auto", choices=DECODE_ATTENTION_MODES,
                                 help="torch engine: native C kernel over the paged KV, or gather + SDPA")),
     ("--profile-dir", dict(default=None, help="where POST /start_profile writes the engine's torch traces")),
     ("--state-dir", dict(default=None, help="the launcher's persistent state, e.g. the Message Batches database "

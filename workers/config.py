@@ -81,6 +81,9 @@ class SyntheticConfig:
             raise ConfigError(f"{prefix}.vocab_size", f"must be >= 2, got {self.vocab_size}")
 
 
+DECODE_ATTENTION_MODES = ("auto", "native", "sdpa")  # EngineConfig.decode_attention
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None
@@ -114,10 +117,9 @@ class EngineConfig:
             raise ConfigError("engine.dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}")
         if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
             raise ConfigError("engine.device", f"must be cpu, cuda, cuda:N or auto, got {self.device!r}")
-        if self.decode_attention not in ("auto", "native", "sdpa"):
-            raise ConfigError(
-                "engine.decode_attention", f"must be auto, native or sdpa, got {self.decode_attention!r}"
-            )
+        if self.decode_attention not in DECODE_ATTENTION_MODES:
+            raise ConfigError("engine.decode_attention",
+                              f"must be auto, native or sdpa, got {self.decode_attention!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("engine.max_model_len", f"must be >= 2, got {self.max_model_len}")
         self.cache.validate("engine.cache")

@@ -9,7 +9,7 @@ The gen engine's DEALER talks to the ctx engine's ROUTER over TCP::
 
 A chunk's frames are the executor's wire layout of those blocks (for the
 torch engine, one contiguous slab per layer and K/V: see
-``KVCache.export_frames``); only an identical model on the other side
+``KVCache.export_buffers``); only an identical model on the other side
 imports them. ``auth`` authenticates the header and every frame under the
 cluster key (``workers.kv_codec``): a message that fails it is dropped,
 counted and never decoded, and no block is written into the KV cache
@@ -79,4 +79,3 @@ class KVError(msgspec.Struct, frozen=True, array_like=True, tag="error"):
 
 
 KVReplyMessage = KVBlocks | KVDone | KVError
-

@@ -374,7 +374,7 @@ def blocks_within(budget_bytes: int, bytes_per_block: int) -> int:
 def _next_chunk(block_ids: list[int], start: int, limit: int) -> tuple[list[int], bool]:
     """The next chunk of ``block_ids`` from ``start`` (at most ``limit`` blocks) and whether it
     runs descending: the run of consecutive ids there when it is long enough to send as views
-    of the pool (or all that is left), else ``limit`` blocks to gather."""
+    of the pool (or fills the chunk), else ``limit`` blocks to gather."""
     end = min(start + limit, len(block_ids))
     first, step = block_ids[start], 1
     if end - start > 1 and block_ids[start + 1] == first - 1:

@@ -56,6 +56,17 @@ async def fetch(client: HttpClient, url: str, body: bytes = b"x", headers: dict 
     return content
 
 
+async def post_fails(script, error: type[Exception], match: str, idle_timeout: float = 2) -> str:
+    """POST to a server answering as ``script`` says; the client must raise ``error``.
+    The server's URL, which is gone once this returns."""
+    async with Server(script) as url:
+        client = HttpClient(connect_timeout=2, idle_timeout=idle_timeout)
+        with pytest.raises(error, match=match):
+            await client.post(url, b"x", {})
+        client.close()
+    return url
+
+
 async def echo(head, body, writer, number) -> bool:
     writer.write(answer(b"echo:" + body))
     return True
@@ -143,11 +154,7 @@ async def test_a_fresh_connection_closed_before_any_answer_fails() -> None:
     async def drop(head, body, writer, number) -> bool:
         return False
 
-    async with Server(drop) as url:
-        client = HttpClient(connect_timeout=2, idle_timeout=2)
-        with pytest.raises(UpstreamError, match="closed the connection"):
-            await client.post(url, b"x", {})
-        client.close()
+    await post_fails(drop, UpstreamError, "closed the connection")
 
 
 async def test_cancelling_a_request_closes_its_connection() -> None:
@@ -176,21 +183,13 @@ async def test_unanswered_requests_time_out_and_errors_are_upstream_errors() -> 
         await asyncio.sleep(5)
         return False
 
-    async with Server(silent) as url:
-        client = HttpClient(connect_timeout=2, idle_timeout=0.2)
-        with pytest.raises(UpstreamTimeout, match="no answer"):
-            await client.post(url, b"x", {})
-        client.close()
+    await post_fails(silent, UpstreamTimeout, "no answer", idle_timeout=0.2)
 
     async def garbage(head, body, writer, number) -> bool:
         writer.write(b"NOT HTTP AT ALL\r\n\r\n")
         return True
 
-    async with Server(garbage) as url:
-        client = HttpClient(connect_timeout=2, idle_timeout=2)
-        with pytest.raises(UpstreamError, match="bad HTTP"):
-            await client.post(url, b"x", {})
-        client.close()
+    url = await post_fails(garbage, UpstreamError, "bad HTTP")
     with pytest.raises(UpstreamError, match="cannot connect"):
         await HttpClient(connect_timeout=2, idle_timeout=2).post(url, b"x", {})  # the server is gone
 

@@ -18,9 +18,9 @@ import zmq
 
 from workers.config import CacheConfig, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
+from workers.engine.request import Request
 from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import KVPullRequest, KVReplyMessage, KVRequestMessage
-from workers.engine.request import Request
 from workers.kv_transfer import (
     CHUNK_BYTES,
     KV_TRANSFER_ERROR,

@@ -92,9 +92,9 @@ class KVCache:
             index = torch.tensor(block_ids, dtype=torch.long, device=self.storage.device)
             slab = self.storage.index_select(2, index).cpu().view(torch.uint8).numpy()  # (layers, 2, n, ...)
             return [memoryview(slab[layer, kind]) for layer, kind in self._frames]
-        first = block_ids[0] if block_ids else 0
-        if block_ids == list(range(first, first + len(block_ids))):
-            return [memoryview(self._host[layer, kind, first:first + len(block_ids)]) for layer, kind in self._frames]
+        span = _as_slice(block_ids)
+        if span is not None and span.step is None:  # ascending: a contiguous slice of every layer's K and V
+            return [memoryview(self._host[layer, kind, span]) for layer, kind in self._frames]
         # numpy's single-threaded take, not torch's index_select: that runs on torch's OpenMP
         # threads, which then spin-wait on the cores ZeroMQ's I/O threads need for the wire.
         rows = np.asarray(block_ids)

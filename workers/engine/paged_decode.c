@@ -23,7 +23,6 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define LANES 16
 #define MASKED_SCORE (-3.0e38f) /* a padding lane's score: below any real one, finite */
@@ -34,12 +33,14 @@ typedef int32_t vi __attribute__((vector_size(4 * LANES), aligned(4)));
 
 static inline vf splat(float x) { return (vf){0} + x; }
 
+/* Lane by lane: a where mask is all ones, else b. */
+static inline vf blend(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
+
 /* exp(x) for x <= 0 (scores minus their maximum), ~2 ulp: Cephes' expf
  * polynomial on x = n ln2 + r, |r| <= ln2 / 2, and 2^n built in the exponent
  * bits. Plain vector arithmetic: no libm call per lane. */
 static inline vf exp_nonpositive(vf x) {
-    const vi too_small = x < splat(-87.0f);
-    x = (vf)((too_small & (vi)splat(-87.0f)) | (~too_small & (vi)x));
+    x = blend(x < splat(-87.0f), splat(-87.0f), x);
     const vi n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi); /* toward 0: nearest for x <= 0 */
     const vf nf = __builtin_convertvector(n, vf);
     const vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
@@ -53,8 +54,8 @@ static inline vf exp_nonpositive(vf x) {
     return p * (vf)((n + 127) << 23); /* n >= -126 since x >= -87 */
 }
 
-/* Pairwise lane sums of two vectors, `width` lanes per run: lanes [2k*w, 2k*w+w)
- * of the result come from a, the next w from b, each lane the sum of two. */
+/* Pairwise lane sums of two vectors: each lane of the result is the sum of the two
+ * lanes the masks pick, runs from a then from b (the masks set the run width). */
 #define FOLD(a, b, lo, hi) (__builtin_shuffle((a), (b), (vi)lo) + __builtin_shuffle((a), (b), (vi)hi))
 static const vi HALVES_LO = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
 static const vi HALVES_HI = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
@@ -74,9 +75,9 @@ static inline vf sum_each(const vf products[LANES]) {
     return FOLD(pairs[0], pairs[1], EVENS, ODDS);
 }
 
-static inline vf lane_below(int64_t count) {
+static inline vi lane_below(int64_t count) {
     const vi lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    return (vf)(lanes < (int32_t)count); /* all ones where lane < count */
+    return lanes < (int32_t)count; /* all ones where lane < count */
 }
 
 /* Softmax weights in place: exp(score - max) of one head's scores (padded to
@@ -88,8 +89,7 @@ static inline float softmax_weights(float *scores, int64_t num_runs, vf max) {
     vf sums = splat(0.0f);
     for (int64_t run = 0; run < num_runs; ++run) {
         vf *weights = (vf *)(scores + run * LANES);
-        const vi valid = (vi)(*weights > splat(MASKED_SCORE));
-        *weights = (vf)(valid & (vi)exp_nonpositive(*weights - top));
+        *weights = blend(*weights > splat(MASKED_SCORE), exp_nonpositive(*weights - top), splat(0.0f));
         sums += *weights;
     }
     float total = 0.0f;
@@ -102,8 +102,8 @@ static inline float softmax_weights(float *scores, int64_t num_runs, vf max) {
  * block's rows (all KV heads side by side) are read once and in order; per
  * head, one run of 16 dot products is reduced at a time. Inlined with a
  * constant head_dim for the common sizes (the switch below), where the
- * chunk loops unroll. Scratch: (heads, padded length) scores, then
- * (heads, head_dim) accumulators. */
+ * chunk loops unroll. Scratch: (heads, padded length) scores, one vector of
+ * running maxima per head, then (heads, head_dim) accumulators. */
 static inline __attribute__((always_inline)) void attend_heads(
     const float *q, float *o, float *scores, int64_t padded,
     const float *key_cache, const float *value_cache, const int64_t *table, int64_t length,
@@ -118,7 +118,7 @@ static inline __attribute__((always_inline)) void attend_heads(
     for (int64_t run = 0; run < num_runs; ++run) {
         const int64_t first = run * LANES;
         const float *rows = key_cache + (table[first / block_size] * block_size + first % block_size) * slot_stride;
-        const vi valid = (vi)lane_below(length - first);
+        const vi valid = lane_below(length - first);
         for (int64_t h = 0; h < num_heads; ++h) {
             const int64_t head = first_head + h;
             const float *qh = q + head * head_dim, *keys = rows + head / group * head_dim;
@@ -129,11 +129,9 @@ static inline __attribute__((always_inline)) void attend_heads(
                 for (int64_t c = 1; c < chunks; ++c) sum += *(const vf *)(qh + c * LANES) * *(const vf *)(k + c * LANES);
                 products[s] = sum;
             }
-            vf dots = sum_each(products) * scale;
-            dots = (vf)((valid & (vi)dots) | (~valid & (vi)splat(MASKED_SCORE)));
+            const vf dots = blend(valid, sum_each(products) * scale, splat(MASKED_SCORE));
             *(vf *)(scores + h * padded + first) = dots;
-            const vi greater = dots > maxes[h];
-            maxes[h] = (vf)((greater & (vi)dots) | (~greater & (vi)maxes[h]));
+            maxes[h] = blend(dots > maxes[h], dots, maxes[h]);
         }
     }
     float inverse[num_heads];
@@ -187,6 +185,7 @@ int paged_decode_attention(
         const size_t floats = (size_t)(heads * padded + heads * LANES + heads * head_dim);
         float *scratch = aligned_alloc(4 * LANES, sizeof(float) * floats); /* every part a multiple of 16 */
         if (scratch == NULL) {
+#pragma omp atomic write
             failed = 1;
             continue;
         }
