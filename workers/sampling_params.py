@@ -7,6 +7,21 @@ from __future__ import annotations
 
 import msgspec
 
+GUIDED_KINDS = ("json_schema", "lark", "regex")
+
+
+class GuidedDecoding(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A grammar that the sampler enforces token by token (llguidance).
+
+    ``kind`` is one of ``GUIDED_KINDS``: ``json_schema`` (``spec`` is the schema as
+    JSON text; ``{"type": "object"}`` for any JSON object), ``lark`` (an llguidance
+    Lark grammar, which may embed JSON schemas with ``%json{...}``: how tool calls
+    are forced into the model's own call format) or ``regex``.
+    """
+
+    kind: str
+    spec: str
+
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, array_like=True, gc=False):
     """How to pick each next token.
@@ -27,6 +42,12 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, array_like
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per generated token; None: none
+    presence_penalty: float = 0.0  # OpenAI: subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # OpenAI: subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # CTRL/HF: divides positive (multiplies negative) logits of prompt and output tokens
+    min_p: float = 0.0  # drop tokens whose probability is below min_p x the top token's
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), bias in [-100, 100]
+    guided: GuidedDecoding | None = None  # structured output / forced tool calls
 
     @property
     def is_greedy(self) -> bool:
@@ -48,3 +69,16 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, array_like
             raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for token_id, bias in self.logit_bias:
+            if token_id < 0 or not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias must map token ids >= 0 to values in [-100, 100], got {token_id}: {bias}")
+        if self.guided is not None and self.guided.kind not in GUIDED_KINDS:
+            raise ValueError(f"guided.kind must be one of {GUIDED_KINDS}, got {self.guided.kind!r}")
