@@ -1,8 +1,11 @@
 """The model's tokenizer and chat template, without transformers or torch.
 
-``Tokenizer.from_model_dir(path)`` reads ``tokenizer.json`` with the
-``tokenizers`` library and ``tokenizer_config.json`` for the special tokens,
-``model_max_length`` and the chat template. Templates render in a sandboxed
+``Tokenizer.from_model_path(path)`` takes a Hugging Face model directory or a
+GGUF file. From a directory (``from_model_dir``) it reads ``tokenizer.json``
+with the ``tokenizers`` library and ``tokenizer_config.json`` for the special
+tokens, ``model_max_length`` and the chat template; from a GGUF file
+(``from_gguf``) it rebuilds them from the file's ``tokenizer.*`` metadata
+(``frontends.gguf_tokenizer``). Templates render in a sandboxed
 jinja2 environment set up as Hugging Face does (``trim_blocks``,
 ``lstrip_blocks``, ``raise_exception``, ``tojson``, ``strftime_now``), so a
 model's own template gives the same prompt text as ``apply_chat_template``.
@@ -69,6 +72,21 @@ class Tokenizer:
         self._templates: dict[str, jinja2.Template] = {}
         eos_id = backend.token_to_id(self.eos_token) if self.eos_token else None
         self.eos_token_id: int | None = eos_id
+
+    @classmethod
+    def from_model_path(cls, path: str | Path) -> "Tokenizer":
+        """A Hugging Face model directory or a ``.gguf`` file."""
+        path = Path(path)
+        if path.suffix == ".gguf" and path.is_file():
+            return cls.from_gguf(path)
+        return cls.from_model_dir(path)
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> "Tokenizer":
+        from frontends.gguf_tokenizer import tokenizer_from_gguf
+
+        backend, config = tokenizer_from_gguf(path)
+        return cls(backend, config)
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> "Tokenizer":

@@ -1,6 +1,7 @@
-"""Load a Hugging Face Llama-family checkpoint (safetensors) into ``LlamaForCausalLM``.
+"""Load a Llama-family checkpoint into ``LlamaForCausalLM``: a Hugging Face directory
+(safetensors) or a llama.cpp ``.gguf`` file (``gguf_loader``).
 
-Reads ``model.safetensors`` or the shards named by
+From a directory it reads ``model.safetensors`` or the shards named by
 ``model.safetensors.index.json``. The model is built on the meta device and
 its parameters are replaced by the loaded tensors (already in the target
 dtype and on the target device), so nothing is initialised twice.
@@ -14,6 +15,8 @@ import torch
 from safetensors import safe_open
 
 from workers.config import ConfigError
+from workers.engine.model.gguf_loader import load_gguf_model
+from workers.engine.model.gguf_metadata import is_gguf_file
 from workers.engine.model.llama import LlamaForCausalLM
 from workers.engine.model.model_config import ModelConfig, load_model_config, read_json_file
 
@@ -66,11 +69,14 @@ def hf_weight_sources(config: ModelConfig) -> dict[str, list[str]]:
 def load_model(
     model_dir: str | Path, dtype: str, device: torch.device, max_positions: int | None = None
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """The model in eval mode on ``device``; RoPE covers ``max_positions`` (default: the model's)."""
+    """The model in eval mode on ``device``; RoPE covers ``max_positions`` (default: the model's).
+    ``model_dir`` is a Hugging Face model directory or a ``.gguf`` file."""
     model_dir = Path(model_dir)
-    config = load_model_config(model_dir)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if is_gguf_file(model_dir):
+        return load_gguf_model(model_dir, DTYPES[dtype], device, max_positions)
+    config = load_model_config(model_dir)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, max_positions or config.max_position_embeddings, device)
     sources = hf_weight_sources(config)
