@@ -5,7 +5,8 @@
     slurm: {partition, account, qos, time_limit, nodes, gpus_per_node, cpus_per_node, mem,
             job_name, env_setup, container: {image, mounts}, extra_sbatch, run_root}  # slurm.config
     run_dir: null                   # default: ./.disagg/<name>
-    model: tiny                     # a model dir; "tiny" (or a dir that does not exist) ->
+    model: smollm2-135m-instruct    # a model dir, a .gguf file or a short name (disagg.model_names); served
+                                    #   under this id as written. "tiny" (or a dir path that does not exist) ->
     tiny_model_size: bench          #   `up` writes a random-weight tiny model there first
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
              max_num_batched_tokens, kv_park_seconds, synthetic_decode_step_seconds,
@@ -37,7 +38,7 @@ from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES
 
 __all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "DeployConfig",
-           "load_deploy_config", "check_runnable", "TINY_MODEL", "LAUNCHERS"]
+           "load_deploy_config", "check_runnable", "resolve_deploy_model", "TINY_MODEL", "LAUNCHERS"]
 
 TINY_MODEL = "tiny"
 LAUNCHERS = ("local", "slurm")
@@ -179,6 +180,11 @@ class DeployConfig:
             raise ConfigError(f"{prefix}startup_timeout_seconds", "must be > 0")
 
     @property
+    def served_model_name(self) -> str:
+        """The model id clients send: ``orchestrator.served_model_name``, else ``model`` as written."""
+        return self.orchestrator.served_model_name or self.model
+
+    @property
     def run_path(self) -> Path:
         return Path(self.run_dir) if self.run_dir else Path(".disagg") / self.name
 
@@ -219,6 +225,24 @@ def check_runnable(config: DeployConfig) -> None:
                               f"{str(exc)[len(exc.key) + 2:]} (`disagg render` still shows the plan)") from None
 
 
+def resolve_deploy_model(config: DeployConfig, run_dir: Path) -> Path:
+    """The model ``up`` serves. ``tiny``: ``<run_dir>/model``; a path (containing a ``/``) that does not
+    exist: there. Both get a random-weight tiny model written at the first ``up``. Anything else
+    is resolved by ``disagg.model_names`` (ModelNotFoundError when it cannot be)."""
+    from disagg.model_names import resolve_model
+
+    model = config.model
+    path = run_dir / "model" if model == TINY_MODEL else Path(model).expanduser()
+    if model == TINY_MODEL or ("/" in model and not path.exists() and path.suffix != ".gguf"):
+        if not (path / "config.json").exists():
+            from workers.engine.model.tiny import make_tiny_model
+
+            print(f"disagg: writing a random-weight {config.tiny_model_size} model to {path}", flush=True)
+            make_tiny_model(path, size=config.tiny_model_size)
+        return path.resolve()
+    return resolve_model(model).resolve()
+
+
 def load_deploy_config(path: str | Path, run_dir: str | None = None) -> DeployConfig:
     """Read and validate; ``run_dir`` overrides the file's. Errors name the file and the key."""
     path = Path(path)
@@ -238,7 +262,7 @@ def load_deploy_config(path: str | Path, run_dir: str | None = None) -> DeployCo
         key = exc.key.lstrip(".")
         raise ConfigError(f"{path}: {key}", str(exc).split(": ", 1)[1]) from None
     if config.model != TINY_MODEL and not config.model:
-        raise ConfigError(f"{path}: model", "must name a model directory or 'tiny'")
+        raise ConfigError(f"{path}: model", "must name a model directory, a .gguf file, a short model name or 'tiny'")
     if config.launcher == "slurm":
         config.placement()  # refuse a placement that cannot fit, with the arithmetic
     return config

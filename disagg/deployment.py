@@ -78,7 +78,8 @@ def add_deployment_commands(sub: Any, func: Callable[[argparse.Namespace], int])
 
 
 def run_deployment_command(args: argparse.Namespace) -> int:
-    from disagg.deploy_config import load_deploy_config
+    from disagg.deploy_config import load_deploy_config, resolve_deploy_model
+    from disagg.model_names import ModelNotFoundError
     from orchestrator.typed import ConfigError
 
     try:
@@ -88,6 +89,7 @@ def run_deployment_command(args: argparse.Namespace) -> int:
                 from disagg.slurm_deployment import slurm_up
 
                 return slurm_up(config, args.config, config.run_path)
+            resolve_deploy_model(config, config.run_path)  # here, so a missing model is one line, not a log
             return _supervise(config) if args.foreground else _up_detached(config, args)
         run_dir = _find_run_dir(args)
         if args.action in ("status", "down") and (run_dir / "slurm.json").exists():  # launcher: slurm
@@ -95,7 +97,7 @@ def run_deployment_command(args: argparse.Namespace) -> int:
 
             return (slurm_status if args.action == "status" else slurm_down)(run_dir)
         return {"status": _status, "down": _down, "logs": lambda d: _logs(d, args)}[args.action](run_dir)
-    except ConfigError as exc:
+    except (ConfigError, ModelNotFoundError) as exc:
         print(f"disagg {args.action}: {exc}", file=sys.stderr)
         return 2
 
@@ -179,18 +181,6 @@ def _up_detached(config: DeployConfig, args: argparse.Namespace) -> int:
     return 1
 
 
-def _resolve_model(config: DeployConfig, run_dir: Path) -> Path:
-    from disagg.deploy_config import TINY_MODEL
-
-    path = run_dir / "model" if config.model == TINY_MODEL else Path(config.model)
-    if not (path / "config.json").exists():
-        from workers.engine.model.tiny import make_tiny_model
-
-        print(f"disagg up: writing a random-weight {config.tiny_model_size} model to {path}", flush=True)
-        make_tiny_model(path, size=config.tiny_model_size)
-    return path.resolve()
-
-
 def _free_port(host: str) -> int:
     import socket
 
@@ -208,7 +198,7 @@ def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_d
     options = {**engine.serve_options(), "--cluster-key-file": str(run_dir / KEY_FILE),
                "--state-dir": str(run_dir / "worker-state" / f"{role}-{index}"),
                "--kv-host": pool.host, "--kv-port": 0,
-               "--served-model-name": config.orchestrator.served_model_name}
+               "--served-model-name": config.served_model_name}
     for flag, value in options.items():
         if value is not None:
             argv += [flag, str(value)]
@@ -219,7 +209,9 @@ def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]],
     """The processes to run (name, argv, log) and the orchestrator URL; writes key and config files."""
     from orchestrator.config import OrchestratorConfig, StaticWorker
 
-    model = _resolve_model(config, run_dir)
+    from disagg.deploy_config import resolve_deploy_model
+
+    model = resolve_deploy_model(config, run_dir)
     key_file = run_dir / KEY_FILE
     fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -236,7 +228,7 @@ def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]],
     engine = config.engine
     orch = OrchestratorConfig(
         model_dir=str(model), state_dir=str((run_dir / "orchestrator").resolve()),
-        served_model_name=settings.served_model_name, host=settings.host, port=port,
+        served_model_name=config.served_model_name, host=settings.host, port=port,
         processes=settings.processes, ctx_router=settings.ctx_router, gen_router=settings.gen_router,
         conditional=settings.conditional, health=settings.health, timeouts=settings.timeouts,
         max_retries=settings.max_retries, api_key=settings.api_key, workers=tuple(workers),

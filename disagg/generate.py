@@ -1,14 +1,14 @@
 """``disagg generate``: complete prompts with an in-process engine (the local demo).
 
-Tokenizes with the model's ``tokenizer.json``, runs every prompt through one
+Tokenizes with the model's tokenizer (``tokenizer.json`` or GGUF metadata), runs every prompt through one
 ``EngineCore`` (continuous batching), prints each completion and the rate.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
-from pathlib import Path
 
 DEFAULT_PROMPTS = (
     "The quick brown fox",
@@ -18,7 +18,8 @@ DEFAULT_PROMPTS = (
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="Hugging Face model directory (see make-tiny-model)")
+    parser.add_argument("model", help="a Hugging Face model directory (see make-tiny-model), a .gguf file or a "
+                                      "short model name (smollm2-135m-instruct)")
     parser.add_argument("--prompt", action="append", help="a prompt (repeatable); default: three demo prompts")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -30,15 +31,19 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from tokenizers import Tokenizer
-
+    from disagg.model_names import ModelNotFoundError, resolve_model
+    from frontends.tokenizer import Tokenizer
     from workers.config import CacheConfig, EngineConfig
     from workers.engine.core import EngineCore
     from workers.protocol import EngineRequest
     from workers.sampling_params import SamplingParams
 
-    model_dir = Path(args.model)
-    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    try:
+        model_dir = resolve_model(args.model)
+    except ModelNotFoundError as exc:
+        print(f"disagg generate: {exc}", file=sys.stderr)
+        return 2
+    tokenizer = Tokenizer.from_model_path(model_dir)
     config = EngineConfig(
         model=str(model_dir),
         dtype=args.dtype,
@@ -52,7 +57,7 @@ def run_generate(args: argparse.Namespace) -> int:
     prompts = args.prompt or list(DEFAULT_PROMPTS)
     outputs: dict[int, list[int]] = {}
     for i, prompt in enumerate(prompts):
-        ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
         core.add_request(EngineRequest(request_id=i, prompt_token_ids=ids, sampling_params=params))
         outputs[i] = []
 

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from disagg.model_names import ModelNotFoundError, default_served_name, resolve_model
 from disagg.disagg_options import DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, start_registration
 from workers.attach import attach_file_from_env, read_attach_file
 from workers.config import (
@@ -62,7 +63,8 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--synthetic-decode-step-seconds", dict(type=float, default=0.0,
                                              help="synthetic engine: seconds per decode step (load tests)")),
     ("--synthetic-prefill-seconds-per-token", dict(type=float, default=0.0)),
-    ("--served-model-name", dict(default=None, help="the model name clients send (default: MODEL_DIR's name)")),
+    ("--served-model-name", dict(default=None, help="the model name clients send (default: a short name as "
+                                                    "written, a path's last component)")),
     ("--grace-seconds", dict(type=float, default=30.0, help="how long in-flight requests may finish at shutdown")),
     ("--decode-attention", dict(default="auto", choices=DECODE_ATTENTION_MODES,
                                 help="torch engine: native C kernel over the paged KV, or gather + SDPA")),
@@ -81,7 +83,9 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_dir", help="Hugging Face model directory (for the synthetic engine: the tokenizer)")
+    parser.add_argument("model_dir", metavar="MODEL",
+                        help="a Hugging Face model directory, a .gguf file or the short name of an installed "
+                             "model (smollm2-135m-instruct); for the synthetic engine: the tokenizer")
     for flag, kwargs in _OPTIONS:
         parser.add_argument(flag, **kwargs)
 
@@ -109,13 +113,9 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
     model_dir = Path(args.model_dir)
     synthetic = SyntheticConfig(decode_step_base_seconds=args.synthetic_decode_step_seconds,
                                 prefill_seconds_per_token=args.synthetic_prefill_seconds_per_token)
-    config_json = model_dir / "config.json"
-    if args.engine == "synthetic" and config_json.is_file():
+    if args.engine == "synthetic":
         # Synthetic tokens must be ids the model's tokenizer can decode.
-        hf = json.loads(config_json.read_text())
-        synthetic = dataclasses.replace(
-            synthetic, vocab_size=int(hf.get("vocab_size", synthetic.vocab_size)),
-            max_model_len=int(hf.get("max_position_embeddings", synthetic.max_model_len)))
+        synthetic = _synthetic_model_shape(model_dir, synthetic)
     return EngineConfig(
         model=str(model_dir),
         kind=args.engine,
@@ -130,13 +130,29 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
     ).validate()
 
 
+def _synthetic_model_shape(model: Path, synthetic: SyntheticConfig) -> SyntheticConfig:
+    """The vocabulary size and context length of ``model`` (config.json or GGUF metadata), if it has them."""
+    if model.suffix == ".gguf" and model.is_file():
+        from workers.engine.model.gguf_metadata import gguf_context_length, gguf_vocab_size, open_gguf
+
+        reader = open_gguf(model)
+        return dataclasses.replace(synthetic, vocab_size=gguf_vocab_size(reader),
+                                   max_model_len=gguf_context_length(reader))
+    config_json = model / "config.json"
+    if not config_json.is_file():
+        return synthetic
+    hf = json.loads(config_json.read_text())
+    return dataclasses.replace(synthetic, vocab_size=int(hf.get("vocab_size", synthetic.vocab_size)),
+                               max_model_len=int(hf.get("max_position_embeddings", synthetic.max_model_len)))
+
+
 def _frontend_config(args: argparse.Namespace, frontend_id: int, engine_info: Any = None):
     from frontends.app import FrontendConfig
     from frontends.tokenizer import Tokenizer
 
-    name = args.served_model_name or Path(args.model_dir).resolve().name
+    name = args.served_model_name or default_served_name(args.model_dir)
     disagg = None if engine_info is None else frontend_disagg_config(args, engine_info)
-    return Tokenizer.from_model_dir(args.model_dir), FrontendConfig(served_model_name=name, frontend_id=frontend_id,
+    return Tokenizer.from_model_path(args.model_dir), FrontendConfig(served_model_name=name, frontend_id=frontend_id,
                                                                     disagg=disagg)
 
 
@@ -189,6 +205,13 @@ def run_serve(args: argparse.Namespace) -> int:
                         format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s")
     if attach_file is not None:
         return _run_attached(args, attach_file)
+    try:
+        # Once, here: the attached frontends get the resolved path and the id back as flags.
+        args.served_model_name = args.served_model_name or default_served_name(args.model_dir)
+        args.model_dir = str(resolve_model(args.model_dir))
+    except ModelNotFoundError as exc:
+        print(f"disagg serve: {exc}", file=sys.stderr)
+        return 2
     return _run_launcher(args)
 
 

@@ -67,7 +67,7 @@ def _worker_argv(config: DeployConfig, worker: WorkerPlacement, model: str) -> l
             PYTHON, "-m", "disagg.cli", "serve", model, "--role", pool.role or worker.pool,
             "--host", "0.0.0.0", "--port", str(worker.port), "--num-frontends", str(worker.frontends)]
     options = {**engine.serve_options(),
-               "--served-model-name": config.orchestrator.served_model_name,
+               "--served-model-name": config.served_model_name,
                "--cluster-key-file": f"{RUN_DIR}/cluster.key", "--state-dir": f"{RUN_DIR}/state/{worker.name}",
                "--kv-host": "0.0.0.0"}
     for flag, value in options.items():

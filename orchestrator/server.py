@@ -79,7 +79,7 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     from orchestrator.app import Orchestrator, build_app
 
     index = args.process_index
-    orch = Orchestrator(config, index, Tokenizer.from_model_dir(config.model_dir))
+    orch = Orchestrator(config, index, Tokenizer.from_model_path(config.model_dir))
     server = FrontendServer(uvicorn.Config(build_app(orch), log_level=config.log_level, access_log=False,
                                            lifespan="on", timeout_graceful_shutdown=5))
     loop = asyncio.get_running_loop()

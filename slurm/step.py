@@ -34,20 +34,15 @@ _POLL_SECONDS = 0.2
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from disagg.deploy_config import TINY_MODEL, load_deploy_config
+    from disagg.deploy_config import load_deploy_config, resolve_deploy_model
     from orchestrator.config import OrchestratorConfig
 
     config = load_deploy_config(args.config)
     run_dir = Path(args.run_dir).resolve()
-    model = run_dir / "model" if config.model == TINY_MODEL else Path(config.model)
-    if not (model / "config.json").exists():
-        from workers.engine.model.tiny import make_tiny_model
-
-        make_tiny_model(model, size=config.tiny_model_size)
-        print(f"slurm.step prepare: wrote a random-weight {config.tiny_model_size} model to {model}", flush=True)
+    model = resolve_deploy_model(config, run_dir)  # writes the tiny model on first use
     s = config.orchestrator
     orch = OrchestratorConfig(
-        model_dir=str(model.resolve()), state_dir=str(run_dir / "orchestrator"), served_model_name=s.served_model_name,
+        model_dir=str(model.resolve()), state_dir=str(run_dir / "orchestrator"), served_model_name=config.served_model_name,
         host="0.0.0.0", port=s.port, processes=s.processes, ctx_router=s.ctx_router, gen_router=s.gen_router,
         conditional=s.conditional, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
         api_key=s.api_key, workers=(), default_block_size=config.engine.block_size or 16)

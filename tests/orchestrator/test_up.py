@@ -63,16 +63,18 @@ def test_up_request_status_down(tmp_path):
 
         url = f"http://127.0.0.1:{port}"
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        raw = client.completions.with_raw_response.create(model="model", prompt="hello there", max_tokens=3)
+        model = str(tmp_path / "model")  # served under the id the YAML wrote
+        assert [m.id for m in client.models.list().data] == [model]
+        raw = client.completions.with_raw_response.create(model=model, prompt="hello there", max_tokens=3)
         assert raw.headers["x-disagg-mode"] == "disagg"  # a ctx leg, then a gen leg
         assert raw.parse().usage.completion_tokens == 3
-        chunks = list(client.chat.completions.create(model="model", max_tokens=4, stream=True,
+        chunks = list(client.chat.completions.create(model=model, max_tokens=4, stream=True,
                                                      messages=[{"role": "user", "content": "hi"}]))
         assert chunks[-1].choices[0].finish_reason in ("length", "stop")
         claude = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
-        message = claude.messages.create(model="model", max_tokens=3, messages=[{"role": "user", "content": "hey"}])
+        message = claude.messages.create(model=model, max_tokens=3, messages=[{"role": "user", "content": "hey"}])
         assert message.usage.output_tokens == 3 and message.stop_reason == "max_tokens"
-        with claude.messages.stream(model="model", max_tokens=3,
+        with claude.messages.stream(model=model, max_tokens=3,
                                     messages=[{"role": "user", "content": "hey you"}]) as stream:
             assert stream.get_final_message().usage.output_tokens == 3
 
