@@ -1,4 +1,4 @@
-"""Engine throughput and prefix-cache TTFT on the bench-size model, CPU.
+"""Engine throughput and TTFT, CPU: the bench-size tiny model, or a real one (``--model``).
 
 Measured in one run, so the ratios hold on a shared, noisy machine:
   1. output tokens/s of EngineCore for 32 concurrent requests (prompts of
@@ -11,8 +11,13 @@ Measured in one run, so the ratios hold on a shared, noisy machine:
   2. time to first token of a request whose prompt shares 90% with a
      finished one, against the same prompt on a cold cache, for 512- and
      2048-token prompts. Target: <= 0.25x.
+  3. with ``--model`` (a short name, a model directory or a .gguf file, e.g.
+     ``smollm2-135m-instruct``) in place of 2.: one request's TTFT and decode
+     tokens/s against the physical limit, memory bandwidth (measured in the
+     same run) over the weight bytes read per token (``decode_limit``).
+     transformers loads the same file (``gguf_file=``) for 1.
 
-    python benchmarks/engine_throughput.py [--out FILE] [--rounds 5] [--threads N]
+    python benchmarks/engine_throughput.py [--model NAME] [--out FILE] [--rounds 5] [--threads N]
         [--decode-attention auto|native|sdpa]
 """
 
@@ -29,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from decode_limit import decode_against_limit
 from workers.config import DECODE_ATTENTION_MODES, CacheConfig, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
 from workers.engine.model.tiny import make_tiny_model
@@ -69,7 +75,10 @@ def run_engine(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> t
 def load_hf_model(model_dir: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    if model_dir.suffix == ".gguf":
+        return AutoModelForCausalLM.from_pretrained(model_dir.parent, gguf_file=model_dir.name,
+                                                    dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 def run_hf_generate(model: torch.nn.Module, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
@@ -176,14 +185,32 @@ def throughput_rounds(
     return rounds
 
 
+def bench_model(args: argparse.Namespace) -> tuple[Path, int]:
+    """The model to measure (``--model``, else the bench-size tiny model) and its vocabulary size."""
+    if args.model:
+        from disagg.model_names import resolve_model
+        from workers.engine.model.gguf_metadata import gguf_vocab_size, is_gguf_file, open_gguf
+
+        path = resolve_model(args.model)
+        if is_gguf_file(path):
+            return path, gguf_vocab_size(open_gguf(path))
+        return path, json.loads((path / "config.json").read_text())["vocab_size"]
+    model_dir = Path(args.model_dir or tempfile.mkdtemp(prefix="disagg-bench-")) / "tiny-bench"
+    if not (model_dir / "config.json").exists():
+        make_tiny_model(model_dir, size="bench")
+    return model_dir, json.loads((model_dir / "config.json").read_text())["vocab_size"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results/engine_throughput.json")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/engine_throughput[-MODEL].json")
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5, help="engine/HF rounds; the ratio is their median")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
-    parser.add_argument("--model-dir", default=None, help="default: a fresh bench-size tiny model")
+    parser.add_argument("--model-dir", default=None, help="where to write the bench-size tiny model (default: a tmp dir)")
+    parser.add_argument("--model", default=None, help="a real model instead: a short name (smollm2-135m-instruct), "
+                                                      "a model directory or a .gguf file")
     parser.add_argument("--decode-attention", default="auto", choices=DECODE_ATTENTION_MODES,
                         help="the engine's decode attention (EngineConfig.decode_attention)")
     args = parser.parse_args()
@@ -191,17 +218,21 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model_dir = Path(args.model_dir or tempfile.mkdtemp(prefix="disagg-bench-")) / "tiny-bench"
-    if not (model_dir / "config.json").exists():
-        make_tiny_model(model_dir, size="bench")
-    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    model_dir, vocab_size = bench_model(args)
     prompts = make_prompts(args.num_requests, vocab_size)
 
     warm_up = make_prompts(2, vocab_size, seed=1)  # not the measured prompts: no prefix-cache hits
     rounds = throughput_rounds(model_dir, prompts, warm_up, args.max_tokens, args.rounds, args.decode_attention)
     ratio = statistics.median(r["ratio"] for r in rounds)
-    ttft = [prefix_ttft(model_dir, vocab_size, 512, 5, args.decode_attention),
-            prefix_ttft(model_dir, vocab_size, 2048, 3, args.decode_attention)]
+    if args.model:
+        core = EngineCore(engine_config(model_dir, 256, decode_attention=args.decode_attention))
+        rng = random.Random(2)  # four distinct 128-token prompts: a warm-up and three measured
+        prompts_128 = [[rng.randrange(16, vocab_size - 16) for _ in range(128)] for _ in range(4)]
+        single = decode_against_limit(core, prompts_128, args.max_tokens)
+        ttft = []
+    else:
+        ttft = [prefix_ttft(model_dir, vocab_size, 512, 5, args.decode_attention),
+                prefix_ttft(model_dir, vocab_size, 2048, 3, args.decode_attention)]
 
     result = {
         "machine": {
@@ -221,16 +252,25 @@ def main() -> None:
             "rounds": rounds,
             "target_ratio": 2.0,
         },
-        "prefix_ttft": {**ttft[0], "target_ratio": 0.25},
-        "prefix_ttft_long": {**ttft[1], "target_ratio": 0.25},
     }
+    if args.model:
+        result["model"] = {"name": args.model, "path": str(model_dir)}
+        result["single_request"] = single
+        print(f"one request: TTFT {single['ttft_ms']:.1f} ms ({single['prompt_tokens']}-token prompt), decode "
+              f"{single['decode_tokens_per_s']:.1f} tok/s = {100 * single['fraction_of_limit']:.0f}% of the "
+              f"physical limit {single['physical_limit_tokens_per_s']:.1f} tok/s "
+              f"({single['weight_bytes_per_token'] / 1e6:.0f} MB of weights per token at "
+              f"{max(single['read_bytes_per_s'], single['copy_bytes_per_s']) / 1e9:.1f} GB/s)")
+    else:
+        result["prefix_ttft"] = {**ttft[0], "target_ratio": 0.25}
+        result["prefix_ttft_long"] = {**ttft[1], "target_ratio": 0.25}
     print(f"ratio        {ratio:8.2f}x median of {len(rounds)} rounds (target >= 2x)")
     for entry in ttft:
         print(
             f"TTFT {entry['prompt_len']}-token prompt, 90% shared prefix {entry['ttft_prefix_hit_ms']:.1f} ms"
             f" vs cold {entry['ttft_cold_ms']:.1f} ms: {entry['ratio']:.2f}x (target <= 0.25x)"
         )
-    out = Path(args.out)
+    out = Path(args.out or f"benchmarks/results/engine_throughput{'-' + Path(args.model).name if args.model else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
