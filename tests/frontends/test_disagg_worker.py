@@ -104,20 +104,27 @@ def post(url: str, path: str, body: dict) -> tuple[int, dict | list[dict]]:
     return response.status_code, events
 
 
+def _uncached(usage: dict) -> dict:
+    """Usage without the cache split: which prompt tokens hit a cache depends on the order requests ran in."""
+    usage = dict(usage)
+    if "cache_read_input_tokens" in usage:
+        usage["input_tokens"] += usage.pop("cache_read_input_tokens")
+    usage.pop("prompt_tokens_details", None)
+    return usage
+
+
 def summary(path: str, answer) -> tuple:
     """(text, finish reason, usage) of any API's answer, streamed or not."""
     if path == "/v1/messages":
         if isinstance(answer, dict):
-            return "".join(b["text"] for b in answer["content"]), answer["stop_reason"], answer["usage"]
+            return "".join(b["text"] for b in answer["content"]), answer["stop_reason"], _uncached(answer["usage"])
         text = "".join(e["delta"]["text"] for e in answer if e["type"] == "content_block_delta")
         delta = next(e for e in answer if e["type"] == "message_delta")
-        start = next(e for e in answer if e["type"] == "message_start")
-        return text, delta["delta"]["stop_reason"], (start["message"]["usage"]["input_tokens"],
-                                                     delta["usage"]["output_tokens"])
+        return text, delta["delta"]["stop_reason"], _uncached(delta["usage"])
     if isinstance(answer, dict):
         choice = answer["choices"][0]
         text = choice["text"] if path == "/v1/completions" else choice["message"]["content"]
-        return text, choice["finish_reason"], answer["usage"]
+        return text, choice["finish_reason"], _uncached(answer["usage"])
     chunks = [e for e in answer if e.get("choices")]
     if path == "/v1/completions":
         text = "".join(c["choices"][0]["text"] for c in chunks)
@@ -125,7 +132,7 @@ def summary(path: str, answer) -> tuple:
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0].get("finish_reason")]
     usage = [e["usage"] for e in answer if e.get("usage")]
-    return text, finish[-1], usage[-1] if usage else None
+    return text, finish[-1], _uncached(usage[-1]) if usage else None
 
 
 def disaggregated(ctx_url: str, gen_url: str, path: str, body: dict):
