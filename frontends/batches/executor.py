@@ -19,7 +19,7 @@ from frontends.errors import EngineDeadError, InvalidRequestError, anthropic_err
 from frontends.schemas_anthropic import MessagesRequest
 from frontends.serving import ServingContext
 
-__all__ = ["BatchExecutor", "EngineBatchExecutor", "Outcome", "errored", "succeeded", "batch_body"]
+__all__ = ["BatchExecutor", "EngineBatchExecutor", "Outcome", "errored", "errored_by", "succeeded", "batch_body"]
 
 logger = logging.getLogger(__name__)
 
