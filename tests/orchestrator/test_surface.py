@@ -198,7 +198,7 @@ def test_growing_conversation_reports_growing_cached_tokens(cluster):
         cached.append(usage.prompt_tokens_details.cached_tokens)
         assert cached[-1] < usage.prompt_tokens
         messages.append({"role": "assistant", "content": text})
-    assert cached[0] == 0 and all(a < b for a, b in zip(cached[1:], cached[2:])), cached
+    assert cached[0] == 0 and all(a < b for a, b in zip(cached, cached[1:])), cached
 
     claude = cluster.anthropic()
     history: list[dict] = []
@@ -218,6 +218,6 @@ def test_growing_conversation_reports_growing_cached_tokens(cluster):
             model=MODEL, system="You are a patient narrator.", messages=history).input_tokens
         read.append(usage.cache_read_input_tokens)
         history.append({"role": "assistant", "content": message.content[0].text})
-    assert all(a < b for a, b in zip(read[1:], read[2:])), read
+    assert all(a < b for a, b in zip(read, read[1:])), read
     # The gen engine's own hits (KV it did not pull) count on its worker's counter.
     wait_until(lambda: _gen_cached_counter(cluster) > before, timeout=5)
