@@ -381,3 +381,34 @@ def test_logprobs_cover_every_token_including_the_ctx_legs_first(workers, stream
     expected = logprobs(reference)
     assert len(expected["tokens"]) == 6
     assert logprobs(disaggregated(ctx_url, gen_url, "/v1/completions", body)) == expected
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_gen_leg_reports_the_ctx_legs_cached_tokens(workers, stream):
+    """Cached prompt tokens of a disaggregated request are the ctx leg's hits (frontends.disaggregation)."""
+    ctx_url, gen_url = workers
+    prompt = f"A prompt that only the ctx worker has seen before ({stream})" * 2
+    post(ctx_url, "/v1/completions", completion(prompt))  # the ctx worker caches it; the gen worker never saw it
+    answer = ctx_leg(ctx_url, "/v1/completions", completion(prompt))
+    cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= BLOCK_SIZE and answer["disaggregated_params"]["num_cached_tokens"] == cached
+    status, result = post(gen_url, "/v1/completions", gen_body(completion(prompt, stream), answer))
+    assert status == 200, result
+    usage = [e["usage"] for e in result if e.get("usage")][-1] if stream else result["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == cached
+
+    body = {"model": MODEL, "max_tokens": 5, "stream": stream, "messages": [{"role": "user", "content": prompt}]}
+    post(ctx_url, "/v1/messages", body | {"stream": False})
+    answer = ctx_leg(ctx_url, "/v1/messages", body)
+    cached = answer["usage"]["cache_read_input_tokens"]
+    assert cached >= BLOCK_SIZE and answer["disaggregated_params"]["num_cached_tokens"] == cached
+    status, result = post(gen_url, "/v1/messages", gen_body(body, answer))
+    assert status == 200, result
+    if stream:
+        start = next(e for e in result if e["type"] == "message_start")["message"]["usage"]
+        final = next(e for e in result if e["type"] == "message_delta")["usage"]
+        assert start["cache_read_input_tokens"] == final["cache_read_input_tokens"] == cached
+        assert final["input_tokens"] == answer["usage"]["input_tokens"]
+    else:
+        assert result["usage"]["cache_read_input_tokens"] == cached
+        assert result["usage"]["input_tokens"] == answer["usage"]["input_tokens"]
