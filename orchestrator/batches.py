@@ -34,6 +34,7 @@ from starlette.responses import Response
 
 from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore
 from frontends.batches.executor import Outcome, batch_body, errored, errored_by, succeeded
+from frontends.errors import NotFoundError
 from frontends.perf_records import X_REQUEST_ID
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.flow import PerfRecord
@@ -108,5 +109,8 @@ async def batch_forward(orch: "Orchestrator", request: Request) -> Response:
         answer = await orch.link.forward(request.method, path, body)
     except httpx.HTTPError as exc:
         raise UpstreamFailedError(f"the batch store's owner (process 0) did not answer: {exc}") from exc
+    if answer.status_code in (404, 405) and answer.headers.get("content-type", "").startswith("text/plain"):
+        # The owner's router itself: no such batch route (the routes' own errors are JSON).
+        raise NotFoundError(f"no route {request.method} {request.url.path}")
     return Response(answer.content, status_code=answer.status_code,
                     media_type=answer.headers.get("content-type", "application/json"))

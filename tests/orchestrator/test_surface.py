@@ -146,6 +146,10 @@ def test_batch_runs_through_both_legs(cluster):
         client.messages.batches.create(requests=[{"custom_id": "no spaces", "params": {}}])
     with pytest.raises(anthropic.NotFoundError):
         client.messages.batches.retrieve("msgbatch_nope")
+    unknown = httpx.get(f"{cluster.url}/v1/messages/batches/{batch.id}/elsewhere")
+    assert unknown.status_code == 404 and unknown.json()["type"] == "error"
+    pending = httpx.get(f"{cluster.url}/v1/messages/batches?limit=0")
+    assert pending.status_code == 400 and pending.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_batch_survives_a_worker_and_an_orchestrator_restart(cluster):
