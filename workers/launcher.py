@@ -34,7 +34,7 @@ from workers.attach import ATTACH_FILE_ENV, AttachInfo, write_attach_file
 from workers.config import EngineConfig
 from workers.engine_proc import EngineProcSpec
 from workers.kv_transfer import DisaggEngineSpec
-from workers.ipc import LANE_SNDHWM, FrameCodec, make_ipc_dir, new_key, write_private_file
+from workers.ipc import ENGINE_WEDGED_SECONDS, LANE_SNDHWM, FrameCodec, make_ipc_dir, new_key, write_private_file
 from workers.protocol import (
     ControlReply,
     ControlRequest,
@@ -130,7 +130,8 @@ class WorkerGroup:
 
     def __init__(self, engine_config: EngineConfig, num_frontends: int, host: str, port: int,
                  *, grace_seconds: float = 30.0, lane_sndhwm: int = LANE_SNDHWM, log_level: str = "info",
-                 disagg: DisaggEngineSpec | None = None) -> None:
+                 disagg: DisaggEngineSpec | None = None,
+                 engine_wedged_seconds: float = ENGINE_WEDGED_SECONDS) -> None:
         if num_frontends < 1:
             raise LaunchError(f"num_frontends must be >= 1, got {num_frontends}")
         self.engine_config = engine_config
@@ -138,6 +139,7 @@ class WorkerGroup:
         self.num_frontends = num_frontends
         self.host, self.port = host, port
         self.grace_seconds = grace_seconds
+        self.engine_wedged_seconds = engine_wedged_seconds
         self.lane_sndhwm = lane_sndhwm
         self.log_level = log_level
         self.paths = make_ipc_dir()
@@ -190,7 +192,7 @@ class WorkerGroup:
         assert self.engine is not None and self.engine_info is not None, "start_engine() first"
         return AttachInfo(str(self.paths.dir), self.key.hex(), frontend_id, self.num_frontends, os.getpid(),
                           self.engine.popen.pid, self.engine_info, self.host, self.port,
-                          self._generations.get(frontend_id, 0))
+                          self._generations.get(frontend_id, 0), self.engine_wedged_seconds)
 
     def spawn_frontends(self, argv: list[str]) -> None:
         """Start frontends 1..K-1 as ``argv`` with the attach file in their environment."""
