@@ -36,7 +36,7 @@ from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES
 
-__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "DeployConfig",
+__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "RestartPolicy", "DeployConfig",
            "load_deploy_config", "check_runnable", "TINY_MODEL", "LAUNCHERS"]
 
 TINY_MODEL = "tiny"
@@ -155,6 +155,22 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
+class RestartPolicy:
+    """How `disagg up` restarts a process that exits unexpectedly: up to ``max_restarts``
+    within any ``window_seconds``; past that the process is left down and reported by
+    ``disagg status`` while the rest keep serving."""
+
+    max_restarts: int = 5
+    window_seconds: float = 600.0
+
+    def validate(self, prefix: str) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"{prefix}.max_restarts", f"must be >= 0, got {self.max_restarts}")
+        if self.window_seconds <= 0:
+            raise ConfigError(f"{prefix}.window_seconds", f"must be > 0, got {self.window_seconds}")
+
+
+@dataclass(frozen=True)
 class PoolsConfig:
     ctx: PoolConfig = field(default_factory=PoolConfig)
     gen: PoolConfig = field(default_factory=PoolConfig)
@@ -173,6 +189,7 @@ class DeployConfig:
     orchestrator: OrchestratorSettings = field(default_factory=OrchestratorSettings)
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     startup_timeout_seconds: float = 600.0
+    restarts: RestartPolicy = field(default_factory=RestartPolicy)
     source: str = ""
     """The file this came from (set by the loader)."""
 

@@ -46,6 +46,7 @@ from workers.protocol import (
     Shutdown,
     StatusMessage,
 )
+from workers.restart_budget import RestartBudget
 
 __all__ = ["LaunchError", "check_port_free", "WorkerGroup", "RANK_ENV_VARS"]
 
@@ -151,7 +152,7 @@ class WorkerGroup:
         self.frontends: dict[int, _Child] = {}
         self._frontend_argv: list[str] = []
         self._generations: dict[int, int] = {}  # respawns per slot
-        self._crash_times: dict[int, deque[float]] = {}
+        self._restart_budgets: dict[int, RestartBudget] = {}
         self.abandoned_frontends: set[int] = set()  # crashed too often: not respawned
         self.engine_failed = False  # the engine died or hung while serving: kill it, do not ask
         self._ready_frontends: set[int] = set()
@@ -255,19 +256,17 @@ class WorkerGroup:
             how = child.describe_exit()
             if on_exit is not None:
                 on_exit(child.popen.pid)
-            crashes = self._crash_times.setdefault(frontend_id, deque())
-            crashes.append(now)
-            while crashes and now - crashes[0] > RESPAWN_WINDOW_SECONDS:
-                crashes.popleft()
-            if len(crashes) >= MAX_CRASHES_IN_WINDOW:
+            budget = self._restart_budgets.setdefault(
+                frontend_id, RestartBudget(MAX_CRASHES_IN_WINDOW - 1, RESPAWN_WINDOW_SECONDS))
+            if not budget.allow(now):
                 self.abandoned_frontends.add(frontend_id)
                 log.critical("!!! %s; frontend %d crashed %d times within %.0f s: NOT respawning it again; "
-                             "%d of %d frontends left serving", how, frontend_id, len(crashes),
+                             "%d of %d frontends left serving", how, frontend_id, budget.recent_exits,
                              RESPAWN_WINDOW_SECONDS, self.num_frontends - len(self.abandoned_frontends),
                              self.num_frontends)
                 continue
             self._generations[frontend_id] = self._generations.get(frontend_id, 0) + 1
-            log.error("%s; respawning frontend %d (crash %d within %.0f s)", how, frontend_id, len(crashes),
+            log.error("%s; respawning frontend %d (crash %d within %.0f s)", how, frontend_id, budget.recent_exits,
                       RESPAWN_WINDOW_SECONDS)
             self._spawn_frontend(frontend_id)
             respawned.append(frontend_id)
