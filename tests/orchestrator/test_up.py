@@ -136,7 +136,7 @@ def test_a_process_past_its_restart_budget_is_left_down_and_the_rest_keep_servin
         _wait(lambda: "leaving it down" in (run / "up.log").read_text(), 10)
         assert ctx_pid() == second and not alive(second)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-        answer = client.completions.create(model="model", prompt="still serving", max_tokens=3)
+        answer = client.completions.create(model=str(tmp_path / "model"), prompt="still serving", max_tokens=3)
         assert answer.usage.completion_tokens == 3  # on the gen worker alone
         status = disagg("status", "--run-dir", str(run), cwd=tmp_path)
         assert "LEFT DOWN: it exited 2 times within 600 s" in status.stdout, status.stdout
