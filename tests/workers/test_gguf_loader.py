@@ -74,3 +74,15 @@ def test_unsupported_architecture_is_named(tiny, tmp_path):
     with pytest.raises(ConfigError) as info:
         load_model(path, "float32", CPU)
     assert info.value.key.endswith("general.architecture") and "'gpt2'" in str(info.value)
+
+
+def test_synthetic_engine_takes_vocabulary_and_context_from_the_file(tiny):
+    import argparse
+
+    from disagg.serve import add_serve_arguments, build_engine_config
+
+    _, gguf_path = tiny
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    config = build_engine_config(parser.parse_args([str(gguf_path), "--engine", "synthetic"]))
+    assert (config.synthetic.vocab_size, config.synthetic.max_model_len) == (512, 2048)
