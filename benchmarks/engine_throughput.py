@@ -208,7 +208,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5, help="engine/HF rounds; the ratio is their median")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
-    parser.add_argument("--model-dir", default=None, help="where to write the bench-size tiny model (default: a tmp dir)")
+    parser.add_argument("--model-dir", default=None,
+                        help="where to write the bench-size tiny model (default: a tmp dir)")
     parser.add_argument("--model", default=None, help="a real model instead: a short name (smollm2-135m-instruct), "
                                                       "a model directory or a .gguf file")
     parser.add_argument("--decode-attention", default="auto", choices=DECODE_ATTENTION_MODES,
@@ -270,7 +271,8 @@ def main() -> None:
             f"TTFT {entry['prompt_len']}-token prompt, 90% shared prefix {entry['ttft_prefix_hit_ms']:.1f} ms"
             f" vs cold {entry['ttft_cold_ms']:.1f} ms: {entry['ratio']:.2f}x (target <= 0.25x)"
         )
-    out = Path(args.out or f"benchmarks/results/engine_throughput{'-' + Path(args.model).name if args.model else ''}.json")
+    suffix = f"-{Path(args.model).name}" if args.model else ""
+    out = Path(args.out or f"benchmarks/results/engine_throughput{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")

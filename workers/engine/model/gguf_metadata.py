@@ -57,7 +57,8 @@ def gguf_vocab_size(reader: Any) -> int:
         field = reader.fields.get(_TOKEN_LIST)
         size = len(field.data) if field is not None else None
     if size is None:
-        raise ConfigError(f"{reader.data.filename}: {architecture}.vocab_size", "missing (and no tokenizer.ggml.tokens)")
+        raise ConfigError(f"{reader.data.filename}: {architecture}.vocab_size",
+                          "missing (and no tokenizer.ggml.tokens)")
     return int(size)
 
 
@@ -71,8 +72,9 @@ def gguf_model_config(reader: Any) -> ModelConfig:
     source = str(reader.data.filename)
     architecture = gguf_field(reader, "general.architecture")
     if architecture not in SUPPORTED_GGUF_ARCHITECTURES:
+        supported = list(SUPPORTED_GGUF_ARCHITECTURES)
         raise ConfigError(f"{source}: general.architecture",
-                          f"unsupported GGUF architecture {architecture!r}; supported: {list(SUPPORTED_GGUF_ARCHITECTURES)}")
+                          f"unsupported GGUF architecture {architecture!r}; supported: {supported}")
 
     def require(name: str) -> Any:
         value = gguf_field(reader, f"{architecture}.{name}")
