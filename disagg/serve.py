@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from disagg.model_names import ModelNotFoundError, default_served_name, resolve_model
 from disagg.disagg_options import DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, start_registration
+from disagg.model_names import ModelNotFoundError, default_served_name, resolve_model
 from workers.attach import attach_file_from_env, read_attach_file
 from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
 from workers.config import (
@@ -156,8 +156,8 @@ def _frontend_config(args: argparse.Namespace, frontend_id: int, engine_info: An
 
     name = args.served_model_name or default_served_name(args.model_dir)
     disagg = None if engine_info is None else frontend_disagg_config(args, engine_info)
-    return Tokenizer.from_model_path(args.model_dir), FrontendConfig(served_model_name=name, frontend_id=frontend_id,
-                                                                    disagg=disagg)
+    config = FrontendConfig(served_model_name=name, frontend_id=frontend_id, disagg=disagg)
+    return Tokenizer.from_model_path(args.model_dir), config
 
 
 def _make_launcher_app_factory(args: argparse.Namespace, group: Any):
