@@ -59,17 +59,24 @@ def _reference_logits(model, token_ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([token_ids])).logits[0]  # (T, vocab)
 
 
-@pytest.mark.parametrize("dtype, tolerance", [("float32", FLOAT32_TOLERANCE), ("bfloat16", BFLOAT16_TOLERANCE)])
-def test_paged_logits_match_transformers(smollm2_gguf, reference, dtype, tolerance):
+@pytest.fixture(scope="module")
+def sequence_and_logits(reference) -> tuple[list[int], torch.Tensor]:
+    """A 10-token chat prompt and 30 tokens of the model's own greedy continuation; transformers'
+    logits at the positions the engine samples: the ends of two prefill chunks, then 30 decodes."""
     model, tokenizer = reference
     text = tokenizer.apply_chat_template(CHATS[1], add_generation_prompt=True, tokenize=False)
     prompt = tokenizer.encode(text, add_special_tokens=False)[:10]
-    with torch.no_grad():  # a real continuation: 30 decode steps of the model's own greedy tokens
+    with torch.no_grad():
         sequence = model.generate(torch.tensor([prompt]), max_new_tokens=30, min_new_tokens=30,
                                   do_sample=False)[0].tolist()[:40]
+    logits = _reference_logits(model, sequence)
+    return sequence, torch.cat([logits[4:5], logits[9:10], logits[10:]])
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("float32", FLOAT32_TOLERANCE), ("bfloat16", BFLOAT16_TOLERANCE)])
+def test_paged_logits_match_transformers(smollm2_gguf, sequence_and_logits, dtype, tolerance):
+    sequence, expected = sequence_and_logits
     ours = _paged_logits(_runner(smollm2_gguf, dtype), sequence, [6, 1, 4], prefill=10)  # blocks of 16: 2 crossings
-    expected = _reference_logits(model, sequence)
-    expected = torch.cat([expected[4:5], expected[9:10], expected[10:]])  # two prefill chunks, then 30 decodes
     assert ours.shape == expected.shape == (32, 49152)
     relative = ((ours - expected).abs().max() / expected.abs().max()).item()
     print(f"SmolLM2 {dtype}: max |engine - transformers| / logit scale = {relative:.2e}")
