@@ -30,6 +30,7 @@ from frontends.schemas_openai import (
     completion_logprobs,
 )
 from frontends.serving import ServingContext
+from frontends.structured import openai_controls
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer
 
@@ -124,7 +125,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     params = ctx.sampling_params(
         len(prompt_ids), body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         seed=body.seed, min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids,
-        ignore_eos=body.ignore_eos, logprobs=body.logprobs,
+        ignore_eos=body.ignore_eos, logprobs=body.logprobs, **openai_controls(body, ctx.client.vocab_size),
     )
     generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -185,6 +186,7 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
         min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        **openai_controls(body, ctx.client.vocab_size),
     )
     generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from frontends.structured import ResponseFormat
 from frontends.tokenizer import Tokenizer
 from workers.disagg_params import DisaggParams
 from workers.protocol import TokenLogprobs
@@ -60,6 +61,13 @@ class CompletionRequest(msgspec.Struct, frozen=True):
     ignore_eos: bool = False
     min_tokens: int = 0
     user: str | None = None
+    # Structured output and sampling controls: frontends.structured.
+    response_format: ResponseFormat | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict[str, float] | None = None
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 
@@ -122,6 +130,13 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     user: str | None = None
+    # Structured output and sampling controls: frontends.structured.
+    response_format: ResponseFormat | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict[str, float] | None = None
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 
