@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from llguidance.numpy import fill_next_token_bitmask
 
 from workers.sampling_params import SamplingParams
 
@@ -80,13 +79,25 @@ def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SamplingRow], index: l
 def apply_grammar_masks(logits: torch.Tensor, rows: Sequence[SamplingRow], index: list[int]) -> None:
     """In place: every token its row's grammar does not allow next becomes -inf."""
     vocab_size = logits.shape[1]
-    bitmask = np.zeros((len(index), (vocab_size + 31) // 32), dtype=np.int32)  # (R, W)
+    num_words = (vocab_size + 31) // 32
+    bitmask = np.zeros((len(index), num_words), dtype=np.int32)  # (R, W)
+    # Row pointers computed once: numpy's per-call ``.ctypes`` costs ~20 us a row,
+    # more than llguidance takes to fill the mask.
+    base, row_bytes = bitmask.ctypes.data, 4 * num_words
     for j, i in enumerate(index):
-        fill_next_token_bitmask(rows[i].grammar, bitmask, j)
-    words = torch.from_numpy(bitmask).to(logits.device)
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().reshape(len(index), -1)[:, :vocab_size]  # (R, V)
-    logits[index] = logits[index].masked_fill(~allowed, _NEG_INF)
+        rows[i].grammar.unsafe_compute_mask_ptr(base + j * row_bytes, row_bytes)
+    if logits.device.type == "cpu":
+        # Little-endian words: byte t // 8, bit t % 8 holds token t.
+        allowed = torch.from_numpy(np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little"))
+    else:  # ship the 32x smaller bitmask, expand it on the device
+        words = torch.from_numpy(bitmask).to(logits.device, non_blocking=True)
+        shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+        allowed = ((words.unsqueeze(-1) >> shifts) & 1).reshape(len(index), -1)
+    disallowed = allowed[:, :vocab_size] == 0  # (R, V)
+    if len(index) == logits.shape[0]:  # every row constrained: no gather and scatter
+        logits.masked_fill_(disallowed, _NEG_INF)
+    else:
+        logits[index] = logits[index].masked_fill(disallowed, _NEG_INF)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
