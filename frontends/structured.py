@@ -127,7 +127,9 @@ class GrammarChecker:
     def check(self, guided: GuidedDecoding, param: str) -> None:
         if self._compiler is None:
             eos = () if self._tokenizer.eos_token_id is None else (self._tokenizer.eos_token_id,)
-            self._compiler = GrammarCompiler.for_tokenizer(self._tokenizer.backend, self._vocab_size, eos)
+            # A synthetic engine may report fewer ids than the tokenizer has: the checks need them all.
+            vocab_size = max(self._vocab_size, self._tokenizer.vocab_size)
+            self._compiler = GrammarCompiler.for_tokenizer(self._tokenizer.backend, vocab_size, eos)
         error = self._compiler.check(guided)
         if error is not None:
             raise InvalidRequestError(f"{param} cannot be enforced: {error}", param=param)

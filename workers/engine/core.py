@@ -16,6 +16,7 @@ and refusing them would keep tool-calling clients off load tests.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 
@@ -31,6 +32,8 @@ from workers.guided import GrammarCompiler, GrammarError, load_tokenizer
 from workers.protocol import EngineRequest, RequestOutput
 
 __all__ = ["EngineCore", "KVPull", "ProfilingUnsupported"]
+
+log = logging.getLogger(__name__)
 
 
 class EngineCore:
@@ -196,7 +199,8 @@ class EngineCore:
         if guided is None or self.config.kind == "synthetic":
             return True
         if self.grammars is None:
-            self._reject(request, "guided decoding needs the model's tokenizer (tokenizer.json), which it lacks")
+            self._reject(request, "guided decoding is off in this engine: no tokenizer.json matching the model "
+                                  "(see the engine log)")
             return False
         try:
             request.grammar = self.grammars.matcher(guided)
@@ -249,5 +253,9 @@ def _grammar_compiler(config: EngineConfig, executor: Executor) -> GrammarCompil
         return None
     tokenizer = load_tokenizer(config.model)
     if tokenizer is None:
+        return None
+    if tokenizer.get_vocab_size(with_added_tokens=True) > executor.vocab_size:
+        log.warning("guided decoding is off: the tokenizer has %d tokens, the model's logits only %d",
+                    tokenizer.get_vocab_size(with_added_tokens=True), executor.vocab_size)
         return None
     return GrammarCompiler.for_tokenizer(tokenizer, executor.vocab_size, executor.eos_token_ids)
