@@ -51,6 +51,8 @@ class EngineClientLike(Protocol):
     @property
     def is_healthy(self) -> bool: ...
 
+    def unavailable_error(self) -> Exception: ...  # why new requests are refused while not healthy
+
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
         make_message: Callable[[EngineRequest], IngressMessage] | None = None,
@@ -112,6 +114,11 @@ class Generation:
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
         self.leg = leg
+
+    @property
+    def num_usage_cached_tokens(self) -> int:
+        """Cached prompt tokens as usage reports them (a gen leg: its ctx leg's, ``frontends.disaggregation``)."""
+        return self.num_cached_tokens if self.leg is None else self.leg.usage_cached_tokens(self.num_cached_tokens)
 
     async def pieces(self) -> AsyncIterator[Piece]:
         detokenizer = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids)

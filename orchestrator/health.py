@@ -62,9 +62,9 @@ class HealthChecker:
         except httpx.HTTPError as exc:
             ok, error = False, f"{type(exc).__name__}: {exc}"
         moved = self.owner.registry.report_check(worker.worker_id, ok, None if ok else error)
-        if moved:
-            log.warning("worker %s (%s) %s the rotation%s", worker.worker_id, worker.url,
-                        "joined" if ok else "left", "" if ok else f": {error}")
+        if moved:  # joining is a state change (INFO); leaving is a fault (WARNING)
+            log.log(logging.INFO if ok else logging.WARNING, "worker %s (%s) %s the rotation%s", worker.worker_id,
+                    worker.url, "joined" if ok else "left", "" if ok else f": {error}")
         if not ok:
             return
         if worker.block_size is None or moved:  # a worker that comes back may have restarted differently
@@ -97,7 +97,9 @@ class HealthChecker:
             block_size = config.default_block_size
         if hash_seed is None:
             hash_seed = config.default_hash_seed
-        self.owner.registry.set_info(worker.worker_id, block_size, hash_seed, info.get("kv_endpoint"), offset)
+        max_model_len = info.get("max_model_len")
+        self.owner.registry.set_info(worker.worker_id, block_size, hash_seed, info.get("kv_endpoint"), offset,
+                                     max_model_len if isinstance(max_model_len, int) else None)
 
     async def drain_events(self, worker: WorkerRecord) -> None:
         try:
