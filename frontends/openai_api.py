@@ -31,7 +31,7 @@ from frontends.schemas_openai import (
     completion_logprobs,
 )
 from frontends.serving import ServingContext
-from frontends.structured import openai_controls
+from frontends.structured import openai_controls, openai_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer
 
@@ -126,7 +126,8 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     params = ctx.sampling_params(
         len(prompt_ids), body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         seed=body.seed, min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids,
-        ignore_eos=body.ignore_eos, logprobs=body.logprobs, **openai_controls(body, ctx.client.vocab_size),
+        ignore_eos=body.ignore_eos, logprobs=body.logprobs, guided=openai_guided(body.response_format),
+        **openai_controls(body, ctx.client.vocab_size),
     )
     generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -186,7 +187,7 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
         len(prompt_ids), max_tokens, max_tokens_param=max_tokens_param, prompt_param="messages",
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
         min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
-        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None, guided=openai_guided(body.response_format),
         **openai_controls(body, ctx.client.vocab_size),
     )
     generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)

@@ -88,14 +88,14 @@ def anthropic_guided(output_config: OutputConfig | None) -> GuidedDecoding | Non
 
 
 def openai_controls(body: Any, vocab_size: int) -> dict[str, Any]:
-    """``ServingContext.sampling_params`` keyword arguments from an OpenAI body's controls."""
+    """``ServingContext.sampling_params`` keyword arguments from an OpenAI body's sampling
+    controls (the grammar, ``openai_guided``, is passed on its own)."""
     return {
         "presence_penalty": body.presence_penalty,
         "frequency_penalty": body.frequency_penalty,
         "repetition_penalty": body.repetition_penalty,
         "min_p": body.min_p,
         "logit_bias": logit_bias_pairs(body.logit_bias, vocab_size),
-        "guided": openai_guided(body.response_format),
     }
 
 

@@ -9,7 +9,7 @@ a millisecond for ordinary schemas, measured by benchmarks/structured_output.py)
 bounded LRU cache and hands out deep copies (about a microsecond each), so a
 grammar is compiled once per process however many requests use it.
 
-JSON schemas compile with fixed separators (``, `` and ``: ``, no free
+JSON schemas compile with fixed, compact separators (``,`` and ``:``, no free
 whitespace): free whitespace lets a weak model spend its whole budget on
 blanks and never close the object. A Lark grammar's embedded ``%json{...}``
 does not inherit that: build it with ``lark_json(schema)``, which says so in
