@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from frontends.structured import ResponseFormat
+from frontends.structured import ResponseFormat, StructuredOutputs
 from frontends.tokenizer import Tokenizer
 from workers.disagg_params import DisaggParams
 from workers.protocol import TokenLogprobs
@@ -69,6 +69,11 @@ class CompletionRequest(msgspec.Struct, frozen=True):
     repetition_penalty: float | None = None
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's; and its older guided_* fields
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 
@@ -138,6 +143,11 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     repetition_penalty: float | None = None
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's; and its older guided_* fields
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 

@@ -13,6 +13,11 @@ that names the field and what is unsupported (e.g. ``Unimplemented keys:
 (``workers.guided.GrammarCompiler``), and the compiler is built on the first
 constrained request, so a frontend that never sees one never pays for it.
 
+vLLM's extensions on both OpenAI endpoints: ``structured_outputs`` (one of
+``json``, ``regex``, ``choice``, ``grammar`` (Lark or GBNF), ``json_object``)
+and the older top-level ``guided_json``, ``guided_regex``, ``guided_choice``,
+``guided_grammar``. At most one constraint per request: two are a 400.
+
 ``logit_bias`` (OpenAI): token ids as strings, values clamped to [-100, 100] as
 OpenAI does; an id that is not an integer or lies outside the vocabulary is a 400.
 """
@@ -23,6 +28,7 @@ import json
 from typing import Any, Literal
 
 import msgspec
+from llguidance.gbnf_to_lark import any_to_lark
 
 from frontends.errors import InvalidRequestError
 from frontends.tokenizer import Tokenizer
@@ -32,6 +38,7 @@ from workers.sampling_params import GuidedDecoding
 __all__ = [
     "ResponseFormat",
     "OutputConfig",
+    "StructuredOutputs",
     "openai_guided",
     "anthropic_guided",
     "logit_bias_pairs",
@@ -73,12 +80,65 @@ class OutputConfig(msgspec.Struct, frozen=True):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None  # accepted; no effect here
 
 
-def openai_guided(response_format: ResponseFormat | None) -> GuidedDecoding | None:
-    if response_format is None or isinstance(response_format, ResponseFormatText):
-        return None
-    if isinstance(response_format, ResponseFormatJsonObject) or response_format.json_schema.schema is None:
+class StructuredOutputs(msgspec.Struct, frozen=True):
+    """vLLM's ``structured_outputs``: exactly one constraint."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+def openai_guided(body: Any) -> tuple[GuidedDecoding | None, str]:
+    """The grammar an OpenAI body (chat or completions) asks for, and the field that asked."""
+    found: list[tuple[GuidedDecoding, str]] = []
+    response_format = body.response_format
+    if response_format is not None and not isinstance(response_format, ResponseFormatText):
+        if isinstance(response_format, ResponseFormatJsonObject) or response_format.json_schema.schema is None:
+            found.append((GuidedDecoding("json_schema", JSON_OBJECT_SCHEMA), "response_format"))
+        else:
+            found.append((GuidedDecoding("json_schema", json.dumps(response_format.json_schema.schema)),
+                          "response_format"))
+    outputs = body.structured_outputs
+    vllm = {
+        "json": outputs.json if outputs else None, "regex": outputs.regex if outputs else None,
+        "choice": outputs.choice if outputs else None, "grammar": outputs.grammar if outputs else None,
+        "json_object": outputs.json_object if outputs else None,
+    }
+    for name, value in vllm.items():
+        if value is not None and value is not False:
+            found.append((_vllm_guided(name, value, f"structured_outputs.{name}"), f"structured_outputs.{name}"))
+    for name in ("json", "regex", "choice", "grammar"):
+        value = getattr(body, f"guided_{name}")
+        if value is not None:
+            found.append((_vllm_guided(name, value, f"guided_{name}"), f"guided_{name}"))
+    if len(found) > 1:
+        raise InvalidRequestError(f"at most one output constraint per request, got {', '.join(p for _, p in found)}",
+                                  param=found[1][1])
+    return found[0] if found else (None, "response_format")
+
+
+def _vllm_guided(name: str, value: Any, param: str) -> GuidedDecoding:
+    if name == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise InvalidRequestError(f"{param} must be a JSON schema", param=param) from None
+        return GuidedDecoding("json_schema", json.dumps(value))
+    if name == "json_object":
         return GuidedDecoding("json_schema", JSON_OBJECT_SCHEMA)
-    return GuidedDecoding("json_schema", json.dumps(response_format.json_schema.schema))
+    if name == "regex":
+        return GuidedDecoding("regex", value)
+    if name == "choice":
+        if not value:
+            raise InvalidRequestError(f"{param} must list at least one choice", param=param)
+        return GuidedDecoding("lark", "start: " + " | ".join(json.dumps(choice) for choice in value))
+    try:  # grammar: Lark, or llama.cpp's GBNF (converted)
+        return GuidedDecoding("lark", any_to_lark(value))
+    except Exception as exc:  # the converter raises plain exceptions on syntax errors
+        raise InvalidRequestError(f"{param} is neither a Lark nor a GBNF grammar: {exc}", param=param) from None
 
 
 def anthropic_guided(output_config: OutputConfig | None) -> GuidedDecoding | None:

@@ -81,3 +81,28 @@ async def test_logit_bias_pairs_are_sorted_ids_with_clamped_values():
     from frontends.structured import logit_bias_pairs
 
     assert logit_bias_pairs({"7": 250, "3": -1e6, "5": 0.5}, 512) == ((3, -100.0), (5, 0.5), (7, 100.0))
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"structured_outputs": {"regex": "[a-z]+("}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"json": NOT_SUPPORTED}}, "structured_outputs.json"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+    ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_regex": "(?=x)"}, "guided_regex"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "structured_outputs.regex"),
+])
+async def test_vllm_structured_outputs_that_cannot_be_enforced(harness, extra, param):
+    error = openai_error(await harness.http.post("/v1/completions", json={**COMPLETION, **extra}), 400)
+    assert error["param"] == param and param in error["message"], error
+
+
+@pytest.mark.parametrize("extra", [
+    {"structured_outputs": {"regex": "[a-z]{3}"}}, {"structured_outputs": {"choice": ["yes", 'no "quoted"']}},
+    {"structured_outputs": {"grammar": 'root ::= "a" | "b"'}}, {"structured_outputs": {"json_object": True}},
+    {"guided_json": {"type": "object"}}, {"guided_grammar": 'start: "x"+'},
+])
+async def test_vllm_structured_outputs_that_compile_are_accepted(harness, extra):
+    response = await harness.http.post("/v1/chat/completions", json={**CHAT, **extra})
+    assert response.status_code == 200, response.text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
@@ -161,3 +162,19 @@ def test_logit_bias_and_penalties_reach_the_engine(workers):
     spread = httpx.post(f"{url}/v1/completions", json={**body, "frequency_penalty": 2.0, "logprobs": 0},
                         timeout=60).json()["choices"][0]["logprobs"]["tokens"]
     assert len(set(looping)) < len(set(spread))
+
+
+@pytest.mark.parametrize("constraint, check", [
+    ({"structured_outputs": {"choice": ["alpha", "beta", 'say "hi"']}}, lambda t: t in ("alpha", "beta", 'say "hi"')),
+    ({"structured_outputs": {"regex": "[A-Z]{3}-[0-9]{2,4}"}}, lambda t: re.fullmatch("[A-Z]{3}-[0-9]{2,4}", t)),
+    ({"structured_outputs": {"grammar": 'root ::= "yes" | "no" | "maybe " [0-9]'}},
+     lambda t: re.fullmatch("yes|no|maybe [0-9]", t)),
+    ({"guided_json": SCHEMAS[6]}, lambda t: jsonschema.validate(json.loads(t), SCHEMAS[6]) is None),
+])
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_vllm_structured_outputs(workers, constraint, check, sampling):
+    body = {"model": MODEL, "prompt": "Answer:", "max_tokens": 64, **SAMPLINGS[sampling], **constraint}
+    status, answer = post(workers[0], "/v1/completions", body)
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "stop" and check(choice["text"]), choice["text"]
