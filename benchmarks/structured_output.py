@@ -213,7 +213,8 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/structured_output.json")
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=512, help="cap of a constrained request")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved constrained/free rounds; the ratio is their median")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved constrained/free rounds; the ratio is their median")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     parser.add_argument("--model-dir", default=None, help="default: a fresh bench-size tiny model")
     args = parser.parse_args()
@@ -251,7 +252,8 @@ def main() -> None:
             "constrained_tokens_per_s": statistics.median(r["constrained_tokens_per_s"] for r in rounds),
             "unconstrained_tokens_per_s": statistics.median(r["unconstrained_tokens_per_s"] for r in rounds),
             "ratio": ratio,
-            "ratio_is": "median over rounds of unconstrained / constrained step seconds (same tokens, interleaved steps)",
+            "ratio_is": "median over rounds of unconstrained / constrained step seconds "
+                        "(same tokens, interleaved steps)",
             "cpu_ratio": statistics.median(r["cpu_ratio"] for r in rounds),
             "grammar_mask_share": statistics.median(r["grammar_mask_share"] for r in rounds),
             "rounds": rounds,
