@@ -178,3 +178,11 @@ def test_vllm_structured_outputs(workers, constraint, check, sampling):
     assert status == 200, answer
     choice = answer["choices"][0]
     assert choice["finish_reason"] == "stop" and check(choice["text"]), choice["text"]
+
+
+def test_a_grammar_complete_after_the_first_token_finishes_on_the_ctx_leg(workers):
+    body = {"model": MODEL, "prompt": "One letter:", "max_tokens": 8, "temperature": 0,
+            "structured_outputs": {"regex": "[a-z]"}}
+    answer = ctx_leg(workers[0], "/v1/completions", body)
+    assert answer["disaggregated_params"]["finished"] and answer["choices"][0]["finish_reason"] == "stop"
+    assert re.fullmatch("[a-z]", answer["choices"][0]["text"])
