@@ -5,7 +5,7 @@ GGUF file. From a directory (``from_model_dir``) it reads ``tokenizer.json``
 with the ``tokenizers`` library and ``tokenizer_config.json`` for the special
 tokens, ``model_max_length`` and the chat template; from a GGUF file
 (``from_gguf``) it rebuilds them from the file's ``tokenizer.*`` metadata
-(``frontends.gguf_tokenizer``). Templates render in a sandboxed
+(``workers.engine.model.gguf_tokenizer``, torch-free). Templates render in a sandboxed
 jinja2 environment set up as Hugging Face does (``trim_blocks``,
 ``lstrip_blocks``, ``raise_exception``, ``tojson``, ``strftime_now``), so a
 model's own template gives the same prompt text as ``apply_chat_template``.
@@ -83,7 +83,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> "Tokenizer":
-        from frontends.gguf_tokenizer import tokenizer_from_gguf
+        from workers.engine.model.gguf_tokenizer import tokenizer_from_gguf
 
         backend, config = tokenizer_from_gguf(path)
         return cls(backend, config)

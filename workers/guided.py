@@ -44,8 +44,13 @@ class GrammarError(ValueError):
 
 def load_tokenizer(model_dir: str | Path) -> tokenizers.Tokenizer | None:
     """The model's ``tokenizers.Tokenizer``, the one way the engine gets it (None when the
-    directory has none). Model formats that carry their tokenizer elsewhere (GGUF metadata)
-    plug in here."""
+    directory has none): ``tokenizer.json``, or a GGUF file's ``tokenizer.*`` metadata."""
+    from workers.engine.model.gguf_metadata import is_gguf_file
+
+    if is_gguf_file(model_dir):
+        from workers.engine.model.gguf_tokenizer import tokenizer_from_gguf
+
+        return tokenizer_from_gguf(model_dir)[0]
     path = Path(model_dir) / "tokenizer.json"
     return tokenizers.Tokenizer.from_file(str(path)) if path.is_file() else None
 

@@ -7,7 +7,7 @@ import sys
 
 MODULES = [
     "frontends.app", "frontends.openai_api", "frontends.anthropic_api", "frontends.generation",
-    "frontends.detokenizer", "frontends.tokenizer", "frontends.gguf_tokenizer", "frontends.errors", "frontends.streaming",
+    "frontends.detokenizer", "frontends.tokenizer", "frontends.errors", "frontends.streaming",
     "frontends.engine_client", "frontends.server",
     "frontends.admin_forwarder", "frontends.launcher_routes", "frontends.route_table", "frontends.prometheus",
     "frontends.perf_records", "frontends.watchdog", "frontends.worker_app",

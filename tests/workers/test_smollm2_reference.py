@@ -96,3 +96,20 @@ def test_greedy_continuations_equal_transformers_generate(smollm2_gguf, referenc
         expected = expected.tolist()
         assert tokens(outputs[i]) == expected, (i, tokenizer.decode(tokens(outputs[i])), tokenizer.decode(expected))
     assert "Paris" in tokenizer.decode(tokens(outputs[0]))
+
+
+def test_guided_json_from_the_gguf_tokenizer(smollm2_gguf):
+    """The engine's grammar compiler takes its tokenizer from the GGUF metadata (no tokenizer.json)."""
+    import json
+
+    from frontends.tokenizer import Tokenizer
+    from workers.sampling_params import GuidedDecoding
+
+    tokenizer = Tokenizer.from_model_path(smollm2_gguf)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    params = SamplingParams(temperature=0.0, max_tokens=24, guided=GuidedDecoding("json_schema", json.dumps(schema)))
+    prompt = tokenizer.encode_chat([{"role": "user", "content": "What is the capital of France? Answer in JSON."}])
+    cache = CacheConfig(block_size=16, num_blocks=16)
+    core = EngineCore(EngineConfig(model=str(smollm2_gguf), device="cpu", cache=cache))
+    outputs = run(core, EngineRequest(request_id=1, prompt_token_ids=prompt, sampling_params=params))
+    assert json.loads(tokenizer.decode(tokens(outputs[1]))) == {"city": "Paris"}

@@ -6,7 +6,8 @@ byte-level BPE (``tokenizer.ggml.model == "gpt2"``) exactly as transformers
 does for the same file (``from_pretrained(dir, gguf_file=...)``), which a test
 checks token for token: GPT-2's byte-level pre-tokenizer and decoder, the
 control tokens (type 3) added as special tokens, user-defined ones (type 4)
-as plain added tokens. Torch-free (``gguf`` reads with numpy).
+as plain added tokens. Torch-free (``gguf`` reads with numpy): the frontends'
+``Tokenizer`` and the engine's grammar compiler (``workers.guided``) both use it.
 """
 
 from __future__ import annotations
