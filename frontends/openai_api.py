@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive
 
 from frontends import disaggregation
 from frontends.errors import ApiError, InvalidRequestError, openai_error_body
@@ -33,7 +34,7 @@ from frontends.serving import ServingContext
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer
 
-__all__ = ["create_completion", "create_chat_completion", "list_models"]
+__all__ = ["create_completion", "create_chat_completion", "serve_chat_completion", "list_models"]
 
 _JSON = "application/json"
 
@@ -169,6 +170,12 @@ def chat_prompt_ids(ctx: ServingContext, body: ChatCompletionRequest) -> list[in
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=ChatCompletionRequest)
+    return await serve_chat_completion(ctx, body, request.receive, arrival_time)
+
+
+async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, receive: Receive,
+                                arrival_time: float) -> Response:
+    """A decoded chat request to its answer (the Responses API runs through here too)."""
     ctx.check_model(body.model)
     _check_single_choice(body.n)
     if body.top_logprobs is not None and not body.logprobs:
@@ -192,7 +199,7 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         encoder = _ChatStream(ChatChunkEncoder(response_id, created, ctx.model_name), ctx.tokenizer, include_usage)
         return EventStreamResponse(stream_events(generation, encoder))
-    result = await run_until_disconnect(request.receive, generation.collect())
+    result = await run_until_disconnect(receive, generation.collect())
     logprobs = chat_logprobs(ctx.tokenizer, result.logprobs) if result.logprobs is not None else None
     choice = {
         "index": 0,
