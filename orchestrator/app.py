@@ -35,6 +35,9 @@ from orchestrator.metrics import CONTENT_TYPE, Metrics
 from orchestrator.prompt import parse_request
 from orchestrator.view import ClusterView, StateLink
 from orchestrator.http_client import HttpClient
+from orchestrator import responses
+from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
+from pathlib import Path
 
 __all__ = ["build_app", "Orchestrator"]
 
@@ -58,6 +61,8 @@ class Orchestrator:
         # Health, worker info, KV events, perf: a few calls a second.
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeouts.idle_seconds, connect=timeouts.connect_seconds))
         self.flow = Flow(config, self.view, self.link, self.legs, self.metrics)
+        # Stored responses (/v1/responses): one file that every process shares (orchestrator.responses).
+        self.responses = LocalResponses(ResponseStore(Path(config.state_dir) / RESPONSES_FILE))
 
     async def start(self) -> None:
         self.link.start()
@@ -66,6 +71,7 @@ class Orchestrator:
         await self.link.close()
         self.legs.close()
         await self.client.aclose()
+        self.responses.store.close()
 
 
 def _error(exc: BaseException, anthropic: bool) -> Response:
@@ -204,6 +210,9 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/v1/chat/completions", _endpoint(_generate("chat")), methods=["POST"]),
         Route("/v1/messages", _endpoint(_generate("messages"), anthropic=True), methods=["POST"]),
         Route("/v1/models", _endpoint(_models), methods=["GET"]),
+        Route("/v1/responses", _endpoint(responses.create_response), methods=["POST"]),
+        Route("/v1/responses/{response_id}", _endpoint(responses.retrieve_response), methods=["GET"]),
+        Route("/v1/responses/{response_id}", _endpoint(responses.delete_response), methods=["DELETE"]),
         Route("/health", _endpoint(_health, protected=False), methods=["GET"]),
         Route("/cluster_info", _endpoint(_cluster_info, protected=False), methods=["GET"]),
         Route("/prometheus/metrics", _endpoint(_prometheus, protected=False), methods=["GET"]),
