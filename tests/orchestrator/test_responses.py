@@ -4,10 +4,13 @@ the event stream, stored conversations continued by the orchestrator, errors in 
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+from pathlib import Path
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -105,3 +108,62 @@ def test_invalid_requests(cluster, body, status, param):
     assert response.status_code == status, response.text
     assert response.json()["error"]["param"] == param
     assert "max_completion_tokens" not in response.json()["error"]["message"]
+
+
+# --- an agent loop: forced function calls, their outputs back, the next turn ----------------
+
+# Function calls come from the chat path's tool-call parsing and forced-call grammars.
+TOOL_CALLS_SUPPORTED = (Path(__file__).resolve().parents[2] / "frontends/tool_parsers").is_dir()
+
+# Bounded arguments: a random-weight model fills free strings until max_output_tokens.
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+        "additionalProperties": False}
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+TOOLS = [{"type": "function", "name": name, "description": f"{name} tool", "parameters": schema}
+         for name, schema in SCHEMAS.items()]
+TOOL_KWARGS = dict(model="tiny-test", tools=TOOLS, max_output_tokens=96, temperature=0)
+
+
+def forced_turn(client: openai.OpenAI, stream: bool, **kwargs):
+    if not stream:
+        return client.responses.create(**TOOL_KWARGS, **kwargs)
+    with client.responses.stream(**TOOL_KWARGS, **kwargs) as events:
+        seen = [event.type for event in events]
+        response = events.get_final_response()
+    assert "response.function_call_arguments.delta" in seen and seen[-1] == "response.completed"
+    return response
+
+
+def checked_calls(response, name: str | None = None) -> list:
+    assert response.status == "completed", response
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert calls, response.output
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        assert call.call_id and call.id
+        if name is not None:
+            assert call.name == name
+    return calls
+
+
+@pytest.mark.skipif(not TOOL_CALLS_SUPPORTED, reason="no tool-call parsing on the chat path in this checkout")
+@pytest.mark.parametrize("target", ["orchestrator", "worker"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "name": "get_time"}], ids=["required", "named"])
+def test_agent_loop_with_previous_response_id(cluster, target, stream, tool_choice):
+    url, worker = cluster
+    client = client_of(url if target == "orchestrator" else worker)
+    name = tool_choice["name"] if isinstance(tool_choice, dict) else None
+    first = forced_turn(client, stream, input="What is the weather in Paris for 3 days?", tool_choice=tool_choice,
+                        parallel_tool_calls=False)
+    calls = checked_calls(first, name)
+    outputs = [{"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"result": "sunny"})}
+               for call in calls]
+    second = forced_turn(client, stream, input=outputs, previous_response_id=first.id, tool_choice="required")
+    checked_calls(second)
+    # The second prompt holds the first turn: its question, the call and the call's output.
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+
