@@ -29,6 +29,7 @@ import msgspec
 
 from frontends.responses.schemas import FunctionCallItem, Item, MessageItem, OutputText, ResponsesRequest
 from frontends.responses.translate import chat_body
+from frontends.streaming import FinalFrame
 
 __all__ = ["ResponseTurn", "ResponseEventStream", "usage_from_chat", "new_id"]
 
@@ -167,7 +168,7 @@ class ResponseEventStream:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
-        yield await self.finish()
+        yield FinalFrame(await self.finish())  # one write with the end of the response
 
     def frame(self, frame: bytes) -> bytes:
         for line in frame.split(b"\n"):

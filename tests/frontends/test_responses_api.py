@@ -13,6 +13,7 @@ import pytest_asyncio
 import uvicorn
 
 from http_harness import make_harness
+from test_http_clients import wait_for_abort
 
 pytestmark = pytest.mark.asyncio
 
@@ -121,3 +122,21 @@ async def test_invalid_requests(server, body, status, param):
     response = await server.http.post("/v1/responses", content=b"{not json")
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
     server.assert_engine_idle()
+
+
+async def test_disconnects_abort_in_engine(live_server):
+    request = {"model": "tiny-test", "input": "Hello", "max_output_tokens": 200, "stream": True}
+    async with live_server.http.stream("POST", "/v1/responses", json=request) as response:
+        assert response.status_code == 200
+        async for chunk in response.aiter_raw():
+            if b"response.output_text.delta" in chunk:
+                break  # the client goes away while the engine is decoding
+    assert live_server.core.has_unfinished()
+    await wait_for_abort(live_server, 1)
+    task = asyncio.create_task(live_server.http.post("/v1/responses", json={**request, "stream": False}))
+    while not live_server.core.has_unfinished():
+        await asyncio.sleep(0.005)
+    task.cancel()  # closes the connection of a non-streaming request
+    await asyncio.gather(task, return_exceptions=True)
+    await wait_for_abort(live_server, 2)
+    live_server.assert_engine_idle()
