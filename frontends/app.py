@@ -192,6 +192,8 @@ def api_routes() -> list[Route]:
         Route("/v1/responses", _endpoint(responses.create_response, openai), methods=["POST"]),
         Route("/v1/responses/{response_id}", _endpoint(responses.retrieve_response, openai), methods=["GET"]),
         Route("/v1/responses/{response_id}", _endpoint(responses.delete_response, openai), methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", _endpoint(responses.list_input_items, openai),
+              methods=["GET"]),
     ]
 
 

@@ -213,6 +213,7 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/v1/responses", _endpoint(responses.create_response), methods=["POST"]),
         Route("/v1/responses/{response_id}", _endpoint(responses.retrieve_response), methods=["GET"]),
         Route("/v1/responses/{response_id}", _endpoint(responses.delete_response), methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", _endpoint(responses.list_input_items), methods=["GET"]),
         Route("/health", _endpoint(_health, protected=False), methods=["GET"]),
         Route("/cluster_info", _endpoint(_cluster_info, protected=False), methods=["GET"]),
         Route("/prometheus/metrics", _endpoint(_prometheus, protected=False), methods=["GET"]),

@@ -1,4 +1,5 @@
-"""The Responses API at the orchestrator: ``POST /v1/responses``, ``GET|DELETE /v1/responses/{id}``.
+"""The Responses API at the orchestrator: ``POST /v1/responses``, ``GET|DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items``.
 
 Design: the orchestrator translates each /v1/responses request into the
 chat request it means (``frontends.responses``: the conversation of
@@ -23,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from frontends.errors import FrontendError, NotFoundError
-from frontends.responses import ResponseEventStream, begin_turn, store_turn
+from frontends.responses import ResponseEventStream, begin_turn, input_items_page, store_turn
 from frontends.responses.schemas import Item
 from frontends.responses.translate import rename_fields, rename_param, responses_param
 from frontends.streaming import EventStreamResponse
@@ -31,7 +32,7 @@ from orchestrator.errors import UpstreamRejected
 from orchestrator.flow import PerfRecord
 from orchestrator.prompt import parse_request
 
-__all__ = ["create_response", "retrieve_response", "delete_response"]
+__all__ = ["create_response", "retrieve_response", "list_input_items", "delete_response"]
 
 _JSON = "application/json"
 
@@ -92,6 +93,14 @@ async def retrieve_response(orch, request: Request) -> Response:
     if record is None:
         raise _not_found(response_id)
     return Response(bytes(record.response), media_type=_JSON)
+
+
+async def list_input_items(orch, request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    record = await orch.responses.get(response_id)
+    if record is None:
+        raise _not_found(response_id)
+    return Response(msgspec.json.encode(input_items_page(record, request.query_params)), media_type=_JSON)
 
 
 async def delete_response(orch, request: Request) -> Response:

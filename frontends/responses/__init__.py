@@ -12,11 +12,13 @@ directory. Wire a worker app as::
 """
 
 from frontends.responses.api import admin_routes, begin_turn, create_response, delete_response, \
-    retrieve_response, store_turn
+    list_input_items, retrieve_response, store_turn
+from frontends.responses.items import input_items_page
 from frontends.responses.render import ResponseEventStream, ResponseTurn
 from frontends.responses.store import LauncherResponses, LocalResponses, ResponsesClient, ResponseStore, \
     RESPONSES_FILE
 
 __all__ = ["admin_routes", "begin_turn", "store_turn", "create_response", "retrieve_response", "delete_response",
+           "list_input_items", "input_items_page",
            "ResponseEventStream", "ResponseTurn", "LauncherResponses", "LocalResponses", "ResponsesClient",
            "ResponseStore", "RESPONSES_FILE"]

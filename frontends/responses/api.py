@@ -1,4 +1,5 @@
-"""The Responses API on a worker: ``POST /v1/responses``, ``GET|DELETE /v1/responses/{id}``.
+"""The Responses API on a worker: ``POST /v1/responses``, ``GET|DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items``.
 
 ``begin_turn`` and ``store_turn`` are what the worker and the orchestrator
 share: decode and validate the body, load the conversation that
@@ -26,6 +27,7 @@ from starlette.routing import Route
 
 from frontends.errors import FrontendError, InvalidRequestError, NotFoundError
 from frontends.openai_api import serve_chat_completion
+from frontends.responses.items import input_items_page, with_ids
 from frontends.responses.render import ResponseEventStream, ResponseTurn
 from frontends.responses.schemas import Item, ResponsesRequest, StoredResponse
 from frontends.responses.store import ADMIN_PREFIX, LocalResponses, ResponsesClient
@@ -35,7 +37,7 @@ from frontends.serving import ServingContext
 from frontends.streaming import EventStreamResponse
 
 __all__ = ["PreviousResponseNotFoundError", "begin_turn", "store_turn", "create_response", "retrieve_response",
-           "delete_response", "admin_routes"]
+           "list_input_items", "delete_response", "admin_routes"]
 
 _JSON = "application/json"
 
@@ -61,7 +63,7 @@ async def begin_turn(raw: bytes, store: ResponsesClient) -> ResponseTurn:
 async def store_turn(turn: ResponseTurn, store: ResponsesClient, response_json: bytes, output: list[Item]) -> None:
     if turn.body.store:
         await store.put(StoredResponse(turn.id, time.time(), msgspec.Raw(response_json),
-                                       turn.conversation_after(output)))
+                                       with_ids(turn.conversation_after(output)), len(output)))
 
 
 def _store(request: Request) -> ResponsesClient:
@@ -99,6 +101,14 @@ async def retrieve_response(ctx: ServingContext, request: Request) -> Response:
     if record is None:
         raise _not_found(response_id)
     return Response(bytes(record.response), media_type=_JSON)
+
+
+async def list_input_items(ctx: ServingContext, request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    record = await _store(request).get(response_id)
+    if record is None:
+        raise _not_found(response_id)
+    return Response(msgspec.json.encode(input_items_page(record, request.query_params)), media_type=_JSON)
 
 
 async def delete_response(ctx: ServingContext, request: Request) -> Response:

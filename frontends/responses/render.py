@@ -66,7 +66,6 @@ class ResponseTurn:
 
     def __init__(self, body: ResponsesRequest, history: list[Item], items: list[Item]) -> None:
         self.body = body
-        self.items = items
         self.conversation = [*history, *items]
         self.id = new_id("resp")
         self.created_at = int(time.time())

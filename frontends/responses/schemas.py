@@ -137,10 +137,12 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
 
 class StoredResponse(msgspec.Struct, frozen=True):
     """What a store keeps per response: the public object as sent, and the whole conversation
-    a follow-up continues (this turn's history, its input and its output, as items), so that
-    one lookup serves ``previous_response_id`` however long the chain."""
+    a follow-up continues (this turn's history, its input and its output, as items, each with
+    an id), so that one lookup serves ``previous_response_id`` however long the chain. The
+    last ``num_output`` items are the response's output; the ones before, its input items."""
 
     id: str
     created_at: float
     response: msgspec.Raw
     conversation: list[Item]
+    num_output: int = 0

@@ -140,3 +140,26 @@ async def test_disconnects_abort_in_engine(live_server):
     await asyncio.gather(task, return_exceptions=True)
     await wait_for_abort(live_server, 2)
     live_server.assert_engine_idle()
+
+
+async def test_input_items_list_the_conversation(server):
+    client = client_of(server)
+    first = await client.responses.create(model="tiny-test", instructions="Be brief.", max_output_tokens=4,
+                                          input=[{"role": "user", "content": "one"},
+                                                 {"type": "message", "role": "user", "content": "two"}])
+    second = await client.responses.create(model="tiny-test", input="three", max_output_tokens=4,
+                                           previous_response_id=first.id)
+    page = await client.responses.input_items.list(second.id)
+    texts = [item.content[0].text for item in page.data]
+    assert texts == ["three", first.output_text, "two", "one"]  # newest first; no instructions
+    assert page.data[1].id == first.output[0].id and all(item.id for item in page.data)
+    ascending = await client.responses.input_items.list(second.id, order="asc", limit=2)
+    assert [item.id for item in ascending.data] == [item.id for item in page.data[::-1][:2]]
+    assert ascending.has_more
+    rest = await client.responses.input_items.list(second.id, order="asc", after=ascending.data[-1].id)
+    assert [item.id for item in rest.data] == [item.id for item in page.data[::-1][2:]] and not rest.has_more
+    for query, param in (("limit=0", "limit"), ("limit=x", "limit"), ("order=sideways", "order"),
+                         ("after=nope", "after")):
+        response = await server.http.get(f"/v1/responses/{second.id}/input_items?{query}")
+        assert response.status_code == 400 and response.json()["error"]["param"] == param
+    assert (await server.http.get("/v1/responses/resp_nope/input_items")).status_code == 404

@@ -35,6 +35,8 @@ def test_conversations_continue_through_any_frontend(tiny_model_dir):
         with fresh(url) as http:
             for _ in range(6):
                 assert http.get(f"/v1/responses/{previous}").json()["id"] == previous
+                items = http.get(f"/v1/responses/{previous}/input_items", params={"limit": 100}).json()["data"]
+                assert len(items) == 15  # 8 inputs and 7 outputs before the last output
                 # The launcher's store is reachable over its admin socket only, never over TCP.
                 assert http.get(f"/_admin/responses/{previous}").status_code == 404
                 assert http.put(f"/_admin/responses/{previous}", content=b"{}").status_code in (404, 405)

@@ -88,6 +88,7 @@ def test_the_orchestrator_continues_stored_conversations(cluster):
     assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
     for _ in range(4):  # either orchestrator process: one store
         assert client.responses.retrieve(third.id).output_text == third.output_text
+        assert len(client.responses.input_items.list(third.id).data) == 5  # 3 inputs, 2 outputs
     client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first.id)
