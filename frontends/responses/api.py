@@ -29,7 +29,7 @@ from frontends.errors import FrontendError, InvalidRequestError, NotFoundError
 from frontends.openai_api import serve_chat_completion
 from frontends.responses.items import input_items_page, with_ids
 from frontends.responses.render import ResponseEventStream, ResponseTurn
-from frontends.responses.schemas import Item, ResponsesRequest, StoredResponse
+from frontends.responses.schemas import Item, ResponsesRequest, StoredResponse, with_defaults
 from frontends.responses.store import ADMIN_PREFIX, LocalResponses, ResponsesClient
 from frontends.responses.translate import parse_input, rename_param, validate_request
 from frontends.schemas_openai import ChatCompletionRequest
@@ -47,7 +47,7 @@ class PreviousResponseNotFoundError(InvalidRequestError):
 
 
 async def begin_turn(raw: bytes, store: ResponsesClient) -> ResponseTurn:
-    body = msgspec.json.decode(raw, type=ResponsesRequest)
+    body = with_defaults(msgspec.json.decode(raw, type=ResponsesRequest))
     items = parse_input(body.input)
     history: list[Item] = []
     if body.previous_response_id is not None:

@@ -31,6 +31,7 @@ __all__ = [
     "TextFormatJsonSchema",
     "TextConfig",
     "ResponsesRequest",
+    "with_defaults",
     "StoredResponse",
 ]
 
@@ -119,20 +120,29 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
     input: str | list[Any]  # items are decoded one by one (``parse_input``): a message may omit ``type``
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
-    tool_choice: Union[Literal["auto", "none", "required"], ToolChoiceFunction] = "auto"
-    parallel_tool_calls: bool = True
+    # Clients send null for "the default" as often as they leave a field out: ``with_defaults``.
+    tool_choice: Union[Literal["auto", "none", "required"], ToolChoiceFunction, None] = "auto"
+    parallel_tool_calls: bool | None = True
     text: TextConfig | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     previous_response_id: str | None = None
-    store: bool = True
-    stream: bool = False
-    background: bool = False
-    truncation: Literal["disabled"] = "disabled"
+    store: bool | None = True
+    stream: bool | None = False
+    background: bool | None = False
+    truncation: Literal["disabled"] | None = "disabled"
     metadata: dict[str, str] | None = None
     reasoning: dict[str, Any] | None = None  # echoed; nothing to reason with
     user: str | None = None
+
+
+def with_defaults(body: ResponsesRequest) -> ResponsesRequest:
+    """``body`` with every null that means "the default" replaced by it."""
+    defaults = {"tool_choice": "auto", "parallel_tool_calls": True, "store": True, "stream": False,
+                "background": False, "truncation": "disabled"}
+    nulls = {name: value for name, value in defaults.items() if getattr(body, name) is None}
+    return msgspec.structs.replace(body, **nulls) if nulls else body
 
 
 class StoredResponse(msgspec.Struct, frozen=True):

@@ -73,6 +73,11 @@ async def test_create_stream_retrieve_delete(server):
     with pytest.raises(openai.NotFoundError):
         await client.responses.delete(first.id)
 
+    # null means the default, as clients that send every field write it
+    nulls = {"tool_choice": None, "parallel_tool_calls": None, "store": None, "truncation": None, "text": None}
+    raw = await server.http.post("/v1/responses", json={"input": "hi", **kwargs, **nulls, "stream": None})
+    assert raw.status_code == 200 and raw.json()["store"] is True and raw.json()["tool_choice"] == "auto"
+
     unstored = await client.responses.create(store=False, **kwargs)
     with pytest.raises(openai.NotFoundError):
         await client.responses.retrieve(unstored.id)
