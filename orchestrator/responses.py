@@ -10,8 +10,12 @@ response object or event stream with the workers' own renderer. Workers
 therefore see plain chat requests and keep nothing: the orchestrator's
 store (one SQLite file in its state directory, shared by its processes)
 holds every conversation, so a conversation continues on any worker, and
-survives any worker's restart. Perf records say ``api: responses``;
-request counters count these as ``chat`` (what ran).
+survives any worker's restart.
+
+Every turn of a conversation has one session id (``x-session-id``, else
+``user``, else the conversation's first item id), so session-affinity
+routing keeps a conversation where its KV is. Perf records say
+``api: responses``; request counters count these as ``chat`` (what ran).
 """
 
 from __future__ import annotations
@@ -56,8 +60,9 @@ async def create_response(orch, request: Request) -> Response:
     try:
         turn = await begin_turn(await request.body(), store)
         try:
-            parsed = parse_request("chat", msgspec.json.encode(turn.chat_body()), orch.tokenizer,
-                                   request.headers.get("x-session-id"))
+            # A conversation is a session (affinity routing) unless the client names one.
+            session = request.headers.get("x-session-id") or turn.body.user or turn.session_id
+            parsed = parse_request("chat", msgspec.json.encode(turn.chat_body()), orch.tokenizer, session)
             record.tokenized = time.time()
             answer = await orch.flow.handle(parsed, request_id, request.receive, record)
         except FrontendError as exc:

@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from frontends.errors import FrontendError, InvalidRequestError, NotFoundError
 from frontends.openai_api import serve_chat_completion
-from frontends.responses.items import input_items_page, with_ids
+from frontends.responses.items import input_items_page
 from frontends.responses.render import ResponseEventStream, ResponseTurn
 from frontends.responses.schemas import Item, ResponsesRequest, StoredResponse, with_defaults
 from frontends.responses.store import ADMIN_PREFIX, LocalResponses, ResponsesClient
@@ -63,7 +63,7 @@ async def begin_turn(raw: bytes, store: ResponsesClient) -> ResponseTurn:
 async def store_turn(turn: ResponseTurn, store: ResponsesClient, response_json: bytes, output: list[Item]) -> None:
     if turn.body.store:
         await store.put(StoredResponse(turn.id, time.time(), msgspec.Raw(response_json),
-                                       with_ids(turn.conversation_after(output)), len(output)))
+                                       turn.conversation_after(output), len(output)))
 
 
 def _store(request: Request) -> ResponsesClient:

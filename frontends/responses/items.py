@@ -9,20 +9,24 @@ with ``limit`` (1 to 100, default 20) and an ``after`` cursor (an item id).
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Mapping
 
 import msgspec
 
 from frontends.errors import InvalidRequestError
-from frontends.responses.render import new_id
 from frontends.responses.schemas import FunctionCallItem, FunctionCallOutputItem, InputText, Item, MessageItem, \
     OutputText, StoredResponse
 
-__all__ = ["with_ids", "input_items_page", "MAX_LIST_LIMIT"]
+__all__ = ["new_id", "with_ids", "input_items_page", "MAX_LIST_LIMIT"]
 
 MAX_LIST_LIMIT = 100
 DEFAULT_LIST_LIMIT = 20
 _PREFIXES = {MessageItem: "msg", FunctionCallItem: "fc", FunctionCallOutputItem: "fco"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 def with_ids(items: list[Item]) -> list[Item]:

@@ -22,23 +22,19 @@ re-framed on blank lines first.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import msgspec
 
+from frontends.responses.items import new_id, with_ids
 from frontends.responses.schemas import FunctionCallItem, Item, MessageItem, OutputText, ResponsesRequest
 from frontends.responses.translate import chat_body
 from frontends.streaming import FinalFrame
 
-__all__ = ["ResponseTurn", "ResponseEventStream", "usage_from_chat", "new_id"]
+__all__ = ["ResponseTurn", "ResponseEventStream", "usage_from_chat"]
 
 _encode = msgspec.json.encode
 OnDone = Callable[[bytes, list[Item]], Awaitable[None]]
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 def usage_from_chat(usage: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -66,9 +62,14 @@ class ResponseTurn:
 
     def __init__(self, body: ResponsesRequest, history: list[Item], items: list[Item]) -> None:
         self.body = body
-        self.conversation = [*history, *items]
+        self.conversation = [*history, *with_ids(items)]
         self.id = new_id("resp")
         self.created_at = int(time.time())
+
+    @property
+    def session_id(self) -> str:
+        """The same for every turn of a conversation (its first item's id): for session affinity."""
+        return self.conversation[0].id or self.id
 
     def chat_body(self) -> dict[str, Any]:
         return chat_body(self.body, self.conversation)

@@ -202,3 +202,11 @@ def test_the_store_expires_records(tmp_path):
     assert other.get("resp_1", now=105.0).conversation == record.conversation
     store.put(StoredResponse("resp_2", 0.0, msgspec.Raw(b"{}"), []), now=200.0)  # drops the expired row
     assert other.delete("resp_1", now=0.0) is False and other.delete("resp_2", now=201.0) is True
+
+
+def test_every_turn_of_a_conversation_has_one_session_id():
+    first = ResponseTurn(request(), [], parse_input("hi"))
+    output = first.from_chat({"choices": [{"finish_reason": "stop", "message": {"content": "hello"}}]})[1]
+    second = ResponseTurn(request(), first.conversation_after(output), parse_input("again"))
+    assert second.session_id == first.session_id and first.session_id.startswith("msg_")
+    assert all(item.id for item in second.conversation)
