@@ -88,7 +88,8 @@ def test_a_chat_completion_renders_as_a_response():
     turn = ResponseTurn(request(tools=TOOLS), [], parse_input("hi"))
     completion = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
         "role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}]}}],
+            {"id": "call_a", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}]}}],
         "usage": {"prompt_tokens": 30, "completion_tokens": 9, "total_tokens": 39,
                   "prompt_tokens_details": {"cached_tokens": 16}}}
     response, output = turn.from_chat(completion)
@@ -117,10 +118,12 @@ def delta(**d) -> dict:
 
 RECORDED = [  # text, then two calls with arguments in fragments, then usage
     delta(role="assistant", content=""), delta(content="Checking"), delta(content=" now."),
-    delta(tool_calls=[{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]),
+    delta(tool_calls=[{"index": 0, "id": "call_a", "type": "function",
+                       "function": {"name": "get_weather", "arguments": ""}}]),
     delta(tool_calls=[{"index": 0, "function": {"arguments": '{"city":'}}]),
     delta(tool_calls=[{"index": 0, "function": {"arguments": '"Oslo"}'}}]),
-    delta(tool_calls=[{"index": 1, "id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}}]),
+    delta(tool_calls=[{"index": 1, "id": "call_b", "type": "function",
+                       "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}}]),
     {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
     {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 20, "total_tokens": 25}},
 ]

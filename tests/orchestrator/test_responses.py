@@ -153,7 +153,8 @@ def checked_calls(response, name: str | None = None) -> list:
 @pytest.mark.skipif(not TOOL_CALLS_SUPPORTED, reason="no tool-call parsing on the chat path in this checkout")
 @pytest.mark.parametrize("target", ["orchestrator", "worker"])
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
-@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "name": "get_time"}], ids=["required", "named"])
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "name": "get_time"}],
+                         ids=["required", "named"])
 def test_agent_loop_with_previous_response_id(cluster, target, stream, tool_choice):
     url, worker = cluster
     client = client_of(url if target == "orchestrator" else worker)
