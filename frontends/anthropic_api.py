@@ -69,7 +69,9 @@ class _MessageStream:
 
     def start(self, generation: Generation) -> list[bytes]:
         encoder = self.encoder
-        return [encoder.message_start(generation.num_prompt_tokens), encoder.content_block_start(), encoder.ping()]
+        # Cached tokens are known here for a gen leg only; message_delta carries the final count.
+        return [encoder.message_start(generation.num_prompt_tokens, generation.num_usage_cached_tokens),
+                encoder.content_block_start(), encoder.ping()]
 
     def piece(self, piece: Piece) -> bytes | None:
         return self.encoder.text_delta(piece.text) if piece.text else None
@@ -80,7 +82,7 @@ class _MessageStream:
         return [
             encoder.content_block_stop(),
             encoder.message_delta(stop_reason, last.stop_string, generation.num_prompt_tokens,
-                                  generation.num_output_tokens),
+                                  generation.num_output_tokens, generation.num_usage_cached_tokens),
             encoder.message_stop(),
         ]
 
@@ -109,7 +111,7 @@ def encode_message(generation: Generation, encoder: MessageEventEncoder, result:
     """The non-streaming response body (a ``message`` object) of a finished generation."""
     stop_reason = _stop_reason(result.finish_reason, result.stop_string)
     return encoder.message(result.text, stop_reason, result.stop_string, generation.num_prompt_tokens,
-                           generation.num_output_tokens)
+                           generation.num_output_tokens, generation.num_usage_cached_tokens)
 
 
 async def generate_message(ctx: ServingContext, body: MessagesRequest) -> bytes:

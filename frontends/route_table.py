@@ -48,6 +48,9 @@ FRONTEND_LOCAL_PATHS: frozenset[str] = frozenset({
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/models",
+    "/v1/models/{model_id:path}",
+    "/tokenize",
+    "/detokenize",
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/responses",  # runs here; the stored conversation it continues is the launcher's

@@ -86,6 +86,8 @@ def test_the_orchestrator_continues_stored_conversations(cluster):
     third = events[-1].response
     assert third.previous_response_id == second.id
     assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
+    # Its prompt starts with the second's, which is in the workers' prefix caches by now.
+    assert third.usage.input_tokens_details.cached_tokens >= 16
     for _ in range(4):  # either orchestrator process: one store
         assert client.responses.retrieve(third.id).output_text == third.output_text
         assert len(client.responses.input_items.list(third.id).data) == 5  # 3 inputs, 2 outputs
