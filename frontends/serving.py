@@ -17,6 +17,7 @@ from pathlib import Path
 
 from frontends.disaggregation import DisaggConfig, DisaggLeg, engine_params
 from frontends.errors import InvalidRequestError, ModelNotFoundError, PromptTooLongError
+from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.generation import EngineClientLike, Generation
 from frontends.tokenizer import Tokenizer
 from workers.sampling_params import SamplingParams
@@ -33,6 +34,8 @@ class FrontendConfig:
     version: str = "0.1.0"
     disagg: DisaggConfig | None = None
     """Disaggregated serving: role, cluster key, KV endpoint (None: plain requests only)."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """Request bodies over this are refused with 413 before they are buffered."""
 
     @classmethod
     def for_model_dir(cls, model_dir: str | Path, frontend_id: int = 0,
