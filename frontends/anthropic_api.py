@@ -27,6 +27,7 @@ from frontends.schemas_anthropic import (
     TextBlock,
 )
 from frontends.serving import ServingContext
+from frontends.structured import anthropic_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
 
@@ -102,6 +103,7 @@ def prepare_message(ctx: ServingContext, body: MessagesRequest,
     params = ctx.sampling_params(
         len(prompt_ids), body.max_tokens, prompt_param="messages",
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        guided=anthropic_guided(body.output_config), guided_param="output_config.format",
     )
     generation = ctx.start_generation(prompt_ids, params, tuple(body.stop_sequences or ()), arrival_time, leg)
     return generation, MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)

@@ -19,8 +19,9 @@ from frontends.disaggregation import DisaggConfig, DisaggLeg, engine_params
 from frontends.errors import InvalidRequestError, ModelNotFoundError, PromptTooLongError
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.generation import EngineClientLike, Generation
+from frontends.structured import GrammarChecker
 from frontends.tokenizer import Tokenizer
-from workers.sampling_params import SamplingParams
+from workers.sampling_params import GuidedDecoding, SamplingParams
 
 __all__ = ["FrontendConfig", "ServingContext"]
 
@@ -52,6 +53,7 @@ class ServingContext:
         self.tokenizer = tokenizer
         self.config = config
         self.model_name = config.served_model_name
+        self._grammar_checker: GrammarChecker | None = None  # built on the first constrained request
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
@@ -96,8 +98,17 @@ class ServingContext:
         stop_token_ids: list[int] | None = None,
         ignore_eos: bool = False,
         logprobs: int | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        repetition_penalty: float | None = None,
+        min_p: float | None = None,
+        logit_bias: tuple[tuple[int, float], ...] = (),
+        guided: GuidedDecoding | None = None,
+        guided_param: str = "response_format",
     ) -> SamplingParams:
-        """Validated SamplingParams, or InvalidRequestError / PromptTooLongError."""
+        """Validated SamplingParams, or InvalidRequestError / PromptTooLongError.
+
+        ``guided`` must compile for this model's tokenizer, else a 400 naming ``guided_param``."""
         limit = self.client.max_model_len
         if num_prompt_tokens >= limit:
             raise PromptTooLongError(
@@ -126,6 +137,12 @@ class ServingContext:
             stop_token_ids=tuple(stop_token_ids or ()),
             ignore_eos=ignore_eos,
             logprobs=logprobs,
+            presence_penalty=presence_penalty or 0.0,
+            frequency_penalty=frequency_penalty or 0.0,
+            repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
+            min_p=min_p or 0.0,
+            logit_bias=logit_bias,
+            guided=guided,
         )
         try:
             params.validate()
@@ -134,4 +151,12 @@ class ServingContext:
         for token_id in params.stop_token_ids:
             if not 0 <= token_id < self.client.vocab_size:
                 raise InvalidRequestError(f"stop token id {token_id} is outside the vocabulary", param="stop_token_ids")
+        if guided is not None:
+            self.check_guided(guided, guided_param)
         return params
+
+    def check_guided(self, guided: GuidedDecoding, param: str) -> None:
+        """A 400 naming ``param`` and what is unsupported when ``guided`` does not compile."""
+        if self._grammar_checker is None:
+            self._grammar_checker = GrammarChecker(self.tokenizer, self.client.vocab_size)
+        self._grammar_checker.check(guided, param)
