@@ -113,6 +113,9 @@ async def test_previous_response_id_continues_the_conversation(server):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, 400,
      "input[0].content[0].type"),
     ({"input": "x", "text": {"format": {"type": "nonsense"}}}, 400, "text.format.type"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, 400, "text.format"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {
+        "type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}}, 400, "text.format"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
     ({"input": "x", "tool_choice": "required"}, 400, "tool_choice"),
     ({"input": "x", "model": "nope"}, 404, "model"),
@@ -122,6 +125,7 @@ async def test_invalid_requests(server, body, status, param):
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["message"]
+    assert "response_format" not in error["message"] and "max_completion_tokens" not in error["message"]
     if param == "previous_response_id":
         assert error["code"] == "previous_response_not_found"
     response = await server.http.post("/v1/responses", content=b"{not json")
