@@ -1,0 +1,236 @@
+"""The streaming tool-call parser shared by every call format.
+
+A format (``CallSyntax``) says where a call may begin in the model's text,
+how to read one complete call, and which characters are filler between
+calls; ``ToolCallParser`` runs the one state machine over the text pieces
+of a generation and yields ``TextDelta`` and ``ParsedCall`` events.
+
+Invariants (what clients can rely on, streamed or not):
+
+- text before a call streams as text as soon as it cannot be the start of
+  a call (only a possible opener prefix, e.g. ``<tool_ca``, is held back);
+- a call is reported only once it is complete and valid (its JSON parses,
+  its name is one of the request's tools, its arguments are an object), so
+  a partial call never leaks as text and a reported call is never
+  retracted: name and arguments reach the API encoder together, which sends
+  the name first and then the arguments;
+- a call that turns out malformed (bad JSON, unknown tool, truncated by
+  ``max_tokens``) is reported as text, verbatim;
+- filler (whitespace, a format's separators) right before a call, and after
+  the last call, is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol, Union
+
+__all__ = [
+    "TextDelta",
+    "ParsedCall",
+    "ParserEvent",
+    "NeedMore",
+    "Malformed",
+    "Complete",
+    "ScanResult",
+    "CallSyntax",
+    "ToolCallParser",
+    "json_object_end",
+    "read_call",
+    "partial_suffix",
+]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    index: int  # 0, 1, ... in the order the model wrote the calls
+    name: str
+    arguments: dict[str, Any]
+
+    @property
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+ParserEvent = Union[TextDelta, ParsedCall]
+
+
+@dataclass(frozen=True)
+class NeedMore:
+    """The call is not complete yet."""
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """Not a call: the first ``length`` characters are text."""
+
+    length: int
+
+
+@dataclass(frozen=True)
+class Complete:
+    name: str
+    arguments: dict[str, Any]
+    length: int  # characters the call took, opener and closer included
+
+
+ScanResult = Union[NeedMore, Malformed, Complete]
+
+
+class CallSyntax(Protocol):
+    """One model family's way of writing tool calls (one module per format)."""
+
+    name: str
+
+    def call_start(self, text: str, at_boundary: bool) -> int:
+        """Index of the first complete call opener in ``text``, or -1. ``at_boundary``:
+        ``text`` starts where a call may begin (start of output, after a call, ...)."""
+
+    def held_suffix(self, text: str) -> int:
+        """Index from which the end of ``text`` may be an incomplete opener (len: none)."""
+
+    def scan(self, text: str, final: bool, tool_names: frozenset[str]) -> ScanResult:
+        """Read one call at the start of ``text`` (which starts with an opener)."""
+
+    def is_filler(self, text: str) -> bool:
+        """Whether ``text`` is only what may separate calls (whitespace, separators)."""
+
+    def filler_start(self, text: str) -> int:
+        """Index from which ``text`` ends in filler (len: it does not)."""
+
+    def grammar(self, tools: list[tuple[str, dict[str, Any]]], parallel: bool) -> str:
+        """An llguidance Lark grammar that admits exactly well-formed calls of ``tools``
+        (name, JSON schema of the arguments): one call, or several when ``parallel``."""
+
+
+class ToolCallParser:
+    """Feed the text of one generation; get text deltas and complete calls, in order."""
+
+    def __init__(self, syntax: CallSyntax, tool_names: Iterable[str]) -> None:
+        self.syntax = syntax
+        self.tool_names = frozenset(tool_names)
+        self.num_calls = 0
+        self._buffer = ""  # text not yet reported: held filler, a possible opener, or a call in progress
+        self._in_call = False
+        self._filler = ""
+        self._at_boundary = True  # the start of output, or right after a call
+
+    def feed(self, text: str) -> list[ParserEvent]:
+        self._buffer += text
+        return self._advance(final=False)
+
+    def finish(self) -> list[ParserEvent]:
+        """The end of the output: a call still open is malformed; trailing filler after calls is dropped."""
+        events = self._advance(final=True)
+        rest, self._buffer = self._buffer, ""
+        if rest and not (self.num_calls and self.syntax.is_filler(rest)):
+            events.append(TextDelta(rest))
+        return events
+
+    def _advance(self, final: bool) -> list[ParserEvent]:
+        events: list[ParserEvent] = []
+        syntax = self.syntax
+        while self._buffer:
+            if self._in_call:
+                result = syntax.scan(self._buffer, final, self.tool_names)
+                if isinstance(result, NeedMore):
+                    break
+                self._in_call = False
+                filler, self._filler = self._filler, ""
+                if isinstance(result, Complete):  # the filler before it is dropped
+                    events.append(ParsedCall(self.num_calls, result.name, result.arguments))
+                    self.num_calls += 1
+                    self._buffer = self._buffer[result.length:]
+                    self._at_boundary = True
+                else:
+                    self._emit_text(events, filler + self._buffer[:max(result.length, 1)])
+                    self._buffer = self._buffer[max(result.length, 1):]
+                continue
+            start = syntax.call_start(self._buffer, self._at_boundary)
+            if start >= 0:
+                before = self._buffer[:start]
+                text_end = 0 if syntax.is_filler(before) else syntax.filler_start(before)
+                self._emit_text(events, before[:text_end])
+                self._filler = before[text_end:]  # dropped if the call is one, text if not
+                self._buffer = self._buffer[start:]
+                self._in_call = True
+                continue
+            # No call yet: report what cannot start one; hold a possible opener and trailing filler.
+            held = len(self._buffer) if final else syntax.held_suffix(self._buffer)
+            keep = syntax.filler_start(self._buffer[:held])
+            if keep > 0:
+                self._emit_text(events, self._buffer[:keep])
+                self._buffer = self._buffer[keep:]
+            break
+        return events
+
+    def _emit_text(self, events: list[ParserEvent], text: str) -> None:
+        if not text:
+            return
+        self._at_boundary = False
+        if events and isinstance(events[-1], TextDelta):
+            events[-1] = TextDelta(events[-1].text + text)
+        else:
+            events.append(TextDelta(text))
+
+
+def json_object_end(text: str, start: int) -> int:
+    """The index just past the JSON object that opens at ``text[start] == '{'``; -1 when it
+    is not closed yet. Brackets inside strings do not count; a stray closer ends the scan."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        char = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return -1
+
+
+def read_call(source: str, tool_names: frozenset[str], argument_keys: tuple[str, ...]) -> tuple[str, dict] | None:
+    """(name, arguments) of a call object's JSON text, or None when it is not a valid call
+    of one of ``tool_names`` (arguments under the first of ``argument_keys`` present; absent: {})."""
+    try:
+        value = json.loads(source)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or value["name"] not in tool_names:
+        return None
+    arguments: Any = {}
+    for key in argument_keys:
+        if key in value:
+            arguments = value[key]
+            break
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return value["name"], arguments
+
+
+def partial_suffix(text: str, opener: str) -> int:
+    """Index from which ``text`` ends with a proper prefix of ``opener`` (len: it does not)."""
+    for size in range(min(len(opener) - 1, len(text)), 0, -1):
+        if text.endswith(opener[:size]):
+            return len(text) - size
+    return len(text)

@@ -1,0 +1,86 @@
+"""Hermes / Qwen / ChatML tool calls: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+
+Used by Hermes-2/3, Qwen2/2.5/3 and ChatML models such as SmolLM2. Several
+calls follow each other, usually on separate lines. A missing closing tag
+at the very end of the output is accepted (the model stopped with EOS right
+after the JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult, json_object_end, \
+    partial_suffix, read_call
+
+__all__ = ["HermesSyntax"]
+
+OPEN = "<tool_call>"
+CLOSE = "</tool_call>"
+_WHITESPACE = " \t\r\n"
+SEPARATOR = '"\\n"'  # between parallel calls, in Lark
+
+
+class HermesSyntax:
+    name = "hermes"
+
+    def call_start(self, text: str, at_boundary: bool) -> int:
+        return text.find(OPEN)
+
+    def held_suffix(self, text: str) -> int:
+        return partial_suffix(text, OPEN)
+
+    def is_filler(self, text: str) -> bool:
+        return not text.strip(_WHITESPACE)
+
+    def filler_start(self, text: str) -> int:
+        return len(text.rstrip(_WHITESPACE))
+
+    def scan(self, text: str, final: bool, tool_names: frozenset[str]) -> ScanResult:
+        body = len(OPEN)
+        while body < len(text) and text[body] in _WHITESPACE:
+            body += 1
+        if body == len(text):
+            return Malformed(len(text)) if final else NeedMore()
+        if text[body] != "{":
+            return Malformed(len(OPEN))
+        end = json_object_end(text, body)
+        if end < 0:
+            return Malformed(len(text)) if final else NeedMore()
+        close = end
+        while close < len(text) and text[close] in _WHITESPACE:
+            close += 1
+        tail = text[close:close + len(CLOSE)]
+        if tail != CLOSE:
+            if CLOSE.startswith(tail) and not final:
+                return NeedMore()
+            if not (final and not text[close:]):  # only the very end may lack the closing tag
+                return Malformed(end)
+            length = close
+        else:
+            length = close + len(CLOSE)
+        call = read_call(text[body:end], tool_names, ("arguments", "parameters"))
+        if call is None:
+            return Malformed(length)
+        return Complete(call[0], call[1], length)
+
+    def grammar(self, tools: list[tuple[str, dict[str, Any]]], parallel: bool) -> str:
+        rules = ["start: " + ("call (" + SEPARATOR + " call)*" if parallel else "call"),
+                 'call: "<tool_call>\\n" body "\\n</tool_call>"',
+                 "body: " + " | ".join(f"fn_{i}" for i in range(len(tools)))]
+        for i, (name, schema) in enumerate(tools):
+            rules.append(f"fn_{i}: %json{json.dumps(call_schema(name, 'arguments', schema))}")
+        return "\n".join(rules) + "\n"
+
+
+def call_schema(name: str, arguments_key: str, arguments_schema: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of one call object, written as json.dumps writes it (no free whitespace:
+    a weak model must not spend its tokens on spaces)."""
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, arguments_key: arguments_schema},
+        "required": ["name", arguments_key],
+        "additionalProperties": False,
+        "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+    }

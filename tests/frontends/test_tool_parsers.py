@@ -1,0 +1,117 @@
+"""Tool-call parsers on recorded model outputs: whole, and split across stream chunks at every boundary."""
+
+from __future__ import annotations
+
+import pytest
+
+from frontends.tool_parsers import ParsedCall, TextDelta, ToolCallParser, detect_tool_syntax, tool_syntax
+from workers.engine.model.tiny_tokenizer import CHAT_TEMPLATE
+
+TOOLS = ("get_weather", "get_time")
+
+# (format, model output, expected text, expected calls [(name, arguments)]).
+RECORDED = [
+    # Qwen2.5-7B-Instruct, one call.
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
+     "", [("get_weather", {"city": "Paris", "unit": "celsius"})]),
+    # Hermes-3: text before the call.
+    ("hermes", 'Let me look that up.\n<tool_call>\n{"arguments": {"city": "Zürich"}, "name": "get_weather"}\n</tool_call>',
+     "Let me look that up.", [("get_weather", {"city": "Zürich"})]),
+    # Qwen2.5: two parallel calls.
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>',
+     "", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "Europe/Paris"})]),
+    # Stopped with EOS right after the JSON (no closing tag).
+    ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {}}', "", [("get_time", {})]),
+    # Malformed JSON: text, verbatim.
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>',
+     '<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>', []),
+    # Truncated by max_tokens: text, verbatim.
+    ("hermes", 'Sure. <tool_call>\n{"name": "get_weather", "argu', 'Sure. <tool_call>\n{"name": "get_weather", "argu', []),
+    # A tool the request does not offer: text.
+    ("hermes", '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',
+     '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', []),
+    # Plain text mentioning the tag's look-alikes.
+    ("hermes", "Use <b>bold</b> and a < b, or <tool_use>.", "Use <b>bold</b> and a < b, or <tool_use>.", []),
+    # Braces and closing tags inside argument strings.
+    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": "}</tool_call>{\\""}}</tool_call>',
+     "", [("get_weather", {"city": '}</tool_call>{"'})]),
+    # Llama-3.1-8B-Instruct: a bare call.
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "",
+     [("get_weather", {"city": "Paris"})]),
+    # Llama-3.2: two calls separated by "; ".
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                    '{"name": "get_time", "parameters": {"tz": "UTC"}}',
+     "", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]),
+    # After <|python_tag|> (when special tokens are kept), arguments as a JSON string.
+    ("llama3_json", '<|python_tag|>{"name": "get_time", "arguments": "{\\"tz\\": \\"UTC\\"}"}', "",
+     [("get_time", {"tz": "UTC"})]),
+    # Text before a call on its own line.
+    ("llama3_json", 'I will check the weather.\n{"name": "get_weather", "parameters": {"city": "Oslo"}}',
+     "I will check the weather.", [("get_weather", {"city": "Oslo"})]),
+    # A JSON answer that is not a call: text.
+    ("llama3_json", '{"city": "Paris", "temp": 21}', '{"city": "Paris", "temp": 21}', []),
+    # Malformed JSON: text.
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}', '{"name": "get_weather", "parameters": {"city": "Paris"}', []),
+    # Braces in the middle of a sentence are not calls.
+    ("llama3_json", 'The set {"name": 1} is small.', 'The set {"name": 1} is small.', []),
+    # Plain text.
+    ("llama3_json", "It is sunny in Paris; 21 degrees.", "It is sunny in Paris; 21 degrees.", []),
+]
+
+
+def run(name: str, chunks: list[str]) -> tuple[str, list[tuple[str, dict]], list]:
+    parser = ToolCallParser(tool_syntax(name), TOOLS)
+    events = []
+    for chunk in chunks:
+        events.extend(parser.feed(chunk))
+    events.extend(parser.finish())
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    calls = [(e.name, e.arguments) for e in events if isinstance(e, ParsedCall)]
+    assert [e.index for e in events if isinstance(e, ParsedCall)] == list(range(len(calls)))
+    return text, calls, events
+
+
+@pytest.mark.parametrize("name, output, text, calls", RECORDED)
+def test_whole_output(name, output, text, calls):
+    assert run(name, [output])[:2] == (text, calls)
+
+
+@pytest.mark.parametrize("name, output, text, calls", RECORDED)
+def test_split_at_every_boundary(name, output, text, calls):
+    for cut in range(1, len(output)):
+        assert run(name, [output[:cut], output[cut:]])[:2] == (text, calls), cut
+    got_text, got_calls, events = run(name, list(output))  # one character per chunk
+    assert (got_text, got_calls) == (text, calls)
+    # A call never leaks as text, even partly: every text delta is a piece of the expected text.
+    streamed = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert streamed == text
+
+
+def test_text_before_a_call_streams_before_the_call_completes():
+    parser = ToolCallParser(tool_syntax("hermes"), TOOLS)
+    assert parser.feed("Checking") == [TextDelta("Checking")]
+    assert parser.feed(" now.\n<tool_") == [TextDelta(" now.")]  # the newline and the opener prefix held
+    assert parser.feed('call>\n{"name": "get_time", "arguments": {}}') == []
+    assert parser.feed("\n</tool_call>") == [ParsedCall(0, "get_time", {})]
+    assert parser.finish() == []
+
+
+def test_llama3_rejects_a_non_call_object_early():
+    parser = ToolCallParser(tool_syntax("llama3_json"), TOOLS)
+    assert parser.feed('{"ci') == [TextDelta('{"ci')]
+
+
+def test_formats_detected_from_chat_templates():
+    assert detect_tool_syntax(CHAT_TEMPLATE).name == "llama3_json"  # the tiny test model
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    assert detect_tool_syntax(chatml).name == "hermes"  # SmolLM2
+    qwen = chatml + "{% if tools %}<tool_call>\n{\"name\": <function-name>}</tool_call>{% endif %}"
+    assert detect_tool_syntax(qwen).name == "hermes"
+    assert detect_tool_syntax("{{ messages[0].content }}") is None
+    assert detect_tool_syntax(None) is None
+
+
+def test_unknown_parser_name():
+    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json"):
+        tool_syntax("nope")
