@@ -19,7 +19,8 @@ from frontends.disaggregation import DisaggConfig, DisaggLeg, engine_params
 from frontends.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError, PromptTooLongError
 from frontends.generation import EngineClientLike, Generation
 from frontends.tokenizer import Tokenizer
-from workers.sampling_params import SamplingParams
+from frontends.tool_parsers import CallSyntax, detect_tool_syntax, tool_syntax
+from workers.sampling_params import GuidedDecoding, SamplingParams
 
 __all__ = ["FrontendConfig", "ServingContext"]
 
@@ -33,6 +34,9 @@ class FrontendConfig:
     version: str = "0.1.0"
     disagg: DisaggConfig | None = None
     """Disaggregated serving: role, cluster key, KV endpoint (None: plain requests only)."""
+    tool_call_parser: str | None = None
+    """The model's tool-call format (``frontends.tool_parsers.TOOL_CALL_PARSERS``); None: detected from
+    the chat template (no format found: tool calls are not parsed and cannot be forced)."""
 
     @classmethod
     def for_model_dir(cls, model_dir: str | Path, frontend_id: int = 0,
@@ -49,6 +53,9 @@ class ServingContext:
         self.tokenizer = tokenizer
         self.config = config
         self.model_name = config.served_model_name
+        self.tool_syntax: CallSyntax | None = (
+            tool_syntax(config.tool_call_parser) if config.tool_call_parser
+            else detect_tool_syntax(tokenizer.chat_template_source))
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
@@ -93,6 +100,7 @@ class ServingContext:
         stop_token_ids: list[int] | None = None,
         ignore_eos: bool = False,
         logprobs: int | None = None,
+        guided: GuidedDecoding | None = None,
     ) -> SamplingParams:
         """Validated SamplingParams, or InvalidRequestError / PromptTooLongError."""
         limit = self.client.max_model_len
@@ -123,6 +131,7 @@ class ServingContext:
             stop_token_ids=tuple(stop_token_ids or ()),
             ignore_eos=ignore_eos,
             logprobs=logprobs,
+            guided=guided,
         )
         try:
             params.validate()
