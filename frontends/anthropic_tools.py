@@ -142,8 +142,8 @@ def anthropic_tool_policy(body: MessagesRequest | CountTokensRequest) -> ToolPol
     check_tool_schemas(list(tools))
     if choice is None:
         return ToolPolicy(tools, AUTO)
-    parallel = not choice.get("disable_parallel_tool_use", False)
-    if not isinstance(parallel, bool):
+    disable_parallel = choice.get("disable_parallel_tool_use", False)
+    if not isinstance(disable_parallel, bool):
         raise InvalidRequestError("disable_parallel_tool_use must be a boolean",
                                   param="tool_choice.disable_parallel_tool_use")
     mode, name = _CHOICES[choice["type"]], None
@@ -152,7 +152,7 @@ def anthropic_tool_policy(body: MessagesRequest | CountTokensRequest) -> ToolPol
         if not isinstance(name, str):
             raise InvalidRequestError("tool_choice of type 'tool' needs a name", param="tool_choice.name")
         check_named_tool(tools, name, "tool_choice.name")
-    return ToolPolicy(tools, mode, name=name, parallel=parallel)
+    return ToolPolicy(tools, mode, name=name, parallel=not disable_parallel)
 
 
 def check_thinking(body: MessagesRequest, policy: ToolPolicy) -> None:
