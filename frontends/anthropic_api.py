@@ -90,8 +90,8 @@ def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: fl
     (None: the answer is text) (raises the API's errors)."""
     ctx.check_model(body.model)
     tool_policy = anthropic_tool_policy(body)
-    check_thinking(body, tool_policy)
     leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
+    check_thinking(body, tool_policy, check_budget=leg is None or not leg.is_context)
     if leg is not None and not leg.is_context:
         prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-rendered
     else:

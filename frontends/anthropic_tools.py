@@ -155,14 +155,15 @@ def anthropic_tool_policy(body: MessagesRequest | CountTokensRequest) -> ToolPol
     return ToolPolicy(tools, mode, name=name, parallel=not disable_parallel)
 
 
-def check_thinking(body: MessagesRequest, policy: ToolPolicy) -> None:
+def check_thinking(body: MessagesRequest, policy: ToolPolicy, check_budget: bool = True) -> None:
+    """``check_budget``: False on a disaggregated ctx leg, whose max_tokens is the orchestrator's 1."""
     thinking = body.thinking
     if not isinstance(thinking, ThinkingEnabled):
         return
     if thinking.budget_tokens < _MIN_THINKING_BUDGET:
         raise InvalidRequestError(f"thinking.budget_tokens must be >= {_MIN_THINKING_BUDGET}, "
                                   f"got {thinking.budget_tokens}", param="thinking.budget_tokens")
-    if thinking.budget_tokens >= body.max_tokens:
+    if check_budget and thinking.budget_tokens >= body.max_tokens:
         raise InvalidRequestError(f"thinking.budget_tokens must be less than max_tokens ({body.max_tokens}), "
                                   f"got {thinking.budget_tokens}", param="thinking.budget_tokens")
     if policy.is_forced:
