@@ -6,7 +6,7 @@ MODEL_DIR ?= .cache/tiny-bench
 
 CONFIG ?= configs/local.yaml
 
-.PHONY: setup up down status demo test bench clean
+.PHONY: setup up down status demo test test-fast bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ demo: setup $(MODEL_DIR)/config.json
 
 test: setup
 	$(PY) -m pytest -q
+
+# The suite without the end-to-end tests marked slow (tens of seconds each); CI runs them all.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
 
 bench: setup
 	$(PY) benchmarks/engine_throughput.py

@@ -38,7 +38,7 @@ from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES
 
-__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "DeployConfig",
+__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "RestartPolicy", "DeployConfig",
            "load_deploy_config", "check_runnable", "TINY_MODEL", "LAUNCHERS"]
 
 TINY_MODEL = "tiny"
@@ -63,12 +63,17 @@ class EngineSettings:
     synthetic_prefill_seconds_per_token: float | None = None
     decode_attention: str | None = None
     """auto, native or sdpa: the torch engine's decode attention (serve's --decode-attention)."""
+    wedged_seconds: float | None = None
+    """An engine silent this long is dead and its worker stops (serve's --engine-wedged-seconds, default
+    300); a shorter silence only makes the worker's /health answer 503 until the engine answers again."""
 
     def validate(self, prefix: str) -> None:
         for name in ("synthetic_decode_step_seconds", "synthetic_prefill_seconds_per_token"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{prefix}.{name}", f"must be >= 0, got {value}")
+        if self.wedged_seconds is not None and self.wedged_seconds < 10:
+            raise ConfigError(f"{prefix}.wedged_seconds", f"must be >= 10 (slow is not dead), got {self.wedged_seconds}")
         if self.kind is not None and self.kind not in ("torch", "synthetic"):
             raise ConfigError(f"{prefix}.kind", f"must be torch or synthetic, got {self.kind!r}")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
@@ -90,7 +95,8 @@ class EngineSettings:
                 "--synthetic-decode-step-seconds": self.synthetic_decode_step_seconds,
                 "--synthetic-prefill-seconds-per-token": self.synthetic_prefill_seconds_per_token,
                 "--kv-park-seconds": self.kv_park_seconds,
-                "--decode-attention": self.decode_attention}
+                "--decode-attention": self.decode_attention,
+                "--engine-wedged-seconds": self.wedged_seconds}
 
     def merged(self, overrides: "EngineSettings") -> "EngineSettings":
         changes = {f.name: getattr(overrides, f.name) for f in dataclasses.fields(overrides)
@@ -151,6 +157,22 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
+class RestartPolicy:
+    """How `disagg up` restarts a process that exits unexpectedly: up to ``max_restarts``
+    within any ``window_seconds``; past that the process is left down and reported by
+    ``disagg status`` while the rest keep serving."""
+
+    max_restarts: int = 5
+    window_seconds: float = 600.0
+
+    def validate(self, prefix: str) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"{prefix}.max_restarts", f"must be >= 0, got {self.max_restarts}")
+        if self.window_seconds <= 0:
+            raise ConfigError(f"{prefix}.window_seconds", f"must be > 0, got {self.window_seconds}")
+
+
+@dataclass(frozen=True)
 class PoolsConfig:
     ctx: PoolConfig = field(default_factory=PoolConfig)
     gen: PoolConfig = field(default_factory=PoolConfig)
@@ -171,6 +193,7 @@ class DeployConfig:
     orchestrator: OrchestratorSettings = field(default_factory=OrchestratorSettings)
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     startup_timeout_seconds: float = 600.0
+    restarts: RestartPolicy = field(default_factory=RestartPolicy)
     source: str = ""
     """The file this came from (set by the loader)."""
 

@@ -11,7 +11,9 @@ orchestrator's /health answers 200; it prints the URL and returns. With
 3. starts every worker (``disagg serve --role ctx|gen ...``) and the
    orchestrator, each in its own session, logs in ``<run dir>/logs/<name>.log``,
 4. records them in ``<run dir>/state.json`` (what status/down/logs read),
-5. restarts a process that exits unexpectedly (at most ``MAX_RESTARTS`` times),
+5. restarts a process that exits unexpectedly, within the YAML's ``restarts``
+   budget over a sliding window; a process past it is left down and marked in
+   the state (``disagg status`` says so) while the others keep serving,
 6. on SIGTERM/SIGINT stops the orchestrator, then the workers (SIGTERM, then
    SIGKILL after ``STOP_SECONDS``) and removes the runtime files (state,
    key, orchestrator state dir). Logs stay.
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from orchestrator.readiness import health_progress
 from workers.processes import stop_process
+from workers.restart_budget import RestartBudget
 
 if TYPE_CHECKING:  # the CLI imports this module to add its subcommands: keep that import light
     from disagg.deploy_config import DeployConfig
@@ -48,7 +51,6 @@ __all__ = ["add_deployment_commands", "run_deployment_command", "default_run_dir
 
 STATE_FILE = "state.json"
 KEY_FILE = "cluster.key"
-MAX_RESTARTS = 3
 STOP_SECONDS = 30.0
 
 
@@ -269,6 +271,8 @@ def _supervise(config: DeployConfig) -> int:
     children: dict[str, subprocess.Popen] = {}
     state = {"config": config.source, "url": url, "supervisor_pid": os.getpid(), "processes": processes,
              "started_at": time.time()}
+    policy = config.restarts
+    budgets = {p["name"]: RestartBudget(policy.max_restarts, policy.window_seconds) for p in processes}
     try:
         for process in processes:
             children[process["name"]] = _start(run_dir, process)
@@ -279,15 +283,22 @@ def _supervise(config: DeployConfig) -> int:
             time.sleep(0.2)
             for process in processes:
                 child = children[process["name"]]
-                if child.poll() is None or stopping:
+                if child.poll() is None or stopping or process.get("given_up"):
                     continue
-                if process["restarts"] >= MAX_RESTARTS:
-                    print(f"disagg up: {process['name']} exited ({child.returncode}) too often; stopping", flush=True)
-                    return 1
-                process["restarts"] += 1
-                print(f"disagg up: {process['name']} exited ({child.returncode}); restarting", flush=True)
-                children[process["name"]] = _start(run_dir, process)
+                budget = budgets[process["name"]]
+                if not budget.allow(time.monotonic()):
+                    process["given_up"] = f"exited {budget.recent_exits} times within {policy.window_seconds:g} s"
+                    print(f"disagg up: {process['name']} exited ({child.returncode}) {budget.recent_exits} times "
+                          f"within {policy.window_seconds:g} s: leaving it down, the rest keep serving; "
+                          f"see {process['log']}", flush=True)
+                else:
+                    process["restarts"] += 1
+                    print(f"disagg up: {process['name']} exited ({child.returncode}); restarting", flush=True)
+                    children[process["name"]] = _start(run_dir, process)
                 _write_state(run_dir, state)
+            if all(p.get("given_up") for p in processes):
+                print("disagg up: every process was left down; stopping", flush=True)
+                return 1
         return 0
     finally:
         _stop_all(list(reversed(list(children.values()))))
@@ -314,12 +325,19 @@ def _status(run_dir: Path) -> int:
     state = _read_state(run_dir)
     if state is None:
         print(f"no deployment running from {run_dir}")
+        up_log = run_dir / "up.log"
+        if up_log.is_file():  # why the last one ended is at the end of its supervisor's log
+            last = up_log.read_text(errors="replace").rstrip().splitlines()[-3:]
+            print(f"  the last one's supervisor log is {up_log}; it ends:", *(f"    {line}" for line in last), sep="\n")
         return 1
     print(f"deployment {run_dir} ({state['config']}), orchestrator {state['url']}")
     print(f"  supervisor pid {state['supervisor_pid']}: {'running' if _alive(state['supervisor_pid']) else 'gone'}")
     for process in state["processes"]:
         alive = "running" if _alive(process["pid"]) else "exited"
         print(f"  {process['name']:<14} pid {process['pid']:<8} {alive:<8} {process['url']}")
+        if process.get("given_up"):
+            print(f"    LEFT DOWN: it {process['given_up']} (restarts: {process['restarts']}); "
+                  f"its log: {process['log']}")
     try:
         info = httpx.get(f"{state['url']}/cluster_info", timeout=3).json()
     except (httpx.HTTPError, ValueError):

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from disagg.disagg_options import DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, start_registration
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from workers.attach import attach_file_from_env, read_attach_file
+from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
 from workers.config import (
     DECODE_ATTENTION_MODES,
     CacheConfig,
@@ -75,6 +76,9 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--admin-timeout", dict(type=float, default=30.0,
                              help="seconds an attached frontend waits for the launcher on a forwarded route")),
     ("--engine-start-timeout", dict(type=float, default=600.0)),
+    ("--engine-wedged-seconds", dict(type=float, default=ENGINE_WEDGED_SECONDS,
+                                     help="an engine silent this long is dead and the worker stops; a shorter "
+                                          "silence only makes /health answer 503 until it answers again")),
     ("--frontend-start-timeout", dict(type=float, default=60.0)),
     ("--frontend-command", dict(default=None, help="the command attached frontends run, the serve arguments "
                                                    "appended (default: this interpreter, `-m disagg.cli serve`)")),
@@ -191,6 +195,8 @@ def run_serve(args: argparse.Namespace) -> int:
     role = "launcher" if attach_file is None else "frontend"
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":  # httpx logs every forwarded admin call (the KV-event polls: ~50 a minute)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     if attach_file is not None:
         return _run_attached(args, attach_file)
     return _run_launcher(args)
@@ -202,6 +208,9 @@ def _run_launcher(args: argparse.Namespace) -> int:
     try:
         check_port_free(args.host, args.port)  # before loading anything
         num_frontends = resolve_num_frontends(args.num_frontends)
+        if args.engine_wedged_seconds <= ENGINE_SILENCE_LIMIT * HEARTBEAT_SECONDS:
+            raise ConfigError("engine_wedged_seconds", f"must exceed the {ENGINE_SILENCE_LIMIT * HEARTBEAT_SECONDS:g} s "
+                                                       f"after which an engine is unresponsive, got {args.engine_wedged_seconds:g}")
         config = build_engine_config(args)
         disagg_spec = engine_disagg_spec(args)  # role, KV endpoint, cluster key (from its 0600 file)
     except (LaunchError, ConfigError) as exc:
@@ -211,7 +220,8 @@ def _run_launcher(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _raise_terminated)
     group = WorkerGroup(config, num_frontends, args.host, args.port, grace_seconds=args.grace_seconds,
-                        log_level=args.log_level, disagg=disagg_spec)
+                        log_level=args.log_level, disagg=disagg_spec,
+                        engine_wedged_seconds=args.engine_wedged_seconds)
     # Before anything imports prometheus_client or is spawned: every process of the worker writes here.
     os.environ[MULTIPROC_ENV] = str(group.paths.prometheus_dir)
     try:
@@ -251,19 +261,22 @@ def _serve_launcher(args: argparse.Namespace, group: Any, make_app: Any) -> int:
         info = group.engine_info
         print(f"{READY_MESSAGE} http://{args.host}:{args.port} ({group.num_frontends} frontends, "
               f"{info.kind} engine, max_model_len {info.max_model_len})", flush=True)
-        asyncio.get_running_loop().create_task(_watch_frontends(group, lambda: all(c.is_healthy for c in clients)))
+        def engine_alive() -> bool:  # an unresponsive engine is alive: its frontends still get respawned
+            return all(c.dead_reason is None for c in clients)
+
+        asyncio.get_running_loop().create_task(_watch_frontends(group, engine_alive))
         background.append(start_registration(args, info))  # --register-url: join an orchestrator, heartbeat
 
     return run_event_loop(serve_frontend(group.attach_info(0), make_app_keeping_client, _serve_options(args),
                                          on_ready=on_ready, on_signal=group.request_stop))
 
 
-async def _watch_frontends(group: Any, engine_healthy: Callable[[], bool]) -> None:
+async def _watch_frontends(group: Any, engine_alive: Callable[[], bool]) -> None:
     """Respawn an attached frontend that died while serving (the others keep the port served).
     Not once the engine is dead: then every frontend is leaving and the group shuts down."""
     from frontends.prometheus import mark_process_dead
 
-    while not group.stopping and engine_healthy():
+    while not group.stopping and engine_alive():
         group.respawn_exited_frontends(on_exit=mark_process_dead)
         await asyncio.sleep(FRONTEND_WATCH_SECONDS)
 

@@ -4,10 +4,14 @@ As vLLM's ``AsyncLLM._run_output_handler``: ONE task reads this frontend's
 lane and puts each ``RequestOutput`` in its request's ``OutputCollector``;
 ``generate()`` awaits it. Nobody polls the engine.
 
-Liveness: a watchdog marks the engine dead when its process is gone or its
-lane has been silent for ``ENGINE_SILENCE_LIMIT`` heartbeats; then every
-in-flight ``generate()`` ends with ``EngineDeadError`` (never a hang), new
-ones fail at once and ``is_healthy`` is False.
+Liveness tells slow from dead. A lane silent for ``ENGINE_SILENCE_LIMIT``
+heartbeats makes the engine *unresponsive*: ``is_healthy`` is False (so
+``/health`` answers 503 and routers steer away) and new requests are refused,
+but in-flight ones keep waiting, and the next heartbeat makes it healthy again
+with its KV cache intact. The engine is *dead* when its process is gone or it
+has been silent for the attach info's ``engine_wedged_seconds`` (minutes):
+then every in-flight ``generate()`` ends with ``EngineDeadError`` (never a
+hang), and the frontend's watchdog stops serving.
 
 Cancellation: leaving ``generate()`` before the finishing output (a stop
 string, ``aclose()``, a cancelled task: a client that went away) sends an
@@ -27,7 +31,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from frontends.errors import EngineDeadError
+from frontends.errors import EngineDeadError, EngineUnresponsiveError
 from frontends.perf_records import build_record
 from workers.attach import AttachInfo
 from workers.client_ids import ClientIdAllocator
@@ -69,6 +73,7 @@ class EngineClient:
         self._started = False
         self._last_heard = 0.0
         self.dead_reason: str | None = None
+        self.unresponsive_reason: str | None = None  # silent past the heartbeat limit, not yet wedged
         self._dead_event: asyncio.Event | None = None
         # Called with each request's PerfRecord when it ends (frontends.perf_records.PerfRecorder.add).
         self.on_request_done: Callable[[PerfRecord], None] | None = None
@@ -79,7 +84,7 @@ class EngineClient:
 
     @property
     def is_healthy(self) -> bool:
-        return self._started and self.dead_reason is None
+        return self._started and self.dead_reason is None and self.unresponsive_reason is None
 
     @property
     def num_in_flight(self) -> int:
@@ -160,7 +165,7 @@ class EngineClient:
         ``make_message``: the ingress message for the request (a disaggregated
         leg: ``AddContextRequest`` / ``AddRemoteRequest``); default ``AddRequest``."""
         if not self.is_healthy:
-            raise EngineDeadError(self._dead_message())
+            raise self.unavailable_error()
         request_id = self._ids.next_id()
         queue = OutputCollector()
         self._queues[request_id] = queue
@@ -229,8 +234,17 @@ class EngineClient:
             silent_for = now - self._last_heard
             if not process_alive(self.attach.engine_pid):
                 self._mark_dead(f"the engine process (pid {self.attach.engine_pid}) exited")
+            elif silent_for > self.attach.engine_wedged_seconds and not stalled:
+                self._mark_dead(f"no heartbeat from the engine for {silent_for:.1f} s "
+                                f"(wedged: the limit is {self.attach.engine_wedged_seconds:g} s)")
             elif silent_for > silence_limit and not stalled:
-                self._mark_dead(f"no heartbeat from the engine for {silent_for:.1f} s")
+                if self.unresponsive_reason is None:
+                    log.warning("the engine is unresponsive (no heartbeat for %.1f s): refusing new requests "
+                                "until it answers; %d in flight wait", silent_for, len(self._queues))
+                self.unresponsive_reason = f"no heartbeat from the engine for {silent_for:.1f} s"
+            elif silent_for <= silence_limit and self.unresponsive_reason is not None:
+                log.info("the engine answers again (%s before)", self.unresponsive_reason)
+                self.unresponsive_reason = None
 
     def _mark_dead(self, reason: str, expected: bool = False) -> None:
         if self.dead_reason is not None:
@@ -243,10 +257,16 @@ class EngineClient:
         if self._dead_event is not None:
             self._dead_event.set()
 
+    def unavailable_error(self) -> EngineDeadError:
+        """Why this client refuses new requests now (call when not ``is_healthy``)."""
+        if self.dead_reason is None and self.unresponsive_reason is not None:
+            return EngineUnresponsiveError(f"the engine is not responding: {self.unresponsive_reason}")
+        return EngineDeadError(self._dead_message())
+
     def _dead_message(self) -> str:
         if not self._started and self.dead_reason is None:
             return "the engine client is not started"
-        return f"the engine is not available: {self.dead_reason}"
+        return f"the engine is not available: {self.dead_reason or self.unresponsive_reason}"
 
 
 class OutputCollector:

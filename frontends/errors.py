@@ -7,7 +7,8 @@ Exception hierarchy (what a handler or the engine client may raise)::
     │   └── PromptTooLongError    400: prompt tokens + max_tokens > max_model_len
     ├── ModelNotFoundError        404: the body names a model this frontend does not serve
     ├── NotFoundError             404: unknown route
-    ├── EngineDeadError           503: the engine process is gone (or unhealthy)
+    ├── EngineDeadError           503: the engine process is gone, or wedged past its limit
+    │   └── EngineUnresponsiveError  503: alive but silent for a few heartbeats (slow, not dead)
     ├── LauncherUnavailableError  503: a launcher-owned route, and the launcher does not answer
     └── NotSupportedError         501: the engine cannot do this (e.g. profile the synthetic engine)
 
@@ -30,6 +31,7 @@ __all__ = [
     "ModelNotFoundError",
     "NotFoundError",
     "EngineDeadError",
+    "EngineUnresponsiveError",
     "LauncherUnavailableError",
     "NotSupportedError",
     "ApiError",
@@ -79,6 +81,12 @@ class EngineDeadError(FrontendError):
 
     def __init__(self, message: str = "the engine is not running", *, param: str | None = None) -> None:
         super().__init__(message, param=param)
+
+
+class EngineUnresponsiveError(EngineDeadError):
+    """The engine process is alive but silent: slow (e.g. CPU-starved or stopped), not dead."""
+
+    code = "engine_unresponsive"
 
 
 class LauncherUnavailableError(FrontendError):

@@ -51,6 +51,8 @@ class EngineClientLike(Protocol):
     @property
     def is_healthy(self) -> bool: ...
 
+    def unavailable_error(self) -> Exception: ...  # why new requests are refused while not healthy
+
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
         make_message: Callable[[EngineRequest], IngressMessage] | None = None,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from frontends.disaggregation import DisaggConfig, DisaggLeg, engine_params
-from frontends.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError, PromptTooLongError
+from frontends.errors import InvalidRequestError, ModelNotFoundError, PromptTooLongError
 from frontends.generation import EngineClientLike, Generation
 from frontends.tokenizer import Tokenizer
 from frontends.tool_parsers import CallSyntax, detect_tool_syntax, tool_syntax
@@ -65,7 +65,7 @@ class ServingContext:
 
     def check_engine(self) -> None:
         if not self.client.is_healthy:
-            raise EngineDeadError()
+            raise self.client.unavailable_error()
 
     def start_generation(self, prompt_ids: list[int], params: SamplingParams, stop_strings: tuple[str, ...],
                          arrival_time: float | None, leg: DisaggLeg | None) -> Generation:

@@ -62,9 +62,9 @@ class HealthChecker:
         except httpx.HTTPError as exc:
             ok, error = False, f"{type(exc).__name__}: {exc}"
         moved = self.owner.registry.report_check(worker.worker_id, ok, None if ok else error)
-        if moved:
-            log.warning("worker %s (%s) %s the rotation%s", worker.worker_id, worker.url,
-                        "joined" if ok else "left", "" if ok else f": {error}")
+        if moved:  # joining is a state change (INFO); leaving is a fault (WARNING)
+            log.log(logging.INFO if ok else logging.WARNING, "worker %s (%s) %s the rotation%s", worker.worker_id,
+                    worker.url, "joined" if ok else "left", "" if ok else f": {error}")
         if not ok:
             return
         if worker.block_size is None or moved:  # a worker that comes back may have restarted differently

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from workers.ipc import IpcPaths, write_private_file
+from workers.ipc import ENGINE_WEDGED_SECONDS, IpcPaths, write_private_file
 from workers.protocol import EngineInfo
 
 __all__ = ["ATTACH_FILE_ENV", "AttachInfo", "write_attach_file", "read_attach_file", "attach_file_from_env"]
@@ -33,6 +33,7 @@ class AttachInfo(msgspec.Struct, frozen=True):
     host: str
     port: int
     generation: int = 0  # respawns of this frontend slot so far (0: the first process)
+    engine_wedged_seconds: float = ENGINE_WEDGED_SECONDS  # silence after which the engine is dead, not slow
 
     @property
     def key(self) -> bytes:

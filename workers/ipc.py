@@ -30,6 +30,7 @@ __all__ = [
     "KEY_BYTES",
     "HEARTBEAT_SECONDS",
     "ENGINE_SILENCE_LIMIT",
+    "ENGINE_WEDGED_SECONDS",
     "LANE_SNDHWM",
     "INGRESS_HWM",
     "FrameCodec",
@@ -45,10 +46,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 KEY_BYTES = 32
-# The engine sends an empty OutputBatch on every lane this often; a frontend
-# that hears nothing for ENGINE_SILENCE_LIMIT heartbeats declares it dead.
+# The engine sends an empty OutputBatch on every lane this often. A frontend
+# that hears nothing for ENGINE_SILENCE_LIMIT heartbeats calls the engine
+# unresponsive (/health 503, new requests refused, in-flight ones wait); only
+# silence past ENGINE_WEDGED_SECONDS, or its process gone, is death. Slow is not
+# dead: a CPU-starved machine delays heartbeats by seconds, and killing a
+# worker for that loses its KV cache and every in-flight request.
 HEARTBEAT_SECONDS = 1.0
-ENGINE_SILENCE_LIMIT = 3
+ENGINE_SILENCE_LIMIT = 5
+ENGINE_WEDGED_SECONDS = 300.0
 # Lane messages are per-step batches. A frontend 4096 steps behind is dead or
 # stuck (at a 10 ms decode step that is 40 s of output); past that the engine
 # drops the lane's output and aborts its requests instead of growing memory.

@@ -34,7 +34,7 @@ from workers.attach import ATTACH_FILE_ENV, AttachInfo, write_attach_file
 from workers.config import EngineConfig
 from workers.engine_proc import EngineProcSpec
 from workers.kv_transfer import DisaggEngineSpec
-from workers.ipc import LANE_SNDHWM, FrameCodec, make_ipc_dir, new_key, write_private_file
+from workers.ipc import ENGINE_WEDGED_SECONDS, LANE_SNDHWM, FrameCodec, make_ipc_dir, new_key, write_private_file
 from workers.protocol import (
     ControlReply,
     ControlRequest,
@@ -46,6 +46,7 @@ from workers.protocol import (
     Shutdown,
     StatusMessage,
 )
+from workers.restart_budget import RestartBudget
 
 __all__ = ["LaunchError", "check_port_free", "WorkerGroup", "RANK_ENV_VARS"]
 
@@ -130,7 +131,8 @@ class WorkerGroup:
 
     def __init__(self, engine_config: EngineConfig, num_frontends: int, host: str, port: int,
                  *, grace_seconds: float = 30.0, lane_sndhwm: int = LANE_SNDHWM, log_level: str = "info",
-                 disagg: DisaggEngineSpec | None = None) -> None:
+                 disagg: DisaggEngineSpec | None = None,
+                 engine_wedged_seconds: float = ENGINE_WEDGED_SECONDS) -> None:
         if num_frontends < 1:
             raise LaunchError(f"num_frontends must be >= 1, got {num_frontends}")
         self.engine_config = engine_config
@@ -138,6 +140,7 @@ class WorkerGroup:
         self.num_frontends = num_frontends
         self.host, self.port = host, port
         self.grace_seconds = grace_seconds
+        self.engine_wedged_seconds = engine_wedged_seconds
         self.lane_sndhwm = lane_sndhwm
         self.log_level = log_level
         self.paths = make_ipc_dir()
@@ -149,7 +152,7 @@ class WorkerGroup:
         self.frontends: dict[int, _Child] = {}
         self._frontend_argv: list[str] = []
         self._generations: dict[int, int] = {}  # respawns per slot
-        self._crash_times: dict[int, deque[float]] = {}
+        self._restart_budgets: dict[int, RestartBudget] = {}
         self.abandoned_frontends: set[int] = set()  # crashed too often: not respawned
         self.engine_failed = False  # the engine died or hung while serving: kill it, do not ask
         self._ready_frontends: set[int] = set()
@@ -190,7 +193,7 @@ class WorkerGroup:
         assert self.engine is not None and self.engine_info is not None, "start_engine() first"
         return AttachInfo(str(self.paths.dir), self.key.hex(), frontend_id, self.num_frontends, os.getpid(),
                           self.engine.popen.pid, self.engine_info, self.host, self.port,
-                          self._generations.get(frontend_id, 0))
+                          self._generations.get(frontend_id, 0), self.engine_wedged_seconds)
 
     def spawn_frontends(self, argv: list[str]) -> None:
         """Start frontends 1..K-1 as ``argv`` with the attach file in their environment."""
@@ -253,19 +256,17 @@ class WorkerGroup:
             how = child.describe_exit()
             if on_exit is not None:
                 on_exit(child.popen.pid)
-            crashes = self._crash_times.setdefault(frontend_id, deque())
-            crashes.append(now)
-            while crashes and now - crashes[0] > RESPAWN_WINDOW_SECONDS:
-                crashes.popleft()
-            if len(crashes) >= MAX_CRASHES_IN_WINDOW:
+            budget = self._restart_budgets.setdefault(
+                frontend_id, RestartBudget(MAX_CRASHES_IN_WINDOW - 1, RESPAWN_WINDOW_SECONDS))
+            if not budget.allow(now):
                 self.abandoned_frontends.add(frontend_id)
                 log.critical("!!! %s; frontend %d crashed %d times within %.0f s: NOT respawning it again; "
-                             "%d of %d frontends left serving", how, frontend_id, len(crashes),
+                             "%d of %d frontends left serving", how, frontend_id, budget.recent_exits,
                              RESPAWN_WINDOW_SECONDS, self.num_frontends - len(self.abandoned_frontends),
                              self.num_frontends)
                 continue
             self._generations[frontend_id] = self._generations.get(frontend_id, 0) + 1
-            log.error("%s; respawning frontend %d (crash %d within %.0f s)", how, frontend_id, len(crashes),
+            log.error("%s; respawning frontend %d (crash %d within %.0f s)", how, frontend_id, budget.recent_exits,
                       RESPAWN_WINDOW_SECONDS)
             self._spawn_frontend(frontend_id)
             respawned.append(frontend_id)

@@ -57,6 +57,9 @@ class InprocEngineClient:
     def is_healthy(self) -> bool:
         return self.healthy
 
+    def unavailable_error(self) -> Exception:
+        return EngineDeadError()
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run_engine())
 

@@ -8,10 +8,11 @@ import signal
 import time
 from contextlib import aclosing
 
+import msgspec
 import pytest
 
 from frontends.engine_client import EngineClient
-from frontends.errors import EngineDeadError
+from frontends.errors import EngineDeadError, EngineUnresponsiveError
 from workers.config import EngineConfig, SyntheticConfig
 from workers.launcher import WorkerGroup
 from workers.protocol import EngineHealth, HealthPing
@@ -106,11 +107,11 @@ def test_abort_ends_the_stream_with_finish_reason_abort(group):
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
 def test_a_dead_engine_ends_in_flight_requests_with_engine_dead_error(group, how):
-    """SIGKILL: the process is gone. SIGSTOP: alive but silent (no heartbeat)."""
+    """SIGKILL: the process is gone. SIGSTOP: alive but silent past the wedged limit (7 s here)."""
     engine_pid = group.engine.popen.pid
 
     async def main():
-        client = EngineClient(group.attach_info(0))
+        client = EngineClient(msgspec.structs.replace(group.attach_info(0), engine_wedged_seconds=7.0))
         await client.start()
         outputs = []
 
@@ -142,8 +143,58 @@ def test_a_dead_engine_ends_in_flight_requests_with_engine_dead_error(group, how
         assert noticed_after < 2.0
         assert reason == f"the engine process (pid {engine_pid}) exited"
     else:
-        assert 2.5 <= noticed_after < 5.0  # 3 heartbeats of silence, counted from the last output
-        assert reason.startswith("no heartbeat from the engine for ")
+        assert 6.5 <= noticed_after < 10.0  # the wedged limit, counted from the last output
+        assert reason.startswith("no heartbeat from the engine for ") and "wedged" in reason
+
+
+def test_a_stopped_engine_is_unresponsive_not_dead_and_recovers(group):
+    """Slow is not dead: silence past the heartbeat limit refuses new requests (503) while
+    in-flight ones wait; the engine answering again makes the client healthy, and the
+    waiting request finishes normally."""
+    engine_pid = group.engine.popen.pid
+    params = SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True)  # ~3 s of 20 ms steps
+
+    async def main():
+        client = EngineClient(group.attach_info(0))
+        await client.start()
+        outputs = []
+
+        async def consume():
+            async for out in client.generate([1, 2, 3], params):
+                outputs.append(out)
+
+        task = asyncio.create_task(consume())
+        while not outputs:
+            await asyncio.sleep(0.01)
+        os.kill(engine_pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            while client.is_healthy:
+                assert time.monotonic() - stopped_at < 10.0, "never noticed the silence"
+                await asyncio.sleep(0.05)
+            noticed_after = time.monotonic() - stopped_at
+            refused = client.unavailable_error()
+            with pytest.raises(EngineUnresponsiveError):
+                await anext(aiter(client.generate([1], GREEDY)))
+            await asyncio.sleep(2.0)  # well past the heartbeat limit, far from the wedged one
+            assert client.dead_reason is None and not task.done()
+        finally:
+            os.kill(engine_pid, signal.SIGCONT)
+        continued_at = time.monotonic()
+        while not client.is_healthy:
+            assert time.monotonic() - continued_at < 5.0, "never healthy again"
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(task, timeout=20.0)
+        again = [out async for out in client.generate([1], GREEDY)]
+        await client.close()
+        return noticed_after, refused, outputs, again
+
+    noticed_after, refused, outputs, again = asyncio.run(main())
+    assert 4.5 <= noticed_after < 8.0  # 5 heartbeats of silence, counted from the last output
+    assert isinstance(refused, EngineUnresponsiveError) and refused.status == 503
+    assert refused.code == "engine_unresponsive" and "no heartbeat" in str(refused)
+    assert sum(len(o.new_token_ids) for o in outputs) == 150 and outputs[-1].finish_reason == "length"
+    assert again[-1].finish_reason == "length"
 
 
 def test_start_fails_cleanly_when_the_engine_does_not_answer(group):

@@ -92,3 +92,55 @@ def test_up_request_status_down(tmp_path):
     # runtime files gone; logs and the workers' persistent state (Message Batches) kept
     assert sorted(p.name for p in run.iterdir()) == ["logs", "up.log", "worker-state"]
     assert disagg("status", "--run-dir", str(run), cwd=tmp_path).returncode == 1
+
+
+def _wait(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s"
+        time.sleep(0.1)
+
+
+def test_a_process_past_its_restart_budget_is_left_down_and_the_rest_keep_serving(tmp_path):
+    port = free_port()
+    config = tmp_path / "flaky.yaml"
+    config.write_text(textwrap.dedent(f"""
+        model: {tmp_path / "model"}
+        tiny_model_size: test
+        run_dir: {tmp_path / "run"}
+        engine: {{kind: synthetic}}
+        orchestrator: {{port: {port}, health: {{interval_seconds: 0.2}}}}
+        pools:
+          ctx: {{instances: 1, frontends: 1}}
+          gen: {{instances: 1, frontends: 1}}
+        restarts: {{max_restarts: 1, window_seconds: 600}}
+        startup_timeout_seconds: 90
+    """))
+    run = tmp_path / "run"
+    up = disagg("up", str(config), cwd=tmp_path)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr + (run / "up.log").read_text()
+
+        def ctx_pid() -> int:
+            (ctx,) = [p for p in json.loads((run / "state.json").read_text())["processes"] if p["name"] == "ctx-0"]
+            return ctx["pid"]
+
+        first = ctx_pid()
+        os.kill(first, 9)
+        _wait(lambda: ctx_pid() != first, 10)  # restarted: one restart in the window
+        second = ctx_pid()
+        _wait(lambda: b"ready on" in (run / "logs" / "ctx-0.log").read_bytes().split(b"exited")[-1], 60)
+        os.kill(second, 9)  # the second exit in the window: left down
+        _wait(lambda: "leaving it down" in (run / "up.log").read_text(), 10)
+        assert ctx_pid() == second and not alive(second)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        answer = client.completions.create(model="model", prompt="still serving", max_tokens=3)
+        assert answer.usage.completion_tokens == 3  # on the gen worker alone
+        status = disagg("status", "--run-dir", str(run), cwd=tmp_path)
+        assert "LEFT DOWN: it exited 2 times within 600 s" in status.stdout, status.stdout
+        assert "ctx-0.log" in status.stdout
+    finally:
+        down = disagg("down", "--run-dir", str(run), cwd=tmp_path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    status = disagg("status", "--run-dir", str(run), cwd=tmp_path)
+    assert status.returncode == 1 and "up.log" in status.stdout

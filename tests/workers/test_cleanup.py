@@ -18,8 +18,8 @@ import pytest
 from worker_process import port_is_free, spawn_worker, start_worker, stop_worker, worker_log
 from worker_procs import children_of, engine_pid, frontend_slots, group_pids_alive, wait_until
 
-# Frontends detect a dead engine independently (process gone: ~0.5 s; silence: 3 s heartbeat limit
-# for a hung one), so their /health answers may disagree for a moment.
+# Frontends detect a dead engine independently (process gone: ~0.5 s; a hung one: silence past the
+# wedged limit), so their /health answers may disagree for a moment.
 DETECTION_SPREAD_S = 1.5
 
 
@@ -70,8 +70,9 @@ def test_sigkill_of_the_launcher_ends_the_group_within_5_s(tiny_model_dir):
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
 def test_a_dead_or_hung_engine_fails_requests_and_ends_the_group(tiny_model_dir, sig):
+    # A hung engine (SIGSTOP) is first only unresponsive; past the wedged limit (7 s here) it is dead.
     url, proc = start_worker(tiny_model_dir, num_frontends=4,
-                             extra_args=["--synthetic-decode-step-seconds", "0.01"])
+                             extra_args=["--synthetic-decode-step-seconds", "0.01", "--engine-wedged-seconds", "7"])
     pids = group_pids(proc)
     engine = engine_pid(proc.pid)
 
