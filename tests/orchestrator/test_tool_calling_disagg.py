@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import secrets
 
+import anthropic
+import openai
 import pytest
 
 from orchestrator_process import start_orchestrator, stop_orchestrator
@@ -45,3 +47,16 @@ def test_openai_streamed_loop_disaggregated(disagg_url):
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 def test_anthropic_loop_disaggregated(disagg_url, stream):
     anthropic_loop(anthropic_client(disagg_url), {"type": "tool", "name": "get_time"}, stream)
+
+
+def test_tool_errors_reach_the_client_through_the_orchestrator(disagg_url):
+    client = openai_client(disagg_url)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                       tools=[{"type": "function", "function": {"name": "f"}}],
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert info.value.body["param"] == "tool_choice.function.name"
+    with pytest.raises(anthropic.BadRequestError, match="not in tools"):
+        anthropic_client(disagg_url).messages.create(
+            model="tiny", max_tokens=8, messages=[{"role": "user", "content": "hi"}],
+            tools=[{"name": "f", "input_schema": {"type": "object"}}], tool_choice={"type": "tool", "name": "nope"})
