@@ -102,7 +102,7 @@ def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: fl
     )
     generation = ctx.start_generation(prompt_ids, params, tuple(body.stop_sequences or ()), arrival_time, leg)
     encoder = MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)
-    return generation, encoder, tool_policy.parser(ctx.tool_syntax)
+    return generation, encoder, tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
 
 
 def encode_message(generation: Generation, encoder: MessageEventEncoder, result: Completion,

@@ -17,7 +17,10 @@ answer holds no ``thinking`` blocks.
 Streaming: blocks open in the order the model writes them; a text block
 streams as the text comes, a ``tool_use`` block is sent whole once its call
 is complete (``content_block_start`` with empty ``input``, one
-``input_json_delta`` with the arguments, ``content_block_stop``).
+``input_json_delta`` with the arguments, ``content_block_stop``), or, for a
+forced call (its form guaranteed by its grammar), as it is written: the
+block starts when its name is read and each argument fragment is an
+``input_json_delta``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from frontends.schemas_anthropic import (
 )
 from frontends.tool_calls import AUTO, NAMED, NONE, REQUIRED, ToolPolicy, check_named_tool, check_tool_schemas, \
     tool_spec
-from frontends.tool_parsers import ParsedCall, ParserEvent, TextDelta, ToolCallParser
+from frontends.tool_parsers import ArgumentsDelta, CallHead, ParsedCall, ParserEvent, TextDelta, ToolCallParser
 
 __all__ = ["template_messages", "prefill_text", "anthropic_tool_policy", "check_thinking", "stop_reason", "message_content",
            "ToolUseMessageStream"]
@@ -188,7 +191,7 @@ def message_content(text: str, parser: ToolCallParser) -> list[dict[str, Any]]:
                 blocks[-1]["text"] += event.text
             else:
                 blocks.append({"type": "text", "text": event.text})
-        else:
+        elif isinstance(event, ParsedCall):
             blocks.append({"type": "tool_use", "id": tool_use_id(), "name": event.name, "input": event.arguments})
     return blocks or [{"type": "text", "text": ""}]
 
@@ -199,8 +202,9 @@ class ToolUseMessageStream:
     def __init__(self, encoder: MessageEventEncoder, parser: ToolCallParser) -> None:
         self.encoder = encoder
         self.parser = parser
-        self.index = 0  # of the next block
+        self.index = 0  # of the open block, or of the next one
         self.text_open = False
+        self.tool_open = False  # a streamed call's tool_use block
 
     def start(self, generation: Generation) -> list[bytes]:
         return [self.encoder.message_start(generation.num_prompt_tokens), self.encoder.ping()]
@@ -211,9 +215,9 @@ class ToolUseMessageStream:
     def finish(self, generation: Generation, last: Piece) -> list[bytes]:
         encoder = self.encoder
         frames = [self._frames(self.parser.finish())]
-        if self.index == 0 and not self.text_open:  # nothing at all: one empty text block, as for plain answers
+        if self.index == 0 and not (self.text_open or self.tool_open):  # nothing: one empty text block
             frames.append(self._open_text())
-        if self.text_open:
+        if self.text_open or self.tool_open:  # a call cut short (max_tokens) ends here too
             frames.append(encoder.block_stop(self.index))
         reason = stop_reason(last.finish_reason, last.stop_string, self.parser.num_calls)
         frames.append(encoder.message_delta(reason, last.stop_string, generation.num_prompt_tokens,
@@ -235,18 +239,30 @@ class ToolUseMessageStream:
                 if not self.text_open:
                     frames.append(self._open_text())
                 frames.append(encoder.block_delta(self.index, {"type": "text_delta", "text": event.text}))
-                continue
-            if self.text_open:
+            elif isinstance(event, ArgumentsDelta):
+                frames.append(encoder.block_delta(self.index, {"type": "input_json_delta", "partial_json": event.text}))
+            elif isinstance(event, CallHead):
+                frames.append(self._close_text() + self._open_tool_use(event.name))
+            elif self.tool_open:  # the streamed call is complete
                 frames.append(encoder.block_stop(self.index))
-                self.text_open = False
+                self.tool_open = False
                 self.index += 1
-            frames.append(self._tool_use(event))
-            self.index += 1
+            else:
+                frames.append(self._close_text() + self._open_tool_use(event.name))
+                frames.append(encoder.block_delta(self.index, {"type": "input_json_delta",
+                                                               "partial_json": event.arguments_json}))
+                frames.append(encoder.block_stop(self.index))
+                self.tool_open = False
+                self.index += 1
         return b"".join(frames)
 
-    def _tool_use(self, call: ParsedCall) -> bytes:
-        encoder, index = self.encoder, self.index
-        block = {"type": "tool_use", "id": tool_use_id(), "name": call.name, "input": {}}
-        return (encoder.block_start(index, block)
-                + encoder.block_delta(index, {"type": "input_json_delta", "partial_json": call.arguments_json})
-                + encoder.block_stop(index))
+    def _close_text(self) -> bytes:
+        if not self.text_open:
+            return b""
+        self.text_open = False
+        self.index += 1
+        return self.encoder.block_stop(self.index - 1)
+
+    def _open_tool_use(self, name: str) -> bytes:
+        self.tool_open = True
+        return self.encoder.block_start(self.index, {"type": "tool_use", "id": tool_use_id(), "name": name, "input": {}})

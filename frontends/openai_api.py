@@ -182,7 +182,7 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     )
     generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    parser = tool_policy.parser(ctx.tool_syntax)
+    parser = tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = ChatChunkEncoder(response_id, created, ctx.model_name)

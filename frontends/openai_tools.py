@@ -4,7 +4,8 @@ the chat template, and the answer's calls as ``message.tool_calls`` or ``delta.t
 Streaming: a call goes out when the parser has read it whole (a partial call
 never leaks as content), as two chunks: ``index``, ``id``, ``type`` and
 ``function.name`` (arguments ``""``) first, then the arguments as one
-fragment. ``finish_reason`` is ``tool_calls`` when the answer holds a call
+fragment; a forced call (its form guaranteed by its grammar) goes out as it
+is written: the name first, then argument fragments as the model writes them. ``finish_reason`` is ``tool_calls`` when the answer holds a call
 and ended normally (``length`` stays ``length``).
 """
 
@@ -21,7 +22,7 @@ from frontends.generation import Generation, Piece, StreamEncoder
 from frontends.schemas_openai import ChatChunkEncoder, ChatCompletionRequest, ChatMessage
 from frontends.tool_calls import AUTO, NAMED, NONE, REQUIRED, ToolPolicy, check_named_tool, check_tool_schemas, \
     tool_spec
-from frontends.tool_parsers import ParsedCall, ParserEvent, TextDelta, ToolCallParser
+from frontends.tool_parsers import ArgumentsDelta, CallHead, ParsedCall, ParserEvent, TextDelta, ToolCallParser
 
 __all__ = ["template_messages", "openai_tool_policy", "ToolCallChatStream", "chat_message", "finish_reason", "call_id"]
 
@@ -127,11 +128,15 @@ class ToolCallChatStream:
         return self.inner.error(error)
 
     def _frames(self, events: list[ParserEvent]) -> bytes:
-        frames = []
+        encoder, frames = self.encoder, []
         for event in events:
             if isinstance(event, TextDelta):
-                frames.append(self.encoder.content(event.text))
-            else:
-                frames.append(self.encoder.tool_call_start(event.index, call_id(), event.name))
-                frames.append(self.encoder.tool_call_arguments(event.index, event.arguments_json))
+                frames.append(encoder.content(event.text))
+            elif isinstance(event, CallHead):
+                frames.append(encoder.tool_call_start(event.index, call_id(), event.name))
+            elif isinstance(event, ArgumentsDelta):
+                frames.append(encoder.tool_call_arguments(event.index, event.text))
+            elif not self.parser.stream_arguments:  # a streamed call's ParsedCall only ends it
+                frames.append(encoder.tool_call_start(event.index, call_id(), event.name))
+                frames.append(encoder.tool_call_arguments(event.index, event.arguments_json))
         return b"".join(frames)

@@ -62,11 +62,12 @@ class ToolPolicy:
     def is_forced(self) -> bool:
         return self.mode in (REQUIRED, NAMED)
 
-    def parser(self, syntax: CallSyntax | None) -> ToolCallParser | None:
-        """The output parser of this request, or None when its output is plain text."""
+    def parser(self, syntax: CallSyntax | None, streaming: bool = False) -> ToolCallParser | None:
+        """The output parser of this request, or None when its output is plain text. A streamed
+        forced call streams its arguments as they come: its grammar guarantees its form."""
         if syntax is None or not self.parses_calls:
             return None
-        return ToolCallParser(syntax, (tool.name for tool in self.tools))
+        return ToolCallParser(syntax, (tool.name for tool in self.tools), stream_arguments=streaming and self.is_forced)
 
     def guided(self, syntax: CallSyntax | None) -> GuidedDecoding | None:
         """The grammar that enforces a forced choice (None for auto and none)."""

@@ -9,12 +9,22 @@ it shows the format the model was trained to produce.
 
 from __future__ import annotations
 
-from frontends.tool_parsers.base import CallSyntax, ParsedCall, ParserEvent, TextDelta, ToolCallParser
+from frontends.tool_parsers.base import (
+    ArgumentsDelta,
+    CallHead,
+    CallSyntax,
+    ParsedCall,
+    ParserEvent,
+    TextDelta,
+    ToolCallParser,
+)
 from frontends.tool_parsers.hermes import HermesSyntax
 from frontends.tool_parsers.llama3_json import Llama3JsonSyntax
 
 __all__ = [
     "CallSyntax",
+    "CallHead",
+    "ArgumentsDelta",
     "ParsedCall",
     "ParserEvent",
     "TextDelta",

@@ -14,6 +14,10 @@ Invariants (what clients can rely on, streamed or not):
   a partial call never leaks as text and a reported call is never
   retracted: name and arguments reach the API encoder together, which sends
   the name first and then the arguments;
+- except with ``stream_arguments`` (forced calls, whose grammar guarantees
+  the call's form): ``CallHead`` as soon as the name is read, then the
+  arguments' text as it comes (``ArgumentsDelta``), then ``ParsedCall``; a
+  call cut short (``max_tokens``) then ends without its ``ParsedCall``;
 - a call that turns out malformed (bad JSON, unknown tool, truncated by
   ``max_tokens``) is reported as text, verbatim;
 - filler (whitespace, a format's separators) right before a call, and after
@@ -23,13 +27,17 @@ Invariants (what clients can rely on, streamed or not):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Union
 
 __all__ = [
     "TextDelta",
     "ParsedCall",
+    "CallHead",
+    "ArgumentsDelta",
     "ParserEvent",
+    "head_pattern",
     "NeedMore",
     "Malformed",
     "Complete",
@@ -58,7 +66,23 @@ class ParsedCall:
         return json.dumps(self.arguments, ensure_ascii=False)
 
 
-ParserEvent = Union[TextDelta, ParsedCall]
+@dataclass(frozen=True)
+class CallHead:
+    """A call's name, before its arguments (``stream_arguments`` only)."""
+
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgumentsDelta:
+    """Raw text of a started call's arguments object; all of them concatenated are its JSON."""
+
+    index: int
+    text: str
+
+
+ParserEvent = Union[TextDelta, CallHead, ArgumentsDelta, ParsedCall]
 
 
 @dataclass(frozen=True)
@@ -98,6 +122,10 @@ class CallSyntax(Protocol):
     def scan(self, text: str, final: bool, tool_names: frozenset[str]) -> ScanResult:
         """Read one call at the start of ``text`` (which starts with an opener)."""
 
+    def scan_head(self, text: str) -> tuple[str, int] | None:
+        """(name, index where the arguments object starts) once a call at the start of ``text``
+        has been written up to its arguments, name first; None before (or in another key order)."""
+
     def is_filler(self, text: str) -> bool:
         """Whether ``text`` is only what may separate calls (whitespace, separators)."""
 
@@ -112,10 +140,13 @@ class CallSyntax(Protocol):
 class ToolCallParser:
     """Feed the text of one generation; get text deltas and complete calls, in order."""
 
-    def __init__(self, syntax: CallSyntax, tool_names: Iterable[str]) -> None:
+    def __init__(self, syntax: CallSyntax, tool_names: Iterable[str], stream_arguments: bool = False) -> None:
         self.syntax = syntax
         self.tool_names = frozenset(tool_names)
+        self.stream_arguments = stream_arguments
         self.num_calls = 0
+        self._arguments_start = -1  # in the buffer, once a streamed call's head is out
+        self._arguments_sent = 0  # the buffer index up to which its arguments went out
         self._buffer = ""  # text not yet reported: held filler, a possible opener, or a call in progress
         self._in_call = False
         self._filler = ""
@@ -138,16 +169,22 @@ class ToolCallParser:
         syntax = self.syntax
         while self._buffer:
             if self._in_call:
+                if self.stream_arguments:
+                    self._stream_arguments(events)
                 result = syntax.scan(self._buffer, final, self.tool_names)
                 if isinstance(result, NeedMore):
                     break
                 self._in_call = False
                 filler, self._filler = self._filler, ""
+                started, self._arguments_start = self._arguments_start >= 0, -1
                 if isinstance(result, Complete):  # the filler before it is dropped
                     events.append(ParsedCall(self.num_calls, result.name, result.arguments))
                     self.num_calls += 1
                     self._buffer = self._buffer[result.length:]
                     self._at_boundary = True
+                elif started:  # cut short after its head went out: it ends there, its text dropped
+                    self.num_calls += 1
+                    self._buffer = self._buffer[max(result.length, 1):]
                 else:
                     self._emit_text(events, filler + self._buffer[:max(result.length, 1)])
                     self._buffer = self._buffer[max(result.length, 1):]
@@ -169,6 +206,19 @@ class ToolCallParser:
                 self._buffer = self._buffer[keep:]
             break
         return events
+
+    def _stream_arguments(self, events: list[ParserEvent]) -> None:
+        if self._arguments_start < 0:
+            head = self.syntax.scan_head(self._buffer)
+            if head is None or head[0] not in self.tool_names:
+                return
+            self._arguments_start = self._arguments_sent = head[1]
+            events.append(CallHead(self.num_calls, head[0]))
+        end = json_object_end(self._buffer, self._arguments_start)
+        end = len(self._buffer) if end < 0 else end
+        if end > self._arguments_sent:
+            events.append(ArgumentsDelta(self.num_calls, self._buffer[self._arguments_sent:end]))
+            self._arguments_sent = end
 
     def _emit_text(self, events: list[ParserEvent], text: str) -> None:
         if not text:
@@ -226,6 +276,17 @@ def read_call(source: str, tool_names: frozenset[str], argument_keys: tuple[str,
     if not isinstance(arguments, dict):
         return None
     return value["name"], arguments
+
+
+def head_pattern(opener: str, argument_keys: tuple[str, ...]) -> re.Pattern[str]:
+    """The start of a call written name first: ``<opener>{"name": "NAME", "<key>": {``."""
+    keys = "|".join(re.escape(key) for key in argument_keys)
+    return re.compile(re.escape(opener) + r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:' + keys + r')"\s*:\s*(?=\{)')
+
+
+def scan_head(pattern: re.Pattern[str], text: str) -> tuple[str, int] | None:
+    match = pattern.match(text)
+    return None if match is None else (match.group(1), match.end())
 
 
 def partial_suffix(text: str, opener: str) -> int:

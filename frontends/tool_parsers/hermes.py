@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult, json_object_end, \
-    partial_suffix, read_call
+from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult, head_pattern, json_object_end, \
+    partial_suffix, read_call, scan_head
 
 __all__ = ["HermesSyntax"]
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 _WHITESPACE = " \t\r\n"
+_HEAD = head_pattern(OPEN, ("arguments", "parameters"))
 SEPARATOR = '"\\n"'  # between parallel calls, in Lark
 
 
@@ -36,6 +37,9 @@ class HermesSyntax:
 
     def filler_start(self, text: str) -> int:
         return len(text.rstrip(_WHITESPACE))
+
+    def scan_head(self, text: str) -> tuple[str, int] | None:
+        return scan_head(_HEAD, text)
 
     def scan(self, text: str, final: bool, tool_names: frozenset[str]) -> ScanResult:
         body = len(OPEN)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult, json_object_end, \
-    partial_suffix, read_call
+from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult, head_pattern, json_object_end, \
+    partial_suffix, read_call, scan_head
 from frontends.tool_parsers.hermes import call_schema
 
 __all__ = ["Llama3JsonSyntax"]
@@ -20,6 +20,7 @@ __all__ = ["Llama3JsonSyntax"]
 PYTHON_TAG = "<|python_tag|>"
 _KEY = '"name"'
 _BLANK = " \t\r"
+_HEAD = head_pattern("", ("parameters", "arguments"))
 SEPARATOR = '"; "'  # between parallel calls, in Lark (Llama 3.2)
 
 
@@ -52,6 +53,9 @@ class Llama3JsonSyntax:
             if len(stripped) == end:
                 return end
             end = len(stripped)
+
+    def scan_head(self, text: str) -> tuple[str, int] | None:
+        return scan_head(_HEAD, text)
 
     def scan(self, text: str, final: bool, tool_names: frozenset[str]) -> ScanResult:
         # ``text`` starts with "{": does it go on like '{"name"'?

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from frontends.tool_parsers import ParsedCall, TextDelta, ToolCallParser, detect_tool_syntax, tool_syntax
+import json
+
+from frontends.tool_parsers import ArgumentsDelta, CallHead, ParsedCall, TextDelta, ToolCallParser, \
+    detect_tool_syntax, tool_syntax
 from workers.engine.model.tiny_tokenizer import CHAT_TEMPLATE
 
 TOOLS = ("get_weather", "get_time")
@@ -60,8 +63,8 @@ RECORDED = [
 ]
 
 
-def run(name: str, chunks: list[str]) -> tuple[str, list[tuple[str, dict]], list]:
-    parser = ToolCallParser(tool_syntax(name), TOOLS)
+def run(name: str, chunks: list[str], stream_arguments: bool = False) -> tuple[str, list[tuple[str, dict]], list]:
+    parser = ToolCallParser(tool_syntax(name), TOOLS, stream_arguments)
     events = []
     for chunk in chunks:
         events.extend(parser.feed(chunk))
@@ -86,6 +89,29 @@ def test_split_at_every_boundary(name, output, text, calls):
     # A call never leaks as text, even partly: every text delta is a piece of the expected text.
     streamed = "".join(e.text for e in events if isinstance(e, TextDelta))
     assert streamed == text
+
+
+@pytest.mark.parametrize("name, output, text, calls", [case for case in RECORDED if case[3]])
+def test_streamed_arguments_at_every_boundary(name, output, text, calls):
+    """Forced calls: the head as soon as the name is read, then argument text that adds up to the JSON."""
+    for chunks in [[output[:cut], output[cut:]] for cut in range(1, len(output))] + [list(output)]:
+        got_text, got_calls, events = run(name, chunks, stream_arguments=True)
+        assert (got_text, got_calls) == (text, calls)
+        heads = {e.index: e.name for e in events if isinstance(e, CallHead)}
+        for index, (call_name, arguments) in enumerate(calls):
+            if index not in heads:  # written arguments-first: reported whole
+                continue
+            assert heads[index] == call_name
+            streamed = "".join(e.text for e in events if isinstance(e, ArgumentsDelta) and e.index == index)
+            assert json.loads(streamed) == arguments
+            order = [type(e).__name__ for e in events if getattr(e, "index", None) == index]
+            assert order[0] == "CallHead" and order[-1] == "ParsedCall" and set(order[1:-1]) == {"ArgumentsDelta"}
+
+
+def test_streamed_call_cut_short_ends_without_its_parsed_call():
+    parser = ToolCallParser(tool_syntax("llama3_json"), TOOLS, stream_arguments=True)
+    events = parser.feed('{"name": "get_time", "parameters": {"tz": "Eur') + parser.finish()
+    assert events == [CallHead(0, "get_time"), ArgumentsDelta(0, '{"tz": "Eur')] and parser.num_calls == 1
 
 
 def test_text_before_a_call_streams_before_the_call_completes():

@@ -22,8 +22,8 @@ ANSWER = ('Checking both.\n<tool_call>\n{"name": "get_weather", "arguments": {"c
 TOOLS = ("get_weather", "get_time")
 
 
-def parser() -> ToolCallParser:
-    return ToolCallParser(tool_syntax("hermes"), TOOLS)
+def parser(stream_arguments: bool = False) -> ToolCallParser:
+    return ToolCallParser(tool_syntax("hermes"), TOOLS, stream_arguments)
 
 
 def run_stream(encoder, finish_reason: str = "stop", chunk: int = 3) -> list[bytes]:
@@ -44,20 +44,29 @@ def sse_payloads(frames: list[bytes]) -> list[dict]:
     return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
 
 
+STREAMING = pytest.mark.parametrize("stream_arguments", [False, True], ids=["whole-calls", "streamed-arguments"])
+
+
+@STREAMING
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
-def test_openai_stream(chunk):
+def test_openai_stream(chunk, stream_arguments):
     chunks = ChatChunkEncoder("chatcmpl-1", 0, "m")
-    stream = ToolCallChatStream(_ChatStream(chunks, None, False), chunks, parser())  # type: ignore[arg-type]
+    stream = ToolCallChatStream(_ChatStream(chunks, None, False), chunks,  # type: ignore[arg-type]
+                                parser(stream_arguments))
     deltas = [p["choices"][0] for p in sse_payloads(run_stream(stream, chunk=chunk))]
     assert deltas[0]["delta"] == {"role": "assistant", "content": ""}
     content = "".join(d["delta"].get("content") or "" for d in deltas)
     assert content == "Checking both."
     calls = [call for d in deltas for call in d["delta"].get("tool_calls", [])]
-    assert [c["index"] for c in calls] == [0, 0, 1, 1]
-    first, arguments = calls[0], calls[1]
-    assert first["id"].startswith("call_") and first["function"] == {"name": "get_weather", "arguments": ""}
-    assert arguments == {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}
-    assert calls[2]["function"]["name"] == "get_time" and calls[3]["function"]["arguments"] == '{"tz": "UTC"}'
+    indices = [c["index"] for c in calls]
+    assert indices == sorted(indices) and set(indices) == {0, 1}
+    if not stream_arguments or chunk == 1000:
+        assert indices == [0, 0, 1, 1]  # the name, then the arguments in one fragment
+    for index, (name, arguments) in enumerate([("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]):
+        first, *rest = [c for c in calls if c["index"] == index]
+        assert first["id"].startswith("call_") and first["function"] == {"name": name, "arguments": ""}
+        assert rest and all(set(c) == {"index", "function"} and set(c["function"]) == {"arguments"} for c in rest)
+        assert json.loads("".join(c["function"]["arguments"] for c in rest)) == arguments
     assert [d["finish_reason"] for d in deltas][-1] == "tool_calls"
     assert all(d["finish_reason"] is None for d in deltas[:-1])
     # The text came before the calls, in order.
@@ -87,9 +96,11 @@ def test_openai_message():
     assert only_calls["content"] is None
 
 
+@STREAMING
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
-def test_anthropic_stream(chunk):
-    frames = run_stream(ToolUseMessageStream(MessageEventEncoder("msg_1", "m"), parser()), chunk=chunk)
+def test_anthropic_stream(chunk, stream_arguments):
+    frames = run_stream(ToolUseMessageStream(MessageEventEncoder("msg_1", "m"), parser(stream_arguments)),
+                        chunk=chunk)
     events = sse_payloads(frames)
     types = [e["type"] for e in events]
     assert types[:2] == ["message_start", "ping"] and types[-2:] == ["message_delta", "message_stop"]
@@ -132,3 +143,15 @@ def test_anthropic_content():
     assert [b["type"] for b in content] == ["text", "tool_use", "tool_use"]
     assert content[1]["input"] == {"city": "Paris"} and content[2]["name"] == "get_time"
     assert message_content("", parser()) == [{"type": "text", "text": ""}]
+
+
+def test_anthropic_streamed_call_cut_short_still_closes_its_block():
+    stream = ToolUseMessageStream(MessageEventEncoder("msg_1", "m"), parser(stream_arguments=True))
+    generation = Generation(None, None, [1], SamplingParams())  # type: ignore[arg-type]
+    frames = stream.start(generation) + [stream.piece(Piece('<tool_call>\n{"name": "get_time", "arguments": {"tz',
+                                                            [], None))]
+    events = sse_payloads(frames + stream.finish(generation, Piece("", [], None, "length")))
+    assert [e["type"] for e in events] == ["message_start", "ping", "content_block_start", "content_block_delta",
+                                           "content_block_stop", "message_delta", "message_stop"]
+    assert events[3]["delta"] == {"type": "input_json_delta", "partial_json": '{"tz'}
+    assert events[-2]["delta"]["stop_reason"] == "max_tokens"
