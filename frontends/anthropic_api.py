@@ -65,7 +65,9 @@ class _MessageStream:
 
     def start(self, generation: Generation) -> list[bytes]:
         encoder = self.encoder
-        return [encoder.message_start(generation.num_prompt_tokens), encoder.content_block_start(), encoder.ping()]
+        # Cached tokens are known here for a gen leg only; message_delta carries the final count.
+        return [encoder.message_start(generation.num_prompt_tokens, generation.num_usage_cached_tokens),
+                encoder.content_block_start(), encoder.ping()]
 
     def piece(self, piece: Piece) -> bytes | None:
         return self.encoder.text_delta(piece.text) if piece.text else None
@@ -76,7 +78,7 @@ class _MessageStream:
         return [
             encoder.content_block_stop(),
             encoder.message_delta(stop_reason, last.stop_string, generation.num_prompt_tokens,
-                                  generation.num_output_tokens),
+                                  generation.num_output_tokens, generation.num_usage_cached_tokens),
             encoder.message_stop(),
         ]
 
@@ -108,14 +110,15 @@ def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: fl
 def encode_message(generation: Generation, encoder: MessageEventEncoder, result: Completion,
                    parser: ToolCallParser | None = None) -> bytes:
     """The non-streaming response body (a ``message`` object) of a finished generation."""
+    cached = generation.num_usage_cached_tokens
     if parser is None:
         reason = _stop_reason(result.finish_reason, result.stop_string)
         return encoder.message(result.text, reason, result.stop_string, generation.num_prompt_tokens,
-                               generation.num_output_tokens)
+                               generation.num_output_tokens, cached)
     content = message_content(result.text, parser)
     reason = _stop_reason(result.finish_reason, result.stop_string, parser.num_calls)
     return encoder.message(result.text, reason, result.stop_string, generation.num_prompt_tokens,
-                           generation.num_output_tokens, content=content)
+                           generation.num_output_tokens, cached, content=content)
 
 
 async def generate_message(ctx: ServingContext, body: MessagesRequest) -> bytes:

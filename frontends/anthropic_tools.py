@@ -207,7 +207,8 @@ class ToolUseMessageStream:
         self.tool_open = False  # a streamed call's tool_use block
 
     def start(self, generation: Generation) -> list[bytes]:
-        return [self.encoder.message_start(generation.num_prompt_tokens), self.encoder.ping()]
+        return [self.encoder.message_start(generation.num_prompt_tokens, generation.num_usage_cached_tokens),
+                self.encoder.ping()]
 
     def piece(self, piece: Piece) -> bytes | None:
         return self._frames(self.parser.feed(piece.text)) or None
@@ -221,7 +222,7 @@ class ToolUseMessageStream:
             frames.append(encoder.block_stop(self.index))
         reason = stop_reason(last.finish_reason, last.stop_string, self.parser.num_calls)
         frames.append(encoder.message_delta(reason, last.stop_string, generation.num_prompt_tokens,
-                                            generation.num_output_tokens))
+                                            generation.num_output_tokens, generation.num_usage_cached_tokens))
         frames.append(encoder.message_stop())
         return frames
 

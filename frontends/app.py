@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, Send
 
-from frontends import anthropic_api, disaggregation, openai_api
+from frontends import anthropic_api, disaggregation, openai_api, tokenize_api
 from frontends.errors import (
     ApiError,
     EngineDeadError,
@@ -183,6 +183,9 @@ def api_routes() -> list[Route]:
         Route("/v1/completions", _endpoint(openai_api.create_completion, openai), methods=["POST"]),
         Route("/v1/chat/completions", _endpoint(openai_api.create_chat_completion, openai), methods=["POST"]),
         Route("/v1/models", _endpoint(openai_api.list_models, openai), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", _endpoint(tokenize_api.retrieve_model_route, openai), methods=["GET"]),
+        Route("/tokenize", _endpoint(tokenize_api.tokenize_route, openai), methods=["POST"]),
+        Route("/detokenize", _endpoint(tokenize_api.detokenize_route, openai), methods=["POST"]),
         Route("/worker_info", _endpoint(disaggregation.worker_info, openai), methods=["GET"]),
         Route("/health", _endpoint(_health, openai), methods=["GET"]),
         Route("/version", _endpoint(_version, openai), methods=["GET"]),

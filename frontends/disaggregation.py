@@ -15,6 +15,14 @@ into one leg of a disaggregated request:
   re-tokenizing; the engine pulls the KV and decodes after the first token,
   which the answer's text starts with, so the client sees one seamless answer.
 
+Cached prompt tokens (usage ``prompt_tokens_details.cached_tokens``,
+Anthropic ``cache_read_input_tokens``) are the prompt tokens whose prefill a
+prefix cache saved. A disaggregated request's prefill runs on the ctx leg, so
+it reports the ctx engine's hits: the ctx answer carries them in
+``disaggregated_params.num_cached_tokens`` and the gen leg reports them. The
+gen engine's own hits (KV it did not have to pull) count in its perf record
+and its ``disagg_prompt_cached_tokens_total``, as every leg's do.
+
 Plain requests never touch this module (the hot path is unchanged).
 """
 
@@ -90,6 +98,7 @@ class DisaggLeg:
         self.kv_parked: ParkedKV | None = None
         self.first_token_id: int | None = None
         self.first_logprobs: TokenLogprobs | None = None  # a ctx leg's first token's, when asked for
+        self.num_cached_tokens = 0  # a ctx leg's prefix-cache hits (on its engine's first output)
         self._first_pending = not self.is_context  # the gen leg's first token is not reported by its engine
 
     def message(self, request: EngineRequest) -> IngressMessage:
@@ -104,6 +113,7 @@ class DisaggLeg:
         if output.finish_reason == "abort" and output.error and output.error.startswith(KV_TRANSFER_ERROR):
             raise KVTransferError(output.error)
         if self.is_context:
+            self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
             if output.new_token_ids and self.first_token_id is None:
                 self.first_token_id = output.new_token_ids[0]
                 self.first_logprobs = output.new_logprobs[0] if output.new_logprobs else None
@@ -119,6 +129,12 @@ class DisaggLeg:
                                            new_logprobs=logprobs)
         return output
 
+    def usage_cached_tokens(self, own: int) -> int:
+        """The cached prompt tokens usage reports (module doc); ``own``: this engine's hits."""
+        if not self.is_context and self.params.num_cached_tokens is not None:
+            return self.params.num_cached_tokens
+        return own
+
     def answer_params(self, prompt_token_ids: list[int]) -> dict[str, Any]:
         """The ctx answer's ``disaggregated_params``."""
         if self.kv_parked is None or self.request_id is None or self.first_token_id is None:
@@ -127,7 +143,8 @@ class DisaggLeg:
         params = signed_params(self.config.cluster_key, str(self.request_id), self.config.kv_endpoint,
                                self.kv_parked.num_tokens, self.first_token_id, self.kv_parked.expires_at,
                                prompt_token_ids)
-        answer = msgspec.to_builtins(msgspec.structs.replace(params, first_token_logprobs=self.first_logprobs))
+        answer = msgspec.to_builtins(msgspec.structs.replace(params, first_token_logprobs=self.first_logprobs,
+                                                             num_cached_tokens=self.num_cached_tokens))
         answer.pop("prompt_token_ids")  # top-level in the answer
         return answer
 

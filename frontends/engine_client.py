@@ -175,6 +175,7 @@ class EngineClient:
         last: RequestOutput | None = None  # for the perf record
         last_token_time: float | None = None
         num_output_tokens = 0
+        num_cached_tokens = 0  # on the first output only (the engine's rule): the last one may say 0
         try:
             request = EngineRequest(request_id, list(prompt_token_ids), params, arrival_time)
             message = AddRequest(request) if make_message is None else make_message(request)
@@ -186,6 +187,7 @@ class EngineClient:
                 if item.new_token_ids:
                     last_token_time = time.time()
                     num_output_tokens += len(item.new_token_ids)
+                num_cached_tokens = max(num_cached_tokens, item.num_cached_tokens)
                 finished = item.finish_reason is not None
                 yield item
                 if finished:
@@ -197,7 +199,7 @@ class EngineClient:
             if self.on_request_done is not None:
                 self.on_request_done(build_record(
                     request_id, self.frontend_id, arrival_time, tokenized, len(prompt_token_ids),
-                    num_output_tokens, last_token_time, last))
+                    num_output_tokens, last_token_time, last, num_cached_tokens))
 
     async def abort(self, request_id: int) -> None:
         """Abort a request; its generate() then ends with a finish reason ``abort``."""

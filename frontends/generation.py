@@ -115,6 +115,11 @@ class Generation:
         self.num_cached_tokens = 0
         self.leg = leg
 
+    @property
+    def num_usage_cached_tokens(self) -> int:
+        """Cached prompt tokens as usage reports them (a gen leg: its ctx leg's, ``frontends.disaggregation``)."""
+        return self.num_cached_tokens if self.leg is None else self.leg.usage_cached_tokens(self.num_cached_tokens)
+
     async def pieces(self) -> AsyncIterator[Piece]:
         detokenizer = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids)
         matcher = StopStringMatcher(self.stop_strings) if self.stop_strings else None

@@ -24,6 +24,7 @@ from frontends.schemas_openai import (
     ChatCompletionRequest,
     CompletionChunkEncoder,
     CompletionRequest,
+    PromptTokensDetails,
     Usage,
     chat_logprobs,
     completion_logprobs,
@@ -51,7 +52,7 @@ def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
 
 def _usage(generation: Generation) -> Usage:
     prompt, completion = generation.num_prompt_tokens, generation.num_output_tokens
-    return Usage(prompt, completion, prompt + completion)
+    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(generation.num_usage_cached_tokens))
 
 
 def _check_single_choice(n: int) -> None:

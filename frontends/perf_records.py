@@ -52,8 +52,10 @@ def note_x_request_id(headers: list[tuple[bytes, bytes]]) -> None:
 
 
 def build_record(request_id: int, frontend_id: int, arrival: float, tokenized: float, num_prompt_tokens: int,
-                 num_output_tokens: int, last_token: float | None, last: RequestOutput | None) -> PerfRecord:
-    """The record of a request that just ended; ``last`` is the last output received (None: none)."""
+                 num_output_tokens: int, last_token: float | None, last: RequestOutput | None,
+                 num_cached_tokens: int = 0) -> PerfRecord:
+    """The record of a request that just ended; ``last`` is the last output received (None: none).
+    ``num_cached_tokens``: the prefix-cache hits, which the engine reports on the first output only."""
     timing = last.timing if last is not None else None
     kv = last.kv_transfer if last is not None else None
     return PerfRecord(
@@ -68,7 +70,7 @@ def build_record(request_id: int, frontend_id: int, arrival: float, tokenized: f
         finished=time.time(),
         num_prompt_tokens=num_prompt_tokens,
         num_output_tokens=num_output_tokens,
-        num_cached_tokens=last.num_cached_tokens if last is not None else 0,
+        num_cached_tokens=num_cached_tokens,
         finish_reason=last.finish_reason if last is not None else None,
         kv_transfer_seconds=kv.seconds if kv else None,
         kv_transfer_bytes=kv.num_bytes if kv else 0,

@@ -130,6 +130,14 @@ class CountTokensRequest(msgspec.Struct, frozen=True):
     thinking: ThinkingConfig | None = None
 
 
+def usage(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, int]:
+    """Anthropic's usage: ``input_tokens`` are the prompt tokens NOT read from the prefix cache
+    (the whole prompt is input + cache_read + cache_creation, as in Anthropic's prompt caching);
+    nothing is ever written to a cache on request, so ``cache_creation_input_tokens`` is 0."""
+    return {"input_tokens": input_tokens - cached_tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached_tokens, "output_tokens": output_tokens}
+
+
 def _event(name: str, payload: bytes) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + payload + b"\n\n"
 
@@ -152,7 +160,7 @@ class MessageEventEncoder:
         self.message_id = message_id
         self.model = model
 
-    def message_start(self, input_tokens: int) -> bytes:
+    def message_start(self, input_tokens: int, cached_tokens: int = 0) -> bytes:
         message = {
             "id": self.message_id,
             "type": "message",
@@ -161,7 +169,7 @@ class MessageEventEncoder:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+            "usage": usage(input_tokens, 0, cached_tokens),
         }
         return _event("message_start", _encode({"type": "message_start", "message": message}))
 
@@ -178,11 +186,12 @@ class MessageEventEncoder:
         return _CONTENT_BLOCK_STOP
 
     def message_delta(self, stop_reason: str, stop_sequence: str | None, input_tokens: int,
-                      output_tokens: int) -> bytes:
+                      output_tokens: int, cached_tokens: int = 0) -> bytes:
+        # Usage here is cumulative and final (the SDKs overwrite message_start's with it).
         payload = {
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+            "usage": usage(input_tokens, output_tokens, cached_tokens),
         }
         return _event("message_delta", _encode(payload))
 
@@ -205,7 +214,7 @@ class MessageEventEncoder:
         return _event("content_block_stop", b'{"type":"content_block_stop","index":' + str(index).encode() + b"}")
 
     def message(self, text: str, stop_reason: str, stop_sequence: str | None, input_tokens: int,
-                output_tokens: int, content: list[dict[str, Any]] | None = None) -> bytes:
+                output_tokens: int, cached_tokens: int = 0, content: list[dict[str, Any]] | None = None) -> bytes:
         """The whole non-streaming response (``content``: its blocks, when not one text block)."""
         return _encode({
             "id": self.message_id,
@@ -215,5 +224,5 @@ class MessageEventEncoder:
             "content": [{"type": "text", "text": text}] if content is None else content,
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
-            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+            "usage": usage(input_tokens, output_tokens, cached_tokens),
         })

@@ -27,6 +27,7 @@ __all__ = [
     "ChatMessage",
     "ChatCompletionRequest",
     "Usage",
+    "PromptTokensDetails",
     "CompletionChunkEncoder",
     "ChatChunkEncoder",
     "completion_logprobs",
@@ -126,10 +127,16 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 
+class PromptTokensDetails(msgspec.Struct, frozen=True):
+    cached_tokens: int = 0
+    """Prompt tokens served from a prefix cache (``frontends.disaggregation`` for disaggregated requests)."""
+
+
 class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
 
 
 def completion_logprobs(tokenizer: Tokenizer, logprobs: list[TokenLogprobs], text_offset: int) -> dict[str, Any]:

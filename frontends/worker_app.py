@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from frontends.admin_forwarder import FORWARDED_BY_HEADER, LauncherForwarder
 from frontends.app import build_app
-from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore, batch_routes
+from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore, EngineBatchExecutor, batch_routes
 from frontends.engine_client import EngineClient
 from frontends.launcher_routes import Control, LauncherState, launcher_routes
 from frontends.perf_records import PerfReceiver, PerfRecorder, PerfSender, PerfStore
@@ -101,7 +101,8 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     client.on_request_done = recorder.add
     state = LauncherState(control, store, launcher_metrics, recorder, attach.engine.kind)
     # Opened here, before serving: a second worker on the same state dir fails at start-up.
-    batches = BatchRunner(BatchStore(state_dir / BATCHES_FILE), ServingContext(client, tokenizer, config))
+    batches = BatchRunner(BatchStore(state_dir / BATCHES_FILE),
+                          EngineBatchExecutor(ServingContext(client, tokenizer, config)))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):

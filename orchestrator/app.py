@@ -1,8 +1,10 @@
 """The orchestrator's ASGI app (one per process): ``build_app(config, process_index, tokenizer)``.
 
-Client APIs (OpenAI, Anthropic) run through ``orchestrator.flow``; cluster
-routes read this process's ``ClusterView``; registration and perf routes are
-forwarded to the state owner (process 0). Every error has the API's shape
+Client APIs (OpenAI, Anthropic) run through ``orchestrator.flow``; the rest
+of a worker's client surface (count_tokens, tokenize, models, version) is
+answered here (``orchestrator.surface``); cluster routes read this process's
+``ClusterView``; registration, perf and Message Batches routes are forwarded
+to the state owner (process 0; ``orchestrator.batches``). Every error has the API's shape
 (``frontends.errors``). With ``api_key`` set, /v1/* and /workers* need
 ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise);
 /health, /cluster_info and the metrics stay open for probes and scrapers.
@@ -28,6 +30,8 @@ from starlette.routing import Route
 from frontends.errors import NotFoundError, anthropic_error_body, http_error, openai_error_body
 from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
+from orchestrator import surface
+from orchestrator.batches import batch_forward
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamRejected
 from orchestrator.flow import Flow, PerfRecord
@@ -127,11 +131,6 @@ def _generate(api: str):
     return handler
 
 
-async def _models(orch: Orchestrator, request: Request) -> Response:
-    return _json({"object": "list", "data": [
-        {"id": orch.config.model_name, "object": "model", "created": 0, "owned_by": "disagg"}]})
-
-
 async def _health(orch: Orchestrator, request: Request) -> Response:
     missing = [phase for phase in ("ctx", "gen") if not orch.view.has_healthy(phase)]
     if missing:
@@ -203,7 +202,15 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/v1/completions", _endpoint(_generate("completions")), methods=["POST"]),
         Route("/v1/chat/completions", _endpoint(_generate("chat")), methods=["POST"]),
         Route("/v1/messages", _endpoint(_generate("messages"), anthropic=True), methods=["POST"]),
-        Route("/v1/models", _endpoint(_models), methods=["GET"]),
+        Route("/v1/messages/count_tokens", _endpoint(surface.count_tokens, anthropic=True), methods=["POST"]),
+        Route("/v1/messages/batches", _endpoint(batch_forward, anthropic=True), methods=["GET", "POST"]),
+        Route("/v1/messages/batches/{rest:path}", _endpoint(batch_forward, anthropic=True),
+              methods=["GET", "POST", "DELETE"]),
+        Route("/v1/models", _endpoint(surface.list_models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", _endpoint(surface.retrieve_model_route), methods=["GET"]),
+        Route("/tokenize", _endpoint(surface.tokenize_route), methods=["POST"]),
+        Route("/detokenize", _endpoint(surface.detokenize_route), methods=["POST"]),
+        Route("/version", _endpoint(surface.version, protected=False), methods=["GET"]),
         Route("/health", _endpoint(_health, protected=False), methods=["GET"]),
         Route("/cluster_info", _endpoint(_cluster_info, protected=False), methods=["GET"]),
         Route("/prometheus/metrics", _endpoint(_prometheus, protected=False), methods=["GET"]),

@@ -97,7 +97,9 @@ class HealthChecker:
             block_size = config.default_block_size
         if hash_seed is None:
             hash_seed = config.default_hash_seed
-        self.owner.registry.set_info(worker.worker_id, block_size, hash_seed, info.get("kv_endpoint"), offset)
+        max_model_len = info.get("max_model_len")
+        self.owner.registry.set_info(worker.worker_id, block_size, hash_seed, info.get("kv_endpoint"), offset,
+                                     max_model_len if isinstance(max_model_len, int) else None)
 
     async def drain_events(self, worker: WorkerRecord) -> None:
         try:

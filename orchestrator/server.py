@@ -86,10 +86,15 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    owner_task = children = None
+    owner_task = children = batches = None
     if index == 0:
+        from frontends.batches import batch_routes
+        from orchestrator.batches import open_batch_runner
+
+        batches = open_batch_runner(orch)  # the store is process 0's: opened before anything is served
+        await batches.start()
         owner_stop = asyncio.Event()
-        owner_task = asyncio.create_task(_run_owner(config, owner_stop))
+        owner_task = asyncio.create_task(_run_owner(config, owner_stop, batch_routes(batches)))
         children = [_spawn(args, i, port) for i in range(1, config.processes)]
     else:
         asyncio.create_task(_watch_parent(args.parent_pid, stopping))
@@ -105,6 +110,8 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
             print(f"{READY_MESSAGE} http://{config.host}:{port} ({config.processes} processes)", flush=True)
         await asyncio.wait([serving, asyncio.create_task(stopping.wait())], return_when=asyncio.FIRST_COMPLETED)
     finally:
+        if batches is not None:  # first: its requests stay pending, not failed by the flow closing under them
+            await batches.close()
         if children:
             _stop_children(children)
         server.should_exit = True
@@ -122,8 +129,9 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     return 0
 
 
-async def _run_owner(config: OrchestratorConfig, stop: asyncio.Event) -> None:
-    """Process 0's state owner: the Unix-socket state app and the health checker, until ``stop``."""
+async def _run_owner(config: OrchestratorConfig, stop: asyncio.Event, extra_routes: list) -> None:
+    """Process 0's state owner: the Unix-socket state app (plus ``extra_routes``: the batch routes)
+    and the health checker, until ``stop``."""
     import httpx
     import uvicorn
 
@@ -140,7 +148,8 @@ async def _run_owner(config: OrchestratorConfig, stop: asyncio.Event) -> None:
     unix.listen(1024)
     owner = StateOwner(config)
     client = httpx.AsyncClient(timeout=config.health.timeout_seconds)
-    server = FrontendServer(uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds)),
+    server = FrontendServer(uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds),
+                                                     extra_routes),
                                            log_level="warning", access_log=False, lifespan="off"))
     checker = asyncio.create_task(HealthChecker(owner, client).run())
     serving = asyncio.create_task(server.serve(sockets=[unix]))

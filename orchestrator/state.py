@@ -12,6 +12,7 @@ them on a Unix socket (``<state_dir>/state.sock``) with ``state_app``:
     GET  /snapshot?after=V&kv_after=K   long poll: the state once its version exceeds V (or
                       after 5 s); the KV index only if its own version exceeds K (else null),
                       so load changes, the frequent ones, stay small
+    /v1/messages/batches*   the Message Batches (``orchestrator.batches``), replayed by any process
 
 Every process, process 0 included, learns the state the same way: a
 ``StateLink`` long-polls ``/snapshot`` (see ``orchestrator.view``).
@@ -23,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from orchestrator.config import OrchestratorConfig
 from orchestrator.kv_index import KVIndex
@@ -110,8 +111,9 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(payload), status_code=status, media_type="application/json")
 
 
-def state_app(owner: StateOwner, join_perf) -> Starlette:
-    """The owner's Unix-socket app; ``join_perf(owner) -> list`` builds GET /perf."""
+def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+    """The owner's Unix-socket app; ``join_perf(owner) -> list`` builds GET /perf. ``extra_routes``:
+    routes that process 0 owns for all (the Message Batches, ``orchestrator.batches``)."""
 
     async def register(request: Request) -> Response:
         body = msgspec.json.decode(await request.body())
@@ -166,6 +168,7 @@ def state_app(owner: StateOwner, join_perf) -> Starlette:
         Route("/perf", perf_push, methods=["POST"]),
         Route("/perf", perf_get, methods=["GET"]),
         Route("/snapshot", snapshot, methods=["GET"]),
+        *extra_routes,
     ])
 
 

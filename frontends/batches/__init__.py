@@ -4,7 +4,7 @@ Mount it on the launcher only (attached frontends forward
 ``/v1/messages/batches*`` to it); the runner must run for the app's life::
 
     runner = BatchRunner(BatchStore(state_dir / BATCHES_FILE),
-                         ServingContext(client, tokenizer, config))
+                         EngineBatchExecutor(ServingContext(client, tokenizer, config)))
     routes = batch_routes(runner)        # launcher-owned routes
     async with runner: ...               # in the app's lifespan: start() ... close()
 
@@ -14,11 +14,12 @@ file. Policies (validation, restart, cancel, expiry): ``frontends.batches.runner
 
 from __future__ import annotations
 
+from frontends.batches.executor import BatchExecutor, EngineBatchExecutor
 from frontends.batches.routes import batch_routes
 from frontends.batches.runner import DEFAULT_MAX_IN_FLIGHT, BatchRunner
 from frontends.batches.store import BatchRecord, BatchStore, BatchStoreBusyError
 
-__all__ = ["BatchRunner", "BatchStore", "BatchStoreBusyError", "BatchRecord", "batch_routes",
+__all__ = ["BatchRunner", "BatchExecutor", "EngineBatchExecutor", "BatchStore", "BatchStoreBusyError", "BatchRecord", "batch_routes",
            "DEFAULT_MAX_IN_FLIGHT", "BATCHES_FILE"]
 
 BATCHES_FILE = "batches.sqlite3"

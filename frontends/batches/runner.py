@@ -1,11 +1,11 @@
-"""BatchRunner: runs the launcher's Message Batches through its engine.
+"""BatchRunner: runs Message Batches (a launcher's through its engine, the orchestrator's through its flow).
 
 One dispatcher task serves open batches oldest first, each in request order,
 with at most ``max_in_flight`` requests running at once (batch traffic never
 takes more of the engine than that; interactive requests queue beside it).
-Each request runs through the same non-streaming path as ``POST
-/v1/messages`` (``frontends.anthropic_api.generate_message``), and its
-result is written as soon as it finishes.
+Each request runs through its ``BatchExecutor`` (``frontends.batches.executor``:
+the same non-streaming path as ``POST /v1/messages``), and its result is
+written as soon as it finishes.
 
 Policies (documented once, here):
 
@@ -17,7 +17,7 @@ Policies (documented once, here):
   written, so requests that were running when the worker stopped run again
   when the next runner starts, and a ``canceling`` batch finishes canceling.
 - A dead engine fails nothing: the request stays pending (re-run after the
-  worker restarts) and dispatching waits for the engine.
+  worker restarts) and dispatching waits for the engine (``is_ready``).
 - Cancel: the batch turns ``canceling``; requests not started become
   ``canceled``; running ones are cancelled, which aborts them in the engine
   (leaving ``Generation.pieces`` aborts the engine request), and become
@@ -35,14 +35,9 @@ import logging
 import time
 from typing import Any, Callable
 
-import msgspec
-
-from frontends.anthropic_api import generate_message
+from frontends.batches.executor import BatchExecutor
 from frontends.batches.store import DEFAULT_TTL_SECONDS, BatchRecord, BatchStore
-from frontends.errors import EngineDeadError, InvalidRequestError, anthropic_error_body, http_error
 from frontends.perf_records import X_REQUEST_ID
-from frontends.schemas_anthropic import MessagesRequest
-from frontends.serving import ServingContext
 
 __all__ = ["BatchRunner", "DEFAULT_MAX_IN_FLIGHT"]
 
@@ -56,12 +51,12 @@ DISPATCH_RETRY_SECONDS = 1.0
 class BatchRunner:
     """Owns ``store`` (closed by ``close()``); use as ``async with runner:`` or start()/close()."""
 
-    def __init__(self, store: BatchStore, ctx: ServingContext, *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    def __init__(self, store: BatchStore, executor: BatchExecutor, *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                  ttl_seconds: float = DEFAULT_TTL_SECONDS, clock: Callable[[], float] = time.time) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.store = store
-        self.ctx = ctx
+        self.executor = executor
         self.max_in_flight = max_in_flight
         self.ttl_seconds = ttl_seconds
         self.clock = clock
@@ -146,7 +141,7 @@ class BatchRunner:
         if record.processing_status == "canceling":
             self._canceling.add(batch_id)  # e.g. canceled before a restart
         for idx in await asyncio.to_thread(self.store.pending_indices, batch_id):
-            while not self.ctx.client.is_healthy:
+            while not self.executor.is_ready():
                 await asyncio.sleep(ENGINE_WAIT_SECONDS)
             await self._slots.acquire()
             if batch_id in self._canceling:
@@ -185,25 +180,8 @@ class BatchRunner:
         # its context: without this its perf record would carry that request's x-request-id.
         X_REQUEST_ID.set(f"{batch_id}[{idx}]")
         params = await asyncio.to_thread(self.store.request_params, batch_id, idx)
-        outcome = await self._execute(params)
+        outcome = await self.executor.execute(params)
         if outcome is None:
             return  # left pending: it runs again after a restart
         state, result = outcome
         await asyncio.to_thread(self.store.record_result, batch_id, idx, state, result)
-
-    async def _execute(self, params: bytes) -> tuple[str, bytes] | None:
-        """(state, result JSON) of one request, or None when the engine is dead."""
-        try:
-            body = msgspec.json.decode(params, type=MessagesRequest)
-            if body.stream:
-                raise InvalidRequestError("stream: batch requests cannot stream", param="stream")
-            message = await generate_message(self.ctx, body)
-        except EngineDeadError:
-            logger.warning("batch request left pending: the engine is not running")
-            return None
-        except Exception as exc:  # noqa: BLE001 - every failure is this request's errored result
-            error = http_error(exc)
-            if error.status >= 500:
-                logger.error("batch request failed", exc_info=exc)
-            return "errored", b'{"type":"errored","error":' + anthropic_error_body(error) + b"}"
-        return "succeeded", b'{"type":"succeeded","message":' + message + b"}"

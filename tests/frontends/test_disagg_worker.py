@@ -104,20 +104,27 @@ def post(url: str, path: str, body: dict) -> tuple[int, dict | list[dict]]:
     return response.status_code, events
 
 
+def _uncached(usage: dict) -> dict:
+    """Usage without the cache split: which prompt tokens hit a cache depends on the order requests ran in."""
+    usage = dict(usage)
+    if "cache_read_input_tokens" in usage:
+        usage["input_tokens"] += usage.pop("cache_read_input_tokens")
+    usage.pop("prompt_tokens_details", None)
+    return usage
+
+
 def summary(path: str, answer) -> tuple:
     """(text, finish reason, usage) of any API's answer, streamed or not."""
     if path == "/v1/messages":
         if isinstance(answer, dict):
-            return "".join(b["text"] for b in answer["content"]), answer["stop_reason"], answer["usage"]
+            return "".join(b["text"] for b in answer["content"]), answer["stop_reason"], _uncached(answer["usage"])
         text = "".join(e["delta"]["text"] for e in answer if e["type"] == "content_block_delta")
         delta = next(e for e in answer if e["type"] == "message_delta")
-        start = next(e for e in answer if e["type"] == "message_start")
-        return text, delta["delta"]["stop_reason"], (start["message"]["usage"]["input_tokens"],
-                                                     delta["usage"]["output_tokens"])
+        return text, delta["delta"]["stop_reason"], _uncached(delta["usage"])
     if isinstance(answer, dict):
         choice = answer["choices"][0]
         text = choice["text"] if path == "/v1/completions" else choice["message"]["content"]
-        return text, choice["finish_reason"], answer["usage"]
+        return text, choice["finish_reason"], _uncached(answer["usage"])
     chunks = [e for e in answer if e.get("choices")]
     if path == "/v1/completions":
         text = "".join(c["choices"][0]["text"] for c in chunks)
@@ -125,7 +132,7 @@ def summary(path: str, answer) -> tuple:
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0].get("finish_reason")]
     usage = [e["usage"] for e in answer if e.get("usage")]
-    return text, finish[-1], usage[-1] if usage else None
+    return text, finish[-1], _uncached(usage[-1]) if usage else None
 
 
 def disaggregated(ctx_url: str, gen_url: str, path: str, body: dict):
@@ -374,3 +381,34 @@ def test_logprobs_cover_every_token_including_the_ctx_legs_first(workers, stream
     expected = logprobs(reference)
     assert len(expected["tokens"]) == 6
     assert logprobs(disaggregated(ctx_url, gen_url, "/v1/completions", body)) == expected
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_gen_leg_reports_the_ctx_legs_cached_tokens(workers, stream):
+    """Cached prompt tokens of a disaggregated request are the ctx leg's hits (frontends.disaggregation)."""
+    ctx_url, gen_url = workers
+    prompt = f"A prompt that only the ctx worker has seen before ({stream})" * 2
+    post(ctx_url, "/v1/completions", completion(prompt))  # the ctx worker caches it; the gen worker never saw it
+    answer = ctx_leg(ctx_url, "/v1/completions", completion(prompt))
+    cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= BLOCK_SIZE and answer["disaggregated_params"]["num_cached_tokens"] == cached
+    status, result = post(gen_url, "/v1/completions", gen_body(completion(prompt, stream), answer))
+    assert status == 200, result
+    usage = [e["usage"] for e in result if e.get("usage")][-1] if stream else result["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == cached
+
+    body = {"model": MODEL, "max_tokens": 5, "stream": stream, "messages": [{"role": "user", "content": prompt}]}
+    post(ctx_url, "/v1/messages", body | {"stream": False})
+    answer = ctx_leg(ctx_url, "/v1/messages", body)
+    cached = answer["usage"]["cache_read_input_tokens"]
+    assert cached >= BLOCK_SIZE and answer["disaggregated_params"]["num_cached_tokens"] == cached
+    status, result = post(gen_url, "/v1/messages", gen_body(body, answer))
+    assert status == 200, result
+    if stream:
+        start = next(e for e in result if e["type"] == "message_start")["message"]["usage"]
+        final = next(e for e in result if e["type"] == "message_delta")["usage"]
+        assert start["cache_read_input_tokens"] == final["cache_read_input_tokens"] == cached
+        assert final["input_tokens"] == answer["usage"]["input_tokens"]
+    else:
+        assert result["usage"]["cache_read_input_tokens"] == cached
+        assert result["usage"]["input_tokens"] == answer["usage"]["input_tokens"]

@@ -49,7 +49,7 @@ async def test_completion_greedy_equals_engine_output(harness):
     assert body["choices"][0]["text"] == harness.tokenizer.decode(expected)
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": 12,
-                             "total_tokens": len(prompt_ids) + 12}
+                             "total_tokens": len(prompt_ids) + 12, "prompt_tokens_details": {"cached_tokens": 0}}
     assert body["object"] == "text_completion" and body["model"] == "tiny-test"
     harness.assert_engine_idle()
 
@@ -165,7 +165,8 @@ async def test_anthropic_messages(harness):
     expected = engine_output_ids(prompt_ids, SamplingParams(max_tokens=7, temperature=0.0))
     assert body["content"] == [{"type": "text", "text": harness.tokenizer.decode(expected)}]
     assert body["stop_reason"] == "max_tokens" and body["stop_sequence"] is None
-    assert body["usage"] == {"input_tokens": len(prompt_ids), "output_tokens": 7}
+    assert body["usage"] == {"input_tokens": len(prompt_ids), "cache_creation_input_tokens": 0,
+                             "cache_read_input_tokens": 0, "output_tokens": 7}
 
     streamed = await harness.http.post("/v1/messages", json={**request, "stream": True})
     names = [line[len("event: "):] for line in streamed.text.split("\n") if line.startswith("event: ")]

@@ -1,0 +1,116 @@
+"""The Message Batches API at the orchestrator: one store, owned by process 0, run through the flow.
+
+Process 0 opens ``<state_dir>/batches.sqlite3`` (``frontends.batches``' store
+and runner, the workers' own code) and mounts the batch routes on the state
+owner's Unix-socket app; every process, process 0 included, replays
+``/v1/messages/batches*`` to it verbatim (``batch_forward``). So one client
+sees one set of batches whichever process answers, and the file outlives the
+orchestrator: batches left running continue after a restart.
+
+Each batch request runs through process 0's ``Flow`` exactly like a client's
+non-streaming ``POST /v1/messages`` (ctx leg, then gen leg, retries), so a
+batch belongs to no worker. Policy of ``FlowBatchExecutor``:
+
+- params that /v1/messages would reject (here or at a worker: a 4xx) are an
+  ``errored`` result carrying that error;
+- a cluster that cannot serve (no healthy worker, every worker failed, a
+  timeout) fails nothing: the request waits until a gen worker is healthy
+  again and retries, so a worker restart only delays a batch; after
+  ``MAX_ATTEMPTS`` failures while workers looked healthy it is ``errored``
+  (a request that breaks every worker must not retry forever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
+from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore
+from frontends.batches.executor import Outcome, batch_body, errored, errored_by, succeeded
+from frontends.errors import NotFoundError
+from frontends.perf_records import X_REQUEST_ID
+from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
+from orchestrator.flow import PerfRecord
+from orchestrator.http_client import UpstreamError
+from orchestrator.prompt import parse_request
+
+if TYPE_CHECKING:
+    from orchestrator.app import Orchestrator
+
+__all__ = ["FlowBatchExecutor", "open_batch_runner", "batch_forward", "MAX_ATTEMPTS"]
+
+log = logging.getLogger("disagg.orchestrator.batches")
+
+MAX_ATTEMPTS = 8
+RETRY_SECONDS = 1.0
+_TRANSIENT = (NoWorkerError, UpstreamFailedError, RequestTimeoutError, LegFailed, UpstreamError)
+
+
+async def _never_disconnects() -> dict:
+    await asyncio.Event().wait()  # a batch request has no client to lose
+    return {"type": "http.disconnect"}
+
+
+class FlowBatchExecutor:
+    """Runs one batch request through the orchestrator's flow (module doc: the policy)."""
+
+    def __init__(self, orch: "Orchestrator") -> None:
+        self.orch = orch
+
+    def is_ready(self) -> bool:
+        return self.orch.view.has_healthy("gen")
+
+    async def execute(self, params: bytes) -> Outcome | None:
+        orch = self.orch
+        try:
+            batch_body(params)  # the batch's own rule (no streaming) before the API's
+            parsed = parse_request("messages", params, orch.tokenizer, None)
+        except Exception as exc:  # noqa: BLE001 - the 400 /v1/messages would answer
+            return errored_by(exc)
+        request_id = X_REQUEST_ID.get() or "batch"  # the runner's "<batch id>[<index>]"
+        failures = 0
+        while True:
+            record = PerfRecord(request_id=request_id, api="messages", arrival=time.time())
+            try:
+                response = await orch.flow.handle(parsed, request_id, _never_disconnects, record)
+                return succeeded(bytes(response.body))
+            except UpstreamRejected as exc:  # the worker's own Anthropic error body
+                return errored(exc.body)
+            except _TRANSIENT as exc:
+                failures += 1
+                if failures >= MAX_ATTEMPTS:
+                    return errored_by(UpstreamFailedError(f"the cluster failed this request {failures} times; "
+                                                          f"last: {exc}"))
+                log.warning("batch request %s: %s; retrying when a gen worker is healthy", request_id, exc)
+            except Exception as exc:  # noqa: BLE001 - any other failure is this request's errored result
+                return errored_by(exc)
+            await asyncio.sleep(RETRY_SECONDS)
+            while not self.is_ready():
+                await asyncio.sleep(RETRY_SECONDS)
+
+
+def open_batch_runner(orch: "Orchestrator") -> BatchRunner:
+    """Process 0's runner over ``<state_dir>/batches.sqlite3`` (raises BatchStoreBusyError if taken)."""
+    return BatchRunner(BatchStore(Path(orch.config.state_dir) / BATCHES_FILE), FlowBatchExecutor(orch))
+
+
+async def batch_forward(orch: "Orchestrator", request: Request) -> Response:
+    """Any process: replay a /v1/messages/batches* request to the owner and its answer back."""
+    body = await request.body() if request.method in ("POST", "PUT", "PATCH") else b""
+    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    try:
+        answer = await orch.link.forward(request.method, path, body)
+    except httpx.HTTPError as exc:
+        raise UpstreamFailedError(f"the batch store's owner (process 0) did not answer: {exc}") from exc
+    if answer.status_code in (404, 405) and answer.headers.get("content-type", "").startswith("text/plain"):
+        # The owner's router itself: no such batch route (the routes' own errors are JSON).
+        raise NotFoundError(f"no route {request.method} {request.url.path}")
+    return Response(answer.content, status_code=answer.status_code,
+                    media_type=answer.headers.get("content-type", "application/json"))
