@@ -45,6 +45,7 @@ __all__ = [
     "CallSyntax",
     "ToolCallParser",
     "json_object_end",
+    "ObjectEnd",
     "read_call",
     "partial_suffix",
 ]
@@ -119,8 +120,9 @@ class CallSyntax(Protocol):
     def held_suffix(self, text: str) -> int:
         """Index from which the end of ``text`` may be an incomplete opener (len: none)."""
 
-    def scan(self, text: str, final: bool, tool_names: frozenset[str]) -> ScanResult:
-        """Read one call at the start of ``text`` (which starts with an opener)."""
+    def scan(self, text: str, final: bool, tool_names: frozenset[str], objects: ObjectEnd) -> ScanResult:
+        """Read one call at the start of ``text`` (which starts with an opener); ``objects`` finds
+        the end of its JSON (one per call: ``text`` only grows while the call is read)."""
 
     def scan_head(self, text: str) -> tuple[str, int] | None:
         """(name, index where the arguments object starts) once a call at the start of ``text``
@@ -147,6 +149,8 @@ class ToolCallParser:
         self.num_calls = 0
         self._arguments_start = -1  # in the buffer, once a streamed call's head is out
         self._arguments_sent = 0  # the buffer index up to which its arguments went out
+        self._call_object = ObjectEnd()  # the call in progress
+        self._arguments_object = ObjectEnd()  # its arguments (streamed calls)
         self._buffer = ""  # text not yet reported: held filler, a possible opener, or a call in progress
         self._in_call = False
         self._filler = ""
@@ -171,7 +175,7 @@ class ToolCallParser:
             if self._in_call:
                 if self.stream_arguments:
                     self._stream_arguments(events)
-                result = syntax.scan(self._buffer, final, self.tool_names)
+                result = syntax.scan(self._buffer, final, self.tool_names, self._call_object)
                 if isinstance(result, NeedMore):
                     break
                 self._in_call = False
@@ -197,6 +201,7 @@ class ToolCallParser:
                 self._filler = before[text_end:]  # dropped if the call is one, text if not
                 self._buffer = self._buffer[start:]
                 self._in_call = True
+                self._call_object, self._arguments_object = ObjectEnd(), ObjectEnd()
                 continue
             # No call yet: report what cannot start one; hold a possible opener and trailing filler.
             held = len(self._buffer) if final else syntax.held_suffix(self._buffer)
@@ -214,7 +219,7 @@ class ToolCallParser:
                 return
             self._arguments_start = self._arguments_sent = head[1]
             events.append(CallHead(self.num_calls, head[0]))
-        end = json_object_end(self._buffer, self._arguments_start)
+        end = self._arguments_object.find(self._buffer, self._arguments_start)
         end = len(self._buffer) if end < 0 else end
         if end > self._arguments_sent:
             events.append(ArgumentsDelta(self.num_calls, self._buffer[self._arguments_sent:end]))
@@ -230,28 +235,48 @@ class ToolCallParser:
             events.append(TextDelta(text))
 
 
-def json_object_end(text: str, start: int) -> int:
-    """The index just past the JSON object that opens at ``text[start] == '{'``; -1 when it
-    is not closed yet. Brackets inside strings do not count; a stray closer ends the scan."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
-        char = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
+class ObjectEnd:
+    """Where the JSON object that opens at ``text[start] == '{'`` ends, for a text that only
+    grows between calls: the scan resumes where it stopped, so a long call streamed token by
+    token costs its length once, not once per token. Brackets inside strings do not count."""
+
+    __slots__ = ("start", "pos", "depth", "in_string", "escaped", "end")
+
+    def __init__(self) -> None:
+        self.start = -1
+
+    def find(self, text: str, start: int) -> int:
+        """The index just past the object; -1 while it is not closed."""
+        if start != self.start:
+            self.start, self.pos, self.depth, self.in_string, self.escaped, self.end = start, start, 0, False, False, -1
+        if self.end >= 0:
+            return self.end
+        depth, in_string, escaped = self.depth, self.in_string, self.escaped
+        for i in range(self.pos, len(text)):
+            char = text[i]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif char == "\\":
+                    escaped = True
+                elif char == '"':
+                    in_string = False
             elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return -1
+                in_string = True
+            elif char in "{[":
+                depth += 1
+            elif char in "}]":
+                depth -= 1
+                if depth == 0:
+                    self.end = i + 1
+                    return self.end
+        self.pos, self.depth, self.in_string, self.escaped = len(text), depth, in_string, escaped
+        return -1
+
+
+def json_object_end(text: str, start: int) -> int:
+    """``ObjectEnd().find(text, start)``, for one-off use."""
+    return ObjectEnd().find(text, start)
 
 
 def read_call(source: str, tool_names: frozenset[str], argument_keys: tuple[str, ...]) -> tuple[str, dict] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult, head_pattern, json_object_end, \
+from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ObjectEnd, ScanResult, head_pattern, \
     partial_suffix, read_call, scan_head
 
 __all__ = ["HermesSyntax"]
@@ -41,7 +41,7 @@ class HermesSyntax:
     def scan_head(self, text: str) -> tuple[str, int] | None:
         return scan_head(_HEAD, text)
 
-    def scan(self, text: str, final: bool, tool_names: frozenset[str]) -> ScanResult:
+    def scan(self, text: str, final: bool, tool_names: frozenset[str], objects: ObjectEnd) -> ScanResult:
         body = len(OPEN)
         while body < len(text) and text[body] in _WHITESPACE:
             body += 1
@@ -49,7 +49,7 @@ class HermesSyntax:
             return Malformed(len(text)) if final else NeedMore()
         if text[body] != "{":
             return Malformed(len(OPEN))
-        end = json_object_end(text, body)
+        end = objects.find(text, body)
         if end < 0:
             return Malformed(len(text)) if final else NeedMore()
         close = end

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult, head_pattern, json_object_end, \
+from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ObjectEnd, ScanResult, head_pattern, \
     partial_suffix, read_call, scan_head
 from frontends.tool_parsers.hermes import call_schema
 
@@ -57,14 +57,14 @@ class Llama3JsonSyntax:
     def scan_head(self, text: str) -> tuple[str, int] | None:
         return scan_head(_HEAD, text)
 
-    def scan(self, text: str, final: bool, tool_names: frozenset[str]) -> ScanResult:
+    def scan(self, text: str, final: bool, tool_names: frozenset[str], objects: ObjectEnd) -> ScanResult:
         # ``text`` starts with "{": does it go on like '{"name"'?
-        head = text[1:].lstrip(_BLANK + "\n")[: len(_KEY)]
+        head = text[1:64].lstrip(_BLANK + "\n")[: len(_KEY)]  # (a bounded slice: this runs per token)
         if not _KEY.startswith(head) or (not head and final):
             return Malformed(1)
         if len(head) < len(_KEY):
             return Malformed(len(text)) if final else NeedMore()
-        end = json_object_end(text, 0)
+        end = objects.find(text, 0)
         if end < 0:
             return Malformed(len(text)) if final else NeedMore()
         call = read_call(text[:end], tool_names, ("parameters", "arguments"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import json
+import time
 
 from frontends.tool_parsers import ArgumentsDelta, CallHead, ParsedCall, TextDelta, ToolCallParser, \
     detect_tool_syntax, tool_syntax
@@ -141,3 +142,18 @@ def test_formats_detected_from_chat_templates():
 def test_unknown_parser_name():
     with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json"):
         tool_syntax("nope")
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3_json"])
+@pytest.mark.parametrize("stream_arguments", [False, True])
+def test_a_long_call_streamed_in_small_chunks_costs_its_length_once(name, stream_arguments):
+    # A file-writing call of 20k characters, 4 per chunk: rescanning the call per chunk took seconds.
+    arguments = {"city": "x = 1\n" * 3500}
+    key = "arguments" if name == "hermes" else "parameters"
+    output = json.dumps({"name": "get_weather", key: arguments})
+    if name == "hermes":
+        output = f"<tool_call>\n{output}\n</tool_call>"
+    start = time.perf_counter()
+    _, calls, _ = run(name, [output[i:i + 4] for i in range(0, len(output), 4)], stream_arguments)
+    assert calls == [("get_weather", arguments)]
+    assert time.perf_counter() - start < 1.0
