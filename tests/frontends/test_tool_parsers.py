@@ -157,3 +157,15 @@ def test_a_long_call_streamed_in_small_chunks_costs_its_length_once(name, stream
     _, calls, _ = run(name, [output[i:i + 4] for i in range(0, len(output), 4)], stream_arguments)
     assert calls == [("get_weather", arguments)]
     assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("name, output, text, calls", RECORDED)
+def test_token_by_token_through_the_detokenizer(tokenizer, name, output, text, calls):
+    """As a generation streams them: the tiny model's byte-level tokens, one per piece (multi-byte
+    characters split across tokens, special tokens such as <|python_tag|> dropped by the detokenizer)."""
+    from frontends.detokenizer import IncrementalDetokenizer
+
+    token_ids = tokenizer.encode(output, add_special_tokens=False)
+    detokenizer = IncrementalDetokenizer(tokenizer, [])
+    pieces = [detokenizer.add([token_id]) for token_id in token_ids] + [detokenizer.flush()]
+    assert run(name, pieces)[:2] == (text, calls)
