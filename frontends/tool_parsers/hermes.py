@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ObjectEnd, ScanResult, head_pattern, \
-    partial_suffix, read_call, scan_head
+from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult
+from frontends.tool_parsers.json_text import ObjectEnd, head_pattern, partial_suffix, read_call, scan_head
 
 __all__ = ["HermesSyntax"]
 
