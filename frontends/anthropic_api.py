@@ -29,6 +29,7 @@ from frontends.anthropic_tools import (
 from frontends.anthropic_tools import stop_reason as _stop_reason
 from frontends.schemas_anthropic import CountTokensRequest, MessageEventEncoder, MessagesRequest
 from frontends.serving import ServingContext
+from frontends.tool_prompt import adapt_conversation
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
 from frontends.tool_parsers import ToolCallParser
@@ -52,6 +53,7 @@ def message_prompt_ids(ctx: ServingContext, body: MessagesRequest | CountTokensR
              "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema}}
             for t in body.tools
         ]
+    messages = adapt_conversation(messages, tools, ctx.tokenizer.chat_template_source, ctx.tool_syntax)
     try:
         return ctx.tokenizer.encode_chat(messages, tools=tools, add_generation_prompt=prefill is None,
                                          continue_final_message=prefill is not None)

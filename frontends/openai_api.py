@@ -32,6 +32,7 @@ from frontends.schemas_openai import (
 from frontends.openai_tools import ToolCallChatStream, chat_message, finish_reason, openai_tool_policy, \
     template_messages
 from frontends.serving import ServingContext
+from frontends.tool_prompt import adapt_conversation
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer
 
@@ -151,9 +152,11 @@ def chat_prompt_ids(ctx: ServingContext, body: ChatCompletionRequest) -> list[in
     if not body.messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
     tools = msgspec.to_builtins(body.tools) if body.tools else None
+    messages = adapt_conversation(template_messages(body.messages), tools, ctx.tokenizer.chat_template_source,
+                                  ctx.tool_syntax)
     try:
         return ctx.tokenizer.encode_chat(
-            template_messages(body.messages), tools=tools,
+            messages, tools=tools,
             add_generation_prompt=body.add_generation_prompt, template_kwargs=body.chat_template_kwargs,
         )
     except ChatTemplateError as exc:

@@ -130,6 +130,16 @@ class CallSyntax(Protocol):
     def filler_start(self, text: str) -> int:
         """Index from which ``text`` ends in filler (len: it does not)."""
 
+    def tools_prompt(self, tools: list[dict[str, Any]]) -> str:
+        """The system prompt that offers ``tools`` (OpenAI function tools) in this format, for
+        templates that do not write tools themselves (``frontends.tool_prompt``)."""
+
+    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+        """Calls (name, arguments object or JSON text) as the model writes them."""
+
+    def render_result(self, content: str) -> str:
+        """A tool's result as a user turn shows it."""
+
     def grammar(self, tools: list[tuple[str, dict[str, Any]]], parallel: bool) -> str:
         """An llguidance Lark grammar that admits exactly well-formed calls of ``tools``
         (name, JSON schema of the arguments): one call, or several when ``parallel``."""

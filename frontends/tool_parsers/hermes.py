@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult
-from frontends.tool_parsers.json_text import ObjectEnd, head_pattern, partial_suffix, read_call, scan_head
+from frontends.tool_parsers.json_text import ObjectEnd, arguments_text, head_pattern, partial_suffix, read_call, \
+    scan_head
 
 __all__ = ["HermesSyntax"]
 
@@ -68,6 +69,22 @@ class HermesSyntax:
         if call is None:
             return Malformed(length)
         return Complete(call[0], call[1], length)
+
+    def tools_prompt(self, tools: list[dict[str, Any]]) -> str:
+        # Qwen2.5's words: the prompt Hermes-format models were trained on.
+        listed = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+        return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+                f"{listed}\n</tools>\n\nFor each function call, return a json object with function name and "
+                "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+        return "\n".join(f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": {arguments_text(arguments)}}}\n{CLOSE}'
+                         for name, arguments in calls)
+
+    def render_result(self, content: str) -> str:
+        return f"<tool_response>\n{content}\n</tool_response>"
 
     def grammar(self, tools: list[tuple[str, dict[str, Any]]], parallel: bool) -> str:
         rules = ["start: " + ("call (" + SEPARATOR + " call)*" if parallel else "call"),

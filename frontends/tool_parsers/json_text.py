@@ -7,7 +7,8 @@ import json
 import re
 from typing import Any
 
-__all__ = ["ObjectEnd", "json_object_end", "read_call", "head_pattern", "scan_head", "partial_suffix"]
+__all__ = ["ObjectEnd", "json_object_end", "read_call", "arguments_text", "head_pattern", "scan_head",
+           "partial_suffix"]
 
 
 class ObjectEnd:
@@ -76,6 +77,11 @@ def read_call(source: str, tool_names: frozenset[str], argument_keys: tuple[str,
     if not isinstance(arguments, dict):
         return None
     return value["name"], arguments
+
+
+def arguments_text(arguments: Any) -> str:
+    """A call's arguments as JSON text: an object is encoded, a string (already JSON) kept."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
 def head_pattern(opener: str, argument_keys: tuple[str, ...]) -> re.Pattern[str]:

@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult
-from frontends.tool_parsers.json_text import ObjectEnd, head_pattern, partial_suffix, read_call, scan_head
+from frontends.tool_parsers.json_text import ObjectEnd, arguments_text, head_pattern, partial_suffix, read_call, \
+    scan_head
 from frontends.tool_parsers.hermes import call_schema
 
 __all__ = ["Llama3JsonSyntax"]
@@ -71,6 +72,19 @@ class Llama3JsonSyntax:
         if call is None:
             return Malformed(end)
         return Complete(call[0], call[1], end)
+
+    def tools_prompt(self, tools: list[dict[str, Any]]) -> str:
+        listed = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+        return ("You can call these functions. To call one, answer with only a JSON object "
+                '{"name": <function-name>, "parameters": <args-json-object>}; several calls are separated '
+                f"by \"; \".\n{listed}")
+
+    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+        return "; ".join(f'{{"name": {json.dumps(name)}, "parameters": {arguments_text(arguments)}}}'
+                         for name, arguments in calls)
+
+    def render_result(self, content: str) -> str:
+        return content
 
     def grammar(self, tools: list[tuple[str, dict[str, Any]]], parallel: bool) -> str:
         rules = ["start: " + ("call (" + SEPARATOR + " call)*" if parallel else "call"),

@@ -8,6 +8,7 @@ import pytest
 
 from frontends.anthropic_api import message_prompt_ids
 from frontends.schemas_anthropic import MessagesRequest
+from frontends.tool_prompt import PromptContext
 
 pytestmark = pytest.mark.asyncio
 
@@ -140,7 +141,7 @@ async def test_openai_history_with_tool_calls_and_tool_results(harness):
 async def test_anthropic_prefill_continues_the_assistant_turn(harness):
     prefilled = USER + [{"role": "assistant", "content": "The weather in Paris is"}]
     body = msgspec.convert({"model": harness.model, "messages": prefilled, "max_tokens": 4}, MessagesRequest)
-    ids = message_prompt_ids(harness, body)
+    ids = message_prompt_ids(PromptContext.for_tokenizer(harness.tokenizer), body)  # type: ignore[arg-type]
     text = harness.tokenizer.decode(ids, skip_special_tokens=False)
     assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\nThe weather in Paris is")
     response = await messages(harness, messages=prefilled)
