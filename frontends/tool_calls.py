@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,9 @@ from workers.sampling_params import GuidedDecoding
 __all__ = ["ToolSpec", "ToolPolicy", "check_tool_schemas", "tool_spec", "check_named_tool", "AUTO", "NONE", "REQUIRED", "NAMED"]
 
 AUTO, NONE, REQUIRED, NAMED = "auto", "none", "required", "named"
+# What the APIs allow (OpenAI: [a-zA-Z0-9_-]{1,64}), and MCP-style dots and colons: no quotes or
+# spaces, so a name is safe in a grammar and in a call's text.
+_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _EMPTY_OBJECT = {"type": "object", "properties": {}}
 
 
@@ -93,8 +97,9 @@ def check_tool_schemas(tools: list[ToolSpec]) -> None:
     seen: set[str] = set()
     for tool in tools:
         name_param = tool.name_param
-        if not tool.name:
-            raise InvalidRequestError("a tool's name must not be empty", param=name_param)
+        if not _NAME.fullmatch(tool.name):
+            raise InvalidRequestError(f"a tool's name must match {_NAME.pattern} (letters, digits, _ . : -), got "
+                                      f"{tool.name!r}", param=name_param)
         if tool.name in seen:
             raise InvalidRequestError(f"two tools are named {tool.name!r}", param=name_param)
         seen.add(tool.name)

@@ -40,6 +40,8 @@ async def messages(harness, **fields):
     ({"tools": OPENAI_TOOLS + [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
      "tools[1].function.parameters"),
     ({"tools": OPENAI_TOOLS * 2}, "tools[1].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": 'say "hi"', "parameters": WEATHER}}]},
+     "tools[0].function.name"),
     ({"tools": [{"type": "function", "function": {"parameters": WEATHER}}]}, "tools[0].function"),
 ])
 async def test_openai_tool_errors_name_the_field(harness, fields, param):
