@@ -46,7 +46,8 @@ from frontends.tool_calls import AUTO, NAMED, NONE, REQUIRED, ToolPolicy, check_
     tool_spec
 from frontends.tool_parsers import ArgumentsDelta, CallHead, ParsedCall, ParserEvent, TextDelta, ToolCallParser
 
-__all__ = ["template_messages", "prefill_text", "anthropic_tool_policy", "check_thinking", "stop_reason", "message_content",
+__all__ = ["template_messages", "prefill_text", "anthropic_tool_policy", "check_thinking", "stop_reason",
+           "message_content",
            "ToolUseMessageStream"]
 
 _MIN_THINKING_BUDGET = 1024
@@ -99,7 +100,8 @@ def _assistant_message(blocks: list[Any], index: int) -> dict[str, Any]:
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ToolUseBlock):
-            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}})
+            function = {"name": block.name, "arguments": block.input}
+            calls.append({"id": block.id, "type": "function", "function": function})
         elif isinstance(block, ThinkingBlock):
             reasoning.append(block.thinking)
         elif isinstance(block, ToolResultBlock):
@@ -266,4 +268,5 @@ class ToolUseMessageStream:
 
     def _open_tool_use(self, name: str) -> bytes:
         self.tool_open = True
-        return self.encoder.block_start(self.index, {"type": "tool_use", "id": tool_use_id(), "name": name, "input": {}})
+        block = {"type": "tool_use", "id": tool_use_id(), "name": name, "input": {}}
+        return self.encoder.block_start(self.index, block)

@@ -5,7 +5,8 @@ Streaming: a call goes out when the parser has read it whole (a partial call
 never leaks as content), as two chunks: ``index``, ``id``, ``type`` and
 ``function.name`` (arguments ``""``) first, then the arguments as one
 fragment; a forced call (its form guaranteed by its grammar) goes out as it
-is written: the name first, then argument fragments as the model writes them. ``finish_reason`` is ``tool_calls`` when the answer holds a call
+is written: the name first, then argument fragments as the model writes them.
+``finish_reason`` is ``tool_calls`` when the answer holds a call
 and ended normally (``length`` stays ``length``).
 """
 

@@ -33,7 +33,8 @@ from frontends.errors import InvalidRequestError
 from frontends.tool_parsers import CallSyntax, ToolCallParser
 from workers.sampling_params import GuidedDecoding
 
-__all__ = ["ToolSpec", "ToolPolicy", "check_tool_schemas", "tool_spec", "check_named_tool", "AUTO", "NONE", "REQUIRED", "NAMED"]
+__all__ = ["ToolSpec", "ToolPolicy", "check_tool_schemas", "tool_spec", "check_named_tool",
+           "AUTO", "NONE", "REQUIRED", "NAMED"]
 
 AUTO, NONE, REQUIRED, NAMED = "auto", "none", "required", "named"
 # What the APIs allow (OpenAI: [a-zA-Z0-9_-]{1,64}), and MCP-style dots and colons: no quotes or
