@@ -30,6 +30,7 @@ from frontends.anthropic_tools import stop_reason as _stop_reason
 from frontends.schemas_anthropic import CountTokensRequest, MessageEventEncoder, MessagesRequest
 from frontends.serving import ServingContext
 from frontends.tool_prompt import adapt_conversation
+from frontends.structured import anthropic_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
 from frontends.tool_parsers import ToolCallParser
@@ -100,9 +101,13 @@ def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: fl
         prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-rendered
     else:
         prompt_ids = message_prompt_ids(ctx, body)
+    guided, guided_param = anthropic_guided(body.output_config), "output_config.format"
+    tool_guided = tool_policy.guided(ctx.tool_syntax)
+    if tool_guided is not None:  # a forced call: the answer is the call, the output format does not apply to it
+        guided, guided_param = tool_guided, "tool_choice"
     params = ctx.sampling_params(
         len(prompt_ids), body.max_tokens, prompt_param="messages",
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, guided=tool_policy.guided(ctx.tool_syntax),
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, guided=guided, guided_param=guided_param,
     )
     generation = ctx.start_generation(prompt_ids, params, tuple(body.stop_sequences or ()), arrival_time, leg)
     encoder = MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)

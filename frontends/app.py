@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, Send
 
 from frontends import anthropic_api, disaggregation, openai_api, tokenize_api
+from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
 from frontends.errors import (
     ApiError,
     EngineDeadError,
@@ -61,8 +62,9 @@ class FrontendHeaderMiddleware:
     """
 
     def __init__(self, app: ASGIApp, frontend_id: int, http_exception: ExceptionHandler,
-                 unhandled: ExceptionHandler) -> None:
+                 unhandled: ExceptionHandler, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
         self.app = app
+        self.max_request_bytes = max_request_bytes
         self.header = (FRONTEND_HEADER.encode(), str(frontend_id).encode())
         self.http_exception = http_exception
         self.unhandled = unhandled
@@ -75,6 +77,7 @@ class FrontendHeaderMiddleware:
             return
         scope["starlette.exception_handlers"] = self.scope_handlers
         note_x_request_id(scope["headers"])  # the perf record joins the orchestrator's on it
+        receive = limit_body(receive, scope["headers"], self.max_request_bytes)
         header = self.header
         started = False
 
@@ -100,15 +103,16 @@ class FrontendHeaderMiddleware:
 class _FrontendStarlette(Starlette):
     """Starlette with ``FrontendHeaderMiddleware`` as its whole middleware stack."""
 
-    def __init__(self, frontend_id: int, **kwargs: Any) -> None:
+    def __init__(self, frontend_id: int, max_request_bytes: int, **kwargs: Any) -> None:
         self.frontend_id = frontend_id
+        self.max_request_bytes = max_request_bytes
         super().__init__(**kwargs)
 
     def build_middleware_stack(self) -> ASGIApp:
         app: ASGIApp = self.router
         for cls, args, kwargs in reversed(self.user_middleware):
             app = cls(app, *args, **kwargs)
-        return FrontendHeaderMiddleware(app, self.frontend_id, _http_exception, _unhandled)
+        return FrontendHeaderMiddleware(app, self.frontend_id, _http_exception, _unhandled, self.max_request_bytes)
 
 
 def _is_anthropic(path: str) -> bool:
@@ -220,6 +224,7 @@ def build_app(
 
     app = _FrontendStarlette(
         config.frontend_id,
+        config.max_request_bytes,
         routes=[*prefix_routes, *api_routes(), *extra_routes],
         lifespan=app_lifespan,
     )

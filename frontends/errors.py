@@ -5,6 +5,7 @@ Exception hierarchy (what a handler or the engine client may raise)::
     FrontendError                 any error with an HTTP status and an API type
     ├── InvalidRequestError       400: malformed JSON, wrong type, out-of-range value
     │   └── PromptTooLongError    400: prompt tokens + max_tokens > max_model_len
+    ├── RequestTooLargeError      413: the request body is over the server's limit
     ├── ModelNotFoundError        404: the body names a model this frontend does not serve
     ├── NotFoundError             404: unknown route
     ├── EngineDeadError           503: the engine process is gone, or wedged past its limit
@@ -31,6 +32,7 @@ __all__ = [
     "ModelNotFoundError",
     "NotFoundError",
     "EngineDeadError",
+    "RequestTooLargeError",
     "EngineUnresponsiveError",
     "LauncherUnavailableError",
     "NotSupportedError",
@@ -59,6 +61,11 @@ class InvalidRequestError(FrontendError):
 
 class PromptTooLongError(InvalidRequestError):
     code = "context_length_exceeded"
+
+
+class RequestTooLargeError(FrontendError):
+    status = 413
+    code = "request_too_large"
 
 
 class ModelNotFoundError(FrontendError):

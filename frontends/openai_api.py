@@ -33,6 +33,7 @@ from frontends.openai_tools import ToolCallChatStream, chat_message, finish_reas
     template_messages
 from frontends.serving import ServingContext
 from frontends.tool_prompt import adapt_conversation
+from frontends.structured import openai_controls, openai_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer
 
@@ -124,10 +125,12 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     else:
         prompt_ids = ctx.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
         ctx.check_prompt_token_ids(prompt_ids, "prompt")
+    guided, guided_param = openai_guided(body)
     params = ctx.sampling_params(
         len(prompt_ids), body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         seed=body.seed, min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids,
-        ignore_eos=body.ignore_eos, logprobs=body.logprobs,
+        ignore_eos=body.ignore_eos, logprobs=body.logprobs, guided=guided, guided_param=guided_param,
+        **openai_controls(body, ctx.client.vocab_size),
     )
     generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -178,11 +181,16 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
         prompt_ids = chat_prompt_ids(ctx, body)
     max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    guided, guided_param = openai_guided(body)
+    tool_guided = tool_policy.guided(ctx.tool_syntax)
+    if tool_guided is not None:  # a forced call: the answer is the call, response_format does not apply to it
+        guided, guided_param = tool_guided, "tool_choice"
     params = ctx.sampling_params(
         len(prompt_ids), max_tokens, max_tokens_param=max_tokens_param, prompt_param="messages",
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
         min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
-        logprobs=(body.top_logprobs or 0) if body.logprobs else None, guided=tool_policy.guided(ctx.tool_syntax),
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None, guided=guided, guided_param=guided_param,
+        **openai_controls(body, ctx.client.vocab_size),
     )
     generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

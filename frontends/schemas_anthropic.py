@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from frontends.structured import OutputConfig
 from workers.disagg_params import DisaggParams
 
 __all__ = [
@@ -118,6 +119,7 @@ class MessagesRequest(msgspec.Struct, frozen=True):
     tools: list[ToolDefinition] | None = None
     tool_choice: Any = None  # {"type": "auto" | "any" | "tool" | "none", ...}: frontends.anthropic_tools
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None  # structured output: frontends.structured
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from frontends.structured import ResponseFormat, StructuredOutputs
 from frontends.tokenizer import Tokenizer
 from workers.disagg_params import DisaggParams
 from workers.protocol import TokenLogprobs
@@ -61,6 +62,18 @@ class CompletionRequest(msgspec.Struct, frozen=True):
     ignore_eos: bool = False
     min_tokens: int = 0
     user: str | None = None
+    # Structured output and sampling controls: frontends.structured.
+    response_format: ResponseFormat | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict[str, float] | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's; and its older guided_* fields
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 
@@ -124,6 +137,18 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     user: str | None = None
+    # Structured output and sampling controls: frontends.structured.
+    response_format: ResponseFormat | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict[str, float] | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's; and its older guided_* fields
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 

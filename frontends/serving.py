@@ -17,7 +17,9 @@ from pathlib import Path
 
 from frontends.disaggregation import DisaggConfig, DisaggLeg, engine_params
 from frontends.errors import InvalidRequestError, ModelNotFoundError, PromptTooLongError
+from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.generation import EngineClientLike, Generation
+from frontends.structured import GrammarChecker
 from frontends.tokenizer import Tokenizer
 from frontends.tool_parsers import CallSyntax, detect_tool_syntax, tool_syntax
 from workers.sampling_params import GuidedDecoding, SamplingParams
@@ -37,6 +39,8 @@ class FrontendConfig:
     tool_call_parser: str | None = None
     """The model's tool-call format (``frontends.tool_parsers.TOOL_CALL_PARSERS``); None: detected from
     the chat template (no format found: tool calls are not parsed and cannot be forced)."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """Request bodies over this are refused with 413 before they are buffered."""
 
     @classmethod
     def for_model_dir(cls, model_dir: str | Path, frontend_id: int = 0,
@@ -56,6 +60,7 @@ class ServingContext:
         self.tool_syntax: CallSyntax | None = (
             tool_syntax(config.tool_call_parser) if config.tool_call_parser
             else detect_tool_syntax(tokenizer.chat_template_source))
+        self._grammar_checker: GrammarChecker | None = None  # built on the first constrained request
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
@@ -100,9 +105,17 @@ class ServingContext:
         stop_token_ids: list[int] | None = None,
         ignore_eos: bool = False,
         logprobs: int | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        repetition_penalty: float | None = None,
+        min_p: float | None = None,
+        logit_bias: tuple[tuple[int, float], ...] = (),
         guided: GuidedDecoding | None = None,
+        guided_param: str = "response_format",
     ) -> SamplingParams:
-        """Validated SamplingParams, or InvalidRequestError / PromptTooLongError."""
+        """Validated SamplingParams, or InvalidRequestError / PromptTooLongError.
+
+        ``guided`` must compile for this model's tokenizer, else a 400 naming ``guided_param``."""
         limit = self.client.max_model_len
         if num_prompt_tokens >= limit:
             raise PromptTooLongError(
@@ -131,6 +144,11 @@ class ServingContext:
             stop_token_ids=tuple(stop_token_ids or ()),
             ignore_eos=ignore_eos,
             logprobs=logprobs,
+            presence_penalty=presence_penalty or 0.0,
+            frequency_penalty=frequency_penalty or 0.0,
+            repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
+            min_p=min_p or 0.0,
+            logit_bias=logit_bias,
             guided=guided,
         )
         try:
@@ -140,4 +158,12 @@ class ServingContext:
         for token_id in params.stop_token_ids:
             if not 0 <= token_id < self.client.vocab_size:
                 raise InvalidRequestError(f"stop token id {token_id} is outside the vocabulary", param="stop_token_ids")
+        if guided is not None:
+            self.check_guided(guided, guided_param)
         return params
+
+    def check_guided(self, guided: GuidedDecoding, param: str) -> None:
+        """A 400 naming ``param`` and what is unsupported when ``guided`` does not compile."""
+        if self._grammar_checker is None:
+            self._grammar_checker = GrammarChecker(self.tokenizer, self.client.vocab_size)
+        self._grammar_checker.check(guided, param)

@@ -25,8 +25,10 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from frontends.body_limit import BodyLimitMiddleware
 from frontends.errors import NotFoundError, anthropic_error_body, http_error, openai_error_body
 from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
@@ -220,6 +222,7 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/workers/heartbeat", _endpoint(_forward("/heartbeat")), methods=["POST"]),
         Route("/workers/deregister", _endpoint(_forward("/deregister")), methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
+                    middleware=[Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
     app.state.orchestrator = orch
     return app

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
 
 __all__ = [
@@ -133,6 +134,8 @@ class OrchestratorConfig:
     """Block hashing for workers that do not report theirs in /worker_info."""
     perf_records: int = 1000
     log_level: str = "info"
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """Request bodies over this are refused with 413 before they are buffered."""
 
     def validate(self, prefix: str) -> None:
         if not 1 <= self.processes <= 64:
@@ -143,6 +146,8 @@ class OrchestratorConfig:
             raise ConfigError(f"{prefix}.max_retries", "must be >= 0")
         if self.api_key == "":
             raise ConfigError(f"{prefix}.api_key", "must not be empty (omit it for no key)")
+        if self.max_request_bytes < 1024:
+            raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
 
     @property
     def model_name(self) -> str:

@@ -94,3 +94,34 @@ def test_perf_metrics_join_both_legs(disagg_cluster):
     assert ctx_worker["record"]["num_prompt_tokens"] == gen_worker["record"]["num_prompt_tokens"] == \
         record["num_prompt_tokens"]
     assert gen_worker["record"]["kv_transfer_blocks"] >= 1  # the gen worker pulled the prompt's KV
+
+
+def test_structured_outputs_through_both_legs(disagg_cluster):
+    """Each of the 20 test schemas: the gen leg continues the ctx leg's grammar, the answer
+    validates and equals the aggregated worker's (greedy)."""
+    import json
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    import jsonschema
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from json_schemas import SCHEMAS
+
+    url, aggregated = disagg_cluster
+    clients = [openai.OpenAI(base_url=f"{u}/v1", api_key="unused") for u in (url, aggregated)]
+
+    def ask(item):
+        (i, schema), client = item
+        response = client.chat.completions.create(
+            model="tiny-test", max_tokens=200, temperature=0, messages=[{"role": "user", "content": f"JSON {i}"}],
+            response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema}})
+        return response.choices[0].message.content, response.choices[0].finish_reason
+
+    with ThreadPoolExecutor(8) as pool:
+        disagg = list(pool.map(ask, [(item, clients[0]) for item in enumerate(SCHEMAS)]))
+        reference = list(pool.map(ask, [(item, clients[1]) for item in enumerate(SCHEMAS)]))
+    assert disagg == reference
+    for (text, finish_reason), schema in zip(disagg, SCHEMAS):
+        assert finish_reason == "stop", text
+        jsonschema.validate(json.loads(text), schema)

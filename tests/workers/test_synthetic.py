@@ -362,3 +362,13 @@ def test_random_arrivals_and_aborts_keep_books_balanced_and_tokens_exact():
             assert (finish_reason, produced) == ("abort", alone[: len(produced)])
         else:
             assert (tokens(outputs[request_id]), finish_reason) == (alone, "length")
+
+
+def test_grammars_and_penalties_are_ignored():
+    """A timing model: constrained or penalized requests run as free ones (documented in EngineCore)."""
+    from workers.sampling_params import GuidedDecoding
+
+    free = make_request(0, [1, 2, 3], max_tokens=8)
+    controlled = make_request(0, [1, 2, 3], max_tokens=8, frequency_penalty=1.0, logit_bias=((5, 100.0),),
+                              guided=GuidedDecoding("json_schema", '{"type": "object"}'))
+    assert tokens(run(make_core(), controlled)[0]) == tokens(run(make_core(), free)[0])

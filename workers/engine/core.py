@@ -4,10 +4,19 @@ No I/O here: the engine process shell moves messages in and out and calls
 ``step()`` while ``has_work()`` (``has_unfinished()`` stays true while
 requests only wait for pulled KV, when a step has nothing to do). The same class runs the real model
 (``kind="torch"``) and the synthetic timing model (``kind="synthetic"``).
+
+Guided decoding: each constrained request gets an llguidance matcher at
+admission (``workers.guided.GrammarCompiler``: one compile per distinct
+grammar, then a copy per request), advanced past the tokens it already has (a
+gen leg's first token comes from the ctx leg). A grammar that does not compile
+rejects the request with llguidance's message. The synthetic engine ignores
+grammars and penalties: its tokens are a timing model's, meaningless either way,
+and refusing them would keep tool-calling clients off load tests.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 
@@ -19,9 +28,12 @@ from workers.engine.kv_events import KVEvent, KVEventQueue
 from workers.engine.request import Request
 from workers.engine.scheduler import KVPull, Scheduler
 from workers.engine.stats import IterationStats, StatsQueue
+from workers.guided import GrammarCompiler, GrammarError, load_tokenizer
 from workers.protocol import EngineRequest, RequestOutput
 
 __all__ = ["EngineCore", "KVPull", "ProfilingUnsupported"]
+
+log = logging.getLogger(__name__)
 
 
 class EngineCore:
@@ -48,6 +60,7 @@ class EngineCore:
             self.config.scheduler, self.block_manager, executor.max_model_len, executor.eos_token_ids
         )
         self.stats = StatsQueue()
+        self.grammars = _grammar_compiler(self.config, executor)
 
     @property
     def max_model_len(self) -> int:
@@ -66,7 +79,7 @@ class EngineCore:
         at finish for that long (see ``parked_block_ids`` / ``release_parked``).
         """
         request = self._make_request(engine_request)
-        if self._accepts_tokens(request):
+        if self._accepts_tokens(request) and self._attach_grammar(request):
             self.scheduler.add_request(request, park_kv_seconds)
         return request
 
@@ -79,7 +92,7 @@ class EngineCore:
         """
         request = self._make_request(engine_request)
         request.output_token_ids.extend(output_token_ids)
-        if self._accepts_tokens(request):
+        if self._accepts_tokens(request) and self._attach_grammar(request):
             self.scheduler.add_remote_request(request)
         return request
 
@@ -176,10 +189,35 @@ class EngineCore:
         bad = next((t for t in request.all_token_ids if not 0 <= t < vocab_size), None)
         if bad is None:
             return True
+        self._reject(request, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+        return False
+
+    def _attach_grammar(self, request: Request) -> bool:
+        """Give a constrained request its matcher, past its output tokens; False (and the
+        request rejected) when the grammar does not compile or refuses those tokens."""
+        guided = request.sampling_params.guided
+        if guided is None or self.config.kind == "synthetic":
+            return True
+        if self.grammars is None:
+            self._reject(request, "guided decoding is off in this engine: no tokenizer.json matching the model "
+                                  "(see the engine log)")
+            return False
+        try:
+            request.grammar = self.grammars.matcher(guided)
+        except GrammarError as exc:
+            self._reject(request, f"the {guided.kind} grammar does not compile: {exc}")
+            return False
+        for token_id in request.output_token_ids:
+            if not request.grammar.consume_token(token_id):
+                request.grammar = None
+                self._reject(request, f"the {guided.kind} grammar rejects the output token {token_id}")
+                return False
+        return True
+
+    def _reject(self, request: Request, error: str) -> None:
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request id {request.request_id} is already in the engine")
-        self.scheduler.reject(request, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
-        return False
+        self.scheduler.reject(request, error)
 
     def _record_stats(self, batch: SchedulerOutput, num_finished: int, seconds: float) -> None:
         scheduler, blocks = self.scheduler, self.block_manager
@@ -205,3 +243,19 @@ class EngineCore:
                 kv_blocks_parked=blocks.num_parked_blocks,
             )
         )
+
+
+def _grammar_compiler(config: EngineConfig, executor: Executor) -> GrammarCompiler | None:
+    """The torch engine's grammar compiler over the model's tokenizer (None: no tokenizer,
+    or the synthetic engine). Built at start: an LLTokenizer takes up to a second for
+    a large vocabulary, which must not stall the loop at a first constrained request."""
+    if config.kind != "torch" or not config.model:
+        return None
+    tokenizer = load_tokenizer(config.model)
+    if tokenizer is None:
+        return None
+    if tokenizer.get_vocab_size(with_added_tokens=True) > executor.vocab_size:
+        log.warning("guided decoding is off: the tokenizer has %d tokens, the model's logits only %d",
+                    tokenizer.get_vocab_size(with_added_tokens=True), executor.vocab_size)
+        return None
+    return GrammarCompiler.for_tokenizer(tokenizer, executor.vocab_size, executor.eos_token_ids)

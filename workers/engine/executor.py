@@ -10,7 +10,7 @@ Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from workers.protocol import TokenLogprobs
 from workers.sampling_params import SamplingParams
@@ -37,9 +37,13 @@ class ScheduledRequest:
     sample: bool
     sampling_params: SamplingParams
     num_output_tokens: int
-    # Tokens generated so far, for min_tokens / stop handling by the sampler
-    # when it needs them (repetition penalties would too).
+    # Tokens generated so far and the prompt (live lists, read-only), for the
+    # sampler's penalties.
     output_token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    # The request's llguidance matcher (guided decoding), None when unconstrained.
+    # The sampler only reads it; the scheduler advances it with each accepted token.
+    grammar: Any = None
 
 
 @dataclass(slots=True)

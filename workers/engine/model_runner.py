@@ -65,7 +65,10 @@ class ModelRunner:
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         sampled_requests = [r for r in batch.requests if r.sample]
         logits = self.compute_logits(batch)
-        rows = [SamplingRow(r.sampling_params, r.num_output_tokens) for r in sampled_requests]
+        rows = [
+            SamplingRow(r.sampling_params, r.num_output_tokens, r.output_token_ids, r.prompt_token_ids, r.grammar)
+            for r in sampled_requests
+        ]
         with torch.inference_mode():
             tokens = self.sampler.sample(logits, rows) if rows else []
         return ExecutorOutput(sampled={r.request_id: t for r, t in zip(sampled_requests, tokens)})

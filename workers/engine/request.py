@@ -7,6 +7,7 @@ happens in the scheduler.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from workers.sampling_params import SamplingParams
 
@@ -58,6 +59,7 @@ class Request:
         "first_token_time",
         "num_preemptions",
         "error",
+        "grammar",
     )
 
     def __init__(
@@ -80,6 +82,9 @@ class Request:
         self.first_token_time: float | None = None
         self.num_preemptions = 0
         self.error: str | None = None
+        # Guided decoding: the llguidance matcher, advanced past every output token
+        # (so preemption by recompute keeps it valid); None when unconstrained or finished.
+        self.grammar: Any = None
 
     @property
     def num_prompt_tokens(self) -> int:

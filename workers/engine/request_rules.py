@@ -9,6 +9,8 @@ token sampled as the last allowed token reports ``stop``; the stop token
 itself is part of the output (frontends leave it out of the text).
 ``min_tokens``: EOS and stop token ids only stop a request once more than
 ``min_tokens`` tokens exist (the sampler also masks them before that).
+Guided decoding: a request stops (``stop``) as soon as its grammar is
+complete, whatever ``min_tokens`` and ``ignore_eos`` say.
 """
 
 from __future__ import annotations
@@ -40,10 +42,14 @@ def stop_status(
 ) -> RequestStatus | None:
     """The finished state once ``token_id`` (already appended) was sampled, or None to go on."""
     params = request.sampling_params
+    if request.error is not None:  # the grammar rejected the token (never when the mask was applied)
+        return RequestStatus.FINISHED_ABORTED
     if request.num_output_tokens > params.min_tokens and (
         token_id in params.stop_token_ids or (not params.ignore_eos and token_id in eos_token_ids)
     ):
         return RequestStatus.FINISHED_STOPPED
+    if request.grammar is not None and request.grammar.is_stopped():
+        return RequestStatus.FINISHED_STOPPED  # nothing but EOS could follow: end now
     if request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_model_len:
         return RequestStatus.FINISHED_LENGTH_CAPPED
     return None

@@ -1,8 +1,13 @@
 """Next-token sampling for a batch of requests with per-request parameters.
 
-Order per row: min_tokens masking -> (greedy argmax) or (temperature ->
-top-k -> top-p -> draw). Greedy rows are one vectorised argmax; random rows
-share the vectorised filtering and differ only in their noise.
+Order per row: min_tokens masking -> penalties -> logit bias -> grammar
+mask -> (greedy argmax) or (temperature -> top-k -> top-p -> min-p -> draw).
+Greedy rows are one vectorised argmax; random rows share the vectorised
+filtering and differ only in their noise. Penalties, bias and grammar masks
+(``workers.engine.logits_processors``) touch only the rows that ask for them;
+a batch where no row does takes exactly the path it took before they existed.
+A constrained row skips min_tokens masking: its grammar alone decides when it
+may end (the engine finishes it the moment the grammar is complete).
 
 Seeded requests draw with the exponential-race trick (argmax of
 probs / Exp(1) noise, equivalent to sampling from probs) using noise from a
@@ -10,16 +15,26 @@ generator seeded by (seed, output position) alone, so the token is a pure
 function of the request's own logits, seed and position: the same whatever
 else shares the batch, and reproducible after preemption or on another
 worker. Logprobs are those of the model's raw distribution (before
-temperature and filtering), as vLLM and the OpenAI API report them.
+penalties, bias, grammar, temperature and filtering), as vLLM and the OpenAI
+API report them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from workers.engine.executor import SampledToken
+from workers.engine.logits_processors import (
+    apply_grammar_masks,
+    apply_logit_bias,
+    apply_min_p,
+    apply_penalties,
+    has_penalties,
+)
 from workers.protocol import TokenLogprobs
 from workers.sampling_params import SamplingParams
 
@@ -30,10 +45,15 @@ _MASK64 = 2**64 - 1
 
 @dataclass(frozen=True, slots=True)
 class SamplingRow:
-    """What the sampler needs of one request: its params and output position."""
+    """What the sampler needs of one request: its params and output position; for
+    penalties its tokens so far (live lists, read-only), for guided decoding its
+    llguidance matcher (advanced by the scheduler, never here)."""
 
     params: SamplingParams
     num_output_tokens: int
+    output_token_ids: Sequence[int] = ()
+    prompt_token_ids: Sequence[int] = ()
+    grammar: Any = None  # llguidance.LLMatcher
 
 
 def position_seed(seed: int, num_output_tokens: int) -> int:
@@ -58,10 +78,11 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         """One token per row of ``logits`` (S, V), float32."""
-        logits = self._mask_min_tokens(logits, rows)
+        raw = self._mask_min_tokens(logits, rows)
+        logits = _processed(raw, rows)
         randoms = [i for i, row in enumerate(rows) if not row.params.is_greedy]
         if not randoms:  # all greedy, the common case: one argmax, no index copies of the logits
-            return self._with_logprobs(logits, logits.argmax(dim=-1), rows)
+            return self._with_logprobs(raw, logits.argmax(dim=-1), rows)
         token_ids = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         greedy = [i for i, row in enumerate(rows) if row.params.is_greedy]
         if greedy:
@@ -70,13 +91,13 @@ class Sampler:
         if randoms:
             index = torch.tensor(randoms, device=logits.device)
             token_ids[index] = self._sample_random(logits[index], [rows[i] for i in randoms])
-        return self._with_logprobs(logits, token_ids, rows)
+        return self._with_logprobs(raw, token_ids, rows)
 
     def _mask_min_tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         # Until min_tokens are out, the tokens that would end the request cannot be drawn.
         masked = None
         for i, row in enumerate(rows):
-            if row.num_output_tokens >= row.params.min_tokens:
+            if row.num_output_tokens >= row.params.min_tokens or row.grammar is not None:
                 continue
             stop_ids = set(row.params.stop_token_ids)
             if not row.params.ignore_eos:
@@ -92,6 +113,8 @@ class Sampler:
         logits = logits / temperatures.unsqueeze(1)
         if any(row.params.top_k is not None or row.params.top_p is not None for row in rows):
             logits = _top_k_top_p(logits, rows)
+        if any(row.params.min_p > 0.0 for row in rows):
+            logits = apply_min_p(logits, torch.tensor([row.params.min_p for row in rows], device=logits.device))
         probs = torch.softmax(logits, dim=-1)  # (R, V)
         noise = torch.empty_like(probs)
         unseeded = [i for i, row in enumerate(rows) if row.params.seed is None]
@@ -132,6 +155,24 @@ class Sampler:
             )
             sampled.append(SampledToken(token_id, entry))
         return sampled
+
+
+def _processed(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """``logits`` with penalties, bias and grammar masks applied (a copy), or ``logits``
+    itself when no row asks for any."""
+    penalized = [i for i, row in enumerate(rows) if has_penalties(row.params)]
+    biased = [i for i, row in enumerate(rows) if row.params.logit_bias]
+    constrained = [i for i, row in enumerate(rows) if row.grammar is not None]
+    if not (penalized or biased or constrained):
+        return logits
+    logits = logits.clone()
+    if penalized:
+        apply_penalties(logits, rows, penalized)
+    if biased:
+        apply_logit_bias(logits, rows, biased)
+    if constrained:
+        apply_grammar_masks(logits, rows, constrained)
+    return logits
 
 
 def _top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

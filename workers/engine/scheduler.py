@@ -8,7 +8,7 @@ Every request state transition happens here (``RequestStatus``):
     RUNNING -> PREEMPTED               blocks ran out: blocks freed, progress reset,
                                        back to the front of the queue (recompute)
     PREEMPTED -> RUNNING               re-admitted like a new request
-    RUNNING -> FINISHED_STOPPED        EOS (unless ignore_eos) or a stop token id
+    RUNNING -> FINISHED_STOPPED        EOS (unless ignore_eos), a stop token id, or its grammar complete
     RUNNING -> FINISHED_LENGTH_CAPPED  max_tokens, or the sequence reached max_model_len
     any -> FINISHED_ABORTED            abort, or rejected at admission (``error`` set)
 
@@ -159,6 +159,7 @@ class Scheduler:
             self.waiting.remove(request)
         self._park_seconds.pop(request_id, None)
         self.block_manager.free(request)
+        request.grammar = None
         request.status = RequestStatus.FINISHED_ABORTED
         self._finished_outputs.append(request_output(request, [], is_first=request.first_token_time is None))
 
@@ -291,6 +292,8 @@ class Scheduler:
                 # The live list, read-only for the executor: copying it every
                 # step would cost O(output length) per request per step.
                 output_token_ids=request.output_token_ids,
+                prompt_token_ids=request.prompt_token_ids,
+                grammar=request.grammar,
             )
         )
 
@@ -310,6 +313,8 @@ class Scheduler:
                 continue
             sampled = result.sampled[request.request_id]
             request.output_token_ids.append(sampled.token_id)
+            if request.grammar is not None and not request.grammar.consume_token(sampled.token_id):
+                request.error = f"the grammar rejected token {sampled.token_id}: {request.grammar.get_error()}"
             is_first = request.first_token_time is None  # nothing reported for it before
             if is_first:
                 request.first_token_time = time.time()
@@ -320,6 +325,7 @@ class Scheduler:
             logprobs = None if sampled.logprobs is None else [sampled.logprobs]
             outputs.append(request_output(request, [sampled.token_id], is_first, logprobs))
         for request in finished:
+            request.grammar = None  # the matcher is freed now, not when the last reference goes
             park_seconds = self._park_seconds.pop(request.request_id, None)
             if park_seconds is None:
                 self.block_manager.free(request)

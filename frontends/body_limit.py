@@ -1,0 +1,71 @@
+"""A request-body size limit for every HTTP server of the project (frontends and orchestrator).
+
+``limit_body(receive, headers, max_bytes)`` returns the ``receive`` a route
+should read its body through: a body whose ``Content-Length`` is over the limit
+is refused at the first read, before a byte of it is buffered; a chunked body
+is counted as it arrives and refused as soon as it passes the limit. Either way
+the handler's ``await request.body()`` raises ``RequestTooLargeError`` (413),
+which the app renders in the route's API shape like any other error, so memory
+never holds more than ``max_bytes`` of one request (a 50 MB JSON body used to
+cost the orchestrator gigabytes while it decoded and tokenized it).
+
+With a valid ``Content-Length`` under the limit the server itself stops at that
+length, so the common case costs one header scan and no wrapper.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from frontends.errors import RequestTooLargeError
+
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "limit_body", "BodyLimitMiddleware"]
+
+DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024  # millions of tokens: above any context window served here
+
+
+def limit_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], max_bytes: int) -> Receive:
+    declared: int | None = None
+    for name, value in headers:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                declared = None  # the server answers a malformed length itself
+            break
+    if declared is not None:
+        if declared <= max_bytes:
+            return receive
+
+        async def refuse() -> Message:
+            raise RequestTooLargeError(
+                f"the request body is {declared} bytes; this server accepts at most {max_bytes}")
+
+        return refuse
+    received = 0
+
+    async def counted() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > max_bytes:
+                raise RequestTooLargeError(f"the request body exceeds {max_bytes} bytes, the most this server accepts")
+        return message
+
+    return counted
+
+
+class BodyLimitMiddleware:
+    """``limit_body`` as an ASGI layer, for apps without a middleware of their own (the orchestrator)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            receive = limit_body(receive, scope["headers"], self.max_bytes)
+        await self.app(scope, receive, send)
