@@ -47,3 +47,9 @@ def test_anthropic_any_loop(worker, stream):
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 def test_anthropic_named_tool_loop(worker, stream):
     anthropic_loop(anthropic_client(worker), {"type": "tool", "name": "get_weather"}, stream)
+
+
+def test_a_forced_call_wins_over_response_format(worker):
+    # The answer is the call: response_format would constrain a text answer, and there is none.
+    openai_loop(openai_client(worker), "tiny", "required", False, parallel_tool_calls=False, temperature=0,
+                response_format={"type": "json_object"})
