@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from disagg.disagg_options import DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, start_registration
+from frontends.tool_parsers import TOOL_CALL_PARSERS
 from workers.attach import attach_file_from_env, read_attach_file
 from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
 from workers.config import (
@@ -64,6 +65,8 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
                                              help="synthetic engine: seconds per decode step (load tests)")),
     ("--synthetic-prefill-seconds-per-token", dict(type=float, default=0.0)),
     ("--served-model-name", dict(default=None, help="the model name clients send (default: MODEL_DIR's name)")),
+    ("--tool-call-parser", dict(default=None, choices=sorted(TOOL_CALL_PARSERS),
+                                help="the model's tool-call format (default: detected from its chat template)")),
     ("--grace-seconds", dict(type=float, default=30.0, help="how long in-flight requests may finish at shutdown")),
     ("--decode-attention", dict(default="auto", choices=DECODE_ATTENTION_MODES,
                                 help="torch engine: native C kernel over the paged KV, or gather + SDPA")),
@@ -141,7 +144,8 @@ def _frontend_config(args: argparse.Namespace, frontend_id: int, engine_info: An
     name = args.served_model_name or Path(args.model_dir).resolve().name
     disagg = None if engine_info is None else frontend_disagg_config(args, engine_info)
     return Tokenizer.from_model_dir(args.model_dir), FrontendConfig(served_model_name=name, frontend_id=frontend_id,
-                                                                    disagg=disagg)
+                                                                    disagg=disagg,
+                                                                    tool_call_parser=args.tool_call_parser)
 
 
 def _make_launcher_app_factory(args: argparse.Namespace, group: Any):
