@@ -64,7 +64,8 @@ def parse_input(value: str | list[Any]) -> list[Item]:
 
 
 def validate_request(body: ResponsesRequest, items: list[Item], history: list[Item] = ()) -> None:
-    """What the chat path would not say in Responses terms (its own checks run after)."""
+    """What the chat path cannot check (it validates tools and tool_choice itself, and its errors
+    are renamed into Responses terms: ``rename_param``)."""
     if not items:
         raise InvalidRequestError("input must not be empty", param="input")
     if body.background:
@@ -72,19 +73,6 @@ def validate_request(body: ResponsesRequest, items: list[Item], history: list[It
     if body.max_output_tokens is not None and body.max_output_tokens < 1:
         raise InvalidRequestError(f"max_output_tokens must be at least 1, got {body.max_output_tokens}",
                                   param="max_output_tokens")
-    names = [tool.name for tool in body.tools or ()]
-    if len(set(names)) != len(names):
-        raise InvalidRequestError("tool names must be unique", param="tools")
-    choice = body.tool_choice
-    if isinstance(choice, ToolChoiceFunction) and choice.name not in names:
-        raise InvalidRequestError(f"tool_choice names the function {choice.name!r}, which is not in tools",
-                                  param="tool_choice")
-    if choice == "required" and not names:
-        raise InvalidRequestError("tool_choice 'required' needs at least one tool", param="tool_choice")
-    for index, tool in enumerate(body.tools or ()):
-        if tool.parameters is not None and tool.parameters.get("type", "object") != "object":
-            raise InvalidRequestError("a function's parameters must be a JSON schema of type object",
-                                      param=f"tools[{index}].parameters")
     call_ids = {item.call_id for item in history if isinstance(item, FunctionCallItem)}
     for index, item in enumerate(items):
         if isinstance(item, FunctionCallItem):
@@ -152,8 +140,9 @@ def chat_body(body: ResponsesRequest, conversation: list[Item]) -> dict[str, Any
         chat["stream_options"] = {"include_usage": True}
     if body.tools:
         chat["tools"] = [{"type": "function", "function": _function(tool)} for tool in body.tools]
-        chat["tool_choice"] = _tool_choice(body.tool_choice)
         chat["parallel_tool_calls"] = body.parallel_tool_calls
+    if body.tools or body.tool_choice != "auto":  # the chat path says what is wrong with a choice
+        chat["tool_choice"] = _tool_choice(body.tool_choice)
     response_format = _response_format(body)
     if response_format is not None:
         chat["response_format"] = response_format

@@ -17,6 +17,7 @@ from test_http_clients import wait_for_abort
 
 pytestmark = pytest.mark.asyncio
 
+TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
 # Half the vocabulary ends the answer: greedy answers are short and end with "stop" (status completed).
 EOS = frozenset(range(256, 512))
 
@@ -118,6 +119,10 @@ async def test_previous_response_id_continues_the_conversation(server):
         "type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}}, 400, "text.format"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
     ({"input": "x", "tool_choice": "required"}, 400, "tool_choice"),
+    ({"input": "x", "tool_choice": {"type": "function", "name": "f"}}, 400, "tool_choice"),
+    ({"input": "x", "tools": [TOOL], "tool_choice": {"type": "function", "name": "g"}}, 400, "tool_choice.name"),
+    ({"input": "x", "tools": [TOOL, TOOL]}, 400, "tools[1].name"),
+    ({"input": "x", "tools": [{**TOOL, "parameters": {"type": "array"}}]}, 400, "tools[0].parameters"),
     ({"input": "x", "model": "nope"}, 404, "model"),
 ])
 async def test_invalid_requests(server, body, status, param):

@@ -57,9 +57,6 @@ def test_input_items_become_chat_messages():
 
 @pytest.mark.parametrize("fields, items, param", [
     ({}, [], "input"),
-    ({"tool_choice": "required"}, None, "tool_choice"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, None, "tool_choice"),
-    ({"tools": TOOLS + TOOLS}, None, "tools"),
     ({"max_output_tokens": 0}, None, "max_output_tokens"),
     ({"background": True}, None, "background"),
     ({}, [{"type": "function_call_output", "call_id": "call_9", "output": "x"}], "input[0].call_id"),

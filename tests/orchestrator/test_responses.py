@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from pathlib import Path
 
 import httpx
 import jsonschema
@@ -115,8 +114,7 @@ def test_invalid_requests(cluster, body, status, param):
 
 # --- an agent loop: forced function calls, their outputs back, the next turn ----------------
 
-# Function calls come from the chat path's tool-call parsing and forced-call grammars.
-TOOL_CALLS_SUPPORTED = (Path(__file__).resolve().parents[2] / "frontends/tool_parsers").is_dir()
+# Function calls are the chat path's parsed tool calls, forced by its grammars (the engine's masks).
 
 # Bounded arguments: a random-weight model fills free strings until max_output_tokens.
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
@@ -152,7 +150,6 @@ def checked_calls(response, name: str | None = None) -> list:
     return calls
 
 
-@pytest.mark.skipif(not TOOL_CALLS_SUPPORTED, reason="no tool-call parsing on the chat path in this checkout")
 @pytest.mark.parametrize("target", ["orchestrator", "worker"])
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "name": "get_time"}],
@@ -173,10 +170,6 @@ def test_agent_loop_with_previous_response_id(cluster, target, stream, tool_choi
 
 
 # text.format is the chat path's response_format, enforced by the engine's grammar masks.
-GUIDED_DECODING_SUPPORTED = (Path(__file__).resolve().parents[2] / "workers/guided.py").is_file()
-
-
-@pytest.mark.skipif(not GUIDED_DECODING_SUPPORTED, reason="no guided decoding in this checkout")
 @pytest.mark.parametrize("target", ["orchestrator", "worker"])
 def test_text_format_json_schema(cluster, target):
     url, worker = cluster
