@@ -59,6 +59,9 @@ class ResponseStore:
                                    check_same_thread=False)
             if self.path != ":memory:":
                 conn.execute("PRAGMA journal_mode=WAL")
+                # No fsync per write (a request's latency): a crash of the machine may lose the last
+                # few responses, never corrupt the file.
+                conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
             self._conn = conn
         return self._conn
