@@ -259,6 +259,8 @@ class ResponseEventStream:
                              item=msgspec.to_builtins(item)))
 
     async def finish(self) -> bytes:
+        if self.error is None and self.finish_reason is None:  # the chat stream broke off
+            self.error = {"code": "stream_ended", "message": "the generation ended before it finished"}
         if self.error is not None:  # what was generated so far stays in the failed response
             self.text = self.call = None
             response = _encode(self.turn.response("failed", self.output, usage_from_chat(self.usage),

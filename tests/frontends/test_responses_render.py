@@ -185,6 +185,12 @@ def test_an_error_in_the_chat_stream_fails_the_response():
     assert events[-1]["response"]["error"] == {"code": "engine_dead", "message": "engine died"}
 
 
+def test_a_chat_stream_that_breaks_off_fails_the_response():
+    events, stored = run_stream(b"".join(b"data: " + msgspec.json.encode(c) + b"\n\n" for c in RECORDED[:3]), 9)
+    assert events[-1]["type"] == "response.failed" and not stored
+    assert events[-1]["response"]["error"]["code"] == "stream_ended"
+
+
 def test_an_empty_answer_is_one_empty_message():
     raw = sse([delta(role="assistant", content=""), {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}])
     events, _ = run_stream(raw, 1000)
