@@ -8,6 +8,7 @@
     model: smollm2-135m-instruct    # a model dir, a .gguf file or a short name (disagg.model_names); served
                                     #   under this id as written. "tiny" (or a dir path that does not exist) ->
     tiny_model_size: bench          #   `up` writes a random-weight tiny model there first
+    tool_call_parser: null          # hermes | llama3_json; default: detected from the chat template
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
              max_num_batched_tokens, kv_park_seconds, synthetic_decode_step_seconds,
              synthetic_prefill_seconds_per_token, decode_attention}
@@ -32,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from frontends.tool_parsers import TOOL_CALL_PARSERS
 from orchestrator.config import ConditionalDisaggConfig, HealthConfig, RouterConfig, TimeoutConfig
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
@@ -186,6 +188,8 @@ class DeployConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     run_dir: str | None = None
     tiny_model_size: str = "bench"
+    tool_call_parser: str | None = None
+    """The model's tool-call format (``disagg serve --tool-call-parser``); None: detected from its chat template."""
     engine: EngineSettings = field(default_factory=EngineSettings)
     orchestrator: OrchestratorSettings = field(default_factory=OrchestratorSettings)
     pools: PoolsConfig = field(default_factory=PoolsConfig)
@@ -199,6 +203,9 @@ class DeployConfig:
             raise ConfigError(f"{prefix}launcher", f"must be local or slurm, got {self.launcher!r}")
         if self.tiny_model_size not in ("test", "bench"):
             raise ConfigError(f"{prefix}tiny_model_size", f"must be test or bench, got {self.tiny_model_size!r}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ConfigError(f"{prefix}tool_call_parser", f"must be one of {', '.join(sorted(TOOL_CALL_PARSERS))}, "
+                                                           f"got {self.tool_call_parser!r}")
         if self.startup_timeout_seconds <= 0:
             raise ConfigError(f"{prefix}startup_timeout_seconds", "must be > 0")
 

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from disagg.disagg_options import DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, start_registration
 from disagg.model_names import ModelNotFoundError, default_served_name, resolve_model
+from frontends.tool_parsers import TOOL_CALL_PARSERS
 from workers.attach import attach_file_from_env, read_attach_file
 from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
 from workers.config import (
@@ -66,6 +67,8 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--synthetic-prefill-seconds-per-token", dict(type=float, default=0.0)),
     ("--served-model-name", dict(default=None, help="the model name clients send (default: a short name as "
                                                     "written, a path's last component)")),
+    ("--tool-call-parser", dict(default=None, choices=sorted(TOOL_CALL_PARSERS),
+                                help="the model's tool-call format (default: detected from its chat template)")),
     ("--grace-seconds", dict(type=float, default=30.0, help="how long in-flight requests may finish at shutdown")),
     ("--decode-attention", dict(default="auto", choices=DECODE_ATTENTION_MODES,
                                 help="torch engine: native C kernel over the paged KV, or gather + SDPA")),
@@ -156,7 +159,8 @@ def _frontend_config(args: argparse.Namespace, frontend_id: int, engine_info: An
 
     name = args.served_model_name or default_served_name(args.model_dir)
     disagg = None if engine_info is None else frontend_disagg_config(args, engine_info)
-    config = FrontendConfig(served_model_name=name, frontend_id=frontend_id, disagg=disagg)
+    config = FrontendConfig(served_model_name=name, frontend_id=frontend_id, disagg=disagg,
+                            tool_call_parser=args.tool_call_parser)
     return Tokenizer.from_model_path(args.model_dir), config
 
 

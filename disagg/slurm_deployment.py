@@ -68,6 +68,7 @@ def _worker_argv(config: DeployConfig, worker: WorkerPlacement, model: str) -> l
             "--host", "0.0.0.0", "--port", str(worker.port), "--num-frontends", str(worker.frontends)]
     options = {**engine.serve_options(),
                "--served-model-name": config.served_model_name,
+               "--tool-call-parser": config.tool_call_parser,
                "--cluster-key-file": f"{RUN_DIR}/cluster.key", "--state-dir": f"{RUN_DIR}/state/{worker.name}",
                "--kv-host": "0.0.0.0"}
     for flag, value in options.items():

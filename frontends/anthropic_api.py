@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -19,38 +18,35 @@ from starlette.responses import Response
 from frontends import disaggregation
 from frontends.errors import ApiError, InvalidRequestError, anthropic_error_body
 from frontends.generation import Completion, Generation, Piece, stream_events
-from frontends.schemas_anthropic import (
-    STOP_REASONS,
-    CountTokensRequest,
-    MessageEventEncoder,
-    MessagesRequest,
-    TextBlock,
+from frontends.anthropic_tools import (
+    ToolUseMessageStream,
+    anthropic_tool_policy,
+    check_thinking,
+    message_content,
+    prefill_text,
+    template_messages,
 )
+from frontends.anthropic_tools import stop_reason as _stop_reason
+from frontends.schemas_anthropic import CountTokensRequest, MessageEventEncoder, MessagesRequest
 from frontends.serving import ServingContext
+from frontends.tool_prompt import adapt_conversation
 from frontends.structured import anthropic_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
+from frontends.tool_parsers import ToolCallParser
 
 __all__ = ["create_message", "count_message_tokens", "prepare_message", "encode_message", "generate_message"]
 
 
-def _text(content: str | list[TextBlock]) -> str:
-    return content if isinstance(content, str) else "\n".join(block.text for block in content)
-
-
-def _stop_reason(finish_reason: str | None, stop_string: str | None) -> str:
-    if stop_string is not None:
-        return "stop_sequence"
-    return STOP_REASONS.get(finish_reason or "stop", "end_turn")
-
-
 def message_prompt_ids(ctx: ServingContext, body: MessagesRequest | CountTokensRequest) -> list[int]:
+    """The prompt of a conversation; one that ends with an assistant's text continues that turn (prefill)."""
     if not body.messages:
-        raise InvalidRequestError("messages must not be empty")
-    messages: list[dict[str, Any]] = []
-    if body.system is not None:
-        messages.append({"role": "system", "content": _text(body.system)})
-    messages.extend({"role": m.role, "content": _text(m.content)} for m in body.messages)
+        raise InvalidRequestError("messages must not be empty", param="messages")
+    messages = template_messages(body)
+    prefill = prefill_text(body)
+    if prefill is not None and not prefill.strip():
+        messages.pop()  # an empty prefill: a new assistant turn, as without it
+        prefill = None
     tools = None
     if body.tools:
         tools = [
@@ -58,10 +54,12 @@ def message_prompt_ids(ctx: ServingContext, body: MessagesRequest | CountTokensR
              "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema}}
             for t in body.tools
         ]
+    messages = adapt_conversation(messages, tools, ctx.tokenizer.chat_template_source, ctx.tool_syntax)
     try:
-        return ctx.tokenizer.encode_chat(messages, tools=tools, add_generation_prompt=True)
+        return ctx.tokenizer.encode_chat(messages, tools=tools, add_generation_prompt=prefill is None,
+                                         continue_final_message=prefill is not None)
     except ChatTemplateError as exc:
-        raise InvalidRequestError(str(exc)) from exc
+        raise InvalidRequestError(str(exc), param="messages") from exc
 
 
 class _MessageStream:
@@ -91,45 +89,60 @@ class _MessageStream:
         return [self.encoder.error(anthropic_error_body(error))]
 
 
-def prepare_message(ctx: ServingContext, body: MessagesRequest,
-                    arrival_time: float | None = None) -> tuple[Generation, MessageEventEncoder]:
-    """A validated /v1/messages body as an engine generation and its encoder (raises the API's errors)."""
+def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: float | None = None
+                    ) -> tuple[Generation, MessageEventEncoder, ToolCallParser | None]:
+    """A validated /v1/messages body as an engine generation, its encoder and its tool-call parser
+    (None: the answer is text) (raises the API's errors)."""
     ctx.check_model(body.model)
+    tool_policy = anthropic_tool_policy(body)
     leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
+    check_thinking(body, tool_policy, check_budget=leg is None or not leg.is_context)
     if leg is not None and not leg.is_context:
         prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-rendered
     else:
         prompt_ids = message_prompt_ids(ctx, body)
+    guided, guided_param = anthropic_guided(body.output_config), "output_config.format"
+    tool_guided = tool_policy.guided(ctx.tool_syntax)
+    if tool_guided is not None:  # a forced call: the answer is the call, the output format does not apply to it
+        guided, guided_param = tool_guided, "tool_choice"
     params = ctx.sampling_params(
         len(prompt_ids), body.max_tokens, prompt_param="messages",
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-        guided=anthropic_guided(body.output_config), guided_param="output_config.format",
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, guided=guided, guided_param=guided_param,
     )
     generation = ctx.start_generation(prompt_ids, params, tuple(body.stop_sequences or ()), arrival_time, leg)
-    return generation, MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)
+    encoder = MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)
+    return generation, encoder, tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
 
 
-def encode_message(generation: Generation, encoder: MessageEventEncoder, result: Completion) -> bytes:
+def encode_message(generation: Generation, encoder: MessageEventEncoder, result: Completion,
+                   parser: ToolCallParser | None = None) -> bytes:
     """The non-streaming response body (a ``message`` object) of a finished generation."""
-    stop_reason = _stop_reason(result.finish_reason, result.stop_string)
-    return encoder.message(result.text, stop_reason, result.stop_string, generation.num_prompt_tokens,
-                           generation.num_output_tokens, generation.num_usage_cached_tokens)
+    cached = generation.num_usage_cached_tokens
+    if parser is None:
+        reason = _stop_reason(result.finish_reason, result.stop_string)
+        return encoder.message(result.text, reason, result.stop_string, generation.num_prompt_tokens,
+                               generation.num_output_tokens, cached)
+    content = message_content(result.text, parser)
+    reason = _stop_reason(result.finish_reason, result.stop_string, parser.num_calls)
+    return encoder.message(result.text, reason, result.stop_string, generation.num_prompt_tokens,
+                           generation.num_output_tokens, cached, content=content)
 
 
 async def generate_message(ctx: ServingContext, body: MessagesRequest) -> bytes:
     """Run one non-streaming /v1/messages body to its ``message`` JSON (the batch runner's path)."""
-    generation, encoder = prepare_message(ctx, body, time.time())
-    return encode_message(generation, encoder, await generation.collect())
+    generation, encoder, parser = prepare_message(ctx, body, time.time())
+    return encode_message(generation, encoder, await generation.collect(), parser)
 
 
 async def create_message(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=MessagesRequest)
-    generation, encoder = prepare_message(ctx, body, arrival_time)
+    generation, encoder, parser = prepare_message(ctx, body, arrival_time)
     if body.stream:
-        return EventStreamResponse(stream_events(generation, _MessageStream(encoder)))
+        stream = _MessageStream(encoder) if parser is None else ToolUseMessageStream(encoder, parser)
+        return EventStreamResponse(stream_events(generation, stream))
     result = await run_until_disconnect(request.receive, generation.collect())
-    payload = encode_message(generation, encoder, result)
+    payload = encode_message(generation, encoder, result, parser)
     if generation.leg is not None:
         payload = disaggregation.add_ctx_fields_json(payload, generation.leg, generation.prompt_token_ids)
     return Response(payload, media_type="application/json")
@@ -138,5 +151,6 @@ async def create_message(ctx: ServingContext, request: Request) -> Response:
 async def count_message_tokens(ctx: ServingContext, request: Request) -> Response:
     body = msgspec.json.decode(await request.body(), type=CountTokensRequest)
     ctx.check_model(body.model)
+    anthropic_tool_policy(body)
     input_tokens = len(message_prompt_ids(ctx, body))
     return Response(msgspec.json.encode({"input_tokens": input_tokens}), media_type="application/json")

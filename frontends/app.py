@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, Send
 
-from frontends import anthropic_api, disaggregation, openai_api, tokenize_api
+from frontends import anthropic_api, disaggregation, openai_api, responses, tokenize_api
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
 from frontends.errors import (
     ApiError,
@@ -196,6 +196,11 @@ def api_routes() -> list[Route]:
         Route("/v1/messages", _endpoint(anthropic_api.create_message, anthropic), methods=["POST"]),
         Route("/v1/messages/count_tokens", _endpoint(anthropic_api.count_message_tokens, anthropic),
               methods=["POST"]),
+        Route("/v1/responses", _endpoint(responses.create_response, openai), methods=["POST"]),
+        Route("/v1/responses/{response_id}", _endpoint(responses.retrieve_response, openai), methods=["GET"]),
+        Route("/v1/responses/{response_id}", _endpoint(responses.delete_response, openai), methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", _endpoint(responses.list_input_items, openai),
+              methods=["GET"]),
     ]
 
 
@@ -207,6 +212,7 @@ def build_app(
     lifespan: Lifespan | None = None,
     extra_routes: Sequence[BaseRoute] = (),
     prefix_routes: Sequence[BaseRoute] = (),
+    responses_store: responses.ResponsesClient | None = None,
 ) -> Starlette:
     """The frontend app for one process.
 
@@ -215,6 +221,8 @@ def build_app(
     adds (/prometheus/metrics); they take precedence over none of the API
     routes, which are matched first. ``prefix_routes``: matched before every
     other route (the launcher-owned routes: their forwarders or handlers).
+    ``responses_store``: where ``/v1/responses`` keeps and finds stored responses
+    (default: an in-memory store of this app's own).
     """
 
     @contextlib.asynccontextmanager
@@ -230,4 +238,5 @@ def build_app(
     )
     # Set here, not in the lifespan: transports that skip lifespan (httpx.ASGITransport) work too.
     app.state.serving = ServingContext(client, tokenizer, config)
+    app.state.responses = responses_store or responses.LocalResponses(responses.ResponseStore(":memory:"))
     return app

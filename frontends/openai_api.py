@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive
 
 from frontends import disaggregation
 from frontends.errors import ApiError, InvalidRequestError, openai_error_body
@@ -22,7 +23,6 @@ from frontends.schemas_openai import (
     SSE_DONE,
     ChatChunkEncoder,
     ChatCompletionRequest,
-    ChatMessage,
     CompletionChunkEncoder,
     CompletionRequest,
     PromptTokensDetails,
@@ -30,12 +30,15 @@ from frontends.schemas_openai import (
     chat_logprobs,
     completion_logprobs,
 )
+from frontends.openai_tools import ToolCallChatStream, chat_message, finish_reason, openai_tool_policy, \
+    template_messages
 from frontends.serving import ServingContext
+from frontends.tool_prompt import adapt_conversation
 from frontends.structured import openai_controls, openai_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer
 
-__all__ = ["create_completion", "create_chat_completion", "list_models"]
+__all__ = ["create_completion", "create_chat_completion", "serve_chat_completion", "list_models"]
 
 _JSON = "application/json"
 
@@ -149,21 +152,15 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     return _json_response(payload)
 
 
-def _template_message(message: ChatMessage) -> dict[str, Any]:
-    # Text parts become one string: most chat templates expect string content.
-    rendered = msgspec.to_builtins(message)
-    if isinstance(message.content, list):
-        rendered["content"] = "\n".join(part.text for part in message.content)
-    return rendered
-
-
 def chat_prompt_ids(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
     if not body.messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
     tools = msgspec.to_builtins(body.tools) if body.tools else None
+    messages = adapt_conversation(template_messages(body.messages), tools, ctx.tokenizer.chat_template_source,
+                                  ctx.tool_syntax)
     try:
         return ctx.tokenizer.encode_chat(
-            [_template_message(m) for m in body.messages], tools=tools,
+            messages, tools=tools,
             add_generation_prompt=body.add_generation_prompt, template_kwargs=body.chat_template_kwargs,
         )
     except ChatTemplateError as exc:
@@ -173,10 +170,17 @@ def chat_prompt_ids(ctx: ServingContext, body: ChatCompletionRequest) -> list[in
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=ChatCompletionRequest)
+    return await serve_chat_completion(ctx, body, request.receive, arrival_time)
+
+
+async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, receive: Receive,
+                                arrival_time: float) -> Response:
+    """A decoded chat request to its answer (the Responses API runs through here too)."""
     ctx.check_model(body.model)
     _check_single_choice(body.n)
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
+    tool_policy = openai_tool_policy(body)
     leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
     if leg is not None and not leg.is_context:
         prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-rendered
@@ -185,6 +189,9 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     guided, guided_param = openai_guided(body)
+    tool_guided = tool_policy.guided(ctx.tool_syntax)
+    if tool_guided is not None:  # a forced call: the answer is the call, response_format does not apply to it
+        guided, guided_param = tool_guided, "tool_choice"
     params = ctx.sampling_params(
         len(prompt_ids), max_tokens, max_tokens_param=max_tokens_param, prompt_param="messages",
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
@@ -194,17 +201,23 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     )
     generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    parser = tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        encoder = _ChatStream(ChatChunkEncoder(response_id, created, ctx.model_name), ctx.tokenizer, include_usage)
+        chunks = ChatChunkEncoder(response_id, created, ctx.model_name)
+        encoder = _ChatStream(chunks, ctx.tokenizer, include_usage)
+        if parser is not None:
+            encoder = ToolCallChatStream(encoder, chunks, parser)
         return EventStreamResponse(stream_events(generation, encoder))
-    result = await run_until_disconnect(request.receive, generation.collect())
+    result = await run_until_disconnect(receive, generation.collect())
     logprobs = chat_logprobs(ctx.tokenizer, result.logprobs) if result.logprobs is not None else None
+    message, num_calls = ({"role": "assistant", "content": result.text}, 0) if parser is None \
+        else chat_message(result.text, parser)
     choice = {
         "index": 0,
-        "message": {"role": "assistant", "content": result.text},
+        "message": message,
         "logprobs": logprobs,
-        "finish_reason": result.finish_reason,
+        "finish_reason": finish_reason(result.finish_reason, num_calls),
     }
     payload = {
         "id": response_id, "object": "chat.completion", "created": created, "model": ctx.model_name,

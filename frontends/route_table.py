@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute, Mount, Route
 __all__ = [
     "LAUNCHER_ROUTES",
     "LAUNCHER_PREFIXES",
+    "ADMIN_ONLY_PREFIXES",
     "FRONTEND_LOCAL_PATHS",
     "FORWARD_METHODS",
     "is_launcher_owned",
@@ -36,8 +37,11 @@ LAUNCHER_ROUTES: dict[str, tuple[str, ...]] = {
     "/perf_metrics": ("GET",),
     "/v1/messages/batches": ("GET", "POST"),
 }
-# Every path below these is launcher-owned too (batch ids, results, cancel).
-LAUNCHER_PREFIXES: tuple[str, ...] = ("/v1/messages/batches/",)
+# Every path below these is launcher-owned too (batch ids, results, cancel; stored responses).
+LAUNCHER_PREFIXES: tuple[str, ...] = ("/v1/messages/batches/", "/v1/responses/")
+# The launcher's own answers to its attached frontends (the response store): on its admin
+# socket only, never forwarded (a client could otherwise reach them through any frontend).
+ADMIN_ONLY_PREFIXES: tuple[str, ...] = ("/_admin/",)
 FORWARD_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 FRONTEND_LOCAL_PATHS: frozenset[str] = frozenset({
@@ -49,6 +53,7 @@ FRONTEND_LOCAL_PATHS: frozenset[str] = frozenset({
     "/detokenize",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",  # runs here; the stored conversation it continues is the launcher's
     "/health",
     "/version",
     "/prometheus/metrics",
@@ -77,4 +82,5 @@ def _paths(routes: Iterable[BaseRoute], prefix: str = "") -> Iterable[str]:
 
 def unclassified_routes(routes: Iterable[BaseRoute]) -> list[str]:
     """The paths in ``routes`` (an app's ``app.routes``) that neither table names."""
-    return [p for p in _paths(routes) if not (is_launcher_owned(p) or is_frontend_local(p))]
+    return [p for p in _paths(routes)
+            if not (is_launcher_owned(p) or is_frontend_local(p) or p.startswith(ADMIN_ONLY_PREFIXES))]

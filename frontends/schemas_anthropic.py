@@ -17,7 +17,16 @@ from workers.disagg_params import DisaggParams
 
 __all__ = [
     "TextBlock",
+    "ToolUseBlock",
+    "ToolResultBlock",
+    "ThinkingBlock",
+    "RedactedThinkingBlock",
+    "ContentBlock",
     "Message",
+    "ThinkingEnabled",
+    "ThinkingDisabled",
+    "ThinkingAdaptive",
+    "ThinkingConfig",
     "ToolDefinition",
     "MessagesRequest",
     "CountTokensRequest",
@@ -29,23 +38,71 @@ _encode = msgspec.json.encode
 
 # Generation finish reasons (frontends.generation.Piece) to Anthropic stop reasons;
 # a stop string is "stop_sequence", decided where the piece carries one.
-STOP_REASONS: dict[str, str] = {"stop": "end_turn", "length": "max_tokens"}
+STOP_REASONS: dict[str, str] = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 class TextBlock(msgspec.Struct, frozen=True, tag_field="type", tag="text"):
     text: str
     cache_control: Any = None
+    citations: Any = None
+
+
+class ToolUseBlock(msgspec.Struct, frozen=True, tag_field="type", tag="tool_use"):
+    """A call the assistant made (history)."""
+
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: Any = None
+
+
+class ToolResultBlock(msgspec.Struct, frozen=True, tag_field="type", tag="tool_result"):
+    """A call's result, in a user message (history)."""
+
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: bool = False
+    cache_control: Any = None
+
+
+class ThinkingBlock(msgspec.Struct, frozen=True, tag_field="type", tag="thinking"):
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(msgspec.Struct, frozen=True, tag_field="type", tag="redacted_thinking"):
+    data: str
+
+
+ContentBlock = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
 
 
 class Message(msgspec.Struct, frozen=True):
     role: Literal["user", "assistant"]
-    content: str | list[TextBlock]
+    content: str | list[ContentBlock]
 
 
 class ToolDefinition(msgspec.Struct, frozen=True):
     name: str
     input_schema: dict[str, Any]
     description: str | None = None
+    type: str | None = None  # "custom" or absent: client tools are the only kind served
+    cache_control: Any = None
+
+
+class ThinkingEnabled(msgspec.Struct, frozen=True, tag_field="type", tag="enabled"):
+    budget_tokens: int
+
+
+class ThinkingDisabled(msgspec.Struct, frozen=True, tag_field="type", tag="disabled"):
+    pass
+
+
+class ThinkingAdaptive(msgspec.Struct, frozen=True, tag_field="type", tag="adaptive"):
+    pass
+
+
+ThinkingConfig = ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive
 
 
 class MessagesRequest(msgspec.Struct, frozen=True):
@@ -60,7 +117,8 @@ class MessagesRequest(msgspec.Struct, frozen=True):
     stream: bool = False
     metadata: Any = None
     tools: list[ToolDefinition] | None = None
-    tool_choice: Any = None
+    tool_choice: Any = None  # {"type": "auto" | "any" | "tool" | "none", ...}: frontends.anthropic_tools
+    thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None  # structured output: frontends.structured
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
@@ -70,6 +128,8 @@ class CountTokensRequest(msgspec.Struct, frozen=True):
     messages: list[Message]
     system: str | list[TextBlock] | None = None
     tools: list[ToolDefinition] | None = None
+    tool_choice: Any = None
+    thinking: ThinkingConfig | None = None
 
 
 def usage(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, int]:
@@ -143,15 +203,27 @@ class MessageEventEncoder:
     def error(self, error_body: bytes) -> bytes:
         return _event("error", error_body)
 
+    # Blocks at any index (answers with tool calls: text and tool_use blocks in the model's order).
+
+    def block_start(self, index: int, block: dict[str, Any]) -> bytes:
+        payload = {"type": "content_block_start", "index": index, "content_block": block}
+        return _event("content_block_start", _encode(payload))
+
+    def block_delta(self, index: int, delta: dict[str, Any]) -> bytes:
+        return _event("content_block_delta", _encode({"type": "content_block_delta", "index": index, "delta": delta}))
+
+    def block_stop(self, index: int) -> bytes:
+        return _event("content_block_stop", b'{"type":"content_block_stop","index":' + str(index).encode() + b"}")
+
     def message(self, text: str, stop_reason: str, stop_sequence: str | None, input_tokens: int,
-                output_tokens: int, cached_tokens: int = 0) -> bytes:
-        """The whole non-streaming response."""
+                output_tokens: int, cached_tokens: int = 0, content: list[dict[str, Any]] | None = None) -> bytes:
+        """The whole non-streaming response (``content``: its blocks, when not one text block)."""
         return _encode({
             "id": self.message_id,
             "type": "message",
             "role": "assistant",
             "model": self.model,
-            "content": [{"type": "text", "text": text}],
+            "content": [{"type": "text", "text": text}] if content is None else content,
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
             "usage": usage(input_tokens, output_tokens, cached_tokens),

@@ -132,7 +132,8 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     ignore_eos: bool = False
     min_tokens: int = 0
     tools: list[Tool] | None = None
-    tool_choice: Any = None
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}: frontends.openai_tools
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     user: str | None = None
@@ -232,6 +233,17 @@ class ChatChunkEncoder(_ChunkTemplates):
     def content(self, text: str, logprobs: dict[str, Any] | None = None) -> bytes:
         return (self._content_head + _encode(text) + b'},"logprobs":' + _encode(logprobs)
                 + b',"finish_reason":null}]}\n\n')
+
+    def tool_call_start(self, index: int, call_id: str, name: str) -> bytes:
+        call = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        return self._tool_call(call)
+
+    def tool_call_arguments(self, index: int, arguments: str) -> bytes:
+        return self._tool_call({"index": index, "function": {"arguments": arguments}})
+
+    def _tool_call(self, call: dict[str, Any]) -> bytes:
+        return (self.head + b'[{"index":0,"delta":{"tool_calls":[' + _encode(call)
+                + b']},"logprobs":null,"finish_reason":null}]}\n\n')
 
     def finish(self, finish_reason: str) -> bytes:
         return (self.head + b'[{"index":0,"delta":{},"logprobs":null,"finish_reason":' + _encode(finish_reason)

@@ -21,6 +21,7 @@ from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.generation import EngineClientLike, Generation
 from frontends.structured import GrammarChecker
 from frontends.tokenizer import Tokenizer
+from frontends.tool_parsers import CallSyntax, detect_tool_syntax, tool_syntax
 from workers.sampling_params import GuidedDecoding, SamplingParams
 
 __all__ = ["FrontendConfig", "ServingContext"]
@@ -35,6 +36,9 @@ class FrontendConfig:
     version: str = "0.1.0"
     disagg: DisaggConfig | None = None
     """Disaggregated serving: role, cluster key, KV endpoint (None: plain requests only)."""
+    tool_call_parser: str | None = None
+    """The model's tool-call format (``frontends.tool_parsers.TOOL_CALL_PARSERS``); None: detected from
+    the chat template (no format found: tool calls are not parsed and cannot be forced)."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Request bodies over this are refused with 413 before they are buffered."""
 
@@ -53,6 +57,9 @@ class ServingContext:
         self.tokenizer = tokenizer
         self.config = config
         self.model_name = config.served_model_name
+        self.tool_syntax: CallSyntax | None = (
+            tool_syntax(config.tool_call_parser) if config.tool_call_parser
+            else detect_tool_syntax(tokenizer.chat_template_source))
         self._grammar_checker: GrammarChecker | None = None  # built on the first constrained request
 
     def check_model(self, model: str) -> None:

@@ -30,6 +30,7 @@ from frontends.openai_api import chat_prompt_ids
 from frontends.schemas_openai import ChatCompletionRequest
 from frontends.serving import ServingContext
 from frontends.tokenizer import Tokenizer
+from frontends.tool_prompt import PromptContext
 
 __all__ = ["TokenizerSurface", "TokenizeRequest", "DetokenizeRequest", "tokenize", "detokenize", "model_card",
            "retrieve_model", "tokenize_route", "detokenize_route", "retrieve_model_route"]
@@ -75,7 +76,7 @@ def _prompt_ids(surface: TokenizerSurface, body: TokenizeRequest, raw: bytes) ->
                                   "the special tokens itself", param="add_special_tokens")
     # The whole body as a chat request: tools, chat_template_kwargs, ... render as they would there.
     chat = msgspec.convert({**msgspec.json.decode(raw), "model": surface.model_name}, ChatCompletionRequest)
-    return chat_prompt_ids(surface, chat)  # type: ignore[arg-type] - it reads .tokenizer only
+    return chat_prompt_ids(PromptContext.for_tokenizer(surface.tokenizer), chat)  # type: ignore[arg-type]
 
 
 def tokenize(surface: TokenizerSurface, raw: bytes) -> dict[str, Any]:

@@ -58,6 +58,17 @@ def _compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+def _cut_after_final_message(rendered: str, final: dict[str, Any]) -> str:
+    content = final.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise ChatTemplateError("the final message to continue has no text")
+    for text in (content, content.strip()):  # templates may strip the content
+        end = rendered.rfind(text)
+        if end >= 0:
+            return rendered[: end + len(text)]
+    raise ChatTemplateError("the chat template does not write the final message's text; it cannot be continued")
+
+
 class Tokenizer:
     """Encode, decode, count and render chat for one model."""
 
@@ -112,6 +123,12 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self._template_sources)
 
+    @property
+    def chat_template_source(self) -> str | None:
+        """The template that renders tools (``tool_use`` when the model has one), as text."""
+        sources = self._template_sources
+        return sources.get("tool_use") or sources.get("default") or next(iter(sources.values()), None)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self._encode_fast is not None:  # no character offsets: a third less time, every request
             return self._encode_fast([text], add_special_tokens=add_special_tokens)[0].ids
@@ -134,8 +151,13 @@ class Tokenizer:
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         template_kwargs: dict[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
         """The prompt text of a conversation under the model's chat template.
+
+        ``continue_final_message``: the last message (an assistant's) is left
+        open, so the model continues it (Anthropic prefill; as HF's option:
+        the text is cut right after that message's content).
 
         Raises ChatTemplateError when the model has no template or the
         template rejects the conversation.
@@ -150,11 +172,12 @@ class Tokenizer:
             eos_token=self.eos_token or "",
         )
         try:
-            return template.render(**context)
+            rendered = template.render(**context)
         except ChatTemplateError:
             raise
-        except jinja2.TemplateError as exc:
-            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - e.g. ``'...' + None`` on a null content: the conversation's fault
+            raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+        return _cut_after_final_message(rendered, messages[-1]) if continue_final_message else rendered
 
     def encode_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
         # The template writes BOS itself: encode without adding special tokens, as HF does.

@@ -3,8 +3,9 @@
 Both are ``frontends.app.build_app`` with the same API routes; they differ in
 who answers the launcher-owned routes (``frontends.route_table``):
 
-- the launcher (frontend 0) mounts their handlers (``launcher_routes`` and
-  the Anthropic Message Batches routes, ``frontends.batches``), keeps the perf
+- the launcher (frontend 0) mounts their handlers (``launcher_routes``, the
+  Anthropic Message Batches routes, ``frontends.batches``, and the stored
+  responses' admin routes, ``frontends.responses``), keeps the perf
   store (its own records go straight in, attached frontends' arrive on
   perf.sock) and writes the engine gauges;
 - an attached frontend mounts forwarders to the launcher's admin socket
@@ -36,6 +37,7 @@ from frontends.engine_client import EngineClient
 from frontends.launcher_routes import Control, LauncherState, launcher_routes
 from frontends.perf_records import PerfReceiver, PerfRecorder, PerfSender, PerfStore
 from frontends.prometheus import CONTENT_TYPE, FrontendMetrics, LauncherMetrics, render
+from frontends.responses import RESPONSES_FILE, LauncherResponses, LocalResponses, ResponseStore, admin_routes
 from frontends.route_table import LAUNCHER_PREFIXES, LAUNCHER_ROUTES
 from frontends.serving import FrontendConfig, ServingContext
 from frontends.tokenizer import Tokenizer
@@ -103,6 +105,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     # Opened here, before serving: a second worker on the same state dir fails at start-up.
     batches = BatchRunner(BatchStore(state_dir / BATCHES_FILE),
                           EngineBatchExecutor(ServingContext(client, tokenizer, config)))
+    responses = LocalResponses(ResponseStore(state_dir / RESPONSES_FILE))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -116,10 +119,11 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
             gauges.cancel()
             await asyncio.gather(gauges, return_exceptions=True)
             await receiver.close()
+            responses.store.close()
 
     app = build_app(client, tokenizer, config, lifespan=lifespan,
-                    prefix_routes=[*launcher_routes(state), *batch_routes(batches)],
-                    extra_routes=[_prometheus_route(metrics, state.refresh_gauges)])
+                    prefix_routes=[*launcher_routes(state), *batch_routes(batches), *admin_routes(responses)],
+                    extra_routes=[_prometheus_route(metrics, state.refresh_gauges)], responses_store=responses)
     app.state.launcher = state
     return ForwardedCounter(app, launcher_metrics)
 
@@ -132,6 +136,7 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     sender = PerfSender(attach.paths.perf, attach.key, attach.frontend_id)
     recorder = PerfRecorder(sender.send, _safe(metrics.observe))
     client.on_request_done = recorder.add
+    responses = LauncherResponses(str(attach.paths.launcher_admin), timeout=admin_timeout)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -142,8 +147,9 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
             recorder.flush()
             sender.close()
             await forwarder.aclose()
+            await responses.aclose()
 
     app = build_app(client, tokenizer, config, lifespan=lifespan, prefix_routes=forwarder.routes(),
-                    extra_routes=[_prometheus_route(metrics)])
+                    extra_routes=[_prometheus_route(metrics)], responses_store=responses)
     app.state.forwarder = forwarder
     return app

@@ -17,6 +17,7 @@ import hmac
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Awaitable, Callable
 
 import httpx
@@ -30,9 +31,10 @@ from starlette.routing import Route
 
 from frontends.body_limit import BodyLimitMiddleware
 from frontends.errors import NotFoundError, anthropic_error_body, http_error, openai_error_body
+from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
 from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
-from orchestrator import surface
+from orchestrator import responses, surface
 from orchestrator.batches import batch_forward
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamRejected
@@ -64,6 +66,8 @@ class Orchestrator:
         # Health, worker info, KV events, perf: a few calls a second.
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeouts.idle_seconds, connect=timeouts.connect_seconds))
         self.flow = Flow(config, self.view, self.link, self.legs, self.metrics)
+        # Stored responses (/v1/responses): one file that every process shares (orchestrator.responses).
+        self.responses = LocalResponses(ResponseStore(Path(config.state_dir) / RESPONSES_FILE))
 
     async def start(self) -> None:
         self.link.start()
@@ -72,6 +76,7 @@ class Orchestrator:
         await self.link.close()
         self.legs.close()
         await self.client.aclose()
+        self.responses.store.close()
 
 
 def _error(exc: BaseException, anthropic: bool) -> Response:
@@ -213,6 +218,10 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/tokenize", _endpoint(surface.tokenize_route), methods=["POST"]),
         Route("/detokenize", _endpoint(surface.detokenize_route), methods=["POST"]),
         Route("/version", _endpoint(surface.version, protected=False), methods=["GET"]),
+        Route("/v1/responses", _endpoint(responses.create_response), methods=["POST"]),
+        Route("/v1/responses/{response_id}", _endpoint(responses.retrieve_response), methods=["GET"]),
+        Route("/v1/responses/{response_id}", _endpoint(responses.delete_response), methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", _endpoint(responses.list_input_items), methods=["GET"]),
         Route("/health", _endpoint(_health, protected=False), methods=["GET"]),
         Route("/cluster_info", _endpoint(_cluster_info, protected=False), methods=["GET"]),
         Route("/prometheus/metrics", _endpoint(_prometheus, protected=False), methods=["GET"]),

@@ -19,16 +19,12 @@ from frontends.openai_api import chat_prompt_ids
 from frontends.schemas_anthropic import MessagesRequest
 from frontends.schemas_openai import ChatCompletionRequest
 from frontends.tokenizer import Tokenizer
+from frontends.tool_prompt import PromptContext
 
 __all__ = ["ParsedRequest", "parse_request", "ctx_body", "gen_body", "client_answer", "API_PATHS"]
 
 
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "messages": "/v1/messages"}
-
-
-@dataclass(frozen=True)
-class _TokenizerHolder:
-    tokenizer: Tokenizer  # what chat_prompt_ids/message_prompt_ids read from a ServingContext
 
 
 @dataclass(frozen=True)
@@ -54,7 +50,7 @@ def parse_request(api: str, raw: bytes, tokenizer: Tokenizer, session_header: st
     if "disaggregated_params" in body:
         raise InvalidRequestError("disaggregated_params is set by the orchestrator, not by clients",
                                   param="disaggregated_params")
-    holder = _TokenizerHolder(tokenizer)
+    holder = PromptContext.for_tokenizer(tokenizer)  # what chat_prompt_ids/message_prompt_ids read
     if api == "completions":
         prompt_ids = _completion_prompt_ids(body.get("prompt"), tokenizer)
     elif api == "chat":

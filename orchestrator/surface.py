@@ -14,7 +14,6 @@ is routed); null until the first worker has been heard from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -25,6 +24,7 @@ from frontends.anthropic_api import message_prompt_ids
 from frontends.schemas_anthropic import CountTokensRequest
 from frontends.serving import FrontendConfig
 from frontends.tokenize_api import TokenizerSurface, detokenize, model_card, retrieve_model, tokenize
+from frontends.tool_prompt import PromptContext
 
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator
@@ -50,15 +50,10 @@ def _surface(orch: "Orchestrator") -> TokenizerSurface:
                             tokenizer.backend.get_vocab_size(with_added_tokens=True))
 
 
-@dataclass(frozen=True)
-class _TokenizerHolder:
-    tokenizer: Any  # what message_prompt_ids reads from a ServingContext
-
-
 async def count_tokens(orch: "Orchestrator", request: Request) -> Response:
     body = msgspec.json.decode(await request.body(), type=CountTokensRequest)
     _surface(orch).check_model(body.model)
-    ids = message_prompt_ids(_TokenizerHolder(orch.tokenizer), body)  # type: ignore[arg-type]
+    ids = message_prompt_ids(PromptContext.for_tokenizer(orch.tokenizer), body)  # type: ignore[arg-type]
     return _json({"input_tokens": len(ids)})
 
 

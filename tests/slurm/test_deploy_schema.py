@@ -66,6 +66,8 @@ def test_placement_that_cannot_fit_shows_the_arithmetic(tmp_path: Path) -> None:
      "must be >= 0"),
     ("model: tiny\npools: {gen: {engine: {decode_attention: flash}}}\n", "pools.gen.engine.decode_attention",
      "must be auto, native or sdpa, got 'flash'"),
+    ("model: tiny\ntool_call_parser: mistral\n", "tool_call_parser",
+     "must be one of hermes, llama3_json, got 'mistral'"),
 ])
 def test_errors_name_the_file_and_key(tmp_path: Path, text: str, key: str, message: str) -> None:
     path = _write(tmp_path, text)

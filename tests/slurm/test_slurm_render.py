@@ -117,3 +117,16 @@ def test_pool_engine_settings_reach_that_pool_only(tmp_path: Path) -> None:
     assert all(" --dtype float32 " in s for s in ctx_steps + gen_steps)
     assert all(" --decode-attention sdpa " in s for s in gen_steps)
     assert not any("--decode-attention" in s for s in ctx_steps)
+
+
+def test_tool_call_parser_reaches_every_worker_on_both_launchers(tmp_path: Path) -> None:
+    from disagg.deployment import _worker_argv
+
+    path = tmp_path / "tools.yaml"
+    path.write_text("model: tiny\nlauncher: slurm\ntool_call_parser: hermes\n"
+                    "pools: {ctx: {base_port: 9100}, gen: {base_port: 9200}}\n")
+    config = load_deploy_config(path)
+    steps = [s for s in _srun_steps(render_script(build_slurm_plan(config, str(path)))) if " serve " in s]
+    assert len(steps) == 2 and all(" --tool-call-parser hermes " in s for s in steps)
+    _, argv = _worker_argv(config, "gen", 0, tmp_path / "model", tmp_path)
+    assert argv[argv.index("--tool-call-parser") + 1] == "hermes"

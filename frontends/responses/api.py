@@ -1,0 +1,144 @@
+"""The Responses API on a worker: ``POST /v1/responses``, ``GET|DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items``.
+
+``begin_turn`` and ``store_turn`` are what the worker and the orchestrator
+share: decode and validate the body, load the conversation that
+``previous_response_id`` continues (an unknown or expired id is the
+reference's 400 ``previous_response_not_found``), and store the answer
+(``store`` defaults to true). In between, a worker runs the request as a
+chat request through its chat handler (``serve_chat_completion``) and
+renders the answer (``frontends.responses.render``).
+
+The stored-response routes read the app's ``ResponsesClient``
+(``app.state.responses``): on the launcher and on a plain app, the local
+store; attached frontends forward ``/v1/responses/*`` to the launcher
+(``frontends.route_table``). ``admin_routes`` are the launcher's answers to
+its attached frontends' reads and writes: on the admin Unix socket only.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from frontends.errors import FrontendError, InvalidRequestError, NotFoundError
+from frontends.openai_api import serve_chat_completion
+from frontends.responses.items import input_items_page
+from frontends.responses.render import ResponseEventStream, ResponseTurn
+from frontends.responses.schemas import Item, ResponsesRequest, StoredResponse, with_defaults
+from frontends.responses.store import ADMIN_PREFIX, LocalResponses, ResponsesClient
+from frontends.responses.translate import parse_input, rename_param, validate_request
+from frontends.schemas_openai import ChatCompletionRequest
+from frontends.serving import ServingContext
+from frontends.streaming import EventStreamResponse
+
+__all__ = ["PreviousResponseNotFoundError", "begin_turn", "store_turn", "create_response", "retrieve_response",
+           "list_input_items", "delete_response", "admin_routes"]
+
+_JSON = "application/json"
+
+
+class PreviousResponseNotFoundError(InvalidRequestError):
+    code = "previous_response_not_found"
+
+
+async def begin_turn(raw: bytes, store: ResponsesClient) -> ResponseTurn:
+    body = with_defaults(msgspec.json.decode(raw, type=ResponsesRequest))
+    items = parse_input(body.input)
+    history: list[Item] = []
+    if body.previous_response_id is not None:
+        previous = await store.get(body.previous_response_id)
+        if previous is None:
+            raise PreviousResponseNotFoundError(f"Previous response with id '{body.previous_response_id}' not "
+                                                "found.", param="previous_response_id")
+        history = previous.conversation
+    validate_request(body, items, history)
+    return ResponseTurn(body, history, items)
+
+
+async def store_turn(turn: ResponseTurn, store: ResponsesClient, response_json: bytes, output: list[Item]) -> None:
+    if turn.body.store:
+        await store.put(StoredResponse(turn.id, time.time(), msgspec.Raw(response_json),
+                                       turn.conversation_after(output), len(output)))
+
+
+def _store(request: Request) -> ResponsesClient:
+    return request.app.state.responses
+
+
+async def create_response(ctx: ServingContext, request: Request) -> Response:
+    arrival_time = time.time()
+    store = _store(request)
+    turn = await begin_turn(await request.body(), store)
+    chat = msgspec.convert(turn.chat_body(), ChatCompletionRequest)
+    try:
+        answer = await serve_chat_completion(ctx, chat, request.receive, arrival_time)
+    except FrontendError as exc:
+        raise rename_param(exc) from None
+    if isinstance(answer, EventStreamResponse):
+
+        async def keep(response_json: bytes, output: list[Item]) -> None:
+            await store_turn(turn, store, response_json, output)
+
+        return EventStreamResponse(ResponseEventStream(turn, keep).run(answer.events))
+    response, output = turn.from_chat(msgspec.json.decode(answer.body))
+    encoded = msgspec.json.encode(response)
+    await store_turn(turn, store, encoded, output)
+    return Response(encoded, media_type=_JSON)
+
+
+def _not_found(response_id: str) -> NotFoundError:
+    return NotFoundError(f"No response found with id '{response_id}'.", param="response_id")
+
+
+async def retrieve_response(ctx: ServingContext, request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    record = await _store(request).get(response_id)
+    if record is None:
+        raise _not_found(response_id)
+    return Response(bytes(record.response), media_type=_JSON)
+
+
+async def list_input_items(ctx: ServingContext, request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    record = await _store(request).get(response_id)
+    if record is None:
+        raise _not_found(response_id)
+    return Response(msgspec.json.encode(input_items_page(record, request.query_params)), media_type=_JSON)
+
+
+async def delete_response(ctx: ServingContext, request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    if not await _store(request).delete(response_id):
+        raise _not_found(response_id)
+    return Response(msgspec.json.encode({"id": response_id, "object": "response", "deleted": True}),
+                    media_type=_JSON)
+
+
+def _over_admin_socket(request: Request) -> bool:
+    # uvicorn gives a Unix socket's connections a (path, None) server address; TCP has a port.
+    server = request.scope.get("server")
+    return server is not None and server[1] is None
+
+
+def admin_routes(store: LocalResponses) -> list[Route]:
+    """The launcher's store, for its attached frontends: GET / PUT / DELETE a whole record."""
+
+    async def record(request: Request) -> Response:
+        if not _over_admin_socket(request):
+            return Response(status_code=404)
+        response_id = request.path_params["response_id"]
+        if request.method == "PUT":
+            await store.put(msgspec.json.decode(await request.body(), type=StoredResponse))
+            return Response(status_code=204)
+        if request.method == "DELETE":
+            return Response(status_code=204 if await store.delete(response_id) else 404)
+        found = await store.get(response_id)
+        return Response(status_code=404) if found is None else Response(msgspec.json.encode(found),
+                                                                         media_type=_JSON)
+
+    return [Route(ADMIN_PREFIX + "{response_id}", record, methods=["GET", "PUT", "DELETE"])]

@@ -1,0 +1,241 @@
+"""The streaming tool-call parser shared by every call format.
+
+A format (``CallSyntax``) says where a call may begin in the model's text,
+how to read one complete call, and which characters are filler between
+calls; ``ToolCallParser`` runs the one state machine over the text pieces
+of a generation and yields ``TextDelta`` and ``ParsedCall`` events.
+
+Invariants (what clients can rely on, streamed or not):
+
+- text before a call streams as text as soon as it cannot be the start of
+  a call (only a possible opener prefix, e.g. ``<tool_ca``, is held back);
+- a call is reported only once it is complete and valid (its JSON parses,
+  its name is one of the request's tools, its arguments are an object), so
+  a partial call never leaks as text and a reported call is never
+  retracted: name and arguments reach the API encoder together, which sends
+  the name first and then the arguments;
+- except with ``stream_arguments`` (forced calls, whose grammar guarantees
+  the call's form): ``CallHead`` as soon as the name is read, then the
+  arguments' text as it comes (``ArgumentsDelta``), then ``ParsedCall``; a
+  call cut short (``max_tokens``) then ends without its ``ParsedCall``;
+- a call that turns out malformed (bad JSON, unknown tool, truncated by
+  ``max_tokens``) is reported as text, verbatim;
+- filler (whitespace, a format's separators) right before a call, and after
+  the last call, is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol, Union
+
+from frontends.tool_parsers.json_text import ObjectEnd
+
+__all__ = [
+    "TextDelta",
+    "ParsedCall",
+    "CallHead",
+    "ArgumentsDelta",
+    "ParserEvent",
+    "NeedMore",
+    "Malformed",
+    "Complete",
+    "ScanResult",
+    "CallSyntax",
+    "ToolCallParser",
+]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    index: int  # 0, 1, ... in the order the model wrote the calls
+    name: str
+    arguments: dict[str, Any]
+
+    @property
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class CallHead:
+    """A call's name, before its arguments (``stream_arguments`` only)."""
+
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgumentsDelta:
+    """Raw text of a started call's arguments object; all of them concatenated are its JSON."""
+
+    index: int
+    text: str
+
+
+ParserEvent = Union[TextDelta, CallHead, ArgumentsDelta, ParsedCall]
+
+
+@dataclass(frozen=True)
+class NeedMore:
+    """The call is not complete yet."""
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """Not a call: the first ``length`` characters are text."""
+
+    length: int
+
+
+@dataclass(frozen=True)
+class Complete:
+    name: str
+    arguments: dict[str, Any]
+    length: int  # characters the call took, opener and closer included
+
+
+ScanResult = Union[NeedMore, Malformed, Complete]
+
+
+class CallSyntax(Protocol):
+    """One model family's way of writing tool calls (one module per format)."""
+
+    name: str
+
+    def call_start(self, text: str, at_boundary: bool) -> int:
+        """Index of the first complete call opener in ``text``, or -1. ``at_boundary``:
+        ``text`` starts where a call may begin (start of output, after a call, ...)."""
+
+    def held_suffix(self, text: str) -> int:
+        """Index from which the end of ``text`` may be an incomplete opener (len: none)."""
+
+    def scan(self, text: str, final: bool, tool_names: frozenset[str], objects: ObjectEnd) -> ScanResult:
+        """Read one call at the start of ``text`` (which starts with an opener); ``objects`` finds
+        the end of its JSON (one per call: ``text`` only grows while the call is read)."""
+
+    def scan_head(self, text: str) -> tuple[str, int] | None:
+        """(name, index where the arguments object starts) once a call at the start of ``text``
+        has been written up to its arguments, name first; None before (or in another key order)."""
+
+    def is_filler(self, text: str) -> bool:
+        """Whether ``text`` is only what may separate calls (whitespace, separators)."""
+
+    def filler_start(self, text: str) -> int:
+        """Index from which ``text`` ends in filler (len: it does not)."""
+
+    def tools_prompt(self, tools: list[dict[str, Any]]) -> str:
+        """The system prompt that offers ``tools`` (OpenAI function tools) in this format, for
+        templates that do not write tools themselves (``frontends.tool_prompt``)."""
+
+    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+        """Calls (name, arguments object or JSON text) as the model writes them."""
+
+    def render_result(self, content: str) -> str:
+        """A tool's result as a user turn shows it."""
+
+    def grammar(self, tools: list[tuple[str, dict[str, Any]]], parallel: bool) -> str:
+        """An llguidance Lark grammar that admits exactly well-formed calls of ``tools``
+        (name, JSON schema of the arguments): one call, or several when ``parallel``."""
+
+
+class ToolCallParser:
+    """Feed the text of one generation; get text deltas and complete calls, in order."""
+
+    def __init__(self, syntax: CallSyntax, tool_names: Iterable[str], stream_arguments: bool = False) -> None:
+        self.syntax = syntax
+        self.tool_names = frozenset(tool_names)
+        self.stream_arguments = stream_arguments
+        self.num_calls = 0
+        self._arguments_start = -1  # in the buffer, once a streamed call's head is out
+        self._arguments_sent = 0  # the buffer index up to which its arguments went out
+        self._call_object = ObjectEnd()  # the call in progress
+        self._arguments_object = ObjectEnd()  # its arguments (streamed calls)
+        self._buffer = ""  # text not yet reported: held filler, a possible opener, or a call in progress
+        self._in_call = False
+        self._filler = ""
+        self._at_boundary = True  # the start of output, or right after a call
+
+    def feed(self, text: str) -> list[ParserEvent]:
+        self._buffer += text
+        return self._advance(final=False)
+
+    def finish(self) -> list[ParserEvent]:
+        """The end of the output: a call still open is malformed; trailing filler after calls is dropped."""
+        events = self._advance(final=True)
+        rest, self._buffer = self._buffer, ""
+        if rest and not (self.num_calls and self.syntax.is_filler(rest)):
+            events.append(TextDelta(rest))
+        return events
+
+    def _advance(self, final: bool) -> list[ParserEvent]:
+        events: list[ParserEvent] = []
+        syntax = self.syntax
+        while self._buffer:
+            if self._in_call:
+                if self.stream_arguments:
+                    self._stream_arguments(events)
+                result = syntax.scan(self._buffer, final, self.tool_names, self._call_object)
+                if isinstance(result, NeedMore):
+                    break
+                self._in_call = False
+                filler, self._filler = self._filler, ""
+                started, self._arguments_start = self._arguments_start >= 0, -1
+                if isinstance(result, Complete):  # the filler before it is dropped
+                    events.append(ParsedCall(self.num_calls, result.name, result.arguments))
+                    self.num_calls += 1
+                    self._buffer = self._buffer[result.length:]
+                    self._at_boundary = True
+                elif started:  # cut short after its head went out: it ends there, its text dropped
+                    self.num_calls += 1
+                    self._buffer = self._buffer[max(result.length, 1):]
+                else:
+                    self._emit_text(events, filler + self._buffer[:max(result.length, 1)])
+                    self._buffer = self._buffer[max(result.length, 1):]
+                continue
+            start = syntax.call_start(self._buffer, self._at_boundary)
+            if start >= 0:
+                before = self._buffer[:start]
+                text_end = 0 if syntax.is_filler(before) else syntax.filler_start(before)
+                self._emit_text(events, before[:text_end])
+                self._filler = before[text_end:]  # dropped if the call is one, text if not
+                self._buffer = self._buffer[start:]
+                self._in_call = True
+                self._call_object, self._arguments_object = ObjectEnd(), ObjectEnd()
+                continue
+            # No call yet: report what cannot start one; hold a possible opener and trailing filler.
+            held = len(self._buffer) if final else syntax.held_suffix(self._buffer)
+            keep = syntax.filler_start(self._buffer[:held])
+            if keep > 0:
+                self._emit_text(events, self._buffer[:keep])
+                self._buffer = self._buffer[keep:]
+            break
+        return events
+
+    def _stream_arguments(self, events: list[ParserEvent]) -> None:
+        if self._arguments_start < 0:
+            head = self.syntax.scan_head(self._buffer)
+            if head is None or head[0] not in self.tool_names:
+                return
+            self._arguments_start = self._arguments_sent = head[1]
+            events.append(CallHead(self.num_calls, head[0]))
+        end = self._arguments_object.find(self._buffer, self._arguments_start)
+        end = len(self._buffer) if end < 0 else end
+        if end > self._arguments_sent:
+            events.append(ArgumentsDelta(self.num_calls, self._buffer[self._arguments_sent:end]))
+            self._arguments_sent = end
+
+    def _emit_text(self, events: list[ParserEvent], text: str) -> None:
+        if not text:
+            return
+        self._at_boundary = False
+        if events and isinstance(events[-1], TextDelta):
+            events[-1] = TextDelta(events[-1].text + text)
+        else:
+            events.append(TextDelta(text))

@@ -1,0 +1,116 @@
+"""The Responses API at the orchestrator: ``POST /v1/responses``, ``GET|DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items``.
+
+Design: the orchestrator translates each /v1/responses request into the
+chat request it means (``frontends.responses``: the conversation of
+``previous_response_id`` loaded from the orchestrator's own store, then this
+request's input) and runs that through its normal disaggregated chat flow
+(ctx leg + gen leg, retries, streaming), then renders the chat answer as a
+response object or event stream with the workers' own renderer. Workers
+therefore see plain chat requests and keep nothing: the orchestrator's
+store (one SQLite file in its state directory, shared by its processes)
+holds every conversation, so a conversation continues on any worker, and
+survives any worker's restart.
+
+Every turn of a conversation has one session id (``x-session-id``, else
+``user``, else the conversation's first item id), so session-affinity
+routing keeps a conversation where its KV is. Perf records say
+``api: responses``; request counters count these as ``chat`` (what ran).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from frontends.errors import FrontendError, NotFoundError
+from frontends.responses import ResponseEventStream, begin_turn, input_items_page, store_turn
+from frontends.responses.schemas import Item
+from frontends.responses.translate import rename_fields, rename_param, responses_param
+from frontends.streaming import EventStreamResponse
+from orchestrator.errors import UpstreamRejected
+from orchestrator.flow import PerfRecord
+from orchestrator.prompt import parse_request
+
+__all__ = ["create_response", "retrieve_response", "list_input_items", "delete_response"]
+
+_JSON = "application/json"
+
+
+def _renamed(exc: UpstreamRejected) -> UpstreamRejected:
+    """A worker's 4xx to the chat request, in Responses terms."""
+    try:
+        body = msgspec.json.decode(exc.body)
+        error = body["error"]
+        error["param"] = responses_param(error.get("param"))
+        error["message"] = rename_fields(error.get("message") or "")
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return exc
+    return UpstreamRejected(exc.status, msgspec.json.encode(body))
+
+
+async def create_response(orch, request: Request) -> Response:
+    request_id = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex}"
+    record = PerfRecord(request_id=request_id, api="responses", arrival=time.time())
+    store = orch.responses
+    try:
+        turn = await begin_turn(await request.body(), store)
+        try:
+            # A conversation is a session (affinity routing) unless the client names one.
+            session = request.headers.get("x-session-id") or turn.body.user or turn.session_id
+            parsed = parse_request("chat", msgspec.json.encode(turn.chat_body()), orch.tokenizer, session)
+            record.tokenized = time.time()
+            answer = await orch.flow.handle(parsed, request_id, request.receive, record)
+        except FrontendError as exc:
+            raise rename_param(exc) from None
+        except UpstreamRejected as exc:
+            raise _renamed(exc) from None
+    except Exception as exc:
+        orch.metrics.errors.labels("request", type(exc).__name__).inc()
+        record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
+        orch.link.perf_queue.append(msgspec.to_builtins(record.__dict__))
+        raise
+    if isinstance(answer, EventStreamResponse):  # its headers (x-disagg-*) stay
+
+        async def keep(response_json: bytes, output: list[Item]) -> None:
+            await store_turn(turn, store, response_json, output)
+
+        answer.events = ResponseEventStream(turn, keep).run(answer.events)
+        return answer
+    response, output = turn.from_chat(msgspec.json.decode(answer.body))
+    encoded = msgspec.json.encode(response)
+    await store_turn(turn, store, encoded, output)
+    headers = {k: v for k, v in answer.headers.items() if k.startswith("x-")}
+    return Response(encoded, media_type=_JSON, headers=headers)
+
+
+def _not_found(response_id: str) -> NotFoundError:
+    return NotFoundError(f"No response found with id '{response_id}'.", param="response_id")
+
+
+async def retrieve_response(orch, request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    record = await orch.responses.get(response_id)
+    if record is None:
+        raise _not_found(response_id)
+    return Response(bytes(record.response), media_type=_JSON)
+
+
+async def list_input_items(orch, request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    record = await orch.responses.get(response_id)
+    if record is None:
+        raise _not_found(response_id)
+    return Response(msgspec.json.encode(input_items_page(record, request.query_params)), media_type=_JSON)
+
+
+async def delete_response(orch, request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    if not await orch.responses.delete(response_id):
+        raise _not_found(response_id)
+    return Response(msgspec.json.encode({"id": response_id, "object": "response", "deleted": True}),
+                    media_type=_JSON)
