@@ -10,7 +10,7 @@
     tiny_model_size: bench          #   `up` writes a random-weight tiny model there first
     tool_call_parser: null          # hermes | llama3_json; default: detected from the chat template
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
-             max_num_batched_tokens, kv_park_seconds, synthetic_decode_step_seconds,
+             max_num_batched_tokens, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
              synthetic_prefill_seconds_per_token, decode_attention}
     orchestrator: {host, port, processes, ctx_router, gen_router, conditional, health,
                    timeouts, max_retries, api_key}      # see orchestrator.config
@@ -59,6 +59,9 @@ class EngineSettings:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     kv_park_seconds: float | None = None
+    kv_pull_timeout: float | None = None
+    """gen role: a KV pull with no progress for this long fails its request (serve's --kv-pull-timeout,
+    default 30); a pull from a ctx engine whose agent is known gone fails at once regardless."""
     synthetic_decode_step_seconds: float | None = None
     """Synthetic engine's timing model: seconds per decode step (serve's flag of the same name)."""
     synthetic_prefill_seconds_per_token: float | None = None
@@ -73,6 +76,10 @@ class EngineSettings:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{prefix}.{name}", f"must be >= 0, got {value}")
+        for name in ("kv_park_seconds", "kv_pull_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{prefix}.{name}", f"must be > 0, got {value}")
         if self.wedged_seconds is not None and self.wedged_seconds < 10:
             raise ConfigError(f"{prefix}.wedged_seconds", f"must be >= 10 (slow is not dead), got {self.wedged_seconds}")
         if self.kind is not None and self.kind not in ("torch", "synthetic"):
@@ -96,6 +103,7 @@ class EngineSettings:
                 "--synthetic-decode-step-seconds": self.synthetic_decode_step_seconds,
                 "--synthetic-prefill-seconds-per-token": self.synthetic_prefill_seconds_per_token,
                 "--kv-park-seconds": self.kv_park_seconds,
+                "--kv-pull-timeout": self.kv_pull_timeout,
                 "--decode-attention": self.decode_attention,
                 "--engine-wedged-seconds": self.wedged_seconds}
 

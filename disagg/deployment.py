@@ -10,7 +10,8 @@ orchestrator's /health answers 200; it prints the URL and returns. With
 2. writes the cluster key file (0600) and ``orchestrator.json``,
 3. starts every worker (``disagg serve --role ctx|gen ...``) and the
    orchestrator, each in its own session, logs in ``<run dir>/logs/<name>.log``,
-4. records them in ``<run dir>/state.json`` (what status/down/logs read),
+4. records them in ``<run dir>/state.json`` (what status/down/logs read), each
+   as pid and start time (``disagg.run_dir_guard``),
 5. restarts a process that exits unexpectedly, within the YAML's ``restarts``
    budget over a sliding window; a process past it is left down and marked in
    the state (``disagg status`` says so) while the others keep serving,
@@ -18,8 +19,12 @@ orchestrator's /health answers 200; it prints the URL and returns. With
    SIGKILL after ``STOP_SECONDS``) and removes the runtime files (state,
    key, orchestrator state dir). Logs stay.
 
-``down`` signals the supervisor and waits for it; if the supervisor is gone,
-it stops the recorded processes itself.
+``up`` refuses while the run dir has a live owner (its supervisor, or, when
+that was killed, any recorded process: an orphan) or a port the config fixes
+is taken. ``down`` signals the supervisor and waits for it; if the supervisor
+is gone, it stops the recorded processes itself; either way only a pid whose
+start time still matches is signalled, and with nothing running it says so
+and exits 0. Both sweep ``/tmp/disagg-*`` IPC dirs whose workers are gone.
 
 With ``launcher: slurm`` in the file (or ``up --launcher slurm``) the deployment
 is one Slurm job instead: ``disagg.slurm_deployment`` (its run dir holds
@@ -40,7 +45,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from disagg.run_dir_guard import busy_ports, live_processes, recorded_processes, stop_recorded
 from orchestrator.readiness import health_progress
+from workers.ipc_dir_owners import sweep_stale_ipc_dirs
+from workers.process_identity import process_start_time
 from workers.processes import stop_process
 from workers.restart_budget import RestartBudget
 
@@ -92,6 +100,10 @@ def run_deployment_command(args: argparse.Namespace) -> int:
 
                 return slurm_up(config, args.config, config.run_path)
             resolve_deploy_model(config, config.run_path)  # here, so a missing model is one line, not a log
+            refusal = _refusal(config)
+            if refusal:
+                print(f"disagg up: {refusal}", file=sys.stderr)
+                return 1
             return _supervise(config) if args.foreground else _up_detached(config, args)
         run_dir = _find_run_dir(args)
         if args.action in ("status", "down") and (run_dir / "slurm.json").exists():  # launcher: slurm
@@ -134,27 +146,30 @@ def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
     tmp.replace(run_dir / STATE_FILE)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not reaped) is gone
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 # -- up -----------------------------------------------------------------------------------------
+
+def _refusal(config: DeployConfig) -> str | None:
+    """Why ``up`` must not start here (a live or orphaned deployment owns the run dir, or a port the
+    config fixes is taken), or None. Starting anyway would bind beside the old one and, at its own
+    exit, delete the old one's state and key."""
+    run_dir = config.run_path
+    state = _read_state(run_dir)
+    if state is not None:
+        live = live_processes(state)
+        if live:
+            names = ", ".join(f"{p.name} (pid {p.pid})" for p in live)
+            orphan = "" if live[0].name == "supervisor" else "; its supervisor is gone: an orphan"
+            return (f"a deployment already runs from {run_dir} ({state['url']}): {names}{orphan}; "
+                    f"`disagg down` first")
+        _clean(run_dir)  # a dead deployment's leftovers: nothing owns them any more
+    busy = busy_ports(config)
+    if busy:
+        return f"port{'s' if len(busy) > 1 else ''} already in use: {', '.join(busy)}; is another deployment up?"
+    return None
+
 
 def _up_detached(config: DeployConfig, args: argparse.Namespace) -> int:
     run_dir = config.run_path
-    state = _read_state(run_dir)
-    if state and _alive(state["supervisor_pid"]):
-        print(f"disagg up: already running from {run_dir} ({state['url']}); `disagg down` first", file=sys.stderr)
-        return 1
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "disagg.cli", "up", str(args.config), "--run-dir", str(run_dir), "--foreground"]
     with open(run_dir / "up.log", "w") as log:
@@ -248,7 +263,7 @@ def _start(run_dir: Path, process: dict[str, Any]) -> subprocess.Popen:
     with open(log_path, "a") as log:
         child = subprocess.Popen(process["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
-    process.update(pid=child.pid, log=str(log_path))
+    process.update(pid=child.pid, start_time=process_start_time(child.pid), log=str(log_path))
     return child
 
 
@@ -261,7 +276,8 @@ def _supervise(config: DeployConfig) -> int:
         signal.signal(sig, lambda signum, frame: stopping.append(signum))
     processes, url = _prepare(config, run_dir)
     children: dict[str, subprocess.Popen] = {}
-    state = {"config": config.source, "url": url, "supervisor_pid": os.getpid(), "processes": processes,
+    state = {"config": config.source, "url": url, "supervisor_pid": os.getpid(),
+             "supervisor_start_time": process_start_time(os.getpid()), "processes": processes,
              "started_at": time.time()}
     policy = config.restarts
     budgets = {p["name"]: RestartBudget(policy.max_restarts, policy.window_seconds) for p in processes}
@@ -323,9 +339,15 @@ def _status(run_dir: Path) -> int:
             print(f"  the last one's supervisor log is {up_log}; it ends:", *(f"    {line}" for line in last), sep="\n")
         return 1
     print(f"deployment {run_dir} ({state['config']}), orchestrator {state['url']}")
-    print(f"  supervisor pid {state['supervisor_pid']}: {'running' if _alive(state['supervisor_pid']) else 'gone'}")
+    recorded = {p.name: p for p in recorded_processes(state)}
+    supervisor = recorded.pop("supervisor")
+    if supervisor.may_be_running():
+        print(f"  supervisor pid {supervisor.pid}: running")
+    else:  # an orphan: its processes serve unsupervised (no restarts), and `down` still finds them here
+        print(f"  supervisor pid {supervisor.pid}: GONE; the processes below run unsupervised; "
+              f"`disagg down` stops them (its log: {run_dir / 'up.log'})")
     for process in state["processes"]:
-        alive = "running" if _alive(process["pid"]) else "exited"
+        alive = "running" if recorded[process["name"]].may_be_running() else "exited"
         print(f"  {process['name']:<14} pid {process['pid']:<8} {alive:<8} {process['url']}")
         if process.get("given_up"):
             print(f"    LEFT DOWN: it {process['given_up']} (restarts: {process['restarts']}); "
@@ -344,27 +366,38 @@ def _status(run_dir: Path) -> int:
 
 
 def _down(run_dir: Path) -> int:
+    """Stop what the run dir records, signalling only pids whose start time still matches (a recycled
+    pid is never signalled); with nothing running, one line and exit 0."""
     state = _read_state(run_dir)
     if state is None:
-        print(f"no deployment running from {run_dir}")
+        print(f"disagg down: nothing running from {run_dir}")
+        _sweep_ipc_dirs()
         return 0
-    supervisor = state["supervisor_pid"]
-    if supervisor != os.getpid() and _alive(supervisor):
-        os.kill(supervisor, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_SECONDS * 2
-        while _alive(supervisor) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    for process in reversed(state["processes"]):  # a supervisor that died leaves these behind
-        if _alive(process["pid"]):
-            os.kill(process["pid"], signal.SIGTERM)
-            deadline = time.monotonic() + STOP_SECONDS
-            while _alive(process["pid"]) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(process["pid"]):
-                os.kill(process["pid"], signal.SIGKILL)
+    supervisor, *children = recorded_processes(state)
+    supervised = supervisor.pid != os.getpid() and supervisor.running()
+    if supervised:
+        # The supervisor stops its children itself (orchestrator first) and cleans up.
+        stop_recorded([supervisor], STOP_SECONDS * 2)
+    # Whatever is left: a supervisor that died (or was just killed) leaves these behind. The orchestrator
+    # (last in the list) goes first, so no request is routed to a stopping worker.
+    stopped = stop_recorded(list(reversed(children)), STOP_SECONDS)
+    legacy = [p for p in children if p.start_time is None and p.may_be_running()]
     _clean(run_dir)
-    print(f"disagg down: stopped {len(state['processes'])} processes from {run_dir}")
+    _sweep_ipc_dirs()
+    if not supervised and not stopped and not legacy:
+        print(f"disagg down: nothing was running from {run_dir}; removed its stale runtime files")
+        return 0
+    orphan = "" if supervised else " (unsupervised: its supervisor was gone)"
+    print(f"disagg down: stopped {len(state['processes'])} processes from {run_dir}{orphan}")
+    for process in legacy:
+        print(f"disagg down: pid {process.pid} ({process.name}) was recorded without a start time and runs: "
+              f"not signalled, it may be a different process", file=sys.stderr)
     return 0
+
+
+def _sweep_ipc_dirs() -> None:
+    for path in sweep_stale_ipc_dirs():
+        print(f"disagg down: removed {path} (its worker's processes are gone)")
 
 
 def _tail(path: Path, lines: int) -> str:

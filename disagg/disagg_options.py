@@ -58,6 +58,8 @@ def engine_disagg_spec(args: argparse.Namespace) -> Any:
         return None
     if args.kv_park_seconds <= 0:
         raise ConfigError("kv_park_seconds", f"must be > 0, got {args.kv_park_seconds}")
+    if args.kv_pull_timeout <= 0:
+        raise ConfigError("kv_pull_timeout", f"must be > 0, got {args.kv_pull_timeout}")
     return DisaggEngineSpec(role=args.role, cluster_key_hex=key.hex(), kv_host=args.kv_host, kv_port=args.kv_port,
                             kv_advertise_host=args.kv_advertise_host, pull_timeout_seconds=args.kv_pull_timeout)
 

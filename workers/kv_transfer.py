@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import (
@@ -131,6 +132,11 @@ class KVTransferAgent:
         self.endpoint = f"tcp://{advertise_host}:{bound_port}"
         self._poller: zmq.Poller | None = None
         self._dealers: dict[str, zmq.Socket] = {}
+        # Each dealer's connection events: a ctx agent whose connection drops (its engine died) or is
+        # refused fails the pulls from it at once instead of after ``pull_timeout`` of silence. Its
+        # parked KV is gone either way: even a reconnect reaches a new ROUTER identity, which
+        # would never be sent the blocks of the old one.
+        self._monitors: dict[str, zmq.Socket] = {}
         self._sends: deque[_Send] = deque()
         self._ctx_requests: dict[int, tuple[int, float]] = {}  # live ctx request id -> (prompt tokens, park s)
         self._pulls: dict[int, _Pull] = {}  # gen request id -> its pull
@@ -149,8 +155,8 @@ class KVTransferAgent:
         """Wake the engine loop's poll on KV-transfer traffic too."""
         self._poller = poller
         poller.register(self._router, zmq.POLLIN)
-        for dealer in self._dealers.values():
-            poller.register(dealer, zmq.POLLIN)
+        for sock in (*self._dealers.values(), *self._monitors.values()):
+            poller.register(sock, zmq.POLLIN)
 
     def add_context(self, message: AddContextRequest) -> Any:
         request = message.request
@@ -183,6 +189,8 @@ class KVTransferAgent:
             self._start_pull(pull.request_id, pull.block_ids, pull.first_block, now)
         for dealer in list(self._dealers.values()):
             self._receive_replies(dealer)
+        for endpoint, monitor in list(self._monitors.items()):
+            self._watch_connection(endpoint, monitor)
         self._check_timeouts(time.time())
 
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
@@ -208,7 +216,9 @@ class KVTransferAgent:
                 output.kv_parked = ParkedKV(num_prompt, time.time() + park_seconds - EXPIRY_MARGIN_SECONDS)
 
     def close(self) -> None:
-        for sock in (self._router, *self._dealers.values()):
+        for dealer in self._dealers.values():
+            dealer.disable_monitor()  # else its internal monitor socket keeps the context from terminating
+        for sock in (self._router, *self._monitors.values(), *self._dealers.values()):
             sock.close(linger=0)
 
     # ---- ctx side ----------------------------------------------------------
@@ -288,14 +298,30 @@ class KVTransferAgent:
             dealer = self._ctx.socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.setsockopt(zmq.RCVHWM, 0)  # blocks of pulls already allocated: never drop them
+            monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
             dealer.connect(endpoint)
-            self._dealers[endpoint] = dealer
+            self._dealers[endpoint], self._monitors[endpoint] = dealer, monitor
             if self._poller is not None:
                 self._poller.register(dealer, zmq.POLLIN)
+                self._poller.register(monitor, zmq.POLLIN)
         try:
             dealer.send_multipart(self._request_codec.encode(message), flags=zmq.NOBLOCK)
         except zmq.Again:
             log.warning("KV request to %s dropped: its queue is full", endpoint)
+
+    def _watch_connection(self, endpoint: str, monitor: zmq.Socket) -> None:
+        gone = None
+        for _ in range(MAX_MESSAGES_PER_TICK):
+            try:
+                event = recv_monitor_message(monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if gone != "disconnected":  # a drop is followed by refused reconnects: name the cause
+                gone = "disconnected" if event["event"] == zmq.EVENT_DISCONNECTED else "refused the connection"
+        if gone is None:
+            return
+        for request_id in [rid for rid, p in self._pulls.items() if p.endpoint == endpoint and p.started is not None]:
+            self._fail(request_id, f"the ctx engine's KV agent at {endpoint} {gone} (its worker is gone)")
 
     def _receive_replies(self, dealer: zmq.Socket) -> None:
         budget = self._tick_blocks  # what is left waits in the socket, which keeps the loop's poll awake

@@ -35,6 +35,7 @@ from workers.config import EngineConfig
 from workers.engine_proc import EngineProcSpec
 from workers.kv_transfer import DisaggEngineSpec
 from workers.ipc import ENGINE_WEDGED_SECONDS, LANE_SNDHWM, FrameCodec, make_ipc_dir, new_key, write_private_file
+from workers.ipc_dir_owners import record_owner, sweep_stale_ipc_dirs
 from workers.protocol import (
     ControlReply,
     ControlRequest,
@@ -143,7 +144,9 @@ class WorkerGroup:
         self.engine_wedged_seconds = engine_wedged_seconds
         self.lane_sndhwm = lane_sndhwm
         self.log_level = log_level
+        sweep_stale_ipc_dirs()  # those of workers whose processes were all killed before they could clean up
         self.paths = make_ipc_dir()
+        record_owner(self.paths.dir, os.getpid())
         # Every process's Prometheus samples (``disagg serve`` exports it as PROMETHEUS_MULTIPROC_DIR).
         self.paths.prometheus_dir.mkdir(mode=0o700)
         self.key = new_key()
@@ -180,6 +183,7 @@ class WorkerGroup:
         argv = [sys.executable, "-m", "workers.engine_proc", "--spec", str(self.paths.engine_spec_file),
                 "--launcher-pid", str(os.getpid()), "--log-level", self.log_level.upper()]
         self.engine = _Child("the engine", argv)
+        record_owner(self.paths.dir, self.engine.popen.pid)  # it outlives us for a moment if we are killed
         deadline = time.monotonic() + timeout
         while self.engine_info is None:
             if self.engine.popen.poll() is not None:

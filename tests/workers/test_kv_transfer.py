@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import socket
 import time
 from collections import defaultdict
 from typing import Iterator
@@ -331,4 +332,46 @@ def test_a_silent_ctx_engine_fails_the_pull_after_the_timeout(zctx):
         gen.assert_no_blocks_in_use()
     finally:
         silent.close()
+        gen.agent.close()
+
+
+def test_a_pull_from_a_ctx_agent_that_goes_away_fails_at_once_not_after_the_timeout(zctx):
+    config = _config("synthetic", None)
+    gen = Node(config, zctx, pull_timeout=30.0)
+    silent = zctx.socket(zmq.ROUTER)  # a ctx agent that accepts the pull and then dies mid-transfer
+    silent.setsockopt(zmq.LINGER, 0)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, list(range(10, 30)), GREEDY), 1, 7,
+                                              f"tcp://127.0.0.1:{port}"))
+        run_until([gen], lambda: silent.poll(0), timeout=5)  # the pull request arrived: the connection is up
+        silent.recv_multipart()
+        started = time.monotonic()
+        silent.close()
+        run_until([gen], lambda: gen.finished(9), timeout=10)
+        assert time.monotonic() - started < 5  # not the 30 s pull timeout
+        last = gen.outputs[9][-1]
+        assert last.finish_reason == "abort" and "disconnected" in last.error, last.error
+        gen.assert_no_blocks_in_use()
+    finally:
+        silent.close()
+        gen.agent.close()
+
+
+def test_a_pull_from_a_ctx_agent_already_gone_fails_at_once(zctx):
+    config = _config("synthetic", None)
+    gen = Node(config, zctx, pull_timeout=30.0)
+    with socket.socket() as s:  # a port nothing listens on: the ctx engine died before the pull
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, list(range(10, 30)), GREEDY), 1, 7,
+                                              f"tcp://127.0.0.1:{port}"))
+        started = time.monotonic()
+        run_until([gen], lambda: gen.finished(9), timeout=10)
+        assert time.monotonic() - started < 5
+        last = gen.outputs[9][-1]
+        assert last.finish_reason == "abort" and "refused the connection" in last.error, last.error
+        gen.assert_no_blocks_in_use()
+    finally:
         gen.agent.close()
