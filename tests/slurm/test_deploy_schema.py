@@ -66,6 +66,7 @@ def test_placement_that_cannot_fit_shows_the_arithmetic(tmp_path: Path) -> None:
      "must be >= 0"),
     ("model: tiny\npools: {gen: {engine: {decode_attention: flash}}}\n", "pools.gen.engine.decode_attention",
      "must be auto, native or sdpa, got 'flash'"),
+    ("model: tiny\nengine: {kv_pull_timeout: 0}\n", "engine.kv_pull_timeout", "must be > 0, got 0"),
     ("model: tiny\ntool_call_parser: mistral\n", "tool_call_parser",
      "must be one of hermes, llama3_json, got 'mistral'"),
 ])

@@ -130,3 +130,20 @@ def test_tool_call_parser_reaches_every_worker_on_both_launchers(tmp_path: Path)
     assert len(steps) == 2 and all(" --tool-call-parser hermes " in s for s in steps)
     _, argv = _worker_argv(config, "gen", 0, tmp_path / "model", tmp_path)
     assert argv[argv.index("--tool-call-parser") + 1] == "hermes"
+
+
+def test_kv_pull_timeout_reaches_the_gen_engine_on_both_launchers(tmp_path: Path) -> None:
+    from disagg.deployment import _worker_argv
+
+    path = tmp_path / "pull.yaml"
+    path.write_text("model: tiny\nlauncher: slurm\nengine: {kv_pull_timeout: 4.5}\n"
+                    "pools: {ctx: {base_port: 9100}, gen: {base_port: 9200}}\n")
+    config = load_deploy_config(path)
+    steps = [s for s in _srun_steps(render_script(build_slurm_plan(config, str(path)))) if " serve " in s]
+    assert len(steps) == 2 and all(" --kv-pull-timeout 4.5 " in s for s in steps)
+    _, argv = _worker_argv(config, "gen", 0, tmp_path / "model", tmp_path)
+    assert argv[argv.index("--kv-pull-timeout") + 1] == "4.5"
+    # serve accepts what the YAML renders
+    from disagg.cli import build_parser
+
+    assert build_parser().parse_args(argv[3:]).kv_pull_timeout == 4.5
