@@ -114,3 +114,22 @@ def test_a_dead_or_hung_engine_fails_requests_and_ends_the_group(tiny_model_dir,
     assert proc.wait(timeout=20) == 1
     wait_until(lambda: port_is_free(proc.port) and group_pids_alive(pids) == [], 5)
     assert os.listdir(proc.ipc_root) == []
+
+
+def test_a_worker_killed_whole_leaves_an_ipc_dir_that_down_sweeps(tiny_model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    url, proc = start_worker(tiny_model_dir, num_frontends=2)
+    pids = group_pids(proc)
+    for pid in pids:  # every process at once: none is left to clean up
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    wait_until(lambda: group_pids_alive(pids) == [], 5)
+    (left,) = os.listdir(proc.ipc_root)
+    assert left.startswith("disagg-")
+    down = subprocess.run([sys.executable, "-m", "disagg.cli", "down", "--run-dir", str(tmp_path / "none")],
+                          env={**os.environ, "TMPDIR": proc.ipc_root}, capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert "nothing running" in down.stdout and f"removed {proc.ipc_root}/{left}" in down.stdout
+    assert os.listdir(proc.ipc_root) == []
