@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from frontends.tokenizer import Tokenizer
 from orchestrator.prompt import ctx_body, gen_body, parse_request
+from orchestrator.validation import RequestValidator
 from orchestrator_process import start_orchestrator, stop_orchestrator
 from worker_process import free_port
 
@@ -139,11 +140,31 @@ def test_failed_ctx_worker_is_retried_and_rejected_leg_falls_back(legs):
     for _ in range(2):  # round robin meets the failing worker once: retried on the other
         response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-test", "prompt": "p", "max_tokens": 5})
         assert response.status_code == 200 and response.headers["x-disagg-ctx-worker"] == "static-0"
+
+
+def legs_sent(url: str) -> dict[str, float]:
+    """The orchestrator's ``disagg_orchestrator_legs_total`` per phase."""
+    text = httpx.get(f"{url}/prometheus/metrics").text
+    counts = {"ctx": 0.0, "gen": 0.0}
+    for line in text.splitlines():
+        if line.startswith("disagg_orchestrator_legs_total{"):
+            counts[line.split('phase="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_a_rejected_leg_is_the_answer_never_replayed(legs):
+    """A ctx worker's 4xx goes to the client as it is: no retry on the other ctx worker, no gen leg."""
+    url, ctx_a, ctx_b, gen = legs
     reset(ctx_a, ctx_b, gen)
-    ctx_a.mode = ctx_b.mode = gen.mode = "reject"
-    response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-test", "prompt": "p", "max_tokens": 5})
-    assert response.status_code == 200 and response.headers["x-disagg-mode"] == "aggregated"
-    assert "disaggregated_params" not in gen.requests[0][1]
+    ctx_a.mode = ctx_b.mode = "reject"
+    before = legs_sent(url)
+    for stream in (False, True):
+        response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-test", "prompt": "p", "max_tokens": 5,
+                                                             "stream": stream})
+        assert response.status_code == 400 and response.json() == {"error": {"message": "no legs here"}}
+    assert len(ctx_a.requests) + len(ctx_b.requests) == 2 and gen.requests == []
+    after = legs_sent(url)
+    assert after["ctx"] - before["ctx"] == 2 and after["gen"] == before["gen"]
 
 
 def test_one_token_requests_skip_the_ctx_leg(legs):
@@ -154,7 +175,7 @@ def test_one_token_requests_skip_the_ctx_leg(legs):
 
 
 def test_parse_request_session_ids_and_leg_bodies(tiny_model_dir):
-    tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+    tokenizer = RequestValidator(Tokenizer.from_model_dir(tiny_model_dir), "m", lambda: None)
     raw = msgspec.json.encode({"model": "m", "max_tokens": 9, "metadata": {"user_id": "u-1"}, "stream": True,
                                "messages": [{"role": "user", "content": "hi"}]})
     parsed = parse_request("messages", raw, tokenizer, None)
