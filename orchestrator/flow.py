@@ -32,7 +32,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 import logging
-from typing import Any, AsyncGenerator, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, TypeVar
 
 import msgspec
 from starlette.responses import Response
@@ -49,9 +49,11 @@ from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ct
 from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout
 from orchestrator.view import ClusterView, StateLink
 
-__all__ = ["Flow", "PerfRecord"]
+__all__ = ["Flow", "PerfRecord", "within"]
 
 log = logging.getLogger("disagg.orchestrator.flow")
+
+T = TypeVar("T")
 
 # The error code of a gen leg whose KV pull failed (frontends.disaggregation.KVTransferError):
 # the ctx engine died or dropped the parked KV, the gen worker is fine.
@@ -164,14 +166,7 @@ class Flow:
         return answer
 
     async def _within(self, deadline: float, work):
-        # asyncio.timeout, not wait_for: the work runs in this task, so no inner task can end with an
-        # exception nobody retrieves (wait_for's, when a client disconnect cancels it as it fails).
-        try:
-            async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
-                return await work
-        except TimeoutError:
-            raise RequestTimeoutError(f"the request took longer than {self.config.timeouts.request_seconds} s") \
-                from None
+        return await within(deadline, work, self.config.timeouts.request_seconds)
 
     def _finish(self, record: PerfRecord, request: ParsedRequest) -> None:
         record.end = time.time()
@@ -342,6 +337,20 @@ class Flow:
             self.view.release(worker.worker_id, tokens)
             upstream.close()  # a client that left: the worker sees the disconnect and aborts
             self._finish(record, request)
+
+
+async def within(deadline: float, work: Awaitable[T], request_seconds: float) -> T:
+    """``await work`` until ``deadline`` (monotonic), else RequestTimeoutError.
+
+    asyncio.timeout, not wait_for: the work runs in the caller's task. Python 3.11's wait_for runs it
+    in a task of its own, and when a client disconnect cancelled that task as its leg failed (a cancel
+    swallowed below, by a wait_for whose future had just completed), the leg's exception ended in a
+    task nobody awaited: "Task exception was never retrieved ... UpstreamRejected"."""
+    try:
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+            return await work
+    except TimeoutError:
+        raise RequestTimeoutError(f"the request took longer than {request_seconds} s") from None
 
 
 def _error_event(api: str, error: ApiError) -> bytes:
