@@ -62,7 +62,7 @@ class Orchestrator:
         self.tokenizer = tokenizer
         self.view = ClusterView(process_index, config.default_block_size, config.default_hash_seed)
         # Every client body is checked whole here, by the workers' own code, before any leg.
-        self.validator = RequestValidator(tokenizer, config.model_name, lambda: surface.max_model_len(self))
+        self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self))
         self.link = StateLink(config.state_socket, self.view)
         self.metrics = Metrics()
         timeouts = config.timeouts
@@ -81,6 +81,19 @@ class Orchestrator:
         self.legs.close()
         await self.client.aclose()
         self.responses.store.close()
+
+
+class _KnownLimits:
+    """The workers' limits as this process's view knows them (``orchestrator.validation``)."""
+
+    def __init__(self, orch: Orchestrator) -> None:
+        self.orch = orch
+
+    def max_model_len(self) -> int | None:
+        return surface.max_model_len(self.orch)
+
+    def vocab_size(self) -> int | None:
+        return surface.vocab_size(self.orch)
 
 
 def _error(exc: BaseException, anthropic: bool) -> Response:

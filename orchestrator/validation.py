@@ -9,22 +9,31 @@ the API's shape, before a ctx worker is chosen: no prefill is spent on it and
 no leg is sent. The prompt's token ids come out of the same call, so the
 prompt is rendered and tokenized once.
 
-``max_model_len`` is the smallest any known worker reported in /worker_info
-(a prompt must fit wherever it is routed); until one has been heard from,
-the length check is left to the workers.
+``max_model_len`` and ``vocab_size`` are the smallest any known worker
+reported in /worker_info (a prompt must fit wherever it is routed); until
+one has been heard from, the length check is left to the workers and token
+ids are checked against the tokenizer's vocabulary.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import Protocol
 
 from frontends.serving import FrontendConfig, ServingContext
 from frontends.tokenizer import Tokenizer
 from frontends.tool_calls import ToolPolicy
 from workers.sampling_params import GuidedDecoding
 
-__all__ = ["RequestValidator"]
+__all__ = ["RequestValidator", "WorkerLimitsSource"]
+
+class WorkerLimitsSource(Protocol):
+    """The workers' limits as the orchestrator knows them now (None: no worker reported one yet)."""
+
+    def max_model_len(self) -> int | None: ...
+
+    def vocab_size(self) -> int | None: ...
+
 
 # No worker heard from yet: no length limit here (the workers still check theirs).
 _NO_LIMIT_YET = sys.maxsize // 2
@@ -33,14 +42,19 @@ _NO_LIMIT_YET = sys.maxsize // 2
 class _WorkerLimits:
     """What a ``ServingContext`` reads of its engine client, from what the workers reported."""
 
-    def __init__(self, vocab_size: int, max_model_len: Callable[[], int | None]) -> None:
-        self.vocab_size = vocab_size
+    def __init__(self, limits: "WorkerLimitsSource", tokenizer_vocab_size: int) -> None:
         self.eos_token_ids: tuple[int, ...] = ()
-        self._max_model_len = max_model_len
+        self._limits = limits
+        self._tokenizer_vocab_size = tokenizer_vocab_size
+
+    @property
+    def vocab_size(self) -> int:
+        known = self._limits.vocab_size()
+        return self._tokenizer_vocab_size if known is None else known
 
     @property
     def max_model_len(self) -> int:
-        known = self._max_model_len()
+        known = self._limits.max_model_len()
         return _NO_LIMIT_YET if known is None else known
 
     @property
@@ -54,9 +68,9 @@ class _WorkerLimits:
 class RequestValidator(ServingContext):
     """A ``ServingContext`` without an engine: checks bodies, never starts a generation."""
 
-    def __init__(self, tokenizer: Tokenizer, model_name: str, max_model_len: Callable[[], int | None]) -> None:
+    def __init__(self, tokenizer: Tokenizer, model_name: str, limits: "WorkerLimitsSource") -> None:
         vocab_size = tokenizer.backend.get_vocab_size(with_added_tokens=True)
-        super().__init__(_WorkerLimits(vocab_size, max_model_len), tokenizer,  # type: ignore[arg-type]
+        super().__init__(_WorkerLimits(limits, vocab_size), tokenizer,  # type: ignore[arg-type]
                          FrontendConfig(served_model_name=model_name))
 
     def forced_tool_guided(self, policy: ToolPolicy) -> GuidedDecoding | None:

@@ -174,8 +174,18 @@ def test_one_token_requests_skip_the_ctx_leg(legs):
     assert response.headers["x-disagg-mode"] == "aggregated" and ctx_a.requests == ctx_b.requests == []
 
 
+class NoWorkerYet:
+    """No worker has reported its limits: validation leaves them to the workers."""
+
+    def max_model_len(self) -> None:
+        return None
+
+    def vocab_size(self) -> None:
+        return None
+
+
 def test_parse_request_session_ids_and_leg_bodies(tiny_model_dir):
-    tokenizer = RequestValidator(Tokenizer.from_model_dir(tiny_model_dir), "m", lambda: None)
+    tokenizer = RequestValidator(Tokenizer.from_model_dir(tiny_model_dir), "m", NoWorkerYet())
     raw = msgspec.json.encode({"model": "m", "max_tokens": 9, "metadata": {"user_id": "u-1"}, "stream": True,
                                "messages": [{"role": "user", "content": "hi"}]})
     parsed = parse_request("messages", raw, tokenizer, None)

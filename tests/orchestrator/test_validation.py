@@ -162,3 +162,18 @@ def test_unknown_route_is_404_in_the_api_shape(cluster):
     assert response.status_code in (404, 405)
     response = httpx.get(f"{url}/nope")
     assert response.status_code == 404 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_token_ids_are_checked_against_the_workers_vocabulary(cluster):
+    url, _ = cluster
+    vocab_size = httpx.get(f"{url}/cluster_info").json()["workers"][0]["vocab_size"]
+    assert vocab_size > 0
+    before = legs_sent(url)
+    response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-test", "prompt": [1, vocab_size],
+                                                         "max_tokens": 4})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+    assert f"[0, {vocab_size})" in response.json()["error"]["message"]
+    assert legs_sent(url) == before
+    response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-test", "prompt": [1, vocab_size - 1],
+                                                         "max_tokens": 4}, timeout=30)
+    assert response.status_code == 200, response.text
