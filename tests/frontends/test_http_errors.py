@@ -129,6 +129,7 @@ async def test_unknown_model(harness):
 
 async def test_unknown_route_and_method(harness):
     assert openai_error(await harness.http.get("/v1/nothing"), 404)["code"] == "not_found"
+    assert anthropic_error(await harness.http.get("/v1/messages/nothing/here"), 404)["type"] == "not_found_error"
     for method, path, allow in (("GET", "/v1/completions", "POST"), ("DELETE", "/v1/models", "GET"),
                                 ("GET", "/v1/chat/completions", "POST")):
         response = await harness.http.request(method, path)
