@@ -36,7 +36,7 @@ def cluster(tiny_model_dir, tmp_path_factory):
     gen = start_worker(tiny_model_dir, 1, extra_args=["--role", "gen", *common])
     url, proc = start_orchestrator(tmp, tiny_model_dir, [("ctx", ctx[0]), ("gen", gen[0])], processes=1,
                                    conditional={"enabled": False})
-    yield url, proc
+    yield url, gen[0]
     assert stop_orchestrator(proc) == 0
     assert "never retrieved" not in orchestrator_log(proc)
     for _, worker in (ctx, gen):
@@ -143,8 +143,10 @@ def test_anthropic_bad_input_is_400_with_no_leg(cluster):
     ("DELETE", "/v1/models", "GET"),
     ("PUT", "/v1/messages", "POST"),
 ])
-def test_wrong_method_is_405_with_allow(cluster, method, path, allow):
-    url, _ = cluster
+@pytest.mark.parametrize("server", ["orchestrator", "worker"])
+def test_wrong_method_is_405_with_allow(cluster, method, path, allow, server):
+    """The same answer at the orchestrator as at a worker (it used to be a 400 at the orchestrator)."""
+    url = cluster[0] if server == "orchestrator" else cluster[1]
     response = httpx.request(method, f"{url}{path}")
     assert response.status_code == 405 and allow in response.headers["allow"].split(", ")  # GET comes with HEAD
     body = response.json()
@@ -154,8 +156,9 @@ def test_wrong_method_is_405_with_allow(cluster, method, path, allow):
         assert body["error"]["code"] == "method_not_allowed" and allow in body["error"]["message"]
 
 
-def test_unknown_route_is_404_in_the_api_shape(cluster):
-    url, _ = cluster
+@pytest.mark.parametrize("server", ["orchestrator", "worker"])
+def test_unknown_route_is_404_in_the_api_shape(cluster, server):
+    url = cluster[0] if server == "orchestrator" else cluster[1]
     response = httpx.post(f"{url}/v1/embeddings", json={})
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
     response = httpx.get(f"{url}/v1/messages/nope/deeper/still")
