@@ -8,10 +8,12 @@
    (a ``both`` worker: no point moving KV to itself).
 2. ctx leg: context_only, non-streaming, ``x-request-id: <id>-ctx``. A failed
    worker (no connection, timeout, 5xx) is retried on another ctx worker, at
-   most ``max_retries`` times; when none succeeds the request goes to the gen
-   worker as a normal one. A 4xx from any leg is the client's answer as it
-   is, never retried or sent to another worker (the request was validated
-   before planning, ``orchestrator.validation``, so a 4xx here is rare). An answer
+   most ``max_retries`` times; when none succeeds, or the worker refuses the
+   leg itself (a 400 naming ``disaggregated_params``: no cluster key, wrong
+   role), the request goes to the gen worker as a normal one. Any other 4xx
+   from any leg is the client's answer as it is, never retried or sent to
+   another worker (the request was validated before planning,
+   ``orchestrator.validation``, so such a 4xx is rare). An answer
    that already finished (``disaggregated_params.finished``) is the client's
    answer (mode ``ctx_only``); for a streaming client it is instead served as
    a normal request on the gen worker, because re-encoding a finished answer
@@ -157,8 +159,15 @@ class Flow:
                 receive, self._within(deadline, self.run_ctx(request, request_id, ctx, record)))
         except UpstreamFailedError as exc:
             # Every ctx worker failed (no connection, timeout, 5xx): the gen worker can still do it all.
-            # A 4xx (UpstreamRejected) is the client's error: it goes to the client, never to the gen worker.
             log.warning("request %s: no ctx leg (%s); serving it on the gen worker alone", request_id, exc)
+            return None
+        except UpstreamRejected as exc:
+            # Any other 4xx is the client's error: it goes to the client, never to the gen worker.
+            if not exc.refuses_the_leg:
+                raise
+            log.warning("request %s: the ctx worker cannot run a disaggregated leg (%s); serving it on the gen "
+                        "worker alone", request_id, exc.body[:200])
+            self.metrics.errors.labels("ctx", "leg_refused").inc()
             return None
         params = answer.get("disaggregated_params") or {}
         if record.ctx is not None:  # joins the ctx worker's perf record (its engine request id)

@@ -44,6 +44,9 @@ class StandIn:
                 return Response(b'{"error": {"message": "boom"}}', status_code=500)
             if self.mode == "reject" and "disaggregated_params" in body:
                 return Response(b'{"error": {"message": "no legs here"}}', status_code=400)
+            if self.mode == "no_legs" and "disaggregated_params" in body:  # no cluster key (frontends.disaggregation)
+                return Response(b'{"error": {"message": "this worker does not serve disaggregated requests", '
+                                b'"param": "disaggregated_params"}}', status_code=400)
             params = body.get("disaggregated_params") or {}
             if params.get("request_type") == "context_only":
                 answer_params = {"request_type": "context_only", "finished": True, "first_token_id": 2} \
@@ -165,6 +168,18 @@ def test_a_rejected_leg_is_the_answer_never_replayed(legs):
     assert len(ctx_a.requests) + len(ctx_b.requests) == 2 and gen.requests == []
     after = legs_sent(url)
     assert after["ctx"] - before["ctx"] == 2 and after["gen"] == before["gen"]
+
+
+def test_a_worker_that_refuses_the_leg_itself_falls_back_to_a_normal_request(legs):
+    """A 400 naming disaggregated_params is about the worker (clients cannot send it): the gen worker serves."""
+    url, ctx_a, ctx_b, gen = legs
+    reset(ctx_a, ctx_b, gen)
+    ctx_a.mode = ctx_b.mode = "no_legs"
+    response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-test", "prompt": "p", "max_tokens": 5})
+    assert response.status_code == 200 and response.headers["x-disagg-mode"] == "aggregated"
+    assert len(ctx_a.requests) + len(ctx_b.requests) == 1  # not retried on the other ctx worker
+    [(_, body)] = gen.requests
+    assert "disaggregated_params" not in body
 
 
 def test_one_token_requests_skip_the_ctx_leg(legs):
