@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from orchestrator.config import ConditionalDisaggConfig, HealthConfig, RouterConfig, TimeoutConfig
 from orchestrator.typed import ConfigError, from_mapping
@@ -67,6 +68,8 @@ class EngineSettings:
     synthetic_prefill_seconds_per_token: float | None = None
     decode_attention: str | None = None
     """auto, native or sdpa: the torch engine's decode attention (serve's --decode-attention)."""
+    max_request_bytes: int | None = None
+    """Workers answer larger request bodies with 413 before buffering them (serve's --max-request-bytes)."""
     wedged_seconds: float | None = None
     """An engine silent this long is dead and its worker stops (serve's --engine-wedged-seconds, default
     300); a shorter silence only makes the worker's /health answer 503 until the engine answers again."""
@@ -89,6 +92,8 @@ class EngineSettings:
         if self.decode_attention is not None and self.decode_attention not in DECODE_ATTENTION_MODES:
             raise ConfigError(f"{prefix}.decode_attention",
                               f"must be auto, native or sdpa, got {self.decode_attention!r}")
+        if self.max_request_bytes is not None and self.max_request_bytes < 1024:
+            raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
         for name in ("max_model_len", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -105,7 +110,8 @@ class EngineSettings:
                 "--kv-park-seconds": self.kv_park_seconds,
                 "--kv-pull-timeout": self.kv_pull_timeout,
                 "--decode-attention": self.decode_attention,
-                "--engine-wedged-seconds": self.wedged_seconds}
+                "--engine-wedged-seconds": self.wedged_seconds,
+                "--max-request-bytes": self.max_request_bytes}
 
     def merged(self, overrides: "EngineSettings") -> "EngineSettings":
         changes = {f.name: getattr(overrides, f.name) for f in dataclasses.fields(overrides)
@@ -126,8 +132,12 @@ class OrchestratorSettings:
     max_retries: int = 2
     api_key: str | None = None
     served_model_name: str | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """Larger request bodies get a 413 before they are buffered."""
 
     def validate(self, prefix: str) -> None:
+        if self.max_request_bytes < 1024:
+            raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
         if not 1 <= self.processes <= 64:
             raise ConfigError(f"{prefix}.processes", f"must be in [1, 64], got {self.processes}")
         if not 0 <= self.port < 65536:

@@ -250,7 +250,7 @@ def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]],
         processes=settings.processes, ctx_router=settings.ctx_router, gen_router=settings.gen_router,
         conditional=settings.conditional, health=settings.health, timeouts=settings.timeouts,
         max_retries=settings.max_retries, api_key=settings.api_key, workers=tuple(workers),
-        default_block_size=engine.block_size or 16)
+        default_block_size=engine.block_size or 16, max_request_bytes=settings.max_request_bytes)
     (run_dir / "orchestrator.json").write_text(orch.to_json())
     url = f"http://{settings.host}:{port}"
     processes.append({"name": "orchestrator", "url": url, "argv": [

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from disagg.disagg_options import DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, start_registration
 from disagg.model_names import ModelNotFoundError, default_served_name, resolve_model
+from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from workers.attach import attach_file_from_env, read_attach_file
 from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
@@ -75,6 +76,8 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--profile-dir", dict(default=None, help="where POST /start_profile writes the engine's torch traces")),
     ("--state-dir", dict(default=None, help="the launcher's persistent state, e.g. the Message Batches database "
                                             "(default: ~/.cache/disagg/HOST-PORT)")),
+    ("--max-request-bytes", dict(type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                                 help="request bodies over this get a 413 before they are buffered")),
     ("--admin-timeout", dict(type=float, default=30.0,
                              help="seconds an attached frontend waits for the launcher on a forwarded route")),
     ("--engine-start-timeout", dict(type=float, default=600.0)),
@@ -160,7 +163,7 @@ def _frontend_config(args: argparse.Namespace, frontend_id: int, engine_info: An
     name = args.served_model_name or default_served_name(args.model_dir)
     disagg = None if engine_info is None else frontend_disagg_config(args, engine_info)
     config = FrontendConfig(served_model_name=name, frontend_id=frontend_id, disagg=disagg,
-                            tool_call_parser=args.tool_call_parser)
+                            tool_call_parser=args.tool_call_parser, max_request_bytes=args.max_request_bytes)
     return Tokenizer.from_model_path(args.model_dir), config
 
 

@@ -28,20 +28,23 @@ from frontends.anthropic_tools import (
 )
 from frontends.anthropic_tools import stop_reason as _stop_reason
 from frontends.schemas_anthropic import CountTokensRequest, MessageEventEncoder, MessagesRequest
-from frontends.serving import ServingContext
+from frontends.request_limits import check_messages, check_tools, stop_strings
+from frontends.serving import ServingContext, ValidRequest
 from frontends.tool_prompt import adapt_conversation
 from frontends.structured import anthropic_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
+from frontends.tool_calls import ToolPolicy
 from frontends.tool_parsers import ToolCallParser
 
-__all__ = ["create_message", "count_message_tokens", "prepare_message", "encode_message", "generate_message"]
+__all__ = ["create_message", "count_message_tokens", "prepare_message", "prepare_message_request", "encode_message",
+           "generate_message"]
 
 
 def message_prompt_ids(ctx: ServingContext, body: MessagesRequest | CountTokensRequest) -> list[int]:
     """The prompt of a conversation; one that ends with an assistant's text continues that turn (prefill)."""
-    if not body.messages:
-        raise InvalidRequestError("messages must not be empty", param="messages")
+    check_messages(len(body.messages))
+    check_tools(len(body.tools or ()))
     messages = template_messages(body)
     prefill = prefill_text(body)
     if prefill is not None and not prefill.strip():
@@ -89,12 +92,12 @@ class _MessageStream:
         return [self.encoder.error(anthropic_error_body(error))]
 
 
-def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: float | None = None
-                    ) -> tuple[Generation, MessageEventEncoder, ToolCallParser | None]:
-    """A validated /v1/messages body as an engine generation, its encoder and its tool-call parser
-    (None: the answer is text) (raises the API's errors)."""
+def prepare_message_request(ctx: ServingContext, body: MessagesRequest) -> tuple[ValidRequest, ToolPolicy]:
+    """A /v1/messages body checked whole, with its tool policy (raises the API's errors); no engine work
+    yet. The orchestrator runs this too, before it sends any leg (``orchestrator.validation``)."""
     ctx.check_model(body.model)
     tool_policy = anthropic_tool_policy(body)
+    stops = stop_strings(body.stop_sequences, "stop_sequences")
     leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
     check_thinking(body, tool_policy, check_budget=leg is None or not leg.is_context)
     if leg is not None and not leg.is_context:
@@ -102,14 +105,22 @@ def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: fl
     else:
         prompt_ids = message_prompt_ids(ctx, body)
     guided, guided_param = anthropic_guided(body.output_config), "output_config.format"
-    tool_guided = tool_policy.guided(ctx.tool_syntax)
+    tool_guided = ctx.forced_tool_guided(tool_policy)
     if tool_guided is not None:  # a forced call: the answer is the call, the output format does not apply to it
         guided, guided_param = tool_guided, "tool_choice"
     params = ctx.sampling_params(
         len(prompt_ids), body.max_tokens, prompt_param="messages",
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, guided=guided, guided_param=guided_param,
     )
-    generation = ctx.start_generation(prompt_ids, params, tuple(body.stop_sequences or ()), arrival_time, leg)
+    return ValidRequest(prompt_ids, params, stops, leg), tool_policy
+
+
+def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: float | None = None
+                    ) -> tuple[Generation, MessageEventEncoder, ToolCallParser | None]:
+    """A validated /v1/messages body as an engine generation, its encoder and its tool-call parser
+    (None: the answer is text) (raises the API's errors)."""
+    valid, tool_policy = prepare_message_request(ctx, body)
+    generation = ctx.start_generation(valid.prompt_ids, valid.params, valid.stop_strings, arrival_time, valid.leg)
     encoder = MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)
     return generation, encoder, tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
 

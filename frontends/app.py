@@ -27,13 +27,13 @@ from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
 from frontends.errors import (
     ApiError,
     EngineDeadError,
-    NotFoundError,
     anthropic_error_body,
     http_error,
     openai_error_body,
 )
 from frontends.generation import EngineClientLike
 from frontends.perf_records import note_x_request_id
+from frontends.route_errors import route_error_response
 from frontends.serving import FrontendConfig, ServingContext
 from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
@@ -167,13 +167,7 @@ async def _version(ctx: ServingContext, request: Request) -> Response:
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
     # Starlette's router raises these for unknown paths (404) and methods (405).
-    status = exc.status_code if isinstance(exc, HTTPException) else 500
-    if status == 404:
-        error = http_error(NotFoundError(f"no route {request.method} {request.url.path}"))
-    else:
-        error = ApiError(status, f"{request.method} is not allowed on {request.url.path}" if status == 405
-                         else str(getattr(exc, "detail", "error")), "invalid_request_error", "invalid_request_error")
-    return error_response(error, _is_anthropic(request.url.path))
+    return route_error_response(request, exc)
 
 
 async def _unhandled(request: Request, exc: Exception) -> Response:

@@ -218,6 +218,7 @@ async def worker_info(ctx: "ServingContext", request: Request) -> Response:
         "role": config.role, "model": ctx.model_name, "kv_endpoint": config.kv_endpoint,
         "block_size": config.block_size, "hash_seed": config.hash_seed,
         "max_model_len": ctx.client.max_model_len,
+        "vocab_size": ctx.client.vocab_size,  # the orchestrator validates token ids against it
         "server_time": time.time(),  # the orchestrator measures this worker's clock offset from it
     }
     return Response(msgspec.json.encode(info), media_type="application/json")

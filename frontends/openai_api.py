@@ -30,27 +30,23 @@ from frontends.schemas_openai import (
     chat_logprobs,
     completion_logprobs,
 )
-from frontends.openai_tools import ToolCallChatStream, chat_message, finish_reason, openai_tool_policy, \
+from frontends.openai_tools import ToolCallChatStream, ToolPolicy, chat_message, finish_reason, openai_tool_policy, \
     template_messages
-from frontends.serving import ServingContext
+from frontends.request_limits import check_chat_contents, check_messages, check_tools, stop_strings
+from frontends.serving import ServingContext, ValidRequest
 from frontends.tool_prompt import adapt_conversation
 from frontends.structured import openai_controls, openai_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer
 
-__all__ = ["create_completion", "create_chat_completion", "serve_chat_completion", "list_models"]
+__all__ = ["create_completion", "create_chat_completion", "serve_chat_completion", "list_models",
+           "ValidRequest", "prepare_completion", "prepare_chat"]
 
 _JSON = "application/json"
 
 
 def _json_response(payload: Any) -> Response:
     return Response(msgspec.json.encode(payload), media_type=_JSON)
-
-
-def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
 def _usage(generation: Generation) -> Usage:
@@ -113,13 +109,14 @@ class _ChatStream:
         return [b"data: " + openai_error_body(error) + b"\n\n", SSE_DONE]
 
 
-async def create_completion(ctx: ServingContext, request: Request) -> Response:
-    arrival_time = time.time()
-    body = msgspec.json.decode(await request.body(), type=CompletionRequest)
+def prepare_completion(ctx: ServingContext, body: CompletionRequest) -> ValidRequest:
+    """A /v1/completions body checked whole (raises the API's errors); no engine work yet.
+    The orchestrator runs this too, before it sends any leg (``orchestrator.validation``)."""
     ctx.check_model(body.model)
     _check_single_choice(body.n)
     if body.echo:
         raise InvalidRequestError("echo=true is not supported", param="echo")
+    stops = stop_strings(body.stop, "stop")
     leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
     if leg is not None and not leg.is_context:
         prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-tokenized
@@ -133,7 +130,15 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
         ignore_eos=body.ignore_eos, logprobs=body.logprobs, guided=guided, guided_param=guided_param,
         **openai_controls(body, ctx.client.vocab_size),
     )
-    generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)
+    return ValidRequest(prompt_ids, params, stops, leg)
+
+
+async def create_completion(ctx: ServingContext, request: Request) -> Response:
+    arrival_time = time.time()
+    body = msgspec.json.decode(await request.body(), type=CompletionRequest)
+    valid = prepare_completion(ctx, body)
+    leg, prompt_ids = valid.leg, valid.prompt_ids
+    generation = ctx.start_generation(prompt_ids, valid.params, valid.stop_strings, arrival_time, leg)
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -153,8 +158,9 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
 
 
 def chat_prompt_ids(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
-    if not body.messages:
-        raise InvalidRequestError("messages must not be empty", param="messages")
+    check_messages(len(body.messages))
+    check_tools(len(body.tools or ()))
+    check_chat_contents(body.messages)
     tools = msgspec.to_builtins(body.tools) if body.tools else None
     messages = adapt_conversation(template_messages(body.messages), tools, ctx.tokenizer.chat_template_source,
                                   ctx.tool_syntax)
@@ -167,20 +173,15 @@ def chat_prompt_ids(ctx: ServingContext, body: ChatCompletionRequest) -> list[in
         raise InvalidRequestError(str(exc), param="messages") from exc
 
 
-async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
-    arrival_time = time.time()
-    body = msgspec.json.decode(await request.body(), type=ChatCompletionRequest)
-    return await serve_chat_completion(ctx, body, request.receive, arrival_time)
-
-
-async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, receive: Receive,
-                                arrival_time: float) -> Response:
-    """A decoded chat request to its answer (the Responses API runs through here too)."""
+def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> tuple[ValidRequest, ToolPolicy]:
+    """A chat body checked whole, with its tool policy (raises the API's errors); no engine work yet.
+    The orchestrator runs this too, before it sends any leg (``orchestrator.validation``)."""
     ctx.check_model(body.model)
     _check_single_choice(body.n)
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
     tool_policy = openai_tool_policy(body)
+    stops = stop_strings(body.stop, "stop")
     leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
     if leg is not None and not leg.is_context:
         prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-rendered
@@ -189,7 +190,7 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
     max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     guided, guided_param = openai_guided(body)
-    tool_guided = tool_policy.guided(ctx.tool_syntax)
+    tool_guided = ctx.forced_tool_guided(tool_policy)
     if tool_guided is not None:  # a forced call: the answer is the call, response_format does not apply to it
         guided, guided_param = tool_guided, "tool_choice"
     params = ctx.sampling_params(
@@ -199,7 +200,21 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
         logprobs=(body.top_logprobs or 0) if body.logprobs else None, guided=guided, guided_param=guided_param,
         **openai_controls(body, ctx.client.vocab_size),
     )
-    generation = ctx.start_generation(prompt_ids, params, _stop_strings(body.stop), arrival_time, leg)
+    return ValidRequest(prompt_ids, params, stops, leg), tool_policy
+
+
+async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
+    arrival_time = time.time()
+    body = msgspec.json.decode(await request.body(), type=ChatCompletionRequest)
+    return await serve_chat_completion(ctx, body, request.receive, arrival_time)
+
+
+async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, receive: Receive,
+                                arrival_time: float) -> Response:
+    """A decoded chat request to its answer (the Responses API runs through here too)."""
+    valid, tool_policy = prepare_chat(ctx, body)
+    leg, prompt_ids = valid.leg, valid.prompt_ids
+    generation = ctx.start_generation(prompt_ids, valid.params, valid.stop_strings, arrival_time, leg)
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     parser = tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
     if body.stream:

@@ -13,6 +13,7 @@ room left: ``max_model_len - prompt tokens``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 from pathlib import Path
 
 from frontends.disaggregation import DisaggConfig, DisaggLeg, engine_params
@@ -24,7 +25,10 @@ from frontends.tokenizer import Tokenizer
 from frontends.tool_parsers import CallSyntax, detect_tool_syntax, tool_syntax
 from workers.sampling_params import GuidedDecoding, SamplingParams
 
-__all__ = ["FrontendConfig", "ServingContext"]
+if TYPE_CHECKING:
+    from frontends.tool_calls import ToolPolicy
+
+__all__ = ["FrontendConfig", "ServingContext", "ValidRequest"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,16 @@ class FrontendConfig:
         return cls(served_model_name=name, frontend_id=frontend_id)
 
 
+class ValidRequest(NamedTuple):
+    """A request body checked whole (``openai_api.prepare_*``, ``anthropic_api.prepare_message_request``):
+    what starting its generation needs."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop_strings: tuple[str, ...]
+    leg: DisaggLeg | None
+
+
 class ServingContext:
     """The state one frontend process serves from (one per app)."""
 
@@ -67,6 +81,10 @@ class ServingContext:
             raise ModelNotFoundError(
                 f"the model {model!r} does not exist; this server serves {self.model_name!r}", param="model"
             )
+
+    def forced_tool_guided(self, policy: "ToolPolicy") -> GuidedDecoding | None:
+        """The grammar of a forced tool call (None when the choice is not forced)."""
+        return policy.guided(self.tool_syntax)
 
     def check_engine(self) -> None:
         if not self.client.is_healthy:

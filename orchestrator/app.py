@@ -30,7 +30,8 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from frontends.body_limit import BodyLimitMiddleware
-from frontends.errors import NotFoundError, anthropic_error_body, http_error, openai_error_body
+from frontends.errors import anthropic_error_body, http_error, openai_error_body
+from frontends.route_errors import route_error_response
 from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
 from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
@@ -41,6 +42,7 @@ from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamReject
 from orchestrator.flow import Flow, PerfRecord
 from orchestrator.metrics import CONTENT_TYPE, Metrics
 from orchestrator.prompt import parse_request
+from orchestrator.validation import RequestValidator
 from orchestrator.view import ClusterView, StateLink
 from orchestrator.http_client import HttpClient
 
@@ -59,6 +61,8 @@ class Orchestrator:
         self.process_index = process_index
         self.tokenizer = tokenizer
         self.view = ClusterView(process_index, config.default_block_size, config.default_hash_seed)
+        # Every client body is checked whole here, by the workers' own code, before any leg.
+        self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self))
         self.link = StateLink(config.state_socket, self.view)
         self.metrics = Metrics()
         timeouts = config.timeouts
@@ -77,6 +81,19 @@ class Orchestrator:
         self.legs.close()
         await self.client.aclose()
         self.responses.store.close()
+
+
+class _KnownLimits:
+    """The workers' limits as this process's view knows them (``orchestrator.validation``)."""
+
+    def __init__(self, orch: Orchestrator) -> None:
+        self.orch = orch
+
+    def max_model_len(self) -> int | None:
+        return surface.max_model_len(self.orch)
+
+    def vocab_size(self) -> int | None:
+        return surface.vocab_size(self.orch)
 
 
 def _error(exc: BaseException, anthropic: bool) -> Response:
@@ -126,7 +143,7 @@ def _generate(api: str):
         request_id = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex}"
         record = PerfRecord(request_id=request_id, api=api, arrival=time.time())
         try:
-            parsed = parse_request(api, await request.body(), orch.tokenizer, request.headers.get("x-session-id"))
+            parsed = parse_request(api, await request.body(), orch.validator, request.headers.get("x-session-id"))
             record.tokenized = time.time()
             return await orch.flow.handle(parsed, request_id, request.receive, record)
         except Exception as exc:
@@ -188,12 +205,8 @@ async def _workers(orch: Orchestrator, request: Request) -> Response:
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
-    status = exc.status_code if isinstance(exc, HTTPException) else 500
-    anthropic = request.url.path.startswith("/v1/messages")
-    if status == 404:
-        return _error(NotFoundError(f"no route {request.method} {request.url.path}"), anthropic)
-    return _error(ValueError(f"{request.method} is not allowed on {request.url.path}"), anthropic) \
-        if status == 405 else _error(exc, anthropic)
+    # Starlette's router raises these for unknown paths (404) and methods (405, with Allow).
+    return route_error_response(request, exc)
 
 
 def build_app(orch: Orchestrator) -> Starlette:

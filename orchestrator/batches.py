@@ -71,7 +71,7 @@ class FlowBatchExecutor:
         orch = self.orch
         try:
             batch_body(params)  # the batch's own rule (no streaming) before the API's
-            parsed = parse_request("messages", params, orch.tokenizer, None)
+            parsed = parse_request("messages", params, orch.validator, None)
         except Exception as exc:  # noqa: BLE001 - the 400 /v1/messages would answer
             return errored_by(exc)
         request_id = X_REQUEST_ID.get() or "batch"  # the runner's "<batch id>[<index>]"

@@ -11,6 +11,8 @@ A worker's own 4xx answer is passed to the client unchanged (``UpstreamRejected`
 
 from __future__ import annotations
 
+import msgspec
+
 from frontends.errors import FrontendError
 
 __all__ = ["NoWorkerError", "UpstreamFailedError", "RequestTimeoutError", "UnauthorizedError",
@@ -52,6 +54,17 @@ class UpstreamRejected(Exception):
         super().__init__(f"worker answered {status}")
         self.status = status
         self.body = body
+
+    @property
+    def refuses_the_leg(self) -> bool:
+        """The worker cannot run a disaggregated leg (no cluster key, wrong role): the 400 names
+        ``disaggregated_params``, which only the orchestrator sets (a client's is refused up front),
+        so it is about the worker, not the client's request."""
+        try:
+            error = msgspec.json.decode(self.body).get("error")
+        except (msgspec.DecodeError, AttributeError):
+            return False
+        return self.status == 400 and isinstance(error, dict) and error.get("param") == "disaggregated_params"
 
 
 class LegFailed(Exception):

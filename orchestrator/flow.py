@@ -8,9 +8,12 @@
    (a ``both`` worker: no point moving KV to itself).
 2. ctx leg: context_only, non-streaming, ``x-request-id: <id>-ctx``. A failed
    worker (no connection, timeout, 5xx) is retried on another ctx worker, at
-   most ``max_retries`` times; when none succeeds, or a worker answers 4xx
-   (a client error, or a worker that cannot run the leg), the request goes to
-   the gen worker as a normal one, which serves it or reports the error. An answer
+   most ``max_retries`` times; when none succeeds, or the worker refuses the
+   leg itself (a 400 naming ``disaggregated_params``: no cluster key, wrong
+   role), the request goes to the gen worker as a normal one. Any other 4xx
+   from any leg is the client's answer as it is, never retried or sent to
+   another worker (the request was validated before planning,
+   ``orchestrator.validation``, so such a 4xx is rare). An answer
    that already finished (``disaggregated_params.finished``) is the client's
    answer (mode ``ctx_only``); for a streaming client it is instead served as
    a normal request on the gen worker, because re-encoding a finished answer
@@ -31,7 +34,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 import logging
-from typing import Any, AsyncGenerator, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, TypeVar
 
 import msgspec
 from starlette.responses import Response
@@ -48,9 +51,11 @@ from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ct
 from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout
 from orchestrator.view import ClusterView, StateLink
 
-__all__ = ["Flow", "PerfRecord"]
+__all__ = ["Flow", "PerfRecord", "within"]
 
 log = logging.getLogger("disagg.orchestrator.flow")
+
+T = TypeVar("T")
 
 # The error code of a gen leg whose KV pull failed (frontends.disaggregation.KVTransferError):
 # the ctx engine died or dropped the parked KV, the gen worker is fine.
@@ -152,13 +157,17 @@ class Flow:
         try:
             answer, _ = await run_until_disconnect(
                 receive, self._within(deadline, self.run_ctx(request, request_id, ctx, record)))
-        except (UpstreamRejected, UpstreamFailedError) as exc:
-            # A 4xx: a client error the gen worker will report the same way, or a ctx worker that
-            # cannot run the leg. Every ctx worker failed: the gen worker can still do it all.
-            # Either way a normal request to the gen worker decides.
+        except UpstreamFailedError as exc:
+            # Every ctx worker failed (no connection, timeout, 5xx): the gen worker can still do it all.
             log.warning("request %s: no ctx leg (%s); serving it on the gen worker alone", request_id, exc)
-            if isinstance(exc, UpstreamRejected):
-                self.metrics.errors.labels("ctx", "rejected").inc()
+            return None
+        except UpstreamRejected as exc:
+            # Any other 4xx is the client's error: it goes to the client, never to the gen worker.
+            if not exc.refuses_the_leg:
+                raise
+            log.warning("request %s: the ctx worker cannot run a disaggregated leg (%s); serving it on the gen "
+                        "worker alone", request_id, exc.body[:200])
+            self.metrics.errors.labels("ctx", "leg_refused").inc()
             return None
         params = answer.get("disaggregated_params") or {}
         if record.ctx is not None:  # joins the ctx worker's perf record (its engine request id)
@@ -166,11 +175,7 @@ class Flow:
         return answer
 
     async def _within(self, deadline: float, work):
-        try:
-            return await asyncio.wait_for(work, max(deadline - time.monotonic(), 0.001))
-        except asyncio.TimeoutError:
-            raise RequestTimeoutError(f"the request took longer than {self.config.timeouts.request_seconds} s") \
-                from None
+        return await within(deadline, work, self.config.timeouts.request_seconds)
 
     def _finish(self, record: PerfRecord, request: ParsedRequest) -> None:
         record.end = time.time()
@@ -198,8 +203,9 @@ class Flow:
 
     # -- legs -------------------------------------------------------------------------------
 
-    async def _post(self, worker: WorkerRecord, path: str, body: dict[str, Any], request_id: str,
+    async def _post(self, phase: str, worker: WorkerRecord, path: str, body: dict[str, Any], request_id: str,
                     tokens: int) -> bytes:
+        self.metrics.legs.labels(phase).inc()
         self.view.acquire(worker.worker_id, tokens)
         try:
             status, content = await self.upstream.call(
@@ -225,7 +231,7 @@ class Flow:
             tried.add(worker.worker_id)
             start = time.time()
             try:
-                raw = await self._post(worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids))
+                raw = await self._post("ctx", worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids))
             except LegFailed as exc:
                 if not self._retrying("ctx", worker, str(exc), tried, record):
                     break
@@ -245,7 +251,8 @@ class Flow:
             tried.add(worker.worker_id)
             start = time.time()
             try:
-                raw = await self._post(worker, request.path, payload, f"{request_id}-gen", len(request.prompt_ids))
+                raw = await self._post("gen", worker, request.path, payload, f"{request_id}-gen",
+                                       len(request.prompt_ids))
             except LegFailed as exc:
                 if not self._retrying("gen", worker, str(exc), tried, record):
                     break
@@ -268,6 +275,7 @@ class Flow:
             tried.add(worker.worker_id)
             start = time.time()
             tokens = len(request.prompt_ids)
+            self.metrics.legs.labels("gen").inc()
             self.view.acquire(worker.worker_id, tokens)
             upstream = None
             try:
@@ -319,7 +327,8 @@ class Flow:
             yield first_chunk
             while True:
                 try:
-                    chunk = await asyncio.wait_for(chunks.__anext__(), max(deadline - time.monotonic(), 0.001))
+                    async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+                        chunk = await chunks.__anext__()
                 except StopAsyncIteration:
                     break
                 last = chunk
@@ -337,6 +346,20 @@ class Flow:
             self.view.release(worker.worker_id, tokens)
             upstream.close()  # a client that left: the worker sees the disconnect and aborts
             self._finish(record, request)
+
+
+async def within(deadline: float, work: Awaitable[T], request_seconds: float) -> T:
+    """``await work`` until ``deadline`` (monotonic), else RequestTimeoutError.
+
+    asyncio.timeout, not wait_for: the work runs in the caller's task. Python 3.11's wait_for runs it
+    in a task of its own, and when a client disconnect cancelled that task as its leg failed (a cancel
+    swallowed below, by a wait_for whose future had just completed), the leg's exception ended in a
+    task nobody awaited: "Task exception was never retrieved ... UpstreamRejected"."""
+    try:
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+            return await work
+    except TimeoutError:
+        raise RequestTimeoutError(f"the request took longer than {request_seconds} s") from None
 
 
 def _error_event(api: str, error: ApiError) -> bytes:

@@ -97,9 +97,10 @@ class HealthChecker:
             block_size = config.default_block_size
         if hash_seed is None:
             hash_seed = config.default_hash_seed
-        max_model_len = info.get("max_model_len")
+        max_model_len, vocab_size = info.get("max_model_len"), info.get("vocab_size")
         self.owner.registry.set_info(worker.worker_id, block_size, hash_seed, info.get("kv_endpoint"), offset,
-                                     max_model_len if isinstance(max_model_len, int) else None)
+                                     max_model_len if isinstance(max_model_len, int) else None,
+                                     vocab_size if isinstance(vocab_size, int) else None)
 
     async def drain_events(self, worker: WorkerRecord) -> None:
         try:

@@ -180,9 +180,12 @@ class LegResponse:
         await self._idle(self._head)
 
     async def _idle(self, future: asyncio.Future[None]) -> None:
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives as
+        # the future completes, and the cancelled request then ran on to raise in a task nobody awaited.
         try:
-            await asyncio.wait_for(future, self.idle_timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.idle_timeout):
+                await future
+        except TimeoutError:
             raise UpstreamTimeout(f"no answer from {self._connection.origin[0]}:{self._connection.origin[1]} "
                                   f"for {self.idle_timeout:g} s") from None
 

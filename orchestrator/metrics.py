@@ -31,6 +31,8 @@ class Metrics:
                                 ["api", "mode"], registry=self.registry)
         self.phase_seconds = Histogram(f"{prefix}_phase_seconds", "Latency per phase (ctx, gen, gen_first_byte, e2e)",
                                        ["phase"], buckets=_BUCKETS, registry=self.registry)
+        self.legs = Counter(f"{prefix}_legs", "Legs sent to workers (ctx, gen), retries included", ["phase"],
+                            registry=self.registry)
         self.retries = Counter(f"{prefix}_retries", "Legs retried on another worker", ["phase"],
                                registry=self.registry)
         self.errors = Counter(f"{prefix}_errors", "Requests that failed, by phase and kind", ["phase", "kind"],

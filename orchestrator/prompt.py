@@ -1,9 +1,10 @@
 """What the orchestrator reads from a client body: the prompt's token ids, the session,
 and the two legs' bodies.
 
-The orchestrator tokenizes once, with the frontends' own code (the same chat
-template rendering the workers use), because it needs token ids to route by
-prefix; for /v1/completions the ctx leg then gets those ids as its prompt.
+The orchestrator validates and tokenizes once, with the frontends' own code
+(``orchestrator.validation``: the same checks and chat template rendering the
+workers use), before any worker is chosen; it needs token ids to route by
+prefix, and for /v1/completions the ctx leg then gets those ids as its prompt.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ from typing import Any
 
 import msgspec
 
-from frontends.anthropic_api import message_prompt_ids
+from frontends.anthropic_api import prepare_message_request
 from frontends.errors import InvalidRequestError
-from frontends.openai_api import chat_prompt_ids
+from frontends.openai_api import prepare_chat, prepare_completion
 from frontends.schemas_anthropic import MessagesRequest
-from frontends.schemas_openai import ChatCompletionRequest
-from frontends.tokenizer import Tokenizer
-from frontends.tool_prompt import PromptContext
+from frontends.schemas_openai import ChatCompletionRequest, CompletionRequest
+from orchestrator.validation import RequestValidator
 
 __all__ = ["ParsedRequest", "parse_request", "ctx_body", "gen_body", "client_answer", "API_PATHS"]
 
@@ -43,34 +43,26 @@ class ParsedRequest:
 
 
 
-def parse_request(api: str, raw: bytes, tokenizer: Tokenizer, session_header: str | None) -> ParsedRequest:
+def parse_request(api: str, raw: bytes, validator: RequestValidator, session_header: str | None) -> ParsedRequest:
+    """The body checked whole as a worker would check it (raises the API's errors), and its prompt ids."""
     body = msgspec.json.decode(raw)
     if not isinstance(body, dict):
         raise InvalidRequestError("the body must be a JSON object")
     if "disaggregated_params" in body:
         raise InvalidRequestError("disaggregated_params is set by the orchestrator, not by clients",
                                   param="disaggregated_params")
-    holder = PromptContext.for_tokenizer(tokenizer)  # what chat_prompt_ids/message_prompt_ids read
     if api == "completions":
-        prompt_ids = _completion_prompt_ids(body.get("prompt"), tokenizer)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]  # one prompt in a list: the ctx leg sends its ids
+        valid = prepare_completion(validator, msgspec.convert({**body, "prompt": prompt}, CompletionRequest))
     elif api == "chat":
-        prompt_ids = chat_prompt_ids(holder, msgspec.convert(body, ChatCompletionRequest))  # type: ignore[arg-type]
+        valid, _ = prepare_chat(validator, msgspec.convert(body, ChatCompletionRequest))
     else:
-        prompt_ids = message_prompt_ids(holder, msgspec.convert(body, MessagesRequest))  # type: ignore[arg-type]
+        valid, _ = prepare_message_request(validator, msgspec.convert(body, MessagesRequest))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return ParsedRequest(api, body, prompt_ids, bool(body.get("stream", False)),
+    return ParsedRequest(api, body, valid.prompt_ids, bool(body.get("stream", False)),
                          _session_id(api, body, session_header), max_tokens if isinstance(max_tokens, int) else None)
-
-
-def _completion_prompt_ids(prompt: Any, tokenizer: Tokenizer) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return list(prompt)
-    raise InvalidRequestError("prompt must be a string or a list of token ids (one prompt per request)",
-                              param="prompt")
 
 
 def _session_id(api: str, body: dict[str, Any], header: str | None) -> str | None:

@@ -45,6 +45,8 @@ class WorkerRecord(msgspec.Struct, kw_only=True):
     hash_seed: int | None = None
     max_model_len: int | None = None
     """From /worker_info; None = not known yet."""
+    vocab_size: int | None = None
+    """The engine's vocabulary (token ids a prompt may hold), from /worker_info; None = not known yet."""
     clock_offset: float | None = None
     """Worker clock minus ours, seconds (from /worker_info's server_time); None = unknown."""
     last_error: str | None = None
@@ -135,12 +137,13 @@ class Registry:
         return False
 
     def set_info(self, worker_id: str, block_size: int | None, hash_seed: int | None,
-                 kv_endpoint: str | None, clock_offset: float | None, max_model_len: int | None = None) -> None:
+                 kv_endpoint: str | None, clock_offset: float | None, max_model_len: int | None = None,
+                 vocab_size: int | None = None) -> None:
         record = self.workers.get(worker_id)
         if record is None:
             return
         record.block_size, record.hash_seed, record.clock_offset = block_size, hash_seed, clock_offset
-        record.max_model_len = max_model_len
+        record.max_model_len, record.vocab_size = max_model_len, vocab_size
         if kv_endpoint is not None:
             record.kv_endpoint = kv_endpoint
         self._changed()

@@ -62,7 +62,7 @@ async def create_response(orch, request: Request) -> Response:
         try:
             # A conversation is a session (affinity routing) unless the client names one.
             session = request.headers.get("x-session-id") or turn.body.user or turn.session_id
-            parsed = parse_request("chat", msgspec.json.encode(turn.chat_body()), orch.tokenizer, session)
+            parsed = parse_request("chat", msgspec.json.encode(turn.chat_body()), orch.validator, session)
             record.tokenized = time.time()
             answer = await orch.flow.handle(parsed, request_id, request.receive, record)
         except FrontendError as exc:

@@ -86,7 +86,7 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    owner_task = children = batches = None
+    owner_task = children = batches = parent_watch = None
     if index == 0:
         from frontends.batches import batch_routes
         from orchestrator.batches import open_batch_runner
@@ -97,7 +97,8 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
         owner_task = asyncio.create_task(_run_owner(config, owner_stop, batch_routes(batches)))
         children = [_spawn(args, i, port) for i in range(1, config.processes)]
     else:
-        asyncio.create_task(_watch_parent(args.parent_pid, stopping))
+        # Held, and cancelled at exit: the loop keeps only a weak reference to a task.
+        parent_watch = asyncio.create_task(_watch_parent(args.parent_pid, stopping))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started and not serving.done():
@@ -110,6 +111,8 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
             print(f"{READY_MESSAGE} http://{config.host}:{port} ({config.processes} processes)", flush=True)
         await asyncio.wait([serving, asyncio.create_task(stopping.wait())], return_when=asyncio.FIRST_COMPLETED)
     finally:
+        if parent_watch is not None:
+            parent_watch.cancel()
         if batches is not None:  # first: its requests stay pending, not failed by the flow closing under them
             await batches.close()
         if children:

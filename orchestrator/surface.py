@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from orchestrator.app import Orchestrator
 
 __all__ = ["count_tokens", "tokenize_route", "detokenize_route", "list_models", "retrieve_model_route",
-           "version", "max_model_len"]
+           "version", "max_model_len", "vocab_size"]
 
 VERSION = FrontendConfig.version  # what every worker's /version reports
 
@@ -41,6 +41,12 @@ def _json(payload: Any) -> Response:
 
 def max_model_len(orch: "Orchestrator") -> int | None:
     known = [w.max_model_len for w in orch.view.workers.values() if w.max_model_len is not None]
+    return min(known) if known else None
+
+
+def vocab_size(orch: "Orchestrator") -> int | None:
+    """The smallest engine vocabulary any known worker reported (None until one has)."""
+    known = [w.vocab_size for w in orch.view.workers.values() if w.vocab_size is not None]
     return min(known) if known else None
 
 

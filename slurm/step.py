@@ -45,7 +45,8 @@ def _prepare(args: argparse.Namespace) -> int:
         model_dir=str(model), state_dir=str(run_dir / "orchestrator"), served_model_name=config.served_model_name,
         host="0.0.0.0", port=s.port, processes=s.processes, ctx_router=s.ctx_router, gen_router=s.gen_router,
         conditional=s.conditional, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
-        api_key=s.api_key, workers=(), default_block_size=config.engine.block_size or 16)
+        api_key=s.api_key, workers=(), default_block_size=config.engine.block_size or 16,
+        max_request_bytes=s.max_request_bytes)
     (run_dir / ORCHESTRATOR_CONFIG_FILE).write_text(orch.to_json())
     return 0
 

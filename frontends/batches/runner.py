@@ -153,12 +153,14 @@ class BatchRunner:
                 break
             task = asyncio.create_task(self._run_request(batch_id, idx), name=f"{batch_id}[{idx}]")
             running[idx] = task
-            task.add_done_callback(lambda _, idx=idx: self._request_done(batch_id, idx))
+            task.add_done_callback(lambda done, idx=idx: self._request_done(batch_id, idx, done))
         self._dispatched.add(batch_id)
         if not running:
             await self._finish(batch_id)
 
-    def _request_done(self, batch_id: str, idx: int) -> None:
+    def _request_done(self, batch_id: str, idx: int, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:  # retrieved here, not left to the GC's log
+            logger.error("batch %s request %d failed; it stays pending", batch_id, idx, exc_info=task.exception())
         self._slots.release()
         running = self._running[batch_id]
         del running[idx]

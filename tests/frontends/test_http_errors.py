@@ -129,8 +129,59 @@ async def test_unknown_model(harness):
 
 async def test_unknown_route_and_method(harness):
     assert openai_error(await harness.http.get("/v1/nothing"), 404)["code"] == "not_found"
-    openai_error(await harness.http.get("/v1/completions"), 405)
-    anthropic_error(await harness.http.get("/v1/messages"), 405)
+    assert anthropic_error(await harness.http.get("/v1/messages/nothing/here"), 404)["type"] == "not_found_error"
+    for method, path, allow in (("GET", "/v1/completions", "POST"), ("DELETE", "/v1/models", "GET"),
+                                ("GET", "/v1/chat/completions", "POST")):
+        response = await harness.http.request(method, path)
+        error = openai_error(response, 405)
+        assert error["code"] == "method_not_allowed" and allow in response.headers["allow"].split(", ")
+    response = await harness.http.get("/v1/messages")
+    anthropic_error(response, 405)
+    assert response.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "system", "content": None}, *USER]}, "messages[0].content"),
+    ({"messages": [*USER, {"role": "assistant"}]}, "messages[1].content"),
+    ({"messages": [*USER, {"role": "tool", "tool_call_id": "c1"}]}, "messages[1].content"),
+    ({"messages": USER, "stop": [""]}, "stop[0]"),
+    ({"messages": USER, "stop": ""}, "stop"),
+    ({"messages": USER, "stop": [""] * 1000}, "stop"),
+    ({"messages": USER, "stop": ["x"] * 17}, "stop"),
+    ({"messages": USER, "stop": ["x" * 1025]}, "stop[0]"),
+    ({"messages": USER * 4097}, "messages"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]},
+     "tools"),
+])
+async def test_bad_input_corpus_chat(harness, body, param):
+    """Each used to be accepted (a message without content generated to the end of the context)."""
+    response = await harness.http.post("/v1/chat/completions", json={"model": "tiny-test", **body})
+    assert openai_error(response, 400)["param"] == param
+
+
+async def test_bounded_inputs_at_their_limits_are_served(harness):
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    messages = [*USER, {"role": "assistant", "tool_calls": calls}, {"role": "tool", "tool_call_id": "c1",
+                                                                    "content": "ok"}]
+    response = await harness.http.post("/v1/chat/completions", json={
+        "model": "tiny-test", "messages": messages, "max_tokens": 2, "stop": ["x" * 1024] + ["y"] * 15})
+    assert response.status_code == 200, response.text
+    response = await harness.http.post("/v1/completions", json={"model": "tiny-test", "prompt": "hi",
+                                                                "max_tokens": 2, "stop": "z"})
+    assert response.status_code == 200, response.text
+
+
+async def test_bad_input_corpus_completions_and_anthropic(harness):
+    error = openai_error(await harness.http.post("/v1/completions", json={
+        "model": "tiny-test", "prompt": "hi", "stop": ["a", ""]}), 400)
+    assert error["param"] == "stop[1]"
+    for body, what in (({"stop_sequences": [""]}, "empty"), ({"stop_sequences": ["x"] * 17}, "at most 16"),
+                       ({"messages": USER * 4097}, "at most 4096"),
+                       ({"messages": [{"role": "user"}]}, "content")):
+        response = await harness.http.post("/v1/messages", json={"model": "tiny-test", "max_tokens": 4,
+                                                                 "messages": USER, **body})
+        assert what in anthropic_error(response, 400)["message"]
 
 
 async def test_unexpected_engine_failure_is_a_shaped_error_not_a_crash(harness):

@@ -83,3 +83,17 @@ def test_a_body_under_the_limit_is_served(servers):
     for url, _ in servers.values():
         body = {"model": "tiny-test", "prompt": "hello", "max_tokens": 2}
         assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
+
+
+def test_the_limit_is_configurable(tiny_model_dir, tmp_path):
+    url, worker = start_worker(tiny_model_dir, 1, extra_args=["--max-request-bytes", "4096"])
+    orch_url, orch = start_orchestrator(tmp_path, tiny_model_dir, [("both", url)], processes=1,
+                                        max_request_bytes=4096)
+    try:
+        for base in (url, orch_url):
+            body = {"model": "tiny-test", "prompt": "x" * 5000, "max_tokens": 1}
+            response = httpx.post(f"{base}/v1/completions", json=body, timeout=30)
+            assert response.status_code == 413 and "4096" in response.json()["error"]["message"]
+    finally:
+        assert stop_orchestrator(orch) == 0
+        stop_worker(worker)

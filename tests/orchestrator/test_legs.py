@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from frontends.tokenizer import Tokenizer
 from orchestrator.prompt import ctx_body, gen_body, parse_request
+from orchestrator.validation import RequestValidator
 from orchestrator_process import start_orchestrator, stop_orchestrator
 from worker_process import free_port
 
@@ -43,6 +44,9 @@ class StandIn:
                 return Response(b'{"error": {"message": "boom"}}', status_code=500)
             if self.mode == "reject" and "disaggregated_params" in body:
                 return Response(b'{"error": {"message": "no legs here"}}', status_code=400)
+            if self.mode == "no_legs" and "disaggregated_params" in body:  # no cluster key (frontends.disaggregation)
+                return Response(b'{"error": {"message": "this worker does not serve disaggregated requests", '
+                                b'"param": "disaggregated_params"}}', status_code=400)
             params = body.get("disaggregated_params") or {}
             if params.get("request_type") == "context_only":
                 answer_params = {"request_type": "context_only", "finished": True, "first_token_id": 2} \
@@ -139,11 +143,43 @@ def test_failed_ctx_worker_is_retried_and_rejected_leg_falls_back(legs):
     for _ in range(2):  # round robin meets the failing worker once: retried on the other
         response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-test", "prompt": "p", "max_tokens": 5})
         assert response.status_code == 200 and response.headers["x-disagg-ctx-worker"] == "static-0"
+
+
+def legs_sent(url: str) -> dict[str, float]:
+    """The orchestrator's ``disagg_orchestrator_legs_total`` per phase."""
+    text = httpx.get(f"{url}/prometheus/metrics").text
+    counts = {"ctx": 0.0, "gen": 0.0}
+    for line in text.splitlines():
+        if line.startswith("disagg_orchestrator_legs_total{"):
+            counts[line.split('phase="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_a_rejected_leg_is_the_answer_never_replayed(legs):
+    """A ctx worker's 4xx goes to the client as it is: no retry on the other ctx worker, no gen leg."""
+    url, ctx_a, ctx_b, gen = legs
     reset(ctx_a, ctx_b, gen)
-    ctx_a.mode = ctx_b.mode = gen.mode = "reject"
+    ctx_a.mode = ctx_b.mode = "reject"
+    before = legs_sent(url)
+    for stream in (False, True):
+        response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-test", "prompt": "p", "max_tokens": 5,
+                                                             "stream": stream})
+        assert response.status_code == 400 and response.json() == {"error": {"message": "no legs here"}}
+    assert len(ctx_a.requests) + len(ctx_b.requests) == 2 and gen.requests == []
+    after = legs_sent(url)
+    assert after["ctx"] - before["ctx"] == 2 and after["gen"] == before["gen"]
+
+
+def test_a_worker_that_refuses_the_leg_itself_falls_back_to_a_normal_request(legs):
+    """A 400 naming disaggregated_params is about the worker (clients cannot send it): the gen worker serves."""
+    url, ctx_a, ctx_b, gen = legs
+    reset(ctx_a, ctx_b, gen)
+    ctx_a.mode = ctx_b.mode = "no_legs"
     response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-test", "prompt": "p", "max_tokens": 5})
     assert response.status_code == 200 and response.headers["x-disagg-mode"] == "aggregated"
-    assert "disaggregated_params" not in gen.requests[0][1]
+    assert len(ctx_a.requests) + len(ctx_b.requests) == 1  # not retried on the other ctx worker
+    [(_, body)] = gen.requests
+    assert "disaggregated_params" not in body
 
 
 def test_one_token_requests_skip_the_ctx_leg(legs):
@@ -153,8 +189,18 @@ def test_one_token_requests_skip_the_ctx_leg(legs):
     assert response.headers["x-disagg-mode"] == "aggregated" and ctx_a.requests == ctx_b.requests == []
 
 
+class NoWorkerYet:
+    """No worker has reported its limits: validation leaves them to the workers."""
+
+    def max_model_len(self) -> None:
+        return None
+
+    def vocab_size(self) -> None:
+        return None
+
+
 def test_parse_request_session_ids_and_leg_bodies(tiny_model_dir):
-    tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+    tokenizer = RequestValidator(Tokenizer.from_model_dir(tiny_model_dir), "m", NoWorkerYet())
     raw = msgspec.json.encode({"model": "m", "max_tokens": 9, "metadata": {"user_id": "u-1"}, "stream": True,
                                "messages": [{"role": "user", "content": "hi"}]})
     parsed = parse_request("messages", raw, tokenizer, None)
