@@ -412,3 +412,32 @@ def test_gen_leg_reports_the_ctx_legs_cached_tokens(workers, stream):
     else:
         assert result["usage"]["cache_read_input_tokens"] == cached
         assert result["usage"]["input_tokens"] == answer["usage"]["input_tokens"]
+
+
+def test_a_gen_leg_from_a_killed_ctx_worker_fails_within_seconds_not_the_pull_timeout(tiny_model_dir, key_file):
+    import signal
+
+    from tests.worker_procs import children_of, group_pids_alive, wait_until
+
+    ctx_url, ctx_proc = _start(tiny_model_dir, "ctx", key_file)
+    gen_url, gen_proc = start_worker(tiny_model_dir, 1, extra_args=[
+        "--role", "gen", "--block-size", str(BLOCK_SIZE), "--cluster-key-file", str(key_file),
+        "--kv-pull-timeout", "30"], timeout=120)
+    try:
+        body = completion(list(range(400, 421)))
+        answer = ctx_leg(ctx_url, "/v1/completions", body)  # its KV is parked on the ctx engine ...
+        pids = [ctx_proc.pid, *children_of(ctx_proc.pid)]
+        for pid in pids:  # ... which dies with its worker before the gen leg pulls it
+            os.kill(pid, signal.SIGKILL)
+        ctx_proc.wait()
+        wait_until(lambda: group_pids_alive(pids) == [], 5)
+        started = time.monotonic()
+        status, failed = post(gen_url, "/v1/completions", gen_body(body, answer))
+        assert time.monotonic() - started < 5  # the refused connection, not 30 s of silence
+        assert status == 502 and failed["error"]["code"] == "kv_transfer_failed", failed
+        assert "refused the connection" in failed["error"]["message"]
+        assert_no_blocks_in_use(gen_url)
+    finally:
+        if ctx_proc.poll() is None:
+            stop_worker(ctx_proc)
+        assert stop_worker(gen_proc) == 0, worker_log(gen_proc)
