@@ -44,7 +44,24 @@ class StreamOptions(msgspec.Struct, frozen=True):
     include_usage: bool = False
 
 
-class CompletionRequest(msgspec.Struct, frozen=True):
+class SamplingControls(msgspec.Struct, frozen=True, kw_only=True):
+    """Structured output and sampling controls that both generation endpoints take
+    (read by frontends.structured); keyword-only, so they follow each request's own fields."""
+
+    response_format: ResponseFormat | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict[str, float] | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's; and its older guided_* fields
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+
+class CompletionRequest(SamplingControls, frozen=True):
     model: str
     prompt: str | list[int]
     max_tokens: int | None = 16
@@ -62,18 +79,6 @@ class CompletionRequest(msgspec.Struct, frozen=True):
     ignore_eos: bool = False
     min_tokens: int = 0
     user: str | None = None
-    # Structured output and sampling controls: frontends.structured.
-    response_format: ResponseFormat | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_p: float | None = None
-    logit_bias: dict[str, float] | None = None
-    structured_outputs: StructuredOutputs | None = None  # vLLM's; and its older guided_* fields
-    guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 
@@ -113,7 +118,7 @@ class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     tool_call_id: str | None = None
 
 
-class ChatCompletionRequest(msgspec.Struct, frozen=True):
+class ChatCompletionRequest(SamplingControls, frozen=True):
     model: str
     messages: list[ChatMessage]
     max_tokens: int | None = None
@@ -137,18 +142,6 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     user: str | None = None
-    # Structured output and sampling controls: frontends.structured.
-    response_format: ResponseFormat | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_p: float | None = None
-    logit_bias: dict[str, float] | None = None
-    structured_outputs: StructuredOutputs | None = None  # vLLM's; and its older guided_* fields
-    guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 
