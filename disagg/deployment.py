@@ -12,11 +12,14 @@ orchestrator's /health answers 200; it prints the URL and returns. With
    orchestrator, each in its own session, logs in ``<run dir>/logs/<name>.log``,
 4. records them in ``<run dir>/state.json`` (what status/down/logs read), each
    as pid and start time (``disagg.run_dir_guard``),
-5. restarts a process that exits unexpectedly, within the YAML's ``restarts``
+5. restarts a process that exits unexpectedly (the orchestrator as a whole
+   when its process 0 dies; it respawns its other processes itself), within the YAML's ``restarts``
    budget over a sliding window; a process past it is left down and marked in
    the state (``disagg status`` says so) while the others keep serving,
-6. on SIGTERM/SIGINT stops the orchestrator, then the workers (SIGTERM, then
-   SIGKILL after ``STOP_SECONDS``) and removes the runtime files (state,
+6. on SIGTERM/SIGINT stops the orchestrator first (it stops accepting and lets
+   in-flight requests finish within its ``grace_seconds``, as long as the
+   workers'), then the workers together (SIGTERM, then SIGKILL after
+   ``STOP_SECONDS``) and removes the runtime files (state,
    key, orchestrator state dir). Logs stay.
 
 ``up`` refuses while the run dir has a live owner (its supervisor, or, when
@@ -49,7 +52,7 @@ from disagg.run_dir_guard import busy_ports, live_processes, recorded_processes,
 from orchestrator.readiness import health_progress
 from workers.ipc_dir_owners import sweep_stale_ipc_dirs
 from workers.process_identity import process_start_time
-from workers.processes import stop_process
+from workers.processes import stop_process, stop_processes
 from workers.restart_budget import RestartBudget
 
 if TYPE_CHECKING:  # the CLI imports this module to add its subcommands: keep that import light
@@ -59,7 +62,10 @@ __all__ = ["add_deployment_commands", "run_deployment_command", "default_run_dir
 
 STATE_FILE = "state.json"
 KEY_FILE = "cluster.key"
-STOP_SECONDS = 30.0
+STOP_SECONDS = 30.0  # a worker's window: its --grace-seconds (30) drain, then SIGKILL
+# The orchestrator drains for its grace_seconds (30, as long as the workers'), its non-zero processes
+# in parallel, then stops its state owner: its window covers all of that.
+ORCHESTRATOR_STOP_SECONDS = STOP_SECONDS + 25.0
 
 
 def default_run_dir(config_path: str) -> str:
@@ -314,9 +320,12 @@ def _supervise(config: DeployConfig) -> int:
 
 
 def _stop_all(children: list[subprocess.Popen]) -> None:
-    # The orchestrator (last started) goes first, so no request is routed to a stopping worker.
-    for child in children:
-        stop_process(child, STOP_SECONDS)
+    # The orchestrator (last started, first here) goes first and drains: its in-flight requests finish
+    # on the still-running workers, and no new one is routed to a stopping worker. Then the workers,
+    # all at once (nothing is routed to them any more).
+    if children:
+        stop_process(children[0], ORCHESTRATOR_STOP_SECONDS)
+        stop_processes(children[1:], STOP_SECONDS)
 
 
 def _clean(run_dir: Path) -> None:
@@ -377,10 +386,10 @@ def _down(run_dir: Path) -> int:
     supervised = supervisor.pid != os.getpid() and supervisor.running()
     if supervised:
         # The supervisor stops its children itself (orchestrator first) and cleans up.
-        stop_recorded([supervisor], STOP_SECONDS * 2)
+        stop_recorded([supervisor], ORCHESTRATOR_STOP_SECONDS + STOP_SECONDS + 10)
     # Whatever is left: a supervisor that died (or was just killed) leaves these behind. The orchestrator
     # (last in the list) goes first, so no request is routed to a stopping worker.
-    stopped = stop_recorded(list(reversed(children)), STOP_SECONDS)
+    stopped = stop_recorded(list(reversed(children)), ORCHESTRATOR_STOP_SECONDS)
     legacy = [p for p in children if p.start_time is None and p.may_be_running()]
     _clean(run_dir)
     _sweep_ipc_dirs()

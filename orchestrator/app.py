@@ -5,7 +5,8 @@ of a worker's client surface (count_tokens, tokenize, models, version) is
 answered here (``orchestrator.surface``); cluster routes read this process's
 ``ClusterView``; registration, perf and Message Batches routes are forwarded
 to the state owner (process 0; ``orchestrator.batches``). Every error has the API's shape
-(``frontends.errors``). With ``api_key`` set, /v1/* and /workers* need
+(``frontends.errors``), also those outside a handler and streams cut short
+(``orchestrator.clean_ends``). With ``api_key`` set, /v1/* and /workers* need
 ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise);
 /health, /cluster_info and the metrics stay open for probes and scrapers.
 """
@@ -37,6 +38,7 @@ from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
 from orchestrator import responses, surface
 from orchestrator.batches import batch_forward
+from orchestrator.clean_ends import CleanEndsMiddleware
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamRejected
 from orchestrator.flow import Flow, PerfRecord
@@ -245,6 +247,7 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/workers/deregister", _endpoint(_forward("/deregister")), methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
-                    middleware=[Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
+                    middleware=[Middleware(CleanEndsMiddleware),  # outermost: it sees every end
+                                Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
     app.state.orchestrator = orch
     return app

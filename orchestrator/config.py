@@ -136,6 +136,15 @@ class OrchestratorConfig:
     log_level: str = "info"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Request bodies over this are refused with 413 before they are buffered."""
+    grace_seconds: float = 30.0
+    """At shutdown (SIGTERM, `disagg down`) every process stops accepting and lets in-flight
+    requests finish this long before cutting them (each cut one ends with the API's error).
+    At least the workers' ``--grace-seconds`` (30), so that the orchestrator, stopped first,
+    does not cut what the workers would still finish."""
+    max_process_restarts: int = 5
+    process_restart_window_seconds: float = 300.0
+    """Process 0 respawns a non-zero process that died while it has died fewer than
+    ``max_process_restarts`` times in the window (``workers.restart_budget``)."""
 
     def validate(self, prefix: str) -> None:
         if not 1 <= self.processes <= 64:
@@ -148,6 +157,13 @@ class OrchestratorConfig:
             raise ConfigError(f"{prefix}.api_key", "must not be empty (omit it for no key)")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
+        if not 0 < self.grace_seconds <= 3600:
+            raise ConfigError(f"{prefix}.grace_seconds", f"must be in (0, 3600], got {self.grace_seconds}")
+        if self.max_process_restarts < 0:
+            raise ConfigError(f"{prefix}.max_process_restarts", f"must be >= 0, got {self.max_process_restarts}")
+        if self.process_restart_window_seconds <= 0:
+            raise ConfigError(f"{prefix}.process_restart_window_seconds",
+                              f"must be > 0, got {self.process_restart_window_seconds}")
 
     @property
     def model_name(self) -> str:

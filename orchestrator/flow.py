@@ -40,8 +40,9 @@ import msgspec
 from starlette.responses import Response
 from starlette.types import Receive
 
-from frontends.errors import ApiError, anthropic_error_body, http_error, openai_error_body
+from frontends.errors import ApiError, http_error
 from frontends.streaming import EventStreamResponse, run_until_disconnect
+from orchestrator.clean_ends import stream_error_frame
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.metrics import Metrics
@@ -363,6 +364,4 @@ async def within(deadline: float, work: Awaitable[T], request_seconds: float) ->
 
 
 def _error_event(api: str, error: ApiError) -> bytes:
-    if api == "messages":
-        return b"event: error\ndata: " + anthropic_error_body(error) + b"\n\n"
-    return b"data: " + openai_error_body(error) + b"\n\ndata: [DONE]\n\n"
+    return stream_error_frame(api == "messages", error)

@@ -8,9 +8,14 @@ checker) and re-executes itself K_o-1 times with ``--process-index i
 --port P``. Each process serves the same app on its own socket of the port
 and writes ``ready-<i>`` in the state dir once it accepts connections and
 holds the owner's first state snapshot;
-process 0 prints ``READY_MESSAGE URL`` when all have. SIGTERM/SIGINT on
-process 0 stops the others, then itself, and removes the runtime files; an
-extra process whose parent is gone exits at once.
+process 0 prints ``READY_MESSAGE URL`` when all have. Process 0 respawns a
+non-zero process that dies and releases its in-flight counts
+(``orchestrator.process_group``). SIGTERM/SIGINT on process 0 drains every
+process at once (stop accepting, finish in-flight requests within
+``grace_seconds``), then stops the state owner and removes the runtime files;
+an extra process whose parent is gone exits at once. If process 0 itself
+dies, the others exit too (the state owner is gone) and `disagg up`'s
+supervisor restarts the whole orchestrator.
 """
 
 from __future__ import annotations
@@ -23,15 +28,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workers.processes import stop_processes
-
 if TYPE_CHECKING:  # the CLI imports this module to add its arguments: keep that import light
     from orchestrator.config import OrchestratorConfig
+    from orchestrator.state import StateOwner
 
 __all__ = ["add_orchestrator_arguments", "run_orchestrator", "READY_MESSAGE"]
 
@@ -39,6 +42,7 @@ log = logging.getLogger("disagg.orchestrator")
 
 READY_MESSAGE = "disagg orchestrator: ready on"
 START_TIMEOUT_SECONDS = 60.0
+CHILD_STOP_MARGIN_SECONDS = 10.0  # past the grace period: lifespan shutdown, closing clients
 OWNER_STOP_SECONDS = 10.0  # the state server drains its (answered at once) long polls within this
 
 
@@ -80,22 +84,29 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
 
     index = args.process_index
     orch = Orchestrator(config, index, Tokenizer.from_model_path(config.model_dir))
+    # Drains at least as long as the workers do: `disagg down` stops the orchestrator first.
     server = FrontendServer(uvicorn.Config(build_app(orch), log_level=config.log_level, access_log=False,
-                                           lifespan="on", timeout_graceful_shutdown=5))
+                                           lifespan="on", timeout_graceful_shutdown=config.grace_seconds))
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    owner_task = children = batches = parent_watch = None
+    owner_task = group = group_watch = batches = parent_watch = None
     if index == 0:
         from frontends.batches import batch_routes
         from orchestrator.batches import open_batch_runner
+        from orchestrator.process_group import ProcessGroup
+        from orchestrator.state import StateOwner
+        from workers.restart_budget import RestartBudget
 
         batches = open_batch_runner(orch)  # the store is process 0's: opened before anything is served
         await batches.start()
+        owner = StateOwner(config)
         owner_stop = asyncio.Event()
-        owner_task = asyncio.create_task(_run_owner(config, owner_stop, batch_routes(batches)))
-        children = [_spawn(args, i, port) for i in range(1, config.processes)]
+        owner_task = asyncio.create_task(_run_owner(config, owner, owner_stop, batch_routes(batches)))
+        group = ProcessGroup(args.config, port, range(1, config.processes),
+                             lambda: RestartBudget(config.max_process_restarts, config.process_restart_window_seconds),
+                             on_exit=lambda i: owner.set_loads(i, {}))
     else:
         # Held, and cancelled at exit: the loop keeps only a weak reference to a task.
         parent_watch = asyncio.create_task(_watch_parent(args.parent_pid, stopping))
@@ -106,19 +117,26 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
         # Ready = serving and holding the owner's state (else it would answer 503s for a moment).
         await asyncio.wait_for(orch.link.first_snapshot.wait(), START_TIMEOUT_SECONDS)
         (Path(config.state_dir) / f"ready-{index}").touch()
-        if index == 0:
-            await _wait_ready(config, children or [])
+        if group is not None:
+            await _wait_ready(config, list(group.children.values()))
+            group_watch = asyncio.create_task(group.watch())
             print(f"{READY_MESSAGE} http://{config.host}:{port} ({config.processes} processes)", flush=True)
         await asyncio.wait([serving, asyncio.create_task(stopping.wait())], return_when=asyncio.FIRST_COMPLETED)
     finally:
         if parent_watch is not None:
             parent_watch.cancel()
+        if group_watch is not None:
+            group_watch.cancel()
         if batches is not None:  # first: its requests stay pending, not failed by the flow closing under them
             await batches.close()
-        if children:
-            _stop_children(children)
+        # Every process drains at once (stop accepting, finish in-flight, exit); the state owner
+        # stays up until the others are gone, since they still push their loads to it.
+        stopping_children = (asyncio.create_task(group.stop(config.grace_seconds + CHILD_STOP_MARGIN_SECONDS))
+                             if group is not None else None)
         server.should_exit = True
         await asyncio.gather(serving, return_exceptions=True)
+        if stopping_children is not None:
+            await stopping_children
         if owner_task is not None:
             owner_stop.set()
             try:
@@ -132,7 +150,7 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     return 0
 
 
-async def _run_owner(config: OrchestratorConfig, stop: asyncio.Event, extra_routes: list) -> None:
+async def _run_owner(config: OrchestratorConfig, owner: StateOwner, stop: asyncio.Event, extra_routes: list) -> None:
     """Process 0's state owner: the Unix-socket state app (plus ``extra_routes``: the batch routes)
     and the health checker, until ``stop``."""
     import httpx
@@ -141,7 +159,7 @@ async def _run_owner(config: OrchestratorConfig, stop: asyncio.Event, extra_rout
     from frontends.server import FrontendServer
     from orchestrator.health import HealthChecker
     from orchestrator.perf import PerfJoiner
-    from orchestrator.state import StateOwner, state_app
+    from orchestrator.state import state_app
 
     path = Path(config.state_socket)
     path.unlink(missing_ok=True)
@@ -149,7 +167,6 @@ async def _run_owner(config: OrchestratorConfig, stop: asyncio.Event, extra_rout
     unix.bind(str(path))
     os.chmod(path, 0o600)
     unix.listen(1024)
-    owner = StateOwner(config)
     client = httpx.AsyncClient(timeout=config.health.timeout_seconds)
     server = FrontendServer(uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds),
                                                      extra_routes),
@@ -169,12 +186,6 @@ async def _run_owner(config: OrchestratorConfig, stop: asyncio.Event, extra_rout
         path.unlink(missing_ok=True)
 
 
-def _spawn(args: argparse.Namespace, index: int, port: int) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "disagg.cli", "orchestrator", "--config", args.config, "--port", str(port),
-            "--process-index", str(index), "--parent-pid", str(os.getpid())]
-    return subprocess.Popen(argv)
-
-
 async def _wait_ready(config: OrchestratorConfig, children: list[subprocess.Popen]) -> None:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     ready = [Path(config.state_dir) / f"ready-{i}" for i in range(config.processes)]
@@ -183,10 +194,6 @@ async def _wait_ready(config: OrchestratorConfig, children: list[subprocess.Pope
         if dead or time.monotonic() > deadline:
             raise RuntimeError(f"orchestrator processes did not start (exited: {[c.args[-3] for c in dead]})")
         await asyncio.sleep(0.05)
-
-
-def _stop_children(children: list[subprocess.Popen]) -> None:
-    stop_processes(children, timeout=10)
 
 
 async def _watch_parent(parent_pid: int | None, stopping: asyncio.Event) -> None:
