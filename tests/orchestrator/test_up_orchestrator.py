@@ -1,12 +1,17 @@
-"""`disagg down` while 16 streams are in flight cuts none of them (issue 16 item 9).
+"""The orchestrator under `disagg up` (issue 16 items 8, 9).
 
-The orchestrator is stopped first; it drains (its grace_seconds, 30 s, as long as the
-workers') while the workers, still up, finish the streams; then the workers stop.
+- `disagg down` while 16 streams are in flight cuts none of them: the orchestrator is
+  stopped first and drains (its grace_seconds, 30 s, as long as the workers') while the
+  workers, still up, finish the streams; then the workers stop.
+- A SIGKILLed process 0 takes its other processes with it (they hold no state of their own);
+  the supervisor restarts the orchestrator and it serves again within seconds.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import textwrap
 import threading
 import time
@@ -33,8 +38,7 @@ def _stream(url: str, model: str, results: list, started: threading.Event) -> No
         started.set()
 
 
-@pytest.mark.slow
-def test_down_under_load_cuts_no_stream(tmp_path):
+def _up(tmp_path) -> tuple[str, dict]:
     port = free_port()
     config = tmp_path / "drain.yaml"
     # 400 decode steps of 15 ms: ~6 s per stream, past the 5 s the orchestrator used to drain for.
@@ -53,12 +57,15 @@ def test_down_under_load_cuts_no_stream(tmp_path):
           gen: {{instances: 1, frontends: 2}}
         startup_timeout_seconds: 90
     """))
-    run = tmp_path / "run"
     up = disagg("up", str(config), cwd=tmp_path)
     assert up.returncode == 0, up.stdout + up.stderr
-    state = json.loads((run / "state.json").read_text())
+    return f"http://127.0.0.1:{port}", json.loads((tmp_path / "run" / "state.json").read_text())
+
+
+def test_down_under_load_cuts_no_stream(tmp_path):
+    url, state = _up(tmp_path)
+    run = tmp_path / "run"
     pids = [state["supervisor_pid"], *(p["pid"] for p in state["processes"])]
-    url = f"http://127.0.0.1:{port}"
     results: list = []
     started = [threading.Event() for _ in range(16)]
     threads = [threading.Thread(target=_stream, args=(url, str(tmp_path / "model"), results, event)) for event in started]
@@ -79,3 +86,32 @@ def test_down_under_load_cuts_no_stream(tmp_path):
     assert not [pid for pid in pids if alive(pid)]
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=5)
+
+
+def test_a_killed_process_0_is_restarted_by_the_supervisor(tmp_path):
+    url, state = _up(tmp_path)
+    run = tmp_path / "run"
+    try:
+        orchestrator = next(p for p in state["processes"] if p["name"] == "orchestrator")
+        os.kill(orchestrator["pid"], signal.SIGKILL)
+
+        def restarted() -> bool:
+            now = json.loads((run / "state.json").read_text())
+            return next(p["pid"] for p in now["processes"] if p["name"] == "orchestrator") != orchestrator["pid"]
+
+        def serves() -> bool:  # six answers in a row, on fresh connections: both new processes answer
+            try:
+                return all(httpx.post(f"{url}/v1/completions", timeout=30, json={
+                    "model": str(tmp_path / "model"), "prompt": "hi", "max_tokens": 2}).status_code == 200
+                    for _ in range(6))
+            except httpx.HTTPError:  # the old processes' sockets, closing
+                return False
+
+        deadline = time.monotonic() + 60
+        while not (restarted() and serves()):
+            assert time.monotonic() < deadline, (run / "up.log").read_text()
+            time.sleep(0.2)
+        assert time.monotonic() < deadline - 45, "serving again took over 15 s"
+        assert "orchestrator exited" in (run / "up.log").read_text()
+    finally:
+        assert disagg("down", "--run-dir", str(run), cwd=tmp_path).returncode == 0
