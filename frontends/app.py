@@ -10,6 +10,7 @@ which of a worker's K frontend processes answered.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import Any, AsyncContextManager, Awaitable, Callable, Sequence
@@ -90,6 +91,14 @@ class FrontendHeaderMiddleware:
 
         try:
             await self.app(scope, receive, send_with_header)
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs when the grace period ends; it would answer its
+            # plain-text 500: the client gets the API's JSON 503 instead.
+            if not started:
+                with contextlib.suppress(OSError, RuntimeError):
+                    await error_response(_SHUTTING_DOWN, _is_anthropic(scope["path"]))(scope, receive,
+                                                                                        send_with_header)
+            raise
         except Exception as exc:
             if started:
                 raise
@@ -117,6 +126,10 @@ class _FrontendStarlette(Starlette):
 
 def _is_anthropic(path: str) -> bool:
     return path.startswith("/v1/messages")
+
+
+_SHUTTING_DOWN = ApiError(503, "the worker is shutting down; retry", "service_unavailable_error", "overloaded_error",
+                          code="shutting_down")
 
 
 def error_response(error: ApiError, anthropic: bool) -> Response:

@@ -89,6 +89,22 @@ def test_sigterm_lets_in_flight_requests_finish_then_frees_everything(tiny_model
     assert_nothing_left(proc)
 
 
+def test_a_request_cut_at_the_end_of_the_grace_period_gets_a_json_503(tiny_model_dir):
+    # 50 ms per decode step: 300 tokens run ~15 s, far past a 0.5 s grace period.
+    url, proc = start_worker(tiny_model_dir, num_frontends=1,
+                             extra_args=["--synthetic-decode-step-seconds", "0.05", "--grace-seconds", "0.5"])
+    responses: list = []
+    thread = threading.Thread(target=lambda: responses.append(complete(url, max_tokens=300)))
+    thread.start()
+    time.sleep(0.5)
+    assert stop_worker(proc) == 0
+    thread.join(timeout=30)
+    response = responses[0]  # uvicorn's own answer was a plain-text "Internal Server Error"
+    assert response.status_code == 503 and response.headers["content-type"] == "application/json"
+    assert response.json()["error"]["code"] == "shutting_down"
+    assert_nothing_left(proc)
+
+
 def test_an_attached_frontend_that_fails_to_start_tears_the_group_down(tiny_model_dir):
     broken = f"{sys.executable} -c 'import sys; print(\"boom: no frontend today\"); sys.exit(3)'"
     proc = spawn_worker(tiny_model_dir, num_frontends=3, extra_args=["--frontend-command", broken])
