@@ -34,12 +34,13 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 import logging
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, TypeVar
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, NoReturn, TypeVar
 
 import msgspec
 from starlette.responses import Response
 from starlette.types import Receive
 
+from frontends.admission import RETRY_AFTER_SECONDS, OverloadedError
 from frontends.errors import ApiError, anthropic_error_body, http_error, openai_error_body
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from orchestrator.config import OrchestratorConfig
@@ -216,6 +217,8 @@ class Flow:
             raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}") from exc
         finally:
             self.view.release(worker.worker_id, tokens)
+        if status == 429:
+            raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)", refused=True)
         if status >= 500:
             raise LegFailed(f"{worker.worker_id} answered {status}", kv_source_lost=KV_SOURCE_LOST in content)
         if status != 200:
@@ -247,6 +250,7 @@ class Flow:
                       payload: dict[str, Any], record: PerfRecord) -> tuple[bytes, WorkerRecord]:
         worker: WorkerRecord | None = first
         tried: set[str] = set()
+        refusals = 0
         while worker is not None:
             tried.add(worker.worker_id)
             start = time.time()
@@ -254,6 +258,7 @@ class Flow:
                 raw = await self._post("gen", worker, request.path, payload, f"{request_id}-gen",
                                        len(request.prompt_ids))
             except LegFailed as exc:
+                refusals += exc.refused
                 if not self._retrying("gen", worker, str(exc), tried, record):
                     break
                 payload = request.body  # a normal request: the parked KV may be gone
@@ -263,14 +268,14 @@ class Flow:
             record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": end, "end": end}
             self.metrics.phase_seconds.labels("gen").observe(end - start)
             return raw, worker
-        self.metrics.errors.labels("gen", "upstream").inc()
-        raise UpstreamFailedError(f"every generation worker failed ({len(tried)} tried)")
+        self._gen_failed(tried, refusals)
 
     async def stream_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
                          payload: dict[str, Any], record: PerfRecord, headers: dict[str, str],
                          deadline: float) -> Response:
         worker: WorkerRecord | None = first
         tried: set[str] = set()
+        refusals = 0
         while worker is not None:
             tried.add(worker.worker_id)
             start = time.time()
@@ -282,6 +287,9 @@ class Flow:
                 upstream = await self._within(deadline, self.upstream.post(
                     worker.url + request.path, msgspec.json.encode(payload),
                     {"x-request-id": f"{request_id}-gen", "content-type": "application/json"}))
+                if upstream.status == 429:
+                    raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)",
+                                    refused=True)
                 if upstream.status >= 500:
                     raise LegFailed(f"{worker.worker_id} answered {upstream.status}")
                 if upstream.status != 200:
@@ -297,6 +305,7 @@ class Flow:
                     upstream.close()
                 if isinstance(exc, UpstreamError):
                     self.view.suspect(worker.worker_id)
+                refusals += isinstance(exc, LegFailed) and exc.refused
                 error = str(exc) if isinstance(exc, LegFailed) else f"{worker.worker_id}: {type(exc).__name__}: {exc}"
                 if not self._retrying("gen", worker, error, tried, record):
                     break
@@ -315,6 +324,14 @@ class Flow:
             response.raw_headers += [(k.encode(), v.encode()) for k, v in
                                      {**headers, "x-disagg-gen-worker": worker.worker_id}.items()]
             return response
+        self._gen_failed(tried, refusals)
+
+    def _gen_failed(self, tried: set[str], refusals: int) -> NoReturn:
+        """No gen leg succeeded: 429 when every worker tried was at its limit (busy, not broken), else 502."""
+        if refusals == len(tried):
+            self.metrics.errors.labels("gen", "overloaded").inc()
+            raise OverloadedError(f"every generation worker is at its concurrent-request limit ({len(tried)} "
+                                  f"tried); retry after {RETRY_AFTER_SECONDS} s")
         self.metrics.errors.labels("gen", "upstream").inc()
         raise UpstreamFailedError(f"every generation worker failed ({len(tried)} tried)")
 
