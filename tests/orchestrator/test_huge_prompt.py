@@ -69,3 +69,45 @@ def test_a_10_mb_prompt_is_400_at_once(stack, where, path):
         assert error["code"] == "context_length_exceeded" and error["param"] in ("prompt", "messages")
     assert seconds < 1.0, seconds  # tokenizing 10 MB took many seconds; ~0.1 s here, slack for load
     assert rss_mb(pid) - before < 50
+
+
+def _send_head(url: str, head: bytes) -> tuple[bytes, float]:
+    """Write ``head`` (stopping early if the server closes) and read the answer."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    start = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        try:
+            for i in range(0, len(head), 65536):
+                sock.sendall(head[i:i + 65536])
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    return answer, time.monotonic() - start
+
+
+@pytest.mark.parametrize("where", ["worker", "orchestrator"])
+def test_a_megabyte_of_headers_is_431(stack, where):
+    url, pid = stack[where]
+    many = b"".join(b"x-filler-%d: %s\r\n" % (i, b"v" * 1000) for i in range(1000))  # ~1 MB in 1,000 headers
+    one_line = b"x-endless: " + b"v" * (1 << 20)  # one header that never ends
+    for path, headers, shape in ((b"/v1/completions", many + b"\r\n", "openai"),
+                                 (b"/v1/messages", many + b"\r\n", "anthropic"),
+                                 (b"/v1/completions", one_line, "openai")):
+        before = rss_mb(pid)
+        answer, seconds = _send_head(url, b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n%s" % (path, headers))
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+        body = msgspec.json.decode(answer.split(b"\r\n\r\n", 1)[1])
+        if shape == "anthropic":
+            assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        else:
+            assert body["error"]["code"] == "request_header_fields_too_large"
+        assert seconds < 2.0 and rss_mb(pid) - before < 20
+    # A normal request on the same server still works.
+    assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 200
