@@ -26,6 +26,12 @@
    the ctx engine died or dropped the KV; the gen worker is fine); after it, the stream ends with the API's error event. Closing the
    client's stream closes the upstream one, which aborts the request in the
    worker (and, through it, the KV pull).
+
+A worker's 429 (at its ``max_concurrent_requests``, ``frontends.admission``) is a
+failed leg that does not make the worker suspect: the leg goes to another worker;
+when every gen worker tried answered 429, the client gets 429 with Retry-After.
+A connection lost before any answer is first retried on the same worker by the
+leg client (``orchestrator.http_client``): one dead frontend is not a dead worker.
 """
 
 from __future__ import annotations
