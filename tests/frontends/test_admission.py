@@ -105,3 +105,15 @@ def test_anthropic_refusal_has_the_anthropic_shape(tiny_model_dir):
                                          json={**body, "stream": False, "max_tokens": 2}).status_code == 200, 10)
     finally:
         stop_worker(proc)
+
+
+def test_the_limit_is_shared_by_the_frontends_and_configured_from_the_yaml():
+    from disagg.deploy_config import EngineSettings
+    from frontends.admission import per_frontend_limit
+    from workers.config import ConfigError
+
+    assert per_frontend_limit(64, 1) == 64 and per_frontend_limit(64, 3) == 22 and per_frontend_limit(2, 8) == 1
+    assert per_frontend_limit(0, 4) is None and per_frontend_limit(None, 4) is None
+    assert EngineSettings(max_concurrent_requests=64).serve_options()["--max-concurrent-requests"] == 64
+    with pytest.raises(ConfigError, match="engine.max_concurrent_requests"):
+        EngineSettings(max_concurrent_requests=-1).validate("engine")
