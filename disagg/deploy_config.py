@@ -70,6 +70,10 @@ class EngineSettings:
     """auto, native or sdpa: the torch engine's decode attention (serve's --decode-attention)."""
     max_request_bytes: int | None = None
     """Workers answer larger request bodies with 413 before buffering them (serve's --max-request-bytes)."""
+    max_concurrent_requests: int | None = None
+    """Generation requests one worker serves at once, each of its K frontends admitting ceil(limit / K);
+    more get 429 with Retry-After, and the orchestrator tries another worker (serve's
+    --max-concurrent-requests; default 0: no limit)."""
     wedged_seconds: float | None = None
     """An engine silent this long is dead and its worker stops (serve's --engine-wedged-seconds, default
     300); a shorter silence only makes the worker's /health answer 503 until the engine answers again."""
@@ -94,6 +98,9 @@ class EngineSettings:
                               f"must be auto, native or sdpa, got {self.decode_attention!r}")
         if self.max_request_bytes is not None and self.max_request_bytes < 1024:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
+        if self.max_concurrent_requests is not None and self.max_concurrent_requests < 0:
+            raise ConfigError(f"{prefix}.max_concurrent_requests",
+                              f"must be >= 0 (0: no limit), got {self.max_concurrent_requests}")
         for name in ("max_model_len", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -111,7 +118,8 @@ class EngineSettings:
                 "--kv-pull-timeout": self.kv_pull_timeout,
                 "--decode-attention": self.decode_attention,
                 "--engine-wedged-seconds": self.wedged_seconds,
-                "--max-request-bytes": self.max_request_bytes}
+                "--max-request-bytes": self.max_request_bytes,
+                "--max-concurrent-requests": self.max_concurrent_requests}
 
     def merged(self, overrides: "EngineSettings") -> "EngineSettings":
         changes = {f.name: getattr(overrides, f.name) for f in dataclasses.fields(overrides)

@@ -78,6 +78,9 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
                                             "(default: ~/.cache/disagg/HOST-PORT)")),
     ("--max-request-bytes", dict(type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                                  help="request bodies over this get a 413 before they are buffered")),
+    ("--max-concurrent-requests", dict(type=int, default=0,
+                                       help="generation requests the worker serves at once, shared evenly by its "
+                                            "frontends; more get 429 with Retry-After (0: no limit)")),
     ("--admin-timeout", dict(type=float, default=30.0,
                              help="seconds an attached frontend waits for the launcher on a forwarded route")),
     ("--engine-start-timeout", dict(type=float, default=600.0)),
@@ -157,13 +160,16 @@ def _synthetic_model_shape(model: Path, synthetic: SyntheticConfig) -> Synthetic
 
 
 def _frontend_config(args: argparse.Namespace, frontend_id: int, engine_info: Any = None):
+    from frontends.admission import per_frontend_limit
     from frontends.app import FrontendConfig
     from frontends.tokenizer import Tokenizer
 
     name = args.served_model_name or default_served_name(args.model_dir)
     disagg = None if engine_info is None else frontend_disagg_config(args, engine_info)
     config = FrontendConfig(served_model_name=name, frontend_id=frontend_id, disagg=disagg,
-                            tool_call_parser=args.tool_call_parser, max_request_bytes=args.max_request_bytes)
+                            tool_call_parser=args.tool_call_parser, max_request_bytes=args.max_request_bytes,
+                            max_concurrent_requests=per_frontend_limit(args.max_concurrent_requests,
+                                                                       resolve_num_frontends(args.num_frontends)))
     return Tokenizer.from_model_path(args.model_dir), config
 
 

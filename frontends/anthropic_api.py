@@ -41,8 +41,10 @@ __all__ = ["create_message", "count_message_tokens", "prepare_message", "prepare
            "generate_message"]
 
 
-def message_prompt_ids(ctx: ServingContext, body: MessagesRequest | CountTokensRequest) -> list[int]:
-    """The prompt of a conversation; one that ends with an assistant's text continues that turn (prefill)."""
+def message_prompt_ids(ctx: ServingContext, body: MessagesRequest | CountTokensRequest,
+                       max_tokens: int | None = None) -> list[int]:
+    """The prompt of a conversation; one that ends with an assistant's text continues that turn (prefill).
+    Over ``max_tokens`` by its length alone: ``PromptTooLongError`` before tokenizing."""
     check_messages(len(body.messages))
     check_tools(len(body.tools or ()))
     messages = template_messages(body)
@@ -59,7 +61,8 @@ def message_prompt_ids(ctx: ServingContext, body: MessagesRequest | CountTokensR
         ]
     messages = adapt_conversation(messages, tools, ctx.tokenizer.chat_template_source, ctx.tool_syntax)
     try:
-        return ctx.tokenizer.encode_chat(messages, tools=tools, add_generation_prompt=prefill is None,
+        return ctx.tokenizer.encode_chat(messages, tools=tools, max_tokens=max_tokens,
+                                         add_generation_prompt=prefill is None,
                                          continue_final_message=prefill is not None)
     except ChatTemplateError as exc:
         raise InvalidRequestError(str(exc), param="messages") from exc
@@ -103,7 +106,7 @@ def prepare_message_request(ctx: ServingContext, body: MessagesRequest) -> tuple
     if leg is not None and not leg.is_context:
         prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-rendered
     else:
-        prompt_ids = message_prompt_ids(ctx, body)
+        prompt_ids = message_prompt_ids(ctx, body, ctx.client.max_model_len)
     guided, guided_param = anthropic_guided(body.output_config), "output_config.format"
     tool_guided = ctx.forced_tool_guided(tool_policy)
     if tool_guided is not None:  # a forced call: the answer is the call, the output format does not apply to it

@@ -34,6 +34,7 @@ from frontends.errors import (
 )
 from frontends.generation import EngineClientLike
 from frontends.perf_records import note_x_request_id
+from frontends.admission import RETRY_AFTER_SECONDS, AdmissionGate
 from frontends.route_errors import route_error_response
 from frontends.serving import FrontendConfig, ServingContext
 from frontends.streaming import ClientDisconnected
@@ -63,9 +64,11 @@ class FrontendHeaderMiddleware:
     """
 
     def __init__(self, app: ASGIApp, frontend_id: int, http_exception: ExceptionHandler,
-                 unhandled: ExceptionHandler, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+                 unhandled: ExceptionHandler, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 admission: AdmissionGate | None = None) -> None:
         self.app = app
         self.max_request_bytes = max_request_bytes
+        self.admission = admission or AdmissionGate(None)
         self.header = (FRONTEND_HEADER.encode(), str(frontend_id).encode())
         self.http_exception = http_exception
         self.unhandled = unhandled
@@ -89,6 +92,12 @@ class FrontendHeaderMiddleware:
                 message["headers"] = [*message.get("headers", ()), header]
             await send(message)
 
+        admission = self.admission
+        gated = admission.gates(scope["method"], scope["path"])
+        if gated and not admission.try_admit():  # refused before a byte of the body is read
+            await error_response(http_error(admission.refusal()), _is_anthropic(scope["path"]))(
+                scope, receive, send_with_header)
+            return
         try:
             await self.app(scope, receive, send_with_header)
         except asyncio.CancelledError:
@@ -107,21 +116,26 @@ class FrontendHeaderMiddleware:
             await response(scope, receive, send_with_header)
             if not isinstance(exc, HTTPException):
                 raise
+        finally:
+            if gated:
+                admission.release()
 
 
 class _FrontendStarlette(Starlette):
     """Starlette with ``FrontendHeaderMiddleware`` as its whole middleware stack."""
 
-    def __init__(self, frontend_id: int, max_request_bytes: int, **kwargs: Any) -> None:
+    def __init__(self, frontend_id: int, max_request_bytes: int, admission: AdmissionGate, **kwargs: Any) -> None:
         self.frontend_id = frontend_id
         self.max_request_bytes = max_request_bytes
+        self.admission = admission
         super().__init__(**kwargs)
 
     def build_middleware_stack(self) -> ASGIApp:
         app: ASGIApp = self.router
         for cls, args, kwargs in reversed(self.user_middleware):
             app = cls(app, *args, **kwargs)
-        return FrontendHeaderMiddleware(app, self.frontend_id, _http_exception, _unhandled, self.max_request_bytes)
+        return FrontendHeaderMiddleware(app, self.frontend_id, _http_exception, _unhandled, self.max_request_bytes,
+                                        self.admission)
 
 
 def _is_anthropic(path: str) -> bool:
@@ -134,7 +148,8 @@ _SHUTTING_DOWN = ApiError(503, "the worker is shutting down; retry", "service_un
 
 def error_response(error: ApiError, anthropic: bool) -> Response:
     body = anthropic_error_body(error) if anthropic else openai_error_body(error)
-    return Response(body, status_code=error.status, media_type="application/json")
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else None
+    return Response(body, status_code=error.status, media_type="application/json", headers=headers)
 
 
 class _Endpoint:
@@ -240,6 +255,7 @@ def build_app(
     app = _FrontendStarlette(
         config.frontend_id,
         config.max_request_bytes,
+        AdmissionGate(config.max_concurrent_requests),
         routes=[*prefix_routes, *api_routes(), *extra_routes],
         lifespan=app_lifespan,
     )

@@ -37,7 +37,7 @@ from frontends.serving import ServingContext, ValidRequest
 from frontends.tool_prompt import adapt_conversation
 from frontends.structured import openai_controls, openai_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
-from frontends.tokenizer import ChatTemplateError, Tokenizer
+from frontends.tokenizer import ChatTemplateError, Tokenizer, too_long_error
 
 __all__ = ["create_completion", "create_chat_completion", "serve_chat_completion", "list_models",
            "ValidRequest", "prepare_completion", "prepare_chat"]
@@ -121,7 +121,14 @@ def prepare_completion(ctx: ServingContext, body: CompletionRequest) -> ValidReq
     if leg is not None and not leg.is_context:
         prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-tokenized
     else:
-        prompt_ids = ctx.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
+        if isinstance(body.prompt, str):
+            # A huge string is refused on its length, before tokenizing it whole takes seconds and gigabytes.
+            if ctx.tokenizer.proves_too_long(body.prompt, ctx.client.max_model_len):
+                raise too_long_error(len(body.prompt), ctx.client.max_model_len, ctx.tokenizer.max_token_chars,
+                                     "prompt")
+            prompt_ids = ctx.tokenizer.encode(body.prompt)
+        else:
+            prompt_ids = body.prompt
         ctx.check_prompt_token_ids(prompt_ids, "prompt")
     guided, guided_param = openai_guided(body)
     params = ctx.sampling_params(
@@ -157,7 +164,9 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     return _json_response(payload)
 
 
-def chat_prompt_ids(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
+def chat_prompt_ids(ctx: ServingContext, body: ChatCompletionRequest, max_tokens: int | None = None) -> list[int]:
+    """The conversation's prompt ids; over ``max_tokens`` by its length alone: ``PromptTooLongError``
+    before tokenizing (``Tokenizer.encode_chat``)."""
     check_messages(len(body.messages))
     check_tools(len(body.tools or ()))
     check_chat_contents(body.messages)
@@ -166,7 +175,7 @@ def chat_prompt_ids(ctx: ServingContext, body: ChatCompletionRequest) -> list[in
                                   ctx.tool_syntax)
     try:
         return ctx.tokenizer.encode_chat(
-            messages, tools=tools,
+            messages, tools=tools, max_tokens=max_tokens,
             add_generation_prompt=body.add_generation_prompt, template_kwargs=body.chat_template_kwargs,
         )
     except ChatTemplateError as exc:
@@ -186,7 +195,7 @@ def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> tuple[Vali
     if leg is not None and not leg.is_context:
         prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-rendered
     else:
-        prompt_ids = chat_prompt_ids(ctx, body)
+        prompt_ids = chat_prompt_ids(ctx, body, ctx.client.max_model_len)
     max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     guided, guided_param = openai_guided(body)

@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import uvicorn
 
 from frontends.engine_client import EngineClient, process_alive
+from frontends.header_limit import h11_head_limit, http_protocol
 from frontends.watchdog import Watchdog, frontend_probes
 from workers.attach import AttachInfo
 
@@ -98,7 +99,7 @@ async def serve_frontend(
     config = uvicorn.Config(
         make_app(client), log_level=options.log_level, access_log=options.access_log,
         timeout_graceful_shutdown=options.grace_seconds,  # type: ignore[arg-type]
-        http=_http_impl(), lifespan="auto",
+        http=http_protocol(), lifespan="auto", **h11_head_limit(),
     )
     server = FrontendServer(config)
     exit_code = 0
@@ -145,14 +146,6 @@ async def serve_frontend(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     return exit_code
-
-
-def _http_impl() -> str:
-    try:
-        import httptools  # noqa: F401
-    except ImportError:
-        return "h11"
-    return "httptools"
 
 
 def run_event_loop(main: Awaitable[int]) -> int:

@@ -45,6 +45,9 @@ class FrontendConfig:
     the chat template (no format found: tool calls are not parsed and cannot be forced)."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Request bodies over this are refused with 413 before they are buffered."""
+    max_concurrent_requests: int | None = None
+    """This frontend's share of its worker's concurrent generation requests (``frontends.admission``);
+    more get 429 with Retry-After. None: no limit."""
 
     @classmethod
     def for_model_dir(cls, model_dir: str | Path, frontend_id: int = 0,

@@ -23,6 +23,8 @@ import tokenizers
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from frontends.errors import PromptTooLongError
+
 __all__ = ["Tokenizer", "ChatTemplateError"]
 
 
@@ -48,6 +50,29 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value
+
+
+# Normalizers that never shrink a text (the Llama/SentencePiece ones): a token's vocabulary string
+# then bounds the input characters it can stand for.
+_NON_SHRINKING_NORMALIZERS = frozenset({"Prepend", "Replace"})
+
+
+def _max_token_chars(backend: tokenizers.Tokenizer) -> int | None:
+    """The most input characters one token can stand for; None when the tokenizer's normalizer may
+    remove characters (e.g. strip accents, NFC composition), so no bound holds.
+
+    A vocabulary entry is at least as long as the text it matches: byte-level BPE writes one
+    character per byte (a character is at least one byte), SentencePiece one per character
+    (``▁`` for a space), byte-fallback tokens (``<0xE3>``) six for one byte, added tokens as they are.
+    """
+    normalizer = json.loads(backend.to_str()).get("normalizer")
+    parts = [] if normalizer is None else normalizer.get("normalizers", [normalizer])
+    for part in parts:
+        if part.get("type") not in _NON_SHRINKING_NORMALIZERS:
+            return None
+        if part.get("type") == "Replace" and len(part.get("content", "")) < len(part.get("pattern", {}).get("String") or "x"):
+            return None
+    return max(len(token) for token in backend.get_vocab(with_added_tokens=True))
 
 
 def _compile_template(source: str) -> jinja2.Template:
@@ -83,6 +108,7 @@ class Tokenizer:
         self._templates: dict[str, jinja2.Template] = {}
         eos_id = backend.token_to_id(self.eos_token) if self.eos_token else None
         self.eos_token_id: int | None = eos_id
+        self.max_token_chars = _max_token_chars(backend)
 
     @classmethod
     def from_model_path(cls, path: str | Path) -> "Tokenizer":
@@ -128,6 +154,11 @@ class Tokenizer:
         """The template that renders tools (``tool_use`` when the model has one), as text."""
         sources = self._template_sources
         return sources.get("tool_use") or sources.get("default") or next(iter(sources.values()), None)
+
+    def proves_too_long(self, text: str, max_tokens: int) -> bool:
+        """Whether ``text`` has more than ``max_tokens`` tokens, decided from its length alone: a
+        token stands for at most ``max_token_chars`` characters. False: tokenize to know."""
+        return self.max_token_chars is not None and len(text) > max_tokens * self.max_token_chars
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self._encode_fast is not None:  # no character offsets: a third less time, every request
@@ -179,9 +210,15 @@ class Tokenizer:
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
         return _cut_after_final_message(rendered, messages[-1]) if continue_final_message else rendered
 
-    def encode_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None,
+                    **kwargs: Any) -> list[int]:
+        """The conversation's prompt ids; ``PromptTooLongError`` without tokenizing when its rendered
+        text alone proves it has more than ``max_tokens``."""
+        text = self.render_chat(messages, **kwargs)
+        if max_tokens is not None and self.proves_too_long(text, max_tokens):
+            raise too_long_error(len(text), max_tokens, self.max_token_chars, "messages")
         # The template writes BOS itself: encode without adding special tokens, as HF does.
-        return self.encode(self.render_chat(messages, **kwargs), add_special_tokens=False)
+        return self.encode(text, add_special_tokens=False)
 
     def _template(self, with_tools: bool) -> jinja2.Template:
         if not self._template_sources:
@@ -192,3 +229,9 @@ class Tokenizer:
         if name not in self._templates:
             self._templates[name] = _compile_template(self._template_sources[name])
         return self._templates[name]
+
+
+def too_long_error(num_chars: int, max_tokens: int, max_token_chars: int | None, param: str) -> PromptTooLongError:
+    return PromptTooLongError(
+        f"the prompt has {num_chars} characters: more than {max_tokens} tokens, the model's context length, "
+        f"can hold (a token here is at most {max_token_chars} characters)", param=param)

@@ -31,6 +31,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from frontends.body_limit import BodyLimitMiddleware
+from frontends.admission import RETRY_AFTER_SECONDS
 from frontends.errors import anthropic_error_body, http_error, openai_error_body
 from frontends.route_errors import route_error_response
 from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
@@ -101,7 +102,8 @@ class _KnownLimits:
 def _error(exc: BaseException, anthropic: bool) -> Response:
     error = http_error(exc)
     body = anthropic_error_body(error) if anthropic else openai_error_body(error)
-    return Response(body, status_code=error.status, media_type="application/json")
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else None
+    return Response(body, status_code=error.status, media_type="application/json", headers=headers)
 
 
 def _json(payload, status: int = 200) -> Response:

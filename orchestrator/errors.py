@@ -72,8 +72,12 @@ class LegFailed(Exception):
 
     ``kv_source_lost``: the gen worker itself is fine, only the ctx engine's parked
     KV could not be pulled (502 ``kv_transfer_failed``): a normal request may go
-    to that same worker."""
+    to that same worker.
 
-    def __init__(self, message: str, kv_source_lost: bool = False) -> None:
+    ``refused``: the worker answered 429 (at its concurrent-request limit): it is busy, not
+    failing, so it is not suspected, and when every worker tried refused the client gets 429."""
+
+    def __init__(self, message: str, kv_source_lost: bool = False, refused: bool = False) -> None:
         super().__init__(message)
         self.kv_source_lost = kv_source_lost
+        self.refused = refused

@@ -26,6 +26,12 @@
    the ctx engine died or dropped the KV; the gen worker is fine); after it, the stream ends with the API's error event. Closing the
    client's stream closes the upstream one, which aborts the request in the
    worker (and, through it, the KV pull).
+
+A worker's 429 (at its ``max_concurrent_requests``, ``frontends.admission``) is a
+failed leg that does not make the worker suspect: the leg goes to another worker;
+when every gen worker tried answered 429, the client gets 429 with Retry-After.
+A connection lost before any answer is first retried on the same worker by the
+leg client (``orchestrator.http_client``): one dead frontend is not a dead worker.
 """
 
 from __future__ import annotations
@@ -34,12 +40,13 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 import logging
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, TypeVar
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, NoReturn, TypeVar
 
 import msgspec
 from starlette.responses import Response
 from starlette.types import Receive
 
+from frontends.admission import RETRY_AFTER_SECONDS, OverloadedError
 from frontends.errors import ApiError, http_error
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from orchestrator.clean_ends import stream_error_frame
@@ -217,6 +224,8 @@ class Flow:
             raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}") from exc
         finally:
             self.view.release(worker.worker_id, tokens)
+        if status == 429:
+            raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)", refused=True)
         if status >= 500:
             raise LegFailed(f"{worker.worker_id} answered {status}", kv_source_lost=KV_SOURCE_LOST in content)
         if status != 200:
@@ -248,6 +257,7 @@ class Flow:
                       payload: dict[str, Any], record: PerfRecord) -> tuple[bytes, WorkerRecord]:
         worker: WorkerRecord | None = first
         tried: set[str] = set()
+        refusals = 0
         while worker is not None:
             tried.add(worker.worker_id)
             start = time.time()
@@ -255,6 +265,7 @@ class Flow:
                 raw = await self._post("gen", worker, request.path, payload, f"{request_id}-gen",
                                        len(request.prompt_ids))
             except LegFailed as exc:
+                refusals += exc.refused
                 if not self._retrying("gen", worker, str(exc), tried, record):
                     break
                 payload = request.body  # a normal request: the parked KV may be gone
@@ -264,14 +275,14 @@ class Flow:
             record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": end, "end": end}
             self.metrics.phase_seconds.labels("gen").observe(end - start)
             return raw, worker
-        self.metrics.errors.labels("gen", "upstream").inc()
-        raise UpstreamFailedError(f"every generation worker failed ({len(tried)} tried)")
+        self._gen_failed(tried, refusals)
 
     async def stream_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
                          payload: dict[str, Any], record: PerfRecord, headers: dict[str, str],
                          deadline: float) -> Response:
         worker: WorkerRecord | None = first
         tried: set[str] = set()
+        refusals = 0
         while worker is not None:
             tried.add(worker.worker_id)
             start = time.time()
@@ -283,6 +294,9 @@ class Flow:
                 upstream = await self._within(deadline, self.upstream.post(
                     worker.url + request.path, msgspec.json.encode(payload),
                     {"x-request-id": f"{request_id}-gen", "content-type": "application/json"}))
+                if upstream.status == 429:
+                    raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)",
+                                    refused=True)
                 if upstream.status >= 500:
                     raise LegFailed(f"{worker.worker_id} answered {upstream.status}")
                 if upstream.status != 200:
@@ -298,6 +312,7 @@ class Flow:
                     upstream.close()
                 if isinstance(exc, UpstreamError):
                     self.view.suspect(worker.worker_id)
+                refusals += isinstance(exc, LegFailed) and exc.refused
                 error = str(exc) if isinstance(exc, LegFailed) else f"{worker.worker_id}: {type(exc).__name__}: {exc}"
                 if not self._retrying("gen", worker, error, tried, record):
                     break
@@ -316,6 +331,14 @@ class Flow:
             response.raw_headers += [(k.encode(), v.encode()) for k, v in
                                      {**headers, "x-disagg-gen-worker": worker.worker_id}.items()]
             return response
+        self._gen_failed(tried, refusals)
+
+    def _gen_failed(self, tried: set[str], refusals: int) -> NoReturn:
+        """No gen leg succeeded: 429 when every worker tried was at its limit (busy, not broken), else 502."""
+        if refusals == len(tried):
+            self.metrics.errors.labels("gen", "overloaded").inc()
+            raise OverloadedError(f"every generation worker is at its concurrent-request limit ({len(tried)} "
+                                  f"tried); retry after {RETRY_AFTER_SECONDS} s")
         self.metrics.errors.labels("gen", "upstream").inc()
         raise UpstreamFailedError(f"every generation worker failed ({len(tried)} tried)")
 

@@ -14,7 +14,10 @@ response that allows keep-alive, and not after ``IDLE_SECONDS`` unused (the
 workers' uvicorn closes keep-alive connections after 5 s; reusing one it is
 closing would fail a leg). A request that finds its reused connection closed
 before any byte of the answer is sent again once on a fresh connection: the
-worker never started it.
+worker never started it. A fresh connection refused or lost before any byte
+of the answer is also tried once more: with K frontends behind one port the
+next connection reaches a live one, so losing one frontend process is not
+losing the worker (a timeout is not retried: the worker is slow, not gone).
 """
 
 from __future__ import annotations
@@ -263,21 +266,34 @@ class HttpClient:
         request = "".join(head).encode("latin-1") + b"\r\n" + body
         connection = self._take_idle((host, port))
         reused = connection is not None
+        fresh_retry = True
         while True:
-            if connection is None:
-                connection = await self._connect(host, port)
-            response = LegResponse(self, connection)
-            connection.start(response, request)
+            response = None
             try:
+                if connection is None:
+                    connection = await self._connect(host, port)
+                response = LegResponse(self, connection)
+                connection.start(response, request)
                 await response._wait_head()
                 return response
-            except UpstreamError:
-                connection.close()
-                if not (reused and not response.received_any):
+            except UpstreamError as exc:
+                if connection is not None:
+                    connection.close()
+                if isinstance(exc, UpstreamTimeout) or (response is not None and response.received_any):
+                    raise  # a silent worker, or one that answered: not a lost frontend
+                if reused:
+                    reused = False  # a stale keep-alive connection: once more, fresh
+                elif fresh_retry:
+                    # A fresh connection refused or lost before any answer: the frontend that took it
+                    # may have died. Once more: the kernel (SO_REUSEPORT) hands the next connection to
+                    # a live frontend of the same worker, which is not suspected for one lost process.
+                    fresh_retry = False
+                else:
                     raise
-                reused, connection = False, None  # a stale keep-alive connection: once more, fresh
+                connection = None
             except BaseException:
-                connection.close()  # cancelled: the worker sees the disconnect and aborts
+                if connection is not None:
+                    connection.close()  # cancelled: the worker sees the disconnect and aborts
                 raise
 
     async def _connect(self, host: str, port: int) -> _Connection:
@@ -287,7 +303,10 @@ class HttpClient:
                       else loop.create_connection(factory, host, port))
         try:
             _, connection = await asyncio.wait_for(connecting, self.connect_timeout)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except asyncio.TimeoutError as exc:
+            where = self.uds if self.uds is not None else f"{host}:{port}"
+            raise UpstreamTimeout(f"cannot connect to {where} within {self.connect_timeout:g} s") from exc
+        except OSError as exc:
             where = self.uds if self.uds is not None else f"{host}:{port}"
             raise UpstreamError(f"cannot connect to {where}: {type(exc).__name__}: {exc}") from exc
         return connection

@@ -80,13 +80,15 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
 
     from frontends.server import FrontendServer
     from frontends.tokenizer import Tokenizer
+    from frontends.header_limit import h11_head_limit, http_protocol
     from orchestrator.app import Orchestrator, build_app
 
     index = args.process_index
     orch = Orchestrator(config, index, Tokenizer.from_model_path(config.model_dir))
     # Drains at least as long as the workers do: `disagg down` stops the orchestrator first.
     server = FrontendServer(uvicorn.Config(build_app(orch), log_level=config.log_level, access_log=False,
-                                           lifespan="on", timeout_graceful_shutdown=config.grace_seconds))
+                                           lifespan="on", timeout_graceful_shutdown=config.grace_seconds,
+                                           http=http_protocol(), **h11_head_limit()))
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

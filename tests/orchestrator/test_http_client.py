@@ -150,11 +150,34 @@ async def test_a_reused_connection_closed_before_any_answer_is_retried_fresh() -
         client.close()
 
 
-async def test_a_fresh_connection_closed_before_any_answer_fails() -> None:
+async def test_a_fresh_connection_closed_before_any_answer_is_tried_once_more_then_fails() -> None:
     async def drop(head, body, writer, number) -> bool:
         return False
 
-    await post_fails(drop, UpstreamError, "closed the connection")
+    server = Server(drop)
+    async with server as url:
+        client = HttpClient(connect_timeout=2, idle_timeout=2)
+        with pytest.raises(UpstreamError, match="closed the connection"):
+            await client.post(url, b"x", {})
+        assert server.connections == 2  # one retry, not a loop
+        client.close()
+
+
+async def test_a_lost_frontend_is_one_retry_on_the_same_worker() -> None:
+    """The first fresh connection dies unanswered (its frontend was killed); the second succeeds."""
+
+    async def first_dies(head, body, writer, number) -> bool:
+        if number == 1:
+            return False
+        writer.write(answer(b"ok"))
+        return True
+
+    server = Server(first_dies)
+    async with server as url:
+        client = HttpClient(connect_timeout=2, idle_timeout=2)
+        assert await fetch(client, url) == b"ok"
+        assert server.connections == 2
+        client.close()
 
 
 async def test_cancelling_a_request_closes_its_connection() -> None:
