@@ -23,8 +23,10 @@
    before the first byte reached the client is retried as a *normal* request
    on another gen worker (always correct, whatever happened to the parked
    KV), or on the same one when only the KV pull failed (``kv_transfer_failed``:
-   the ctx engine died or dropped the KV; the gen worker is fine); after it, the stream ends with the API's error event. Closing the
-   client's stream closes the upstream one, which aborts the request in the
+   the ctx engine died or dropped the KV; the gen worker is fine); a connection
+   lost before anything was relayed goes once more to the same worker (one of
+   its frontends died, not the worker). After the first byte, the stream ends
+   with the API's error event. Closing the client's stream closes the upstream one, which aborts the request in the
    worker (and, through it, the KV pull).
 
 A worker's 429 (at its ``max_concurrent_requests``, ``frontends.admission``) is a
@@ -56,7 +58,7 @@ from orchestrator.metrics import Metrics
 from orchestrator.prompt import ParsedRequest, client_answer, ctx_body, gen_body
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
-from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout
+from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout, UpstreamUnreachable
 from orchestrator.view import ClusterView, StateLink
 
 __all__ = ["Flow", "PerfRecord", "within"]
@@ -282,6 +284,7 @@ class Flow:
                          deadline: float) -> Response:
         worker: WorkerRecord | None = first
         tried: set[str] = set()
+        lost_once: set[str] = set()  # workers whose connection was lost once before anything was relayed
         refusals = 0
         while worker is not None:
             tried.add(worker.worker_id)
@@ -310,13 +313,21 @@ class Flow:
                 self.view.release(worker.worker_id, tokens)
                 if upstream is not None:
                     upstream.close()
-                if isinstance(exc, UpstreamError):
+                # A connection lost before anything reached the client is, the first time, one lost
+                # frontend process (killed mid-answer), not a lost worker: the same worker once more
+                # (the next connection reaches another of its frontends), not suspected.
+                lost = isinstance(exc, UpstreamError) and not isinstance(exc, (UpstreamTimeout, UpstreamUnreachable))
+                again = lost and worker.worker_id not in lost_once
+                if isinstance(exc, UpstreamError) and not again:
                     self.view.suspect(worker.worker_id)
                 refusals += isinstance(exc, LegFailed) and exc.refused
                 error = str(exc) if isinstance(exc, LegFailed) else f"{worker.worker_id}: {type(exc).__name__}: {exc}"
                 if not self._retrying("gen", worker, error, tried, record):
                     break
                 payload = request.body
+                if again:
+                    lost_once.add(worker.worker_id)
+                    continue
                 worker = self.next_gen(request, tried, worker, exc)
                 continue
             except BaseException:

@@ -15,9 +15,11 @@ workers' uvicorn closes keep-alive connections after 5 s; reusing one it is
 closing would fail a leg). A request that finds its reused connection closed
 before any byte of the answer is sent again once on a fresh connection: the
 worker never started it. A fresh connection refused or lost before any byte
-of the answer is also tried once more: with K frontends behind one port the
-next connection reaches a live one, so losing one frontend process is not
-losing the worker (a timeout is not retried: the worker is slow, not gone).
+of the answer is tried again up to ``FRESH_RETRIES`` times, after short pauses
+(a killed frontend's listening socket lingers a moment after the kill): with K
+frontends behind one port the next connection reaches a live one, so losing
+one frontend process is not losing the worker (a timeout is not retried: the
+worker is slow, not gone).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["HttpClient", "LegResponse", "UpstreamError", "UpstreamTimeout", "IDLE_SECONDS"]
+__all__ = ["HttpClient", "LegResponse", "UpstreamError", "UpstreamTimeout", "UpstreamUnreachable", "IDLE_SECONDS"]
 
 IDLE_SECONDS = 4.0
 MAX_IDLE_PER_ORIGIN = 512
@@ -38,8 +40,17 @@ MAX_IDLE_PER_ORIGIN = 512
 MAX_BUFFERED = 1 << 20
 
 
+FRESH_RETRIES = 3  # fresh connections tried again after one was refused or lost before any answer
+FRESH_RETRY_PAUSE_SECONDS = 0.02  # times the attempt: 20, 40, 60 ms
+
+
 class UpstreamError(ConnectionError):
     """No connection, a connection lost or an answer that is not HTTP/1.1."""
+
+
+class UpstreamUnreachable(UpstreamError):
+    """Nothing accepts connections at the worker's address: the whole worker is gone (its K
+    frontends share the port), unlike a connection lost mid-answer (one frontend)."""
 
 
 class UpstreamTimeout(UpstreamError):
@@ -266,7 +277,7 @@ class HttpClient:
         request = "".join(head).encode("latin-1") + b"\r\n" + body
         connection = self._take_idle((host, port))
         reused = connection is not None
-        fresh_retry = True
+        fresh_retries = 0
         while True:
             response = None
             try:
@@ -283,11 +294,14 @@ class HttpClient:
                     raise  # a silent worker, or one that answered: not a lost frontend
                 if reused:
                     reused = False  # a stale keep-alive connection: once more, fresh
-                elif fresh_retry:
+                elif fresh_retries < FRESH_RETRIES:
                     # A fresh connection refused or lost before any answer: the frontend that took it
-                    # may have died. Once more: the kernel (SO_REUSEPORT) hands the next connection to
-                    # a live frontend of the same worker, which is not suspected for one lost process.
-                    fresh_retry = False
+                    # may have died. Again, after a pause: the kernel (SO_REUSEPORT) hands the next
+                    # connection to a live frontend of the same worker once the dead one's listening
+                    # socket is gone (a killed process closes it a moment after the kill), and the
+                    # worker is not suspected for one lost process.
+                    fresh_retries += 1
+                    await asyncio.sleep(FRESH_RETRY_PAUSE_SECONDS * fresh_retries)
                 else:
                     raise
                 connection = None
@@ -308,7 +322,7 @@ class HttpClient:
             raise UpstreamTimeout(f"cannot connect to {where} within {self.connect_timeout:g} s") from exc
         except OSError as exc:
             where = self.uds if self.uds is not None else f"{host}:{port}"
-            raise UpstreamError(f"cannot connect to {where}: {type(exc).__name__}: {exc}") from exc
+            raise UpstreamUnreachable(f"cannot connect to {where}: {type(exc).__name__}: {exc}") from exc
         return connection
 
     def _take_idle(self, origin: tuple[str, int]) -> _Connection | None:
