@@ -26,8 +26,8 @@
    the ctx engine died or dropped the KV; the gen worker is fine); a connection
    lost before anything was relayed goes once more to the same worker (one of
    its frontends died, not the worker). After the first byte, the stream ends
-   with the API's error event. Closing the client's stream closes the upstream one, which aborts the request in the
-   worker (and, through it, the KV pull).
+   with the API's error event. Closing the client's stream closes the upstream
+   one, which aborts the request in the worker (and, through it, the KV pull).
 
 A worker's 429 (at its ``max_concurrent_requests``, ``frontends.admission``) is a
 failed leg that does not make the worker suspect: the leg goes to another worker;
