@@ -12,6 +12,7 @@ Both live in one /tmp/dw-* directory, removed when ``proc`` is garbage collected
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -23,9 +24,11 @@ import weakref
 from pathlib import Path
 
 from disagg.serve import READY_MESSAGE  # the line the launcher prints when every frontend is ready
+from workers.ipc import write_private_file
 from workers.processes import stop_process
 
-__all__ = ["free_port", "spawn_worker", "start_worker", "stop_worker", "port_is_free", "worker_log", "READY_MESSAGE"]
+__all__ = ["free_port", "spawn_worker", "start_worker", "stop_worker", "port_is_free", "worker_log", "READY_MESSAGE",
+           "disagg_worker_args"]
 
 
 def free_port() -> int:
@@ -93,3 +96,11 @@ def worker_log(proc: subprocess.Popen) -> str:
 def stop_worker(proc: subprocess.Popen, timeout: float = 30.0) -> int:
     """SIGTERM the launcher and wait; its exit code (SIGKILL after ``timeout``)."""
     return stop_process(proc, timeout)
+
+
+def disagg_worker_args(tmp: Path) -> list[str]:
+    """``disagg serve`` flags for ctx and gen workers of one test cluster: a fresh cluster key
+    (written to ``tmp/cluster.key``, mode 0600) and a free KV-transfer port."""
+    key_file = Path(tmp) / "cluster.key"
+    write_private_file(key_file, secrets.token_hex(32).encode())
+    return ["--cluster-key-file", str(key_file), "--kv-port", "0"]

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import socket
-
-import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
 
 from frontends.tokenizer import Tokenizer
-from http_harness import make_harness
+from http_harness import live_harness, make_harness
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +27,5 @@ async def live_server(tiny_model_dir, tokenizer):
     """The app on a real uvicorn at 127.0.0.1 (same event loop as the engine task);
     decode steps take 2 ms so that a stream is still running when a test disconnects."""
     app, h = await make_harness(tiny_model_dir, tokenizer, decode_step_seconds=0.002)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-    h.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10)
-    yield h
-    await h.http.aclose()
-    server.should_exit = True
-    await task
-    sock.close()
-    await h.client.close()
+    async with live_harness(app, h):
+        yield h

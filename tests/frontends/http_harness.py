@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
 from dataclasses import dataclass
+from typing import AsyncIterator
 
 import httpx
+import uvicorn
 
 from frontends.app import build_app
 from frontends.serving import FrontendConfig
@@ -53,3 +58,24 @@ async def make_harness(tiny_model_dir, tokenizer, decode_step_seconds: float = 0
     app = build_app(client, tokenizer, FrontendConfig.for_model_dir(tiny_model_dir, frontend_id=FRONTEND_ID))
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://frontend", timeout=10)
     return app, Harness(core, client, http, tokenizer, "tiny-test")
+
+
+@contextlib.asynccontextmanager
+async def live_harness(app, h) -> AsyncIterator:
+    """The harness's app on a real uvicorn at 127.0.0.1 (same event loop as the engine task),
+    ``h.http`` pointed at it; everything stopped and closed on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    h.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=10)
+    try:
+        yield h
+    finally:
+        await h.http.aclose()
+        server.should_exit = True
+        await task
+        sock.close()
+        await h.client.close()

@@ -4,15 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
-import httpx
 import openai
 import pytest
 import pytest_asyncio
-import uvicorn
 
-from http_harness import make_harness
+from http_harness import live_harness, make_harness
 from test_http_clients import wait_for_abort
 
 pytestmark = pytest.mark.asyncio
@@ -25,19 +22,8 @@ EOS = frozenset(range(256, 512))
 @pytest_asyncio.fixture
 async def server(tiny_model_dir, tokenizer):
     app, h = await make_harness(tiny_model_dir, tokenizer, eos=EOS)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-    h.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=10)
-    yield h
-    await h.http.aclose()
-    server.should_exit = True
-    await task
-    sock.close()
-    await h.client.close()
+    async with live_harness(app, h):
+        yield h
 
 
 def client_of(h) -> openai.AsyncOpenAI:

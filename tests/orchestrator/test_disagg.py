@@ -7,8 +7,6 @@ of the same request on one aggregated worker. Skipped while this checkout's
 
 from __future__ import annotations
 
-import os
-import secrets
 from pathlib import Path
 
 import httpx
@@ -16,7 +14,7 @@ import openai
 import pytest
 
 from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
-from worker_process import start_worker, stop_worker
+from worker_process import disagg_worker_args, start_worker, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES_SUPPORTED = "is not implemented yet" not in (REPO / "disagg/serve.py").read_text() and \
@@ -27,11 +25,7 @@ pytestmark = pytest.mark.skipif(not ROLES_SUPPORTED, reason="disagg serve --role
 @pytest.fixture(scope="module")
 def disagg_cluster(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("disagg")
-    key_file = tmp / "cluster.key"
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.write(fd, secrets.token_hex(32).encode())
-    os.close(fd)
-    common = ["--cluster-key-file", str(key_file), "--kv-port", "0"]
+    common = disagg_worker_args(tmp)
     ctx = start_worker(tiny_model_dir, 1, engine="torch", extra_args=["--role", "ctx", *common])
     gen = start_worker(tiny_model_dir, 1, engine="torch", extra_args=["--role", "gen", *common])
     both = start_worker(tiny_model_dir, 1, engine="torch")

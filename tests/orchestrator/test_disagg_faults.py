@@ -8,8 +8,6 @@ workers.
 
 from __future__ import annotations
 
-import os
-import secrets
 import signal
 import threading
 import time
@@ -20,7 +18,7 @@ import msgspec
 import pytest
 
 from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
-from worker_process import spawn_worker, start_worker, stop_worker
+from worker_process import disagg_worker_args, spawn_worker, start_worker, stop_worker
 
 # A ctx leg prefills for ~0.1 s (150 tokens) and a gen leg decodes for ~0.1 s: requests are in
 # flight on every worker when one is killed.
@@ -45,11 +43,7 @@ def workers_info(url: str) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("disagg-faults")
-    key_file = tmp / "cluster.key"
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.write(fd, secrets.token_hex(32).encode())
-    os.close(fd)
-    common = ["--cluster-key-file", str(key_file), "--kv-port", "0", "--kv-pull-timeout", "2", *TIMING]
+    common = disagg_worker_args(tmp) + ["--kv-pull-timeout", "2", *TIMING]
     gen_args = ["--role", "gen", *common]
     ctx = [start_worker(tiny_model_dir, 1, extra_args=["--role", "ctx", *common]) for _ in range(2)]
     gen = start_worker(tiny_model_dir, 1, extra_args=gen_args)

@@ -5,8 +5,6 @@ the event stream, stored conversations continued by the orchestrator, errors in 
 from __future__ import annotations
 
 import json
-import os
-import secrets
 
 import httpx
 import jsonschema
@@ -14,17 +12,13 @@ import openai
 import pytest
 
 from orchestrator_process import start_orchestrator, stop_orchestrator
-from worker_process import start_worker, stop_worker
+from worker_process import disagg_worker_args, start_worker, stop_worker
 
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("responses")
-    key_file = tmp / "cluster.key"
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.write(fd, secrets.token_hex(32).encode())
-    os.close(fd)
-    common = ["--cluster-key-file", str(key_file), "--kv-port", "0"]
+    common = disagg_worker_args(tmp)
     ctx = start_worker(tiny_model_dir, 1, engine="torch", extra_args=["--role", "ctx", *common])
     gen = start_worker(tiny_model_dir, 1, engine="torch", extra_args=["--role", "gen", *common])
     url, proc = start_orchestrator(tmp, tiny_model_dir, [("ctx", ctx[0]), ("gen", gen[0])], processes=2,

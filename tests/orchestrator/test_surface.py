@@ -10,9 +10,7 @@ in disaggregated mode (no conditional skip), one deployment for the whole module
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
 import time
 
 import anthropic
@@ -21,7 +19,7 @@ import openai
 import pytest
 
 from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
-from worker_process import start_worker, stop_worker
+from worker_process import disagg_worker_args, start_worker, stop_worker
 
 MODEL = "tiny-test"
 
@@ -29,11 +27,7 @@ MODEL = "tiny-test"
 class Cluster:
     def __init__(self, tmp, model_dir) -> None:
         self.tmp, self.model_dir = tmp, model_dir
-        key_file = tmp / "cluster.key"
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600)
-        os.write(fd, secrets.token_hex(32).encode())
-        os.close(fd)
-        self.common = ["--cluster-key-file", str(key_file), "--kv-port", "0"]
+        self.common = disagg_worker_args(tmp)
         self.ctx_url, self.ctx = self.start_worker("ctx")
         self.gen_url, self.gen = self.start_worker("gen")
         self.state_dir = tmp / "orchestrator-state"

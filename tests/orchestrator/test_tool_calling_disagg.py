@@ -4,8 +4,6 @@ the client gets parsed, schema-valid calls, streamed and not, on both APIs."""
 
 from __future__ import annotations
 
-import os
-import secrets
 
 import anthropic
 import openai
@@ -13,17 +11,13 @@ import pytest
 
 from orchestrator_process import start_orchestrator, stop_orchestrator
 from tool_loops import anthropic_client, anthropic_loop, openai_client, openai_loop
-from worker_process import start_worker, stop_worker
+from worker_process import disagg_worker_args, start_worker, stop_worker
 
 
 @pytest.fixture(scope="module")
 def disagg_url(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tools-disagg")
-    key_file = tmp / "cluster.key"
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.write(fd, secrets.token_hex(32).encode())
-    os.close(fd)
-    common = ["--cluster-key-file", str(key_file), "--kv-port", "0", "--served-model-name", "tiny"]
+    common = disagg_worker_args(tmp) + ["--served-model-name", "tiny"]
     ctx = start_worker(tiny_model_dir, 1, engine="torch", extra_args=["--role", "ctx", *common])
     gen = start_worker(tiny_model_dir, 1, engine="torch", extra_args=["--role", "gen", *common])
     url, proc = start_orchestrator(tmp, tiny_model_dir, [("ctx", ctx[0]), ("gen", gen[0])], processes=1,

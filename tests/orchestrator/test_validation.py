@@ -9,8 +9,6 @@ count of zero means the request was refused, not that legs are never counted.
 
 from __future__ import annotations
 
-import os
-import secrets
 
 import anthropic
 import httpx
@@ -18,7 +16,7 @@ import openai
 import pytest
 
 from orchestrator_process import orchestrator_log, start_orchestrator, stop_orchestrator
-from worker_process import start_worker, stop_worker
+from worker_process import disagg_worker_args, start_worker, stop_worker
 
 MAX_MODEL_LEN = 256
 USER = [{"role": "user", "content": "Hello"}]
@@ -27,11 +25,7 @@ USER = [{"role": "user", "content": "Hello"}]
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("validation")
-    key_file = tmp / "cluster.key"
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.write(fd, secrets.token_hex(32).encode())
-    os.close(fd)
-    common = ["--cluster-key-file", str(key_file), "--kv-port", "0", "--max-model-len", str(MAX_MODEL_LEN)]
+    common = disagg_worker_args(tmp) + ["--max-model-len", str(MAX_MODEL_LEN)]
     ctx = start_worker(tiny_model_dir, 1, extra_args=["--role", "ctx", *common])
     gen = start_worker(tiny_model_dir, 1, extra_args=["--role", "gen", *common])
     url, proc = start_orchestrator(tmp, tiny_model_dir, [("ctx", ctx[0]), ("gen", gen[0])], processes=1,
