@@ -6,6 +6,8 @@ Exception hierarchy (what a handler or the engine client may raise)::
     ├── InvalidRequestError       400: malformed JSON, wrong type, out-of-range value
     │   └── PromptTooLongError    400: prompt tokens + max_tokens > max_model_len
     ├── RequestTooLargeError      413: the request body is over the server's limit
+    ├── RequestHeadTooLargeError  431: the request line and headers are over 64 KiB (frontends.header_limit)
+    ├── OverloadedError           429: at the concurrent-request limit, with Retry-After (frontends.admission)
     ├── ModelNotFoundError        404: the body names a model this frontend does not serve
     ├── NotFoundError             404: unknown route
     ├── EngineDeadError           503: the engine process is gone, or wedged past its limit
