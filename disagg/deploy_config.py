@@ -35,13 +35,21 @@ import yaml
 
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
-from orchestrator.config import ConditionalDisaggConfig, HealthConfig, RouterConfig, TimeoutConfig
+from orchestrator.config import (
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    ConditionalDisaggConfig,
+    HealthConfig,
+    OrchestratorConfig,
+    RouterConfig,
+    StaticWorker,
+    TimeoutConfig,
+)
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES
 
 __all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "RestartPolicy", "DeployConfig",
-           "load_deploy_config", "check_runnable", "resolve_deploy_model", "TINY_MODEL", "LAUNCHERS"]
+           "load_deploy_config", "check_runnable", "render_flags", "resolve_deploy_model", "TINY_MODEL", "LAUNCHERS"]
 
 TINY_MODEL = "tiny"
 LAUNCHERS = ("local", "slurm")
@@ -73,7 +81,11 @@ class EngineSettings:
     max_concurrent_requests: int | None = None
     """Generation requests one worker serves at once, each of its K frontends admitting ceil(limit / K);
     more get 429 with Retry-After, and the orchestrator tries another worker (serve's
-    --max-concurrent-requests; default 0: no limit)."""
+    --max-concurrent-requests; default 4 x max_num_seqs; 0: no limit)."""
+    max_perf_records: int | None = None
+    perf_record_seconds: float | None = None
+    """The launcher keeps at most this many unread per-request perf records, none older than this
+    (serve's --max-perf-records, default 10,000, and --perf-record-seconds, default 600)."""
     wedged_seconds: float | None = None
     """An engine silent this long is dead and its worker stops (serve's --engine-wedged-seconds, default
     300); a shorter silence only makes the worker's /health answer 503 until the engine answers again."""
@@ -83,7 +95,7 @@ class EngineSettings:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{prefix}.{name}", f"must be >= 0, got {value}")
-        for name in ("kv_park_seconds", "kv_pull_timeout"):
+        for name in ("kv_park_seconds", "kv_pull_timeout", "perf_record_seconds"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{prefix}.{name}", f"must be > 0, got {value}")
@@ -101,7 +113,8 @@ class EngineSettings:
         if self.max_concurrent_requests is not None and self.max_concurrent_requests < 0:
             raise ConfigError(f"{prefix}.max_concurrent_requests",
                               f"must be >= 0 (0: no limit), got {self.max_concurrent_requests}")
-        for name in ("max_model_len", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_model_len", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
+                     "max_perf_records"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{prefix}.{name}", f"must be >= 1, got {value}")
@@ -119,7 +132,8 @@ class EngineSettings:
                 "--decode-attention": self.decode_attention,
                 "--engine-wedged-seconds": self.wedged_seconds,
                 "--max-request-bytes": self.max_request_bytes,
-                "--max-concurrent-requests": self.max_concurrent_requests}
+                "--max-concurrent-requests": self.max_concurrent_requests,
+                "--max-perf-records": self.max_perf_records, "--perf-record-seconds": self.perf_record_seconds}
 
     def merged(self, overrides: "EngineSettings") -> "EngineSettings":
         changes = {f.name: getattr(overrides, f.name) for f in dataclasses.fields(overrides)
@@ -142,8 +156,38 @@ class OrchestratorSettings:
     served_model_name: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Larger request bodies get a 413 before they are buffered."""
+    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    """Generation requests each orchestrator process serves at once; more get 429 (0: no limit)."""
+    grace_seconds: float = 30.0
+    """At `disagg down` the orchestrator drains this long; the supervisor waits at least as long for
+    it as for the workers (``disagg.deployment``)."""
+    max_process_restarts: int = 5
+    process_restart_window_seconds: float = 300.0
+    """Process 0 respawns a dead orchestrator process at most this often within the window."""
+
+    def to_config(self, model_dir: str, state_dir: str, host: str, port: int, workers: tuple[StaticWorker, ...],
+                  served_model_name: str, block_size: int, access_log: bool) -> OrchestratorConfig:
+        """The orchestrator's own config (``orchestrator.json``) for a deployment."""
+        return OrchestratorConfig(
+            model_dir=model_dir, state_dir=state_dir, served_model_name=served_model_name, host=host, port=port,
+            processes=self.processes, ctx_router=self.ctx_router, gen_router=self.gen_router,
+            conditional=self.conditional, health=self.health, timeouts=self.timeouts, max_retries=self.max_retries,
+            api_key=self.api_key, workers=workers, default_block_size=block_size,
+            max_request_bytes=self.max_request_bytes, max_concurrent_requests=self.max_concurrent_requests,
+            grace_seconds=self.grace_seconds, max_process_restarts=self.max_process_restarts,
+            process_restart_window_seconds=self.process_restart_window_seconds, access_log=access_log)
 
     def validate(self, prefix: str) -> None:
+        if self.max_concurrent_requests < 0:
+            raise ConfigError(f"{prefix}.max_concurrent_requests",
+                              f"must be >= 0 (0: no limit), got {self.max_concurrent_requests}")
+        if not 0 < self.grace_seconds <= 3600:
+            raise ConfigError(f"{prefix}.grace_seconds", f"must be in (0, 3600], got {self.grace_seconds}")
+        if self.max_process_restarts < 0:
+            raise ConfigError(f"{prefix}.max_process_restarts", f"must be >= 0, got {self.max_process_restarts}")
+        if self.process_restart_window_seconds <= 0:
+            raise ConfigError(f"{prefix}.process_restart_window_seconds",
+                              f"must be > 0, got {self.process_restart_window_seconds}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
         if not 1 <= self.processes <= 64:
@@ -220,6 +264,8 @@ class DeployConfig:
     orchestrator: OrchestratorSettings = field(default_factory=OrchestratorSettings)
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     startup_timeout_seconds: float = 600.0
+    access_log: bool = False
+    """One INFO line per HTTP request in every worker's and the orchestrator's log."""
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
     source: str = ""
     """The file this came from (set by the loader)."""
@@ -267,6 +313,18 @@ class DeployConfig:
                                  reserved_ports={"orchestrator.port": self.orchestrator.port})
         except ConfigError as exc:
             raise ConfigError(f"{self.source}: {exc.key}", str(exc)[len(exc.key) + 2:]) from None
+
+
+def render_flags(options: dict[str, object]) -> list[str]:
+    """``disagg serve`` flags from a mapping: None is left out, True is the bare flag, False
+    ``--no-FLAG``, anything else ``FLAG VALUE``."""
+    argv: list[str] = []
+    for flag, value in options.items():
+        if isinstance(value, bool):
+            argv.append(flag if value else f"--no-{flag[2:]}")
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
 
 
 def check_runnable(config: DeployConfig) -> None:

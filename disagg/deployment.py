@@ -63,9 +63,15 @@ __all__ = ["add_deployment_commands", "run_deployment_command", "default_run_dir
 STATE_FILE = "state.json"
 KEY_FILE = "cluster.key"
 STOP_SECONDS = 30.0  # a worker's window: its --grace-seconds (30) drain, then SIGKILL
-# The orchestrator drains for its grace_seconds (30, as long as the workers'), its non-zero processes
-# in parallel, then stops its state owner: its window covers all of that.
-ORCHESTRATOR_STOP_SECONDS = STOP_SECONDS + 25.0
+# The orchestrator drains for its grace_seconds (30 by default), its non-zero processes in parallel,
+# then stops its state owner: its window covers all of that, and is never shorter than the workers'.
+ORCHESTRATOR_STOP_MARGIN_SECONDS = 25.0
+ORCHESTRATOR_STOP_SECONDS = STOP_SECONDS + ORCHESTRATOR_STOP_MARGIN_SECONDS
+
+
+def orchestrator_stop_seconds(grace_seconds: float) -> float:
+    """How long the supervisor (and `down`) waits for the orchestrator before SIGKILL."""
+    return max(grace_seconds, STOP_SECONDS) + ORCHESTRATOR_STOP_MARGIN_SECONDS
 
 
 def default_run_dir(config_path: str) -> str:
@@ -213,6 +219,8 @@ def _free_port(host: str) -> int:
 
 
 def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_dir: Path) -> tuple[str, list[str]]:
+    from disagg.deploy_config import render_flags
+
     pool = config.pools.ctx if role == "ctx" else config.pools.gen
     port = pool.base_port + index if pool.base_port else _free_port(pool.host)
     engine = config.engine_for(role)
@@ -222,16 +230,13 @@ def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_d
                "--state-dir": str(run_dir / "worker-state" / f"{role}-{index}"),
                "--kv-host": pool.host, "--kv-port": 0,
                "--served-model-name": config.served_model_name,
-               "--tool-call-parser": config.tool_call_parser}
-    for flag, value in options.items():
-        if value is not None:
-            argv += [flag, str(value)]
-    return f"http://{pool.host}:{port}", argv
+               "--tool-call-parser": config.tool_call_parser, "--access-log": config.access_log or None}
+    return f"http://{pool.host}:{port}", argv + render_flags(options)
 
 
 def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]], str]:
     """The processes to run (name, argv, log) and the orchestrator URL; writes key and config files."""
-    from orchestrator.config import OrchestratorConfig, StaticWorker
+    from orchestrator.config import StaticWorker
 
     from disagg.deploy_config import resolve_deploy_model
 
@@ -249,14 +254,9 @@ def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]],
             workers.append(StaticWorker(pool.role or role, url))
     settings = config.orchestrator
     port = settings.port or _free_port(settings.host)
-    engine = config.engine
-    orch = OrchestratorConfig(
-        model_dir=str(model), state_dir=str((run_dir / "orchestrator").resolve()),
-        served_model_name=config.served_model_name, host=settings.host, port=port,
-        processes=settings.processes, ctx_router=settings.ctx_router, gen_router=settings.gen_router,
-        conditional=settings.conditional, health=settings.health, timeouts=settings.timeouts,
-        max_retries=settings.max_retries, api_key=settings.api_key, workers=tuple(workers),
-        default_block_size=engine.block_size or 16, max_request_bytes=settings.max_request_bytes)
+    orch = settings.to_config(str(model), str((run_dir / "orchestrator").resolve()), settings.host, port,
+                              tuple(workers), config.served_model_name, config.engine.block_size or 16,
+                              config.access_log)
     (run_dir / "orchestrator.json").write_text(orch.to_json())
     url = f"http://{settings.host}:{port}"
     processes.append({"name": "orchestrator", "url": url, "argv": [
@@ -284,7 +284,8 @@ def _supervise(config: DeployConfig) -> int:
     children: dict[str, subprocess.Popen] = {}
     state = {"config": config.source, "url": url, "supervisor_pid": os.getpid(),
              "supervisor_start_time": process_start_time(os.getpid()), "processes": processes,
-             "started_at": time.time()}
+             "started_at": time.time(),
+             "orchestrator_stop_seconds": orchestrator_stop_seconds(config.orchestrator.grace_seconds)}
     policy = config.restarts
     budgets = {p["name"]: RestartBudget(policy.max_restarts, policy.window_seconds) for p in processes}
     try:
@@ -315,16 +316,16 @@ def _supervise(config: DeployConfig) -> int:
                 return 1
         return 0
     finally:
-        _stop_all(list(reversed(list(children.values()))))
+        _stop_all(list(reversed(list(children.values()))), state["orchestrator_stop_seconds"])
         _clean(run_dir)
 
 
-def _stop_all(children: list[subprocess.Popen]) -> None:
+def _stop_all(children: list[subprocess.Popen], orchestrator_seconds: float) -> None:
     # The orchestrator (last started, first here) goes first and drains: its in-flight requests finish
     # on the still-running workers, and no new one is routed to a stopping worker. Then the workers,
     # all at once (nothing is routed to them any more).
     if children:
-        stop_process(children[0], ORCHESTRATOR_STOP_SECONDS)
+        stop_process(children[0], orchestrator_seconds)
         stop_processes(children[1:], STOP_SECONDS)
 
 
@@ -384,12 +385,13 @@ def _down(run_dir: Path) -> int:
         return 0
     supervisor, *children = recorded_processes(state)
     supervised = supervisor.pid != os.getpid() and supervisor.running()
+    orchestrator_seconds = float(state.get("orchestrator_stop_seconds", ORCHESTRATOR_STOP_SECONDS))
     if supervised:
         # The supervisor stops its children itself (orchestrator first) and cleans up.
-        stop_recorded([supervisor], ORCHESTRATOR_STOP_SECONDS + STOP_SECONDS + 10)
+        stop_recorded([supervisor], orchestrator_seconds + STOP_SECONDS + 10)
     # Whatever is left: a supervisor that died (or was just killed) leaves these behind. The orchestrator
     # (last in the list) goes first, so no request is routed to a stopping worker.
-    stopped = stop_recorded(list(reversed(children)), ORCHESTRATOR_STOP_SECONDS)
+    stopped = stop_recorded(list(reversed(children)), orchestrator_seconds)
     legacy = [p for p in children if p.start_time is None and p.may_be_running()]
     _clean(run_dir)
     _sweep_ipc_dirs()

@@ -78,9 +78,17 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
                                             "(default: ~/.cache/disagg/HOST-PORT)")),
     ("--max-request-bytes", dict(type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                                  help="request bodies over this get a 413 before they are buffered")),
-    ("--max-concurrent-requests", dict(type=int, default=0,
+    ("--max-concurrent-requests", dict(type=int, default=None,
                                        help="generation requests the worker serves at once, shared evenly by its "
-                                            "frontends; more get 429 with Retry-After (0: no limit)")),
+                                            "frontends; more get 429 with Retry-After (default: 4 x "
+                                            "--max-num-seqs; 0: no limit)")),
+    ("--access-log", dict(action=argparse.BooleanOptionalAction, default=False,
+                          help="one INFO line per HTTP request (client, method, path, status)")),
+    ("--max-perf-records", dict(type=int, default=None,
+                                help="per-request perf records the launcher keeps unread for GET /perf_metrics "
+                                     "(default 10,000; the oldest go first)")),
+    ("--perf-record-seconds", dict(type=float, default=None,
+                                   help="unread perf records older than this are dropped (default 600)")),
     ("--admin-timeout", dict(type=float, default=30.0,
                              help="seconds an attached frontend waits for the launcher on a forwarded route")),
     ("--engine-start-timeout", dict(type=float, default=600.0)),
@@ -109,7 +117,9 @@ def _serve_argv(args: argparse.Namespace, num_frontends: int) -> list[str]:
     argv = [*prefix, "serve", str(args.model_dir)]
     for flag, _ in _OPTIONS:
         value = num_frontends if flag == "--num-frontends" else getattr(args, flag[2:].replace("-", "_"))
-        if value is not None and flag != "--frontend-command":
+        if isinstance(value, bool):
+            argv.append(flag if value else f"--no-{flag[2:]}")
+        elif value is not None and flag != "--frontend-command":
             argv += [flag, str(value)]
     return argv
 
@@ -160,16 +170,20 @@ def _synthetic_model_shape(model: Path, synthetic: SyntheticConfig) -> Synthetic
 
 
 def _frontend_config(args: argparse.Namespace, frontend_id: int, engine_info: Any = None):
-    from frontends.admission import per_frontend_limit
+    from frontends.admission import default_max_concurrent_requests, per_frontend_limit
     from frontends.app import FrontendConfig
     from frontends.tokenizer import Tokenizer
 
     name = args.served_model_name or default_served_name(args.model_dir)
+    worker_limit = args.max_concurrent_requests
+    if worker_limit is None:
+        worker_limit = default_max_concurrent_requests(args.max_num_seqs)
     disagg = None if engine_info is None else frontend_disagg_config(args, engine_info)
     config = FrontendConfig(served_model_name=name, frontend_id=frontend_id, disagg=disagg,
                             tool_call_parser=args.tool_call_parser, max_request_bytes=args.max_request_bytes,
-                            max_concurrent_requests=per_frontend_limit(args.max_concurrent_requests,
-                                                                       resolve_num_frontends(args.num_frontends)))
+                            max_concurrent_requests=per_frontend_limit(worker_limit,
+                                                                       resolve_num_frontends(args.num_frontends)),
+                            max_perf_records=args.max_perf_records, perf_record_seconds=args.perf_record_seconds)
     return Tokenizer.from_model_path(args.model_dir), config
 
 
@@ -204,7 +218,7 @@ def _make_attached_app_factory(args: argparse.Namespace, attach: Any):
 def _serve_options(args: argparse.Namespace):
     from frontends.server import ServeOptions
 
-    return ServeOptions(grace_seconds=args.grace_seconds, log_level=args.log_level)
+    return ServeOptions(grace_seconds=args.grace_seconds, log_level=args.log_level, access_log=args.access_log)
 
 
 class _Terminated(Exception):
@@ -243,6 +257,7 @@ def _run_launcher(args: argparse.Namespace) -> int:
         if args.engine_wedged_seconds <= ENGINE_SILENCE_LIMIT * HEARTBEAT_SECONDS:
             raise ConfigError("engine_wedged_seconds", f"must exceed the {ENGINE_SILENCE_LIMIT * HEARTBEAT_SECONDS:g} s "
                                                        f"after which an engine is unresponsive, got {args.engine_wedged_seconds:g}")
+        _check_limits(args)
         config = build_engine_config(args)
         disagg_spec = engine_disagg_spec(args)  # role, KV endpoint, cluster key (from its 0600 file)
     except (LaunchError, ConfigError) as exc:
@@ -276,6 +291,15 @@ def _run_launcher(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         group.shutdown()
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    if args.max_concurrent_requests is not None and args.max_concurrent_requests < 0:
+        raise ConfigError("max_concurrent_requests", f"must be >= 0 (0: no limit), got {args.max_concurrent_requests}")
+    if args.max_perf_records is not None and args.max_perf_records < 1:
+        raise ConfigError("max_perf_records", f"must be >= 1, got {args.max_perf_records}")
+    if args.perf_record_seconds is not None and args.perf_record_seconds <= 0:
+        raise ConfigError("perf_record_seconds", f"must be > 0, got {args.perf_record_seconds}")
 
 
 def _serve_launcher(args: argparse.Namespace, group: Any, make_app: Any) -> int:

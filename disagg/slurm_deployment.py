@@ -59,6 +59,7 @@ def build_slurm_plan(config: DeployConfig, config_path: str) -> JobPlan:
 
 
 def _worker_argv(config: DeployConfig, worker: WorkerPlacement, model: str) -> list[str]:
+    from disagg.deploy_config import render_flags
     from slurm.plan import RUN_DIR
 
     pool = config.pools.ctx if worker.pool == "ctx" else config.pools.gen
@@ -70,11 +71,8 @@ def _worker_argv(config: DeployConfig, worker: WorkerPlacement, model: str) -> l
                "--served-model-name": config.served_model_name,
                "--tool-call-parser": config.tool_call_parser,
                "--cluster-key-file": f"{RUN_DIR}/cluster.key", "--state-dir": f"{RUN_DIR}/state/{worker.name}",
-               "--kv-host": "0.0.0.0"}
-    for flag, value in options.items():
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv
+               "--kv-host": "0.0.0.0", "--access-log": config.access_log or None}
+    return argv + render_flags(options)
 
 
 # -- render ------------------------------------------------------------------------------------

@@ -9,7 +9,10 @@ them (Prometheus) and ships them in batches: frontend 0 straight into the
 launcher's ``PerfStore``, attached frontends over ``perf.sock`` (HMAC-checked
 ``PerfRecordBatch``, received by ``PerfReceiver``). ``GET /perf_metrics``
 drains the store: each record is returned once, by whichever frontend answers.
-The store is bounded; when nobody reads it the oldest records go first.
+The store is bounded by count and by age (``--max-perf-records``,
+``--perf-record-seconds``): when nobody reads it, the oldest records go first,
+so a launcher under steady load without a reader holds at most a few MB of
+them instead of growing for hours.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ log = logging.getLogger("disagg.perf")
 
 FLUSH_SECONDS = 0.05  # how long a record may wait for others to share its message
 MAX_BATCH = 256
-MAX_STORED = 100_000
+MAX_STORED_RECORDS = 10_000  # ~3 MB of records; a reader polling every minute keeps up with 150 requests/s
+MAX_RECORD_AGE_SECONDS = 600.0  # a record nobody read in ten minutes has no reader
 
 # The x-request-id header of the HTTP request being served: set per request (each runs in its
 # own task) by ``note_x_request_id`` in the app's middleware, read when its record is built.
@@ -86,15 +90,28 @@ def record_to_dict(record: PerfRecord) -> dict[str, Any]:
 
 
 class PerfStore:
-    """The launcher's records from all frontends, drained on read."""
+    """The launcher's records from all frontends, drained on read; at most ``max_records``, none
+    finished more than ``max_age_seconds`` ago (None: the defaults)."""
 
-    def __init__(self, max_records: int = MAX_STORED) -> None:
-        self._records: deque[PerfRecord] = deque(maxlen=max_records)
+    def __init__(self, max_records: int | None = None, max_age_seconds: float | None = None) -> None:
+        self._records: deque[PerfRecord] = deque(maxlen=max_records or MAX_STORED_RECORDS)
+        self.max_age_seconds = max_age_seconds or MAX_RECORD_AGE_SECONDS
         self.num_received = 0
 
     def extend(self, records: Sequence[PerfRecord]) -> None:
         self._records.extend(records)
         self.num_received += len(records)
+        self.drop_expired(time.time())
+
+    def drop_expired(self, now: float) -> None:
+        # Records arrive about in finish order: the oldest are on the left.
+        horizon = now - self.max_age_seconds
+        records = self._records
+        while records and records[0].finished < horizon:
+            records.popleft()
+
+    def __len__(self) -> int:
+        return len(self._records)
 
     def drain(self) -> list[PerfRecord]:
         records = list(self._records)

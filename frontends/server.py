@@ -98,6 +98,7 @@ async def serve_frontend(
         sockets.append(make_unix_listen_socket(admin_path))
     config = uvicorn.Config(
         make_app(client), log_level=options.log_level, access_log=options.access_log,
+        log_config=None,  # uvicorn's lines (the access log too) through the root logger: stderr, our format
         timeout_graceful_shutdown=options.grace_seconds,  # type: ignore[arg-type]
         http=http_protocol(), lifespan="auto", **h11_head_limit(),
     )

@@ -48,6 +48,9 @@ class FrontendConfig:
     max_concurrent_requests: int | None = None
     """This frontend's share of its worker's concurrent generation requests (``frontends.admission``);
     more get 429 with Retry-After. None: no limit."""
+    max_perf_records: int | None = None
+    perf_record_seconds: float | None = None
+    """The launcher's perf-record store bounds (``frontends.perf_records.PerfStore``; None: its defaults)."""
 
     @classmethod
     def for_model_dir(cls, model_dir: str | Path, frontend_id: int = 0,

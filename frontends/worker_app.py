@@ -98,7 +98,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     launcher keeps state that outlives it (the Message Batches database)."""
     metrics = FrontendMetrics()
     launcher_metrics = LauncherMetrics(metrics.registry, config_labels)
-    store = PerfStore()
+    store = PerfStore(config.max_perf_records, config.perf_record_seconds)
     recorder = PerfRecorder(store.extend, _safe(metrics.observe))
     client.on_request_done = recorder.add
     state = LauncherState(control, store, launcher_metrics, recorder, attach.engine.kind)

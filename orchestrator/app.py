@@ -31,7 +31,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from frontends.body_limit import BodyLimitMiddleware
-from frontends.admission import RETRY_AFTER_SECONDS
+from frontends.admission import RETRY_AFTER_SECONDS, AdmissionGate, AdmissionMiddleware
 from frontends.errors import anthropic_error_body, http_error, openai_error_body
 from frontends.route_errors import route_error_response
 from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
@@ -213,6 +213,10 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return route_error_response(request, exc)
 
 
+def _admission_gate(config: OrchestratorConfig) -> AdmissionGate:
+    return AdmissionGate(config.max_concurrent_requests or None, "this orchestrator process", "")
+
+
 def build_app(orch: Orchestrator) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -250,6 +254,7 @@ def build_app(orch: Orchestrator) -> Starlette:
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
                     middleware=[Middleware(CleanEndsMiddleware),  # outermost: it sees every end
+                                Middleware(AdmissionMiddleware, gate=_admission_gate(orch.config)),
                                 Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
     app.state.orchestrator = orch
     return app

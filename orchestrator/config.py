@@ -18,8 +18,10 @@ from orchestrator.typed import ConfigError, from_mapping, to_mapping
 __all__ = [
     "RouterConfig", "ConditionalDisaggConfig", "HealthConfig", "TimeoutConfig", "StaticWorker",
     "OrchestratorConfig", "load_orchestrator_config", "ROUTER_POLICIES", "WORKER_ROLES",
+    "DEFAULT_MAX_CONCURRENT_REQUESTS",
 ]
 
+DEFAULT_MAX_CONCURRENT_REQUESTS = 2048  # per process: far above a worker pool's batches, far below exhaustion
 ROUTER_POLICIES = ("round_robin", "least_load", "kv_cache_aware", "session")
 WORKER_ROLES = ("ctx", "gen", "both")
 
@@ -145,6 +147,11 @@ class OrchestratorConfig:
     process_restart_window_seconds: float = 300.0
     """Process 0 respawns a non-zero process that died while it has died fewer than
     ``max_process_restarts`` times in the window (``workers.restart_budget``)."""
+    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    """Generation requests each process serves at once (0: no limit); more get 429 with
+    Retry-After at once (``frontends.admission``), never an unbounded queue."""
+    access_log: bool = False
+    """One INFO line per request (uvicorn's access log: client, method, path, status)."""
 
     def validate(self, prefix: str) -> None:
         if not 1 <= self.processes <= 64:
@@ -159,6 +166,9 @@ class OrchestratorConfig:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
         if not 0 < self.grace_seconds <= 3600:
             raise ConfigError(f"{prefix}.grace_seconds", f"must be in (0, 3600], got {self.grace_seconds}")
+        if self.max_concurrent_requests < 0:
+            raise ConfigError(f"{prefix}.max_concurrent_requests",
+                              f"must be >= 0 (0: no limit), got {self.max_concurrent_requests}")
         if self.max_process_restarts < 0:
             raise ConfigError(f"{prefix}.max_process_restarts", f"must be >= 0, got {self.max_process_restarts}")
         if self.process_restart_window_seconds <= 0:

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from workers.restart_budget import RestartBudget
 
@@ -35,8 +35,9 @@ WATCH_SECONDS = 0.2
 
 class ProcessGroup:
     def __init__(self, config_path: str, port: int, indexes: range, budget: Callable[[], RestartBudget],
-                 on_exit: Callable[[int], None]) -> None:
+                 on_exit: Callable[[int], None], extra_argv: Sequence[str] = ()) -> None:
         self._config_path = config_path
+        self._extra_argv = list(extra_argv)  # process 0's command-line overrides, passed on
         self._port = port
         self._budgets = {i: budget() for i in indexes}
         self._on_exit = on_exit
@@ -46,7 +47,7 @@ class ProcessGroup:
 
     def _spawn(self, index: int) -> subprocess.Popen:
         argv = [sys.executable, "-m", "disagg.cli", "orchestrator", "--config", self._config_path,
-                "--port", str(self._port), "--process-index", str(index), "--parent-pid", str(os.getpid())]
+                "--port", str(self._port), "--process-index", str(index), "--parent-pid", str(os.getpid()), *self._extra_argv]
         return subprocess.Popen(argv)
 
     def exited(self) -> list[int]:

@@ -49,6 +49,8 @@ OWNER_STOP_SECONDS = 10.0  # the state server drains its (answered at once) long
 def add_orchestrator_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="orchestrator config (JSON or YAML), see orchestrator.config")
     parser.add_argument("--port", type=int, default=None, help="override the config's port")
+    parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
+                        help="one INFO line per HTTP request (default: the config's access_log, off)")
     parser.add_argument("--process-index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
 
@@ -86,9 +88,10 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     index = args.process_index
     orch = Orchestrator(config, index, Tokenizer.from_model_path(config.model_dir))
     # Drains at least as long as the workers do: `disagg down` stops the orchestrator first.
-    server = FrontendServer(uvicorn.Config(build_app(orch), log_level=config.log_level, access_log=False,
-                                           lifespan="on", timeout_graceful_shutdown=config.grace_seconds,
-                                           http=http_protocol(), **h11_head_limit()))
+    server = FrontendServer(uvicorn.Config(
+        build_app(orch), log_level=config.log_level, access_log=_access_log(args, config),
+        log_config=None,  # uvicorn's lines (the access log too) through the root logger: stderr, our format
+        lifespan="on", timeout_graceful_shutdown=config.grace_seconds, http=http_protocol(), **h11_head_limit()))
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -108,7 +111,9 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
         owner_task = asyncio.create_task(_run_owner(config, owner, owner_stop, batch_routes(batches)))
         group = ProcessGroup(args.config, port, range(1, config.processes),
                              lambda: RestartBudget(config.max_process_restarts, config.process_restart_window_seconds),
-                             on_exit=lambda i: owner.set_loads(i, {}))
+                             on_exit=lambda i: owner.set_loads(i, {}),
+                             extra_argv=[] if args.access_log is None else
+                             ["--access-log" if args.access_log else "--no-access-log"])
     else:
         # Held, and cancelled at exit: the loop keeps only a weak reference to a task.
         parent_watch = asyncio.create_task(_watch_parent(args.parent_pid, stopping))
@@ -152,6 +157,10 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     return 0
 
 
+def _access_log(args: argparse.Namespace, config: OrchestratorConfig) -> bool:
+    return config.access_log if args.access_log is None else args.access_log
+
+
 async def _run_owner(config: OrchestratorConfig, owner: StateOwner, stop: asyncio.Event, extra_routes: list) -> None:
     """Process 0's state owner: the Unix-socket state app (plus ``extra_routes``: the batch routes)
     and the health checker, until ``stop``."""
@@ -170,9 +179,12 @@ async def _run_owner(config: OrchestratorConfig, owner: StateOwner, stop: asynci
     os.chmod(path, 0o600)
     unix.listen(1024)
     client = httpx.AsyncClient(timeout=config.health.timeout_seconds)
-    server = FrontendServer(uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds),
-                                                     extra_routes),
-                                           log_level="warning", access_log=False, lifespan="off"))
+    # uvicorn.Config sets the (process-global) uvicorn loggers up in its __init__: none given here,
+    # so the client server's log level and access log stand; this server logs no access line.
+    owner_config = uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds), extra_routes),
+                                  log_level=None, log_config=None, lifespan="off")
+    owner_config.access_log = False
+    server = FrontendServer(owner_config)
     checker = asyncio.create_task(HealthChecker(owner, client).run())
     serving = asyncio.create_task(server.serve(sockets=[unix]))
     try:

@@ -35,18 +35,13 @@ _POLL_SECONDS = 0.2
 
 def _prepare(args: argparse.Namespace) -> int:
     from disagg.deploy_config import load_deploy_config, resolve_deploy_model
-    from orchestrator.config import OrchestratorConfig
 
     config = load_deploy_config(args.config)
     run_dir = Path(args.run_dir).resolve()
     model = resolve_deploy_model(config, run_dir)  # writes the tiny model on first use
-    s = config.orchestrator
-    orch = OrchestratorConfig(
-        model_dir=str(model), state_dir=str(run_dir / "orchestrator"), served_model_name=config.served_model_name,
-        host="0.0.0.0", port=s.port, processes=s.processes, ctx_router=s.ctx_router, gen_router=s.gen_router,
-        conditional=s.conditional, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
-        api_key=s.api_key, workers=(), default_block_size=config.engine.block_size or 16,
-        max_request_bytes=s.max_request_bytes)
+    orch = config.orchestrator.to_config(str(model), str(run_dir / "orchestrator"), "0.0.0.0", config.orchestrator.port,
+                                         (), config.served_model_name, config.engine.block_size or 16,
+                                         config.access_log)
     (run_dir / ORCHESTRATOR_CONFIG_FILE).write_text(orch.to_json())
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -11,8 +12,10 @@ from workers.ipc import IpcPaths
 from workers.protocol import PerfRecord
 
 
-def record(i: int) -> PerfRecord:
-    return PerfRecord(i, 1, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 10, 5, 0, "stop")
+def record(i: int, finished: float | None = None) -> PerfRecord:
+    finished = time.time() if finished is None else finished
+    return PerfRecord(i, 1, finished - 0.6, finished - 0.5, finished - 0.4, finished - 0.3, finished - 0.2,
+                      finished - 0.1, finished, 10, 5, 0, "stop")
 
 
 def test_the_store_is_bounded_and_drained_on_read():
@@ -21,6 +24,17 @@ def test_the_store_is_bounded_and_drained_on_read():
     assert [r.request_id for r in store.drain()] == [2, 3, 4]  # the oldest went first
     assert store.drain() == []
     assert store.num_received == 5
+
+
+def test_unread_records_past_their_age_are_dropped():
+    store = PerfStore(max_records=100, max_age_seconds=60)
+    now = time.time()
+    store.extend([record(0, now - 120), record(1, now - 61), record(2, now - 30)])
+    assert len(store) == 1
+    store.extend([record(3, now)])
+    store.drop_expired(now + 45)  # record 2 is 75 s old by then
+    assert [r.request_id for r in store.drain()] == [3]
+    assert store.num_received == 4
 
 
 @pytest.mark.asyncio
