@@ -22,6 +22,10 @@ def write(tmp_path, text: str, name: str = "dep.yaml"):
     ("model: tiny\norchestrator:\n  gen_router: {policy: random}\n", "orchestrator.gen_router.policy",
      "must be one of"),
     ("model: tiny\nengine:\n  kind: jax\n", "engine.kind", "must be torch or synthetic"),
+    ("model: tiny\norchestrator:\n  grace_seconds: 0\n", "orchestrator.grace_seconds", "must be in (0, 3600]"),
+    ("model: tiny\norchestrator:\n  max_concurrent_requests: -1\n", "orchestrator.max_concurrent_requests",
+     "must be >= 0"),
+    ("model: tiny\nengine:\n  perf_record_seconds: 0\n", "engine.perf_record_seconds", "must be > 0"),
     ("model: tiny\npools:\n  ctx:\n    engine: {max_num_seqs: many}\n", "pools.ctx.engine.max_num_seqs",
      "must be an integer"),
     ("model: tiny\norchestrator:\n  conditional: {min_cached_fraction: 1.5}\n",
@@ -63,3 +67,20 @@ def test_orchestrator_config_errors(tmp_path):
     assert info.value.key == f"{path}: orchestrator.workers[0].url"
     path = write(tmp_path, '{"model_dir": "/m", "state_dir": "/s", "processes": 2}', "o.json")
     assert load_orchestrator_config(path).processes == 2
+
+
+def test_orchestrator_drain_restart_limit_and_access_log_keys_reach_its_config(tmp_path):
+    from disagg.deploy_config import render_flags
+    from disagg.deployment import STOP_SECONDS, orchestrator_stop_seconds
+
+    config = load_deploy_config(write(tmp_path, "model: tiny\naccess_log: true\norchestrator:\n  grace_seconds: 45\n"
+                                                "  max_process_restarts: 2\n  process_restart_window_seconds: 60\n"
+                                                "  max_concurrent_requests: 100\n"))
+    orch = config.orchestrator.to_config("m", "s", "127.0.0.1", 8000, (), "tiny", 16, config.access_log)
+    assert (orch.grace_seconds, orch.max_process_restarts, orch.process_restart_window_seconds) == (45, 2, 60)
+    assert orch.max_concurrent_requests == 100 and orch.access_log is True
+    # The supervisor waits for the orchestrator at least as long as for the workers, and past its grace.
+    assert orchestrator_stop_seconds(45) > 45 and orchestrator_stop_seconds(5) > STOP_SECONDS
+    assert render_flags({"--access-log": True, "--port": 5, "--x": None}) == ["--access-log", "--port", "5"]
+    defaults = load_deploy_config(write(tmp_path, "model: tiny\n", "plain.yaml"))
+    assert defaults.orchestrator.grace_seconds == 30 and defaults.access_log is False
