@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, 
 
 from frontends import anthropic_api, disaggregation, openai_api, responses, tokenize_api
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
+from frontends.memory import large_body, release_memory_soon
 from frontends.errors import (
     ApiError,
     EngineDeadError,
@@ -119,6 +120,8 @@ class FrontendHeaderMiddleware:
         finally:
             if gated:
                 admission.release()
+            if large_body(scope["headers"]):
+                release_memory_soon()  # frontends.memory: a large body's pages go back to the system
 
 
 class _FrontendStarlette(Starlette):

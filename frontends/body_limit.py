@@ -20,6 +20,7 @@ from typing import Iterable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from frontends.errors import RequestTooLargeError
+from frontends.memory import large_body, release_memory_soon
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "limit_body", "BodyLimitMiddleware"]
 
@@ -59,13 +60,20 @@ def limit_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], max_byt
 
 
 class BodyLimitMiddleware:
-    """``limit_body`` as an ASGI layer, for apps without a middleware of their own (the orchestrator)."""
+    """``limit_body`` as an ASGI layer, for apps without a middleware of their own (the orchestrator);
+    after a large body it gives the memory back (``frontends.memory``)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            receive = limit_body(receive, scope["headers"], self.max_bytes)
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        large = large_body(scope["headers"])
+        try:
+            await self.app(scope, limit_body(receive, scope["headers"], self.max_bytes), send)
+        finally:
+            if large:
+                release_memory_soon()

@@ -7,6 +7,7 @@ them (``frontends.admin_forwarder``). The engine is reached through
 
     GET /metrics                 the engine's IterationStats since the last poll (JSON list)
     GET|POST /kv_cache_events    KV-cache events since the last poll (JSON list)
+    GET /kv_cache_snapshot       every cached block hash and the next event id (not a drain)
     POST /start_profile          the engine's torch profiler; 501 for the synthetic engine
     POST /stop_profile           ... and the trace file it wrote
     GET /perf_metrics            per-request timing records of every frontend
@@ -38,7 +39,7 @@ from frontends.errors import (
 from frontends.perf_records import PerfRecorder, PerfStore, encode_records
 from frontends.prometheus import LauncherMetrics
 from frontends.route_table import LAUNCHER_ROUTES
-from workers.engine.kv_events import KVEvent
+from workers.engine.kv_events import KVCacheSnapshot, KVEvent
 from workers.engine.stats import IterationStats
 from workers.protocol import (
     ControlAck,
@@ -49,6 +50,7 @@ from workers.protocol import (
     DrainStats,
     EngineHealth,
     HealthPing,
+    SnapshotKVCache,
     StartProfile,
     StopProfile,
 )
@@ -77,6 +79,7 @@ class LauncherState:
         self.local_recorder = local_recorder  # frontend 0's own: flushed before each perf drain
         self._stats_decoder = msgspec.msgpack.Decoder(list[IterationStats])
         self._events_decoder = msgspec.msgpack.Decoder(list[KVEvent])
+        self._snapshot_decoder = msgspec.msgpack.Decoder(KVCacheSnapshot)
 
     async def ask(self, request: ControlRequest, timeout: float = CONTROL_TIMEOUT_SECONDS) -> ControlReply:
         try:
@@ -89,6 +92,9 @@ class LauncherState:
 
     async def drain_kv_events(self) -> list[KVEvent]:
         return self._events_decoder.decode(_drain_items(await self.ask(DrainKVEvents())))
+
+    async def kv_snapshot(self) -> KVCacheSnapshot:
+        return self._snapshot_decoder.decode(_drain_items(await self.ask(SnapshotKVCache())))
 
     async def refresh_gauges(self) -> None:
         if self.metrics is None:
@@ -138,6 +144,10 @@ async def _kv_cache_events(state: LauncherState, request: Request) -> Response:
     return _json(await state.drain_kv_events())
 
 
+async def _kv_cache_snapshot(state: LauncherState, request: Request) -> Response:
+    return _json(await state.kv_snapshot())
+
+
 async def _start_profile(state: LauncherState, request: Request) -> Response:
     if state.engine_kind == "synthetic":
         raise NotSupportedError("the synthetic engine runs no model: it has nothing to profile "
@@ -163,6 +173,7 @@ Handler = Callable[[LauncherState, Request], Awaitable[Response]]
 _HANDLERS: dict[str, Handler] = {
     "/metrics": _metrics,
     "/kv_cache_events": _kv_cache_events,
+    "/kv_cache_snapshot": _kv_cache_snapshot,
     "/start_profile": _start_profile,
     "/stop_profile": _stop_profile,
     "/perf_metrics": _perf_metrics,

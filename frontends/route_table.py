@@ -32,6 +32,7 @@ __all__ = [
 LAUNCHER_ROUTES: dict[str, tuple[str, ...]] = {
     "/metrics": ("GET",),
     "/kv_cache_events": ("GET", "POST"),
+    "/kv_cache_snapshot": ("GET",),
     "/start_profile": ("POST",),
     "/stop_profile": ("POST",),
     "/perf_metrics": ("GET",),

@@ -8,7 +8,9 @@ offset from its ``server_time``: offset = server_time - midpoint of our send
 and receive times, from the probe with the shortest round trip of
 ``CLOCK_PROBES``, whose midpoint is the least uncertain); and ``GET /kv_cache_events`` (drained into the KV index;
 a 404 means the worker does not publish events, which only disables
-KV-aware scoring for it).
+KV-aware scoring for it). Before a drain, a worker whose KV set is stale (never
+synchronised, events lost, over its capacity, or just back in the rotation) is
+resynchronised from ``GET /kv_cache_snapshot`` (``orchestrator.kv_index``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class HealthChecker:
         self.client = client
         self.timeout = owner.config.health.timeout_seconds
         self.no_events: set[str] = set()
+        self.no_snapshot: set[str] = set()
 
     async def run(self) -> None:
         while True:
@@ -69,6 +72,7 @@ class HealthChecker:
             return
         if worker.block_size is None or moved:  # a worker that comes back may have restarted differently
             await self.fetch_info(worker)
+            self.owner.kv_index.stale.add(worker.worker_id)  # and with another cache
         if worker.worker_id not in self.no_events:
             await self.drain_events(worker)
 
@@ -115,5 +119,47 @@ class HealthChecker:
         events = msgspec.json.decode(response.content)
         if isinstance(events, dict):  # tolerate {"events": [...]}
             events = events.get("events", [])
-        if events and self.owner.kv_index.apply(worker.worker_id, events):
+        # A snapshot taken after this drain holds these events' effects: apply skips them by id.
+        worker_id, kv_index = worker.worker_id, self.owner.kv_index
+        if kv_index.needs_snapshot(worker_id):
+            await self.resync(worker)
+        if events and kv_index.apply(worker_id, events):
             self.owner.kv_changed()
+        if worker_id in kv_index.stale:  # these events skipped ids or overflowed the pool
+            await self.resync(worker)
+        if kv_index.over_capacity(worker_id):  # no snapshot came: forget rather than overcount
+            kv_index.clear_worker(worker_id)
+            self.owner.kv_changed()
+        if worker_id in self.no_snapshot:
+            kv_index.stale.discard(worker_id)  # nothing to resynchronise from; its events go on
+
+    async def resync(self, worker: WorkerRecord) -> None:
+        """Adopt the worker's whole cache from ``/kv_cache_snapshot`` (a worker without it is
+        left to its events, and cleared when they prove its set wrong)."""
+        if worker.worker_id in self.no_snapshot:
+            return
+        try:
+            response = await self.client.get(f"{worker.url}/kv_cache_snapshot", timeout=self.timeout)
+        except httpx.HTTPError:
+            return  # tried again next round
+        if response.status_code == 404:
+            self.no_snapshot.add(worker.worker_id)
+            return
+        if response.status_code != 200:
+            return
+        snapshot = msgspec.json.decode(response.content, type=_KVSnapshot)
+        stale = worker.worker_id in self.owner.kv_index.stale
+        self.owner.kv_index.adopt_snapshot(worker.worker_id, snapshot.next_event_id, snapshot.block_hashes,
+                                           snapshot.num_blocks)
+        self.owner.kv_changed()
+        if stale:
+            log.info("worker %s: KV index resynchronised from its snapshot (%d blocks)", worker.worker_id,
+                     len(snapshot.block_hashes))
+
+
+class _KVSnapshot(msgspec.Struct):
+    """``GET /kv_cache_snapshot`` (``workers.engine.kv_events.KVCacheSnapshot``, read as JSON)."""
+
+    next_event_id: int
+    block_hashes: list[int]
+    num_blocks: int

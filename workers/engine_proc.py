@@ -58,6 +58,7 @@ from workers.protocol import (
     ControlRequest,
     DrainKVEvents,
     DrainReply,
+    SnapshotKVCache,
     DrainStats,
     EngineFailed,
     EngineHealth,
@@ -275,6 +276,8 @@ class EngineProc:
                 return DrainReply(msgspec.Raw(msgspec.msgpack.encode(self.core.drain_stats())))
             elif isinstance(request, DrainKVEvents):
                 return DrainReply(msgspec.Raw(msgspec.msgpack.encode(self.core.drain_kv_events())))
+            elif isinstance(request, SnapshotKVCache):
+                return DrainReply(msgspec.Raw(msgspec.msgpack.encode(self.core.kv_snapshot())))
             elif isinstance(request, StartProfile):
                 self.core.start_profile(request.dir)
             elif isinstance(request, StopProfile):

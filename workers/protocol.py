@@ -40,6 +40,7 @@ __all__ = [
     "Shutdown",
     "DrainStats",
     "DrainKVEvents",
+    "SnapshotKVCache",
     "StartProfile",
     "StopProfile",
     "ControlRequest",
@@ -236,6 +237,11 @@ class DrainKVEvents(msgspec.Struct, frozen=True, tag="drain_kv_events"):
     pass
 
 
+class SnapshotKVCache(msgspec.Struct, frozen=True, tag="snapshot_kv_cache"):
+    """Every cached block hash now, and the id the next KV event will carry (a router resynchronises
+    from it when it missed events)."""
+
+
 class StartProfile(msgspec.Struct, frozen=True, tag="start_profile"):
     dir: str | None = None  # None: EngineConfig.profile_dir
 
@@ -244,7 +250,7 @@ class StopProfile(msgspec.Struct, frozen=True, tag="stop_profile"):
     pass
 
 
-ControlRequest = HealthPing | Shutdown | DrainStats | DrainKVEvents | StartProfile | StopProfile
+ControlRequest = HealthPing | Shutdown | DrainStats | DrainKVEvents | SnapshotKVCache | StartProfile | StopProfile
 
 
 class EngineHealth(msgspec.Struct, frozen=True, tag="health"):
@@ -265,7 +271,8 @@ class EngineHealth(msgspec.Struct, frozen=True, tag="health"):
 
 class DrainReply(msgspec.Struct, frozen=True, tag="drain"):
     """``items`` is the MessagePack of a list of ``IterationStats`` (DrainStats)
-    or of ``KVEvent`` (DrainKVEvents): the launcher decodes it with the right type."""
+    or of ``KVEvent`` (DrainKVEvents), or a ``KVCacheSnapshot`` (SnapshotKVCache): the launcher
+    decodes it with the right type."""
 
     items: msgspec.Raw
 

@@ -111,6 +111,10 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self._free)
 
+    def cached_block_hashes(self) -> list[BlockHash]:
+        """Every hash a prefix lookup can hit now (what the KV events have published, net)."""
+        return list(self._cached)
+
     @property
     def num_cached_blocks(self) -> int:
         """Free blocks that still hold a reusable hash (evictable)."""

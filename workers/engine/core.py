@@ -24,7 +24,7 @@ from workers.config import EngineConfig
 from workers.engine.block_manager import BlockManager
 from workers.engine.executor import Executor, ProfilingUnsupported, SchedulerOutput
 from workers.engine.factory import build_executor
-from workers.engine.kv_events import KVEvent, KVEventQueue
+from workers.engine.kv_events import KVCacheSnapshot, KVEvent, KVEventQueue
 from workers.engine.request import Request
 from workers.engine.scheduler import KVPull, Scheduler
 from workers.engine.stats import IterationStats, StatsQueue
@@ -146,6 +146,10 @@ class EngineCore:
 
     def drain_kv_events(self) -> list[KVEvent]:
         return self.kv_events.drain()
+
+    def kv_snapshot(self) -> KVCacheSnapshot:
+        blocks = self.block_manager
+        return KVCacheSnapshot(self.kv_events.next_event_id, blocks.cached_block_hashes(), blocks.num_blocks)
 
     def export_blocks(self, block_ids: list[int]) -> list[bytes]:
         return self.executor.export_blocks(block_ids)

@@ -22,6 +22,7 @@ __all__ = [
     "KVCacheEvent",
     "KVEvent",
     "KVEventQueue",
+    "KVCacheSnapshot",
 ]
 
 
@@ -60,6 +61,16 @@ class KVEvent(msgspec.Struct, frozen=True):
     event: KVCacheEvent
 
 
+class KVCacheSnapshot(msgspec.Struct, frozen=True):
+    """A worker's whole prefix cache at one point of its event stream: ``block_hashes`` is every
+    cached block, and the events from ``next_event_id`` on are what changed since (a router that
+    adopts this skips queued events with smaller ids)."""
+
+    next_event_id: int
+    block_hashes: list[int]
+    num_blocks: int  # the pool's size: no worker ever caches more
+
+
 class KVEventQueue:
     """Events since the last drain, oldest first.
 
@@ -82,6 +93,10 @@ class KVEventQueue:
             self.num_dropped += 1
         self._events.append(KVEvent(self._next_event_id, time.time(), event))
         self._next_event_id += 1
+
+    @property
+    def next_event_id(self) -> int:
+        return self._next_event_id
 
     def drain(self) -> list[KVEvent]:
         events = list(self._events)
