@@ -8,6 +8,10 @@ Documented once, here (workers and the orchestrator run the same checks):
   bounding the per-token matching work (``frontends.detokenizer``).
 - ``messages``: at most ``MAX_MESSAGES`` per conversation.
 - ``tools``: at most ``MAX_TOOLS`` per request (OpenAI's own limit).
+- ``stop_token_ids``: at most ``MAX_STOP_TOKEN_IDS``; ``logit_bias``: at most
+  ``MAX_LOGIT_BIAS`` entries; a guided ``choice``: at most ``MAX_CHOICES``
+  alternatives. Each is work per decoded token (or a grammar to compile) that
+  a 16 MiB body could otherwise make a million entries long.
 - OpenAI chat messages need ``content``, except an assistant message that
   carries ``tool_calls`` (OpenAI's rule); a message without either is a 400
   naming ``messages[i].content``, not an empty turn.
@@ -19,13 +23,17 @@ from typing import Sequence
 
 from frontends.errors import InvalidRequestError
 
-__all__ = ["MAX_STOP_STRINGS", "MAX_STOP_STRING_CHARS", "MAX_MESSAGES", "MAX_TOOLS", "stop_strings",
-           "check_messages", "check_tools", "check_chat_contents"]
+__all__ = ["MAX_STOP_STRINGS", "MAX_STOP_STRING_CHARS", "MAX_MESSAGES", "MAX_TOOLS", "MAX_STOP_TOKEN_IDS",
+           "MAX_LOGIT_BIAS", "MAX_CHOICES", "stop_strings", "check_messages", "check_tools", "check_chat_contents",
+           "check_count"]
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 1024
 MAX_MESSAGES = 4096
 MAX_TOOLS = 128
+MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS = 1024
+MAX_CHOICES = 1024
 
 
 def stop_strings(stop: str | Sequence[str] | None, param: str) -> tuple[str, ...]:
@@ -52,6 +60,12 @@ def check_messages(num_messages: int) -> None:
     if num_messages > MAX_MESSAGES:
         raise InvalidRequestError(f"messages has {num_messages} entries; at most {MAX_MESSAGES} are allowed",
                                   param="messages")
+
+
+def check_count(values: Sequence | dict | None, limit: int, param: str) -> None:
+    """A 400 naming ``param`` when ``values`` has more than ``limit`` entries."""
+    if values is not None and len(values) > limit:
+        raise InvalidRequestError(f"{param} has {len(values)} entries; at most {limit} are allowed", param=param)
 
 
 def check_tools(num_tools: int) -> None:

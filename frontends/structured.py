@@ -31,6 +31,7 @@ import msgspec
 from llguidance.gbnf_to_lark import any_to_lark
 
 from frontends.errors import InvalidRequestError
+from frontends.request_limits import MAX_CHOICES, MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, check_count
 from frontends.tokenizer import Tokenizer
 from workers.guided import JSON_OBJECT_SCHEMA, GrammarCompiler
 from workers.sampling_params import GuidedDecoding
@@ -134,6 +135,7 @@ def _vllm_guided(name: str, value: Any, param: str) -> GuidedDecoding:
     if name == "choice":
         if not value:
             raise InvalidRequestError(f"{param} must list at least one choice", param=param)
+        check_count(value, MAX_CHOICES, param)
         return GuidedDecoding("lark", "start: " + " | ".join(json.dumps(choice) for choice in value))
     try:  # grammar: Lark, or llama.cpp's GBNF (converted)
         return GuidedDecoding("lark", any_to_lark(value))
@@ -150,6 +152,8 @@ def anthropic_guided(output_config: OutputConfig | None) -> GuidedDecoding | Non
 def openai_controls(body: Any, vocab_size: int) -> dict[str, Any]:
     """``ServingContext.sampling_params`` keyword arguments from an OpenAI body's sampling
     controls (the grammar, ``openai_guided``, is passed on its own)."""
+    check_count(body.stop_token_ids, MAX_STOP_TOKEN_IDS, "stop_token_ids")
+    check_count(body.logit_bias, MAX_LOGIT_BIAS, "logit_bias")
     return {
         "presence_penalty": body.presence_penalty,
         "frequency_penalty": body.frequency_penalty,

@@ -153,6 +153,9 @@ async def test_unknown_route_and_method(harness):
     ({"messages": USER * 4097}, "messages"),
     ({"messages": USER, "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]},
      "tools"),
+    ({"messages": USER, "stop_token_ids": [1] * 257}, "stop_token_ids"),
+    ({"messages": USER, "logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
+    ({"messages": USER, "guided_choice": [f"c{i}" for i in range(1025)]}, "guided_choice"),
 ])
 async def test_bad_input_corpus_chat(harness, body, param):
     """Each used to be accepted (a message without content generated to the end of the context)."""
@@ -165,7 +168,8 @@ async def test_bounded_inputs_at_their_limits_are_served(harness):
     messages = [*USER, {"role": "assistant", "tool_calls": calls}, {"role": "tool", "tool_call_id": "c1",
                                                                     "content": "ok"}]
     response = await harness.http.post("/v1/chat/completions", json={
-        "model": "tiny-test", "messages": messages, "max_tokens": 2, "stop": ["x" * 1024] + ["y"] * 15})
+        "model": "tiny-test", "messages": messages, "max_tokens": 2, "stop": ["x" * 1024] + ["y"] * 15,
+        "stop_token_ids": [1] * 256, "logit_bias": {str(i): 0 for i in range(500)}})
     assert response.status_code == 200, response.text
     response = await harness.http.post("/v1/completions", json={"model": "tiny-test", "prompt": "hi",
                                                                 "max_tokens": 2, "stop": "z"})
