@@ -24,6 +24,9 @@ from orchestrator.config import WORKER_ROLES, HealthConfig
 __all__ = ["WorkerRecord", "Registry", "RegistryError"]
 
 
+MAX_WORKERS = 4096
+
+
 class RegistryError(ValueError):
     """A registration request is invalid (bad role or URL)."""
 
@@ -56,8 +59,10 @@ class WorkerRecord(msgspec.Struct, kw_only=True):
 
 
 class Registry:
-    def __init__(self, health: HealthConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, health: HealthConfig, clock: Callable[[], float] = time.time,
+                 max_workers: int = MAX_WORKERS) -> None:
         self.health = health
+        self.max_workers = max_workers
         self.clock = clock
         self.workers: dict[str, WorkerRecord] = {}
         self.version = 0
@@ -86,6 +91,11 @@ class Registry:
         if record is not None and (record.role != role or record.kv_endpoint != kv_endpoint):
             del self.workers[record.worker_id]  # the same address came back as a different worker
             record = None
+        if record is None and len(self.workers) >= self.max_workers:
+            # Every worker is health-checked each interval: a flood of registrations must not
+            # turn process 0 into a request amplifier.
+            raise RegistryError(f"the registry holds {len(self.workers)} workers, the most it accepts; "
+                                "deregister one or wait for a registration to expire")
         if record is None:
             record = WorkerRecord(worker_id=worker_id or f"w-{uuid.uuid4().hex[:12]}", role=role, url=url,
                                   static=False, kv_endpoint=kv_endpoint)

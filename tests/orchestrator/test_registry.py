@@ -70,3 +70,16 @@ def test_deregister_and_bad_registrations():
         registry.register("prefill", "http://h:1")
     with pytest.raises(RegistryError, match="url"):
         registry.register("gen", "h:1")
+
+
+def test_registrations_past_the_bound_are_refused_until_one_expires():
+    clock = Clock()
+    registry = Registry(HealthConfig(registration_ttl_seconds=10.0), clock, max_workers=2)
+    registry.register("gen", "http://10.0.0.1:8000")
+    registry.register("ctx", "http://10.0.0.2:8000")
+    with pytest.raises(RegistryError, match="the most it accepts"):
+        registry.register("ctx", "http://10.0.0.3:8000")
+    registry.register("ctx", "http://10.0.0.2:8000")  # a known worker re-registers freely
+    clock.now += 11
+    registry.expire()
+    registry.register("ctx", "http://10.0.0.3:8000")
