@@ -36,6 +36,7 @@ _POLL_SECONDS = 0.2
 def _prepare(args: argparse.Namespace) -> int:
     from disagg.deploy_config import load_deploy_config, resolve_deploy_model
     from orchestrator.config import OrchestratorConfig
+    from orchestrator.prometheus_sd import TARGETS_DIR
 
     config = load_deploy_config(args.config)
     run_dir = Path(args.run_dir).resolve()
@@ -46,7 +47,7 @@ def _prepare(args: argparse.Namespace) -> int:
         host="0.0.0.0", port=s.port, processes=s.processes, ctx_router=s.ctx_router, gen_router=s.gen_router,
         conditional=s.conditional, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
         api_key=s.api_key, workers=(), default_block_size=config.engine.block_size or 16,
-        max_request_bytes=s.max_request_bytes)
+        max_request_bytes=s.max_request_bytes, prometheus_targets_dir=str(run_dir / TARGETS_DIR))
     (run_dir / ORCHESTRATOR_CONFIG_FILE).write_text(orch.to_json())
     return 0
 
