@@ -5,7 +5,8 @@ the supervisor's ``<run dir>/up.log``), so this works on a stopped deployment
 too. ``-f`` follows like ``tail -f``: the last lines, then whatever is
 appended, prefixed with ``[name]`` when several logs are followed, picking up
 logs that appear later (a process started after the command) and starting
-over at a log that was truncated; it runs until interrupted (exit 0).
+over at a log that was truncated; it runs until interrupted (SIGINT or SIGTERM:
+exit 0; a closed pipe: 141, as ``disagg.cli`` handles it).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def follow_logs(run_dir: Path, paths: list[Path] | None, lines: int) -> int:
             for entry in followed.values():
                 _emit(entry.read_new())
             time.sleep(FOLLOW_POLL_SECONDS)
-    except (KeyboardInterrupt, BrokenPipeError):
+    except KeyboardInterrupt:
         return 0
 
 
