@@ -7,8 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -16,15 +14,12 @@ import httpx
 import openai
 import pytest
 
+from test_up import disagg
+from test_up_cli import write_config
 from worker_process import free_port
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "disagg.json"
 RATE_WINDOW = "30s"  # Grafana's $__rate_interval: wide enough for several 1 s scrapes
-
-
-def disagg(*args: str, cwd, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "disagg.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def prometheus_binary() -> str:
@@ -73,24 +68,10 @@ def _query(prom: str, expr: str) -> list[dict]:
 def test_prometheus_scrapes_the_deployment_and_every_dashboard_query_has_a_series(tmp_path):
     binary = prometheus_binary()
     port, prom_port = free_port(), free_port()
-    config = tmp_path / "scraped.yaml"
-    config.write_text(textwrap.dedent(f"""
-        model: {tmp_path / "model"}
-        tiny_model_size: test
-        run_dir: {tmp_path / "run"}
-        engine: {{kind: synthetic}}
-        orchestrator:
-          port: {port}
-          health: {{interval_seconds: 0.2}}
-          conditional: {{enabled: false}}
-        pools:
-          ctx: {{instances: 1, frontends: 1}}
-          gen: {{instances: 1, frontends: 2}}
-        prometheus: {{scrape_interval_seconds: 1}}
-        startup_timeout_seconds: 90
-    """))
-    run = tmp_path / "run"
-    up = disagg("up", str(config), cwd=tmp_path)
+    config = write_config(tmp_path, "scraped", port, gen_frontends=2,
+                          extra="prometheus: {scrape_interval_seconds: 1}\n")
+    run = tmp_path / ".disagg" / "scraped"
+    up = disagg("up", config, cwd=tmp_path)
     prometheus = None
     try:
         assert up.returncode == 0, up.stdout + up.stderr + (run / "up.log").read_text()

@@ -9,31 +9,23 @@ import pty
 import select
 import subprocess
 import sys
-import textwrap
 import time
 
+from test_up import disagg
 from worker_process import free_port
 
 DISAGG = [sys.executable, "-m", "disagg.cli"]
 
 
-def disagg(*args: str, cwd, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*DISAGG, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-
-def write_config(tmp_path, name: str) -> str:
-    """A small synthetic deployment whose run dir is the default, ./.disagg/<name>."""
+def write_config(tmp_path, name: str, port: int = 0, gen_frontends: int = 1, extra: str = "") -> str:
+    """A small synthetic deployment (both legs for every request) whose run dir is the default,
+    ./.disagg/<name>; ``extra``: more top-level YAML."""
     config = tmp_path / f"{name}.yaml"
-    config.write_text(textwrap.dedent(f"""
-        model: {tmp_path / "model"}
-        tiny_model_size: test
-        engine: {{kind: synthetic}}
-        orchestrator: {{port: {free_port()}, health: {{interval_seconds: 0.2}}}}
-        pools:
-          ctx: {{instances: 1, frontends: 1}}
-          gen: {{instances: 1, frontends: 1}}
-        startup_timeout_seconds: 90
-    """))
+    config.write_text(f"model: {tmp_path / 'model'}\ntiny_model_size: test\nengine: {{kind: synthetic}}\n"
+                      f"orchestrator: {{port: {port or free_port()}, health: {{interval_seconds: 0.2}}, "
+                      f"conditional: {{enabled: false}}}}\n"
+                      f"pools: {{ctx: {{instances: 1, frontends: 1}}, gen: {{instances: 1, frontends: {gen_frontends}}}}}\n"
+                      f"startup_timeout_seconds: 90\n{extra}")
     return str(config)
 
 
