@@ -29,6 +29,13 @@ is gone, it stops the recorded processes itself; either way only a pid whose
 start time still matches is signalled, and with nothing running it says so
 and exits 0. Both sweep ``/tmp/disagg-*`` IPC dirs whose workers are gone.
 
+``up`` also writes ``<run dir>/prometheus.yml``, whose scrape targets the
+orchestrator keeps current (``orchestrator.prometheus_sd``). What
+``status`` prints (text or ``--json``) is ``disagg.deploy_status``, ``logs``
+(also after ``down``, and ``-f``) is ``disagg.deploy_logs``, and ``up``'s
+progress line (live on a terminal, one line per change otherwise) is
+``disagg.progress``.
+
 With ``launcher: slurm`` in the file (or ``up --launcher slurm``) the deployment
 is one Slurm job instead: ``disagg.slurm_deployment`` (its run dir holds
 ``slurm.json`` rather than ``state.json``; status and down dispatch on that).
