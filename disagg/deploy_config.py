@@ -39,17 +39,16 @@ from orchestrator.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     ConditionalDisaggConfig,
     HealthConfig,
-    OrchestratorConfig,
     RouterConfig,
-    StaticWorker,
     TimeoutConfig,
 )
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES
 
-__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "RestartPolicy", "DeployConfig",
-           "load_deploy_config", "check_runnable", "render_flags", "resolve_deploy_model", "TINY_MODEL", "LAUNCHERS"]
+__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "PrometheusSettings", "RestartPolicy",
+           "DeployConfig", "load_deploy_config", "check_runnable", "render_flags", "resolve_deploy_model", "TINY_MODEL",
+           "LAUNCHERS"]
 
 TINY_MODEL = "tiny"
 LAUNCHERS = ("local", "slurm")
@@ -165,18 +164,6 @@ class OrchestratorSettings:
     process_restart_window_seconds: float = 300.0
     """Process 0 respawns a dead orchestrator process at most this often within the window."""
 
-    def to_config(self, model_dir: str, state_dir: str, host: str, port: int, workers: tuple[StaticWorker, ...],
-                  served_model_name: str, block_size: int, access_log: bool) -> OrchestratorConfig:
-        """The orchestrator's own config (``orchestrator.json``) for a deployment."""
-        return OrchestratorConfig(
-            model_dir=model_dir, state_dir=state_dir, served_model_name=served_model_name, host=host, port=port,
-            processes=self.processes, ctx_router=self.ctx_router, gen_router=self.gen_router,
-            conditional=self.conditional, health=self.health, timeouts=self.timeouts, max_retries=self.max_retries,
-            api_key=self.api_key, workers=workers, default_block_size=block_size,
-            max_request_bytes=self.max_request_bytes, max_concurrent_requests=self.max_concurrent_requests,
-            grace_seconds=self.grace_seconds, max_process_restarts=self.max_process_restarts,
-            process_restart_window_seconds=self.process_restart_window_seconds, access_log=access_log)
-
     def validate(self, prefix: str) -> None:
         if self.max_concurrent_requests < 0:
             raise ConfigError(f"{prefix}.max_concurrent_requests",
@@ -244,6 +231,18 @@ class RestartPolicy:
 
 
 @dataclass(frozen=True)
+class PrometheusSettings:
+    """The ``<run dir>/prometheus.yml`` that `disagg up` writes (``orchestrator.prometheus_sd``)."""
+
+    scrape_interval_seconds: float = 5.0
+
+    def validate(self, prefix: str) -> None:
+        if not 0 < self.scrape_interval_seconds <= 3600:
+            raise ConfigError(f"{prefix}.scrape_interval_seconds",
+                              f"must be in (0, 3600], got {self.scrape_interval_seconds}")
+
+
+@dataclass(frozen=True)
 class PoolsConfig:
     ctx: PoolConfig = field(default_factory=PoolConfig)
     gen: PoolConfig = field(default_factory=PoolConfig)
@@ -267,6 +266,7 @@ class DeployConfig:
     access_log: bool = False
     """One INFO line per HTTP request in every worker's and the orchestrator's log."""
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     source: str = ""
     """The file this came from (set by the loader)."""
 

@@ -152,6 +152,9 @@ class OrchestratorConfig:
     Retry-After at once (``frontends.admission``), never an unbounded queue."""
     access_log: bool = False
     """One INFO line per request (uvicorn's access log: client, method, path, status)."""
+    prometheus_targets_dir: str | None = None
+    """Process 0 keeps Prometheus file_sd target files here (``orchestrator.prometheus_sd``):
+    itself and every worker it knows; ``disagg up`` sets it to ``<run dir>/prometheus/targets``."""
 
     def validate(self, prefix: str) -> None:
         if not 1 <= self.processes <= 64:

@@ -72,11 +72,12 @@ def test_orchestrator_config_errors(tmp_path):
 def test_orchestrator_drain_restart_limit_and_access_log_keys_reach_its_config(tmp_path):
     from disagg.deploy_config import render_flags
     from disagg.deployment import STOP_SECONDS, orchestrator_stop_seconds
+    from disagg.orchestrator_plan import orchestrator_config
 
     config = load_deploy_config(write(tmp_path, "model: tiny\naccess_log: true\norchestrator:\n  grace_seconds: 45\n"
                                                 "  max_process_restarts: 2\n  process_restart_window_seconds: 60\n"
                                                 "  max_concurrent_requests: 100\n"))
-    orch = config.orchestrator.to_config("m", "s", "127.0.0.1", 8000, (), "tiny", 16, config.access_log)
+    orch = orchestrator_config(config, model=tmp_path / "m", state_dir=tmp_path / "s", host="127.0.0.1", port=8000)
     assert (orch.grace_seconds, orch.max_process_restarts, orch.process_restart_window_seconds) == (45, 2, 60)
     assert orch.max_concurrent_requests == 100 and orch.access_log is True
     # The supervisor waits for the orchestrator at least as long as for the workers, and past its grace.
