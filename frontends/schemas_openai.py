@@ -53,6 +53,7 @@ class SamplingControls(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     min_p: float | None = None
+    stream_interval: int | None = None  # tokens per SSE event after the first (an extension; 1 to 1024)
     logit_bias: dict[str, float] | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's; and its older guided_* fields
     guided_json: dict[str, Any] | str | None = None

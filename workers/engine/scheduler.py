@@ -303,6 +303,7 @@ class Scheduler:
         """Advance the scheduled requests by what the step computed and sampled."""
         outputs: list[RequestOutput] = []
         finished: list[Request] = []
+        default_interval = self.config.stream_interval
         for scheduled in batch.requests:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status != RequestStatus.RUNNING:
@@ -322,8 +323,14 @@ class Scheduler:
             if status is not None:
                 request.status = status
                 finished.append(request)
-            logprobs = None if sampled.logprobs is None else [sampled.logprobs]
-            outputs.append(request_output(request, [sampled.token_id], is_first, logprobs))
+            request.num_unreported_tokens += 1
+            if sampled.logprobs is not None:
+                request.unreported_logprobs.append(sampled.logprobs)
+            # The first token goes out at once (time to first token), the last with the finish
+            # reason, the rest every stream_interval tokens.
+            interval = request.sampling_params.stream_interval or default_interval
+            if is_first or status is not None or request.num_unreported_tokens >= interval:
+                outputs.append(_report(request, is_first))
         for request in finished:
             request.grammar = None  # the matcher is freed now, not when the last reference goes
             park_seconds = self._park_seconds.pop(request.request_id, None)
@@ -335,3 +342,13 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
+
+
+def _report(request: Request, is_first: bool) -> RequestOutput:
+    """The output of the request's unreported tokens (and their logprobs)."""
+    new_token_ids = request.output_token_ids[-request.num_unreported_tokens:]
+    logprobs = request.unreported_logprobs or None
+    request.num_unreported_tokens = 0
+    if logprobs is not None:
+        request.unreported_logprobs = []
+    return request_output(request, new_token_ids, is_first, logprobs)
