@@ -36,7 +36,7 @@ from typing import Any, Callable
 import msgspec
 import zmq
 
-from workers.client_ids import lane_of
+from workers.client_ids import FRONTEND_SHIFT, lane_of
 from workers.config import EngineConfig
 from workers.ipc import (
     HEARTBEAT_SECONDS,
@@ -211,9 +211,12 @@ class EngineProc:
         if self.kv_agent is not None:
             self.kv_agent.on_outputs(outputs)
         self.num_steps += 1
-        batches: list[list[RequestOutput]] = [[] for _ in range(self.num_lanes)]
+        num_lanes = self.num_lanes
+        batches: list[list[RequestOutput]] = [[] for _ in range(num_lanes)]
         for output in outputs:
-            lane = lane_of(output.request_id, self.num_lanes)
+            lane = output.request_id >> FRONTEND_SHIFT  # workers.client_ids.lane_of, inlined: per output
+            if lane >= num_lanes:
+                lane = 0
             batches[lane].append(output)
             if output.finish_reason is not None:
                 self._live[lane].discard(output.request_id)

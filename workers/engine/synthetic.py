@@ -115,15 +115,17 @@ class SyntheticExecutor:
 
     def _fill(self, scheduled: ScheduledRequest) -> int:
         """Write the running hash of each scheduled position; the hash at the last one."""
-        bs, blocks = self.block_size, scheduled.block_ids
+        bs, blocks, kv = self.block_size, scheduled.block_ids, self._kv
         position = scheduled.start_position
         if position == 0:
             running = self._initial_hash
         else:
-            running = self._block(blocks[(position - 1) // bs])[(position - 1) % bs]
+            previous = kv.get(blocks[(position - 1) // bs]) or self._block(blocks[(position - 1) // bs])
+            running = previous[(position - 1) % bs]
         for token_id in scheduled.token_ids:
             running = _mix(running ^ (token_id * 0x100000001B3 & _MASK))
-            self._block(blocks[position // bs])[position % bs] = running
+            block = kv.get(blocks[position // bs]) or self._block(blocks[position // bs])
+            block[position % bs] = running
             position += 1
         return running
 
