@@ -14,7 +14,10 @@ streamed chat completions (``ignore_eos``) to ``benchmarks/http_loadgen.py``.
    Per SSE event beyond the first: the same at ``max_tokens: 1``, and
    (cpu(16) - cpu(1)) / (events(16) - events(1)).
    Targets: <= 0.15 ms per request, <= 6 us per event beyond the first.
-2. Engine CPU per request: K=4 lanes, c=512, zero step cost, 16 tokens.
+2. Engine CPU per request: K=4 lanes, c=512, zero step cost, 16 tokens, the
+   engine process alone fed by raw lanes (``benchmarks/engine_lanes.py``), so
+   that it, not the frontends, is the bottleneck; the same through a worker's
+   4 HTTP frontends is printed beside it (skip it with ``--skip http-engine``).
    Target: <= 0.06 ms.
 3. Capacity model: requests/s one core of each gives (1 / CPU per request);
    the engine's ceiling must be >= 4x one frontend's (so K=4 is not engine-bound).
@@ -25,7 +28,7 @@ streamed chat completions (``ignore_eos``) to ``benchmarks/http_loadgen.py``.
    (the per-request body field; the worker's default is 1).
 
     python benchmarks/hot_paths.py [--repeats 1] [--duration 4] [--intervals 1,4,16]
-        [--skip frontend,engine,bare] [--out benchmarks/results/hot_paths.json]
+        [--skip frontend,engine,http-engine,bare] [--out benchmarks/results/hot_paths.json]
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from frontend_scaling import HOST, READY_LINE, Server, check_worker, raw_request, start_bare_app  # noqa: E402
+from engine_lanes import measure_engine_lanes  # noqa: E402
 from http_loadgen import LoadResult, LoadSpec, run_in_own_process  # noqa: E402
 
 FRONTEND_MS_TARGET = 0.15
@@ -106,12 +110,27 @@ def measure_frontend(args: argparse.Namespace, model_dir: Path, log_dir: Path, r
 
 
 def measure_engine(args: argparse.Namespace, model_dir: Path, log_dir: Path, rows: list[dict]) -> None:
+    """The engine alone over 4 raw lanes (``engine_lanes``): the figure; then through a worker's
+    4 HTTP frontends, where on a small machine the frontends set the pace (for the record)."""
+    result = measure_engine_lanes(4, 512, args.max_tokens, args.warmup, args.duration)
+    row = {"name": "engine lanes K=4 c=512", "requests": result.requests, "errors": 0,
+           "requests_per_s": round(result.requests / result.window_s, 1), "frontend_ms": None,
+           "engine_ms": round(result.engine_ms_per_request, 4), "events_per_request": None, "ttft_p50_ms": None,
+           "engine_cores": round(result.engine_cpu_s / result.window_s, 2),
+           "driver_ms": round(result.driver_cpu_s / max(result.requests, 1) * 1e3, 4),
+           "outputs_per_request": round(result.outputs_per_request, 2)}
+    print(f"  {row['name']:34} {row['requests_per_s']:8.1f} req/s  engine {row['engine_ms']:.4f} ms CPU/req "
+          f"({row['engine_cores']} cores)  driver {row['driver_ms']:.4f} ms CPU/req  outputs/req "
+          f"{row['outputs_per_request']}", flush=True)
+    rows.append(row)
+    if "http-engine" in args.skip:
+        return
     server = start_worker(args, model_dir, 4, 0.0, log_dir)
     try:
         check_worker(args.port, model_dir.name, args.max_tokens)
         pids = {"frontend": server.frontend_pids, "engine": server.engine_pids}
         request = raw_request(body(model_dir.name, args.max_tokens, None), args.port)
-        rows.append(record("engine K=4 c=512", load(args, request, 512, pids)))
+        rows.append(record("engine via HTTP K=4 c=512", load(args, request, 512, pids)))
     finally:
         server.stop()
 
@@ -144,13 +163,14 @@ def evaluate(args: argparse.Namespace, rows: list[dict]) -> tuple[list[dict], di
     per_event_us = None
     if None not in (fe, fe1, events, events1) and events > events1:
         per_event_us = (fe - fe1) / (events - events1) * 1e3
-    engine = median(rows, "engine K=4 c=512", "engine_ms")
+    engine = median(rows, "engine lanes K=4 c=512", "engine_ms")
     targets = [
         target("frontend CPU per streamed request, ms (K=1 c=64)", fe, FRONTEND_MS_TARGET,
                note=f"{events} events/request"),
         target("frontend CPU per SSE event beyond the first, us", per_event_us, EVENT_US_TARGET,
                note=f"max_tokens=1: {fe1} ms at {events1} events/request"),
-        target("engine CPU per request, ms (K=4 c=512, zero step cost)", engine, ENGINE_MS_TARGET),
+        target("engine CPU per request, ms (K=4 lanes c=512, zero step cost)", engine, ENGINE_MS_TARGET,
+               note=f"through 4 HTTP frontends: {median(rows, 'engine via HTTP K=4 c=512', 'engine_ms')} ms"),
     ]
     capacity = {}
     if fe and engine:
@@ -197,7 +217,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--default-interval", action="store_true",
                         help="interval 1 as the worker's default (no stream_interval in the body): a tree "
                              "without the field")
-    parser.add_argument("--skip", type=lambda t: t.split(","), default=[], help="frontend, engine, bare")
+    parser.add_argument("--skip", type=lambda t: t.split(","), default=[], help="frontend, engine, http-engine, bare")
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "hot_paths.json"))
     args = parser.parse_args(argv)
