@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 SSE_DONE = b"data: [DONE]\n\n"
+_CONTENT_TAIL = b'},"logprobs":null,"finish_reason":null}]}\n\n'
 _encode = msgspec.json.encode
 
 
@@ -225,6 +226,8 @@ class ChatChunkEncoder(_ChunkTemplates):
                 b'"finish_reason":null}]}\n\n')
 
     def content(self, text: str, logprobs: dict[str, Any] | None = None) -> bytes:
+        if logprobs is None:  # the common event: one encode, the rest preallocated
+            return self._content_head + _encode(text) + _CONTENT_TAIL
         return (self._content_head + _encode(text) + b'},"logprobs":' + _encode(logprobs)
                 + b',"finish_reason":null}]}\n\n')
 
