@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ByteLevelDetokenizer", "token_byte_table"]
 
+_REPLACEMENT_CHAR = "\ufffd"
+
 def _byte_alphabet() -> dict[str, int]:
     """GPT-2's byte-to-unicode map, inverted: the character each byte is written as -> the byte."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -65,23 +67,38 @@ def token_byte_table(backend: "tokenizers.Tokenizer") -> tuple[bytes, ...] | Non
 class ByteLevelDetokenizer:
     """``IncrementalDetokenizer``'s interface (``add``, ``flush``) over a token byte table."""
 
-    __slots__ = ("_table", "_decode")
+    __slots__ = ("_table", "_decoder", "_held_text")
 
     def __init__(self, table: Sequence[bytes]) -> None:
         self._table = table
-        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._held_text = ""
 
     def add(self, new_token_ids: list[int]) -> str:
-        """Text that the new tokens complete; empty while a character is split."""
+        """Text that the new tokens complete; empty while a character is split.
+
+        As the generic detokenizer, nothing goes out while a character is split,
+        not even the complete ones before it: the same events for the same tokens.
+        (A stray byte's U+FFFD stays in the text, as in a whole-sequence decode.)"""
         table = self._table
         try:
-            if len(new_token_ids) == 1:
-                return self._decode(table[new_token_ids[0]])
-            return self._decode(b"".join([table[token_id] for token_id in new_token_ids]))
+            data = table[new_token_ids[0]] if len(new_token_ids) == 1 else b"".join(
+                [table[token_id] for token_id in new_token_ids])
         except IndexError:  # a model row past the tokenizer's vocabulary: decode() drops those ids
-            size = len(table)
-            return self._decode(b"".join([table[t] for t in new_token_ids if t < size]))
+            data = b"".join([table[token_id] for token_id in new_token_ids if token_id < len(table)])
+        text = self._decoder.decode(data)
+        if not text:  # nothing new (a special token, a character's first bytes): what is held stays held
+            return ""
+        # Held while a character is split or the text ends in U+FFFD (a stray byte that a later
+        # token may still explain), as the generic detokenizer holds it.
+        if self._decoder.getstate()[0] or text.endswith(_REPLACEMENT_CHAR):
+            self._held_text += text
+            return ""
+        if self._held_text:
+            text, self._held_text = self._held_text + text, ""
+        return text
 
     def flush(self) -> str:
         """Everything still held back (the stream ended), an incomplete character as U+FFFD."""
-        return self._decode(b"", final=True)
+        text, self._held_text = self._held_text + self._decoder.decode(b"", final=True), ""
+        return text

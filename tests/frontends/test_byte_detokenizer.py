@@ -73,3 +73,12 @@ def test_a_non_special_added_token_keeps_the_generic_detokenizer(tiny_model_dir)
     assert token_byte_table(backend) is not None
     backend.add_tokens(["<tool_call>"])
     assert token_byte_table(backend) is None
+
+
+def test_random_ids_token_by_token_give_the_generic_detokenizers_events(tokenizer):
+    rng = random.Random(11)
+    for _ in range(300):
+        ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(1, 24))]
+        fast = streamed(make_detokenizer(tokenizer, []), ids, [1] * len(ids))
+        generic = streamed(IncrementalDetokenizer(tokenizer, []), ids, [1] * len(ids))
+        assert fast == generic, ids
