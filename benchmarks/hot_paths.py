@@ -45,7 +45,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontend_scaling import HOST, READY_LINE, Server, check_worker, raw_request, start_bare_app  # noqa: E402
+from frontend_scaling import (  # noqa: E402
+    HOST, READY_LINE, Server, check_worker, free_port, raw_request, start_bare_app, write_report)
 from engine_lanes import measure_engine_lanes  # noqa: E402
 from http_loadgen import LoadResult, LoadSpec, run_in_own_process  # noqa: E402
 
@@ -233,11 +234,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "hot_paths.json"))
     args = parser.parse_args(argv)
-    if args.port is None:
-        import socket
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            args.port = s.getsockname()[1]
+    args.port = free_port() if args.port is None else args.port
     return args
 
 
@@ -248,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hot-paths-") as tmp:
+        make_tiny_model(Path(tmp) / "tiny-test", size="test")
         model_dir = Path(tmp) / "tiny-test"
-        make_tiny_model(model_dir, size="test")
         for repeat in range(args.repeats):
             print(f"repeat {repeat + 1}/{args.repeats}", flush=True)
             if "frontend" not in args.skip:
@@ -262,10 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     print_targets(targets)
     report = {"config": {**vars(args), "cores": len(os.sched_getaffinity(0))}, "runs": rows, "targets": targets,
               "capacity": capacity, "wall_s": round(time.monotonic() - started, 1)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"\nwrote {out} ({report['wall_s']} s)")
+    write_report(report, Path(args.out))
     return 0
 
 
