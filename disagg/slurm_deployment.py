@@ -37,7 +37,7 @@ PYTHON = "python"
 """The interpreter steps run: the one ``slurm.env_setup`` puts first on PATH (or the submitter's PATH)."""
 CANCEL_WAIT_SECONDS = 60.0
 _RUNTIME_FILES = ("cluster.key", "orchestrator.url", "orchestrator.json", "nodes", SLURM_STATE_FILE)
-_RUNTIME_DIRS = ("orchestrator", "state", "submitit")
+_RUNTIME_DIRS = ("orchestrator", "state", "submitit", "ranks")
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -66,6 +66,8 @@ def _worker_argv(config: DeployConfig, worker: WorkerPlacement, model: str) -> l
     argv = [PYTHON, "-m", "slurm.step", "worker", "--run-dir", RUN_DIR, "--",
             PYTHON, "-m", "disagg.cli", "serve", model, "--role", pool.role or worker.pool,
             "--host", "0.0.0.0", "--port", str(worker.port), "--num-frontends", str(worker.frontends)]
+    if pool.tensor_parallel_size > 1:  # every task of the step runs this line; slurm.step says which rank
+        argv += ["--tensor-parallel-size", str(pool.tensor_parallel_size)]
     options = {**engine.serve_options(),
                "--served-model-name": config.served_model_name,
                "--tool-call-parser": config.tool_call_parser,
@@ -106,13 +108,11 @@ def run_render(args: argparse.Namespace) -> int:
 # -- up ----------------------------------------------------------------------------------------
 
 def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
-    from disagg.deploy_config import check_runnable
     from slurm.jobs import job_in_queue
     from slurm.rendezvous import LOGS_DIR, create_cluster_key
     from slurm.submit import submit_with_submitit
 
     config = dataclasses.replace(config, launcher="slurm")
-    check_runnable(config)
     plan = build_slurm_plan(config, str(Path(config_path).resolve()))
     state = _read_state(run_dir)
     if state is not None and job_in_queue(state["job_id"]):
@@ -127,7 +127,8 @@ def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
     ports = {worker.name: worker.port for worker in config.placement()}
     job_id = submit_with_submitit(plan, run_dir / "submitit", Path.cwd(), env={"DISAGG_RUN_DIR": str(run_dir)})
     state = {"launcher": "slurm", "job_id": job_id, "config": str(config_path), "job_name": config.slurm.job_name,
-             "steps": [{"name": s.name, "port": ports.get(s.name, config.orchestrator.port)} for s in plan.steps],
+             "steps": [{"name": s.name, "port": ports.get(s.name, config.orchestrator.port), "ranks": s.num_tasks}
+                       for s in plan.steps],
              "orchestrator_port": config.orchestrator.port}
     tmp = run_dir / f".{SLURM_STATE_FILE}"
     tmp.write_text(json.dumps(state, indent=2))
@@ -213,10 +214,15 @@ def _print_failing_logs(run_dir: Path, state: dict[str, Any], lines: int = 20) -
 
 def running_steps(job_id: int) -> dict[str, str]:
     """Step name -> step id (JOB.STEP) of the job's steps Slurm still runs."""
-    result = subprocess.run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"], capture_output=True,
+    return {name: step_id for name, (step_id, _) in _running_step_nodes(job_id).items()}
+
+
+def _running_step_nodes(job_id: int) -> dict[str, tuple[str, str]]:
+    """Step name -> (step id, the step's node list as Slurm writes it, e.g. n[11-14])."""
+    result = subprocess.run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %N %j"], capture_output=True,
                             text=True, timeout=30)
-    steps = (line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
-    return {name.strip(): step_id for step_id, name in steps}
+    steps = (line.split(None, 2) for line in result.stdout.splitlines() if line.strip())
+    return {name.strip(): (step_id, nodes) for step_id, nodes, name in steps}
 
 
 def slurm_status(run_dir: Path) -> int:
@@ -238,12 +244,12 @@ def slurm_status(run_dir: Path) -> int:
         print(f"  the job was {info.state.lower().replace('_', ' ')}; `disagg down` cleans up, `disagg up` restarts")
     if info.state != "RUNNING":
         return 1
-    running = running_steps(job_id)
+    running = _running_step_nodes(job_id)
     url = read_orchestrator_url(run_dir)
     view = _cluster_info(url) if url else None
     by_port = {int(w["url"].rstrip("/").rsplit(":", 1)[-1]): w for w in (view or [])}
     for step in state["steps"]:
-        where = f"step {running[step['name']]} running" if step["name"] in running else "step ENDED"
+        where = f"step {running[step['name']][0]} running" if step["name"] in running else "step ENDED"
         worker = by_port.get(step["port"])
         if step["name"] == "orchestrator":
             seen = f"on {url}" if url else "not answering yet"
@@ -253,10 +259,31 @@ def slurm_status(run_dir: Path) -> int:
             seen = (f"{worker['worker_id']} {'healthy' if worker['healthy'] else 'UNHEALTHY'}; "
                     f"in flight {worker['in_flight_requests']}")
         print(f"  {step['name']:<14} {where:<22} {seen}")
+        if step.get("ranks", 1) > 1:
+            print(f"  {'':<14} {_ranks_line(run_dir, step, running.get(step['name']))}")
     if view is None:
         print("  the orchestrator does not answer /cluster_info")
         return 1
     return 0
+
+
+def _ranks_line(run_dir: Path, step: dict[str, Any], running: tuple[str, str] | None) -> str:
+    """Where a TP worker's ranks run: Slurm's node list for the step, and rank 0's table of every
+    rank's node (slurm.ranks) once it has written one."""
+    from slurm.ranks import read_rank_table
+
+    line = f"{step['ranks']} ranks on {running[1] if running else '-'}"
+    table = read_rank_table(run_dir, step["name"])
+    if table is None or len(table["nodes"]) != step["ranks"]:
+        return line
+    spans: list[tuple[str, int, int]] = []  # (node, first rank, last rank), ranks consecutive on a node
+    for rank, node in enumerate(table["nodes"]):
+        if spans and spans[-1][0] == node and spans[-1][2] == rank - 1:
+            spans[-1] = (node, spans[-1][1], rank)
+        else:
+            spans.append((node, rank, rank))
+    ranks = ", ".join(f"{node} {a}" if a == b else f"{node} {a}-{b}" for node, a, b in spans)
+    return f"{line}: {ranks}; rank 0 at {table['master']}"
 
 
 def _cluster_info(url: str) -> list[dict[str, Any]] | None:

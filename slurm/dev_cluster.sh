@@ -218,7 +218,8 @@ write_emulated_conf() {
                 "RealMemory=$EMU_NODE_MEM$gres State=UNKNOWN"
         done
         # DefCpuPerGPU=1: without it a GPU step takes every CPU of the node per task and does not fit.
-        echo "PartitionName=emu Nodes=n[0-$last] Default=YES MaxTime=INFINITE State=UP DefCpuPerGPU=1"
+        # "batch": the partition configs/dsv4.yaml names, so that it runs here unchanged.
+        echo "PartitionName=batch Nodes=n[0-$last] Default=YES MaxTime=INFINITE State=UP DefCpuPerGPU=1"
     } >"$CONF"
     # Only where nothing is there: the single-node cluster keeps /etc/slurm/slurm.conf.
     if [[ ! -e $ETC_CONF && ! -L $ETC_CONF ]]; then
