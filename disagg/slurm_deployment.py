@@ -259,7 +259,7 @@ def slurm_status(run_dir: Path) -> int:
             seen = (f"{worker['worker_id']} {'healthy' if worker['healthy'] else 'UNHEALTHY'}; "
                     f"in flight {worker['in_flight_requests']}")
         print(f"  {step['name']:<14} {where:<22} {seen}")
-        if step.get("ranks", 1) > 1:
+        if step["name"] != "orchestrator" and "ranks" in step:
             print(f"  {'':<14} {_ranks_line(run_dir, step, running.get(step['name']))}")
     if view is None:
         print("  the orchestrator does not answer /cluster_info")
@@ -272,8 +272,8 @@ def _ranks_line(run_dir: Path, step: dict[str, Any], running: tuple[str, str] | 
     rank's node (slurm.ranks) once it has written one."""
     from slurm.ranks import read_rank_table
 
-    line = f"{step['ranks']} ranks on {running[1] if running else '-'}"
-    table = read_rank_table(run_dir, step["name"])
+    line = f"{step['ranks']} {'rank' if step['ranks'] == 1 else 'ranks'} on {running[1] if running else '-'}"
+    table = read_rank_table(run_dir, step["name"]) if step["ranks"] > 1 else None
     if table is None or len(table["nodes"]) != step["ranks"]:
         return line
     spans: list[tuple[str, int, int]] = []  # (node, first rank, last rank), ranks consecutive on a node

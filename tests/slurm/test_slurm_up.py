@@ -71,11 +71,13 @@ def test_up_serves_through_the_orchestrator_and_status_shows_every_step(deployme
     assert (deployment / "cluster.key").stat().st_mode & 0o777 == 0o600
     status = _disagg("status", "--run-dir", str(deployment))
     assert status.returncode == 0, status.stdout + status.stderr
-    lines = status.stdout.splitlines()
+    lines = [line for line in status.stdout.splitlines() if not line.startswith(" " * 17)]
     assert " RUNNING (None) on " in lines[0]
     assert [line.split()[0] for line in lines[1:]] == ["orchestrator", "ctx-0", "ctx-1", "gen-0"]
     assert all(" running " in line for line in lines[1:])
     assert all(line.endswith("healthy; in flight 0") and "UNHEALTHY" not in line for line in lines[2:])
+    node = status.stdout.split(" RUNNING (None) on ")[1].split(",")[0]
+    assert status.stdout.count(f"\n{' ' * 17}1 rank on {node}\n") == 3  # every worker's nodes and ranks
     logs = _disagg("logs", "ctx-0", "--run-dir", str(deployment))
     assert logs.returncode == 0 and "registered with http://" in logs.stdout
 
