@@ -1,6 +1,10 @@
 """configs/tp-emulated.yaml on the emulated multi-node Slurm: torch-engine TP-2 workers (ctx on one
 node, gen across two) serving through the orchestrator, with greedy tokens equal to one aggregated
-TP-1 worker's; `disagg status` shows where every rank runs; `disagg down` leaves nothing behind."""
+TP-1 worker's; `disagg status` shows where every rank runs; `disagg down` leaves nothing behind.
+
+Two comparisons, so that a failure says which part broke: the gen worker asked directly (its two
+ranks on two nodes, no KV transfer), and the disaggregated path through the orchestrator (the KV
+of a TP-2 ctx worker pulled into a TP-2 gen worker)."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(420)]
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "tp-emulated.yaml"
-ORCHESTRATOR_PORT = 18300  # configs/tp-emulated.yaml
+ORCHESTRATOR_PORT, GEN_PORT = 18300, 18320  # configs/tp-emulated.yaml
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "1, 2, 3, 5, 8,", "Tensor parallelism splits"]
 MAX_TOKENS = 12
@@ -48,6 +52,20 @@ def _processes_mentioning(text: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
+def reference(deployment: Path) -> list[str]:
+    """The prompts' greedy completions on one aggregated TP-1 worker of the same model, on this machine."""
+    url, worker = start_worker(deployment / "model", num_frontends=1, engine="torch",
+                               extra_args=["--role", "both", "--device", "cpu", "--dtype", "float32",
+                                           "--block-size", "16"], timeout=120)
+    try:
+        texts = _greedy(url)
+    finally:
+        assert stop_worker(worker) == 0
+    assert all(texts)
+    return texts
+
+
+@pytest.fixture(scope="module")
 def deployment(emulated_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     run_dir = tmp_path_factory.mktemp("tp-emulated")
     up = _disagg(emulated_cluster, "up", str(CONFIG), "--run-dir", str(run_dir))
@@ -63,18 +81,15 @@ def _greedy(base_url: str) -> list[str]:
                                       extra_body={"ignore_eos": True}).choices[0].text for prompt in PROMPTS]
 
 
-def test_tp2_workers_across_nodes_match_one_tp1_worker(deployment: Path, emulated_cluster: dict[str, str]) -> None:
-    disaggregated = _greedy(f"http://{socket.gethostname()}:{ORCHESTRATOR_PORT}")
-    url, reference = start_worker(deployment / "model", num_frontends=1, engine="torch",
-                                  extra_args=["--role", "both", "--device", "cpu", "--dtype", "float32",
-                                              "--block-size", "16"], timeout=120)
-    try:
-        aggregated = _greedy(url)
-    finally:
-        assert stop_worker(reference) == 0
-    assert disaggregated == aggregated
-    assert all(text for text in aggregated)
+def test_a_tp2_worker_across_two_nodes_matches_one_tp1_worker(deployment: Path, reference: list[str]) -> None:
+    assert _greedy(f"http://{socket.gethostname()}:{GEN_PORT}") == reference
 
+
+def test_disaggregated_tp2_to_tp2_matches_one_tp1_worker(deployment: Path, reference: list[str]) -> None:
+    assert _greedy(f"http://{socket.gethostname()}:{ORCHESTRATOR_PORT}") == reference
+
+
+def test_status_shows_every_rank_on_its_node(deployment: Path, emulated_cluster: dict[str, str]) -> None:
     status = _disagg(emulated_cluster, "status", "--run-dir", str(deployment))
     assert status.returncode == 0, status.stdout + status.stderr
     lines = [line.strip() for line in status.stdout.splitlines()]
