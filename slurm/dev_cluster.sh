@@ -31,7 +31,9 @@
 #   sbatch -> RUNNING .................... 0.9 s (batch_sched_delay=0,sched_min_interval=0; ~3 s without)
 #   srun -n 2 --mpi=pmix hostname ........ 0.24 s
 #   rendered 4-step script, sbatch -> COMPLETED 1.9 s; through submitit 1.6 s
-#   emulated up, 15 nodes x 4 GPUs ....... 1.3 s with munged running; the slurmds ~110 MB in all
+#   up --nodes 15 --gpus-per-node 4 ..... 1.5 s until every node is idle; 15 slurmds ~95 MB RSS in all
+#   down --emulated ...................... 2.3 s
+#   srun --mpi=pmix, 4 ranks on 2 nodes, mpi4py import + allreduce: 2.7 s (machine busy)
 set -euo pipefail
 
 # Emulated multi-node mode: --nodes/--gpus-per-node on `up`, --emulated on status/down.

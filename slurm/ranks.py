@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +35,15 @@ RANKS_DIR = "ranks"
 <run dir>/ranks/<job>.<step>.addr: rank 0's address for ranks that have no MPI."""
 _POLL_SECONDS = 0.1
 _ADDRESS_TIMEOUT = 120.0
+_MPI_TIMEOUT = 120.0
+"""A rank whose MPI start and two collectives take longer exits (and srun --kill-on-bad-exit ends
+the step): a worker that cannot form its group fails with a log line instead of hanging."""
 # The Open MPI wheel's PMIx has neither Slurm's munge security module nor its ds12/ds21 stores:
 # with slurmd's values every rank prints "find-available:not-valid" twice before falling back.
 _PMIX_OVERRIDES = {"PMIX_SECURITY_MODE": "native", "PMIX_GDS_MODULE": "hash"}
+# Two tiny collectives need no shared-memory transport, and Open MPI names its shared-memory
+# segments after the host name, which every emulated node shares: TCP only, unless set.
+_MPI_DEFAULTS = {"OMPI_MCA_btl": "self,tcp"}
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,24 @@ def _node(environ: Mapping[str, str]) -> str:
 
 def _from_mpi(environ: Mapping[str, str]) -> TaskRank:
     os.environ.update(_PMIX_OVERRIDES)
+    for key, value in _MPI_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    watchdog = threading.Timer(_MPI_TIMEOUT, _give_up, args=(environ,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        return _mpi_rank(environ)
+    finally:
+        watchdog.cancel()
+
+
+def _give_up(environ: Mapping[str, str]) -> None:
+    print(f"slurm.ranks: task {environ.get('SLURM_PROCID', '?')} on {_node(environ)}: MPI start-up and rank "
+          f"discovery took more than {_MPI_TIMEOUT:.0f} s; exiting", file=sys.stderr, flush=True)
+    os._exit(1)  # the main thread is stuck inside MPI: nothing else would end it
+
+
+def _mpi_rank(environ: Mapping[str, str]) -> TaskRank:
     from mpi4py import MPI  # MPI_Init here; only the tasks of a TP step pay for it
 
     comm = MPI.COMM_WORLD

@@ -18,6 +18,7 @@ from typing import Iterator
 import openai
 import pytest
 
+from slurm_processes import processes_mentioning
 from worker_process import start_worker, stop_worker
 
 # The torch engine's tensor parallelism (workers/rank_follower.py) comes from the `tp` branch.
@@ -37,18 +38,6 @@ def _disagg(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess
     env = {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"}
     return subprocess.run([sys.executable, "-m", "disagg.cli", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline and proc.name != str(os.getpid()):
-            found.append(f"{proc.name}: {cmdline}")
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -106,4 +95,4 @@ def test_down_leaves_an_empty_queue_and_no_process(deployment: Path, emulated_cl
     queue = subprocess.run(["squeue", "-h", "-n", "tp-emulated", "-o", "%i"], env=emulated_cluster,
                            capture_output=True, text=True, timeout=30)
     assert queue.stdout.split() == []
-    assert _processes_mentioning(str(deployment)) == []
+    assert processes_mentioning(str(deployment)) == []

@@ -15,6 +15,8 @@ from typing import Iterator
 import openai
 import pytest
 
+from slurm_processes import processes_mentioning
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,18 +34,6 @@ def _disagg(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str
 def _job_ids(name: str) -> list[str]:
     result = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=30)
     return result.stdout.split()
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline and proc.name != str(os.getpid()):
-            found.append(f"{proc.name}: {cmdline}")
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +97,7 @@ def test_down_cancels_the_job_and_leaves_nothing_running(deployment: Path) -> No
     down = _disagg("down", "--run-dir", str(deployment))
     assert down.returncode == 0, down.stderr
     assert _job_ids("dsv4-scaled") == []
-    assert _processes_mentioning(str(deployment)) == []
+    assert processes_mentioning(str(deployment)) == []
     assert sorted(p.name for p in deployment.iterdir()) == ["logs", "model"]
     status = _disagg("status", "--run-dir", str(deployment))
     assert status.returncode == 1
@@ -127,7 +117,7 @@ def test_cancelled_job_is_reported_as_cancelled(slurm_cluster: str, tmp_path: Pa
     assert status.returncode == 1
     assert status.stdout.splitlines()[1] == "  the job was cancelled; `disagg down` cleans up, `disagg up` restarts"
     assert _disagg("down", "--run-dir", str(run_dir)).returncode == 0
-    assert _job_ids("dsv4-scaled") == [] and _processes_mentioning(str(run_dir)) == []
+    assert _job_ids("dsv4-scaled") == [] and processes_mentioning(str(run_dir)) == []
 
 
 def _failing_config(tmp_path: Path, name: str, **replace: str) -> Path:
@@ -152,7 +142,7 @@ def test_up_whose_orchestrator_dies_cancels_its_job_and_shows_its_log(slurm_clus
     assert f"==> {run_dir / 'logs' / 'orchestrator.log'} (last 20 lines) <==" in up.stderr
     assert "Address already in use" in up.stderr
     assert _job_ids("dsv4-fail") == []
-    assert _processes_mentioning(str(run_dir)) == []
+    assert processes_mentioning(str(run_dir)) == []
 
 
 def test_up_that_times_out_cancels_its_job(slurm_cluster: str, tmp_path: Path) -> None:
