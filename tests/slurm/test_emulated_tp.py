@@ -8,10 +8,13 @@ of a TP-2 ctx worker pulled into a TP-2 gen worker)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -87,6 +90,37 @@ def test_status_shows_every_rank_on_its_node(deployment: Path, emulated_cluster:
     assert ctx_ranks.startswith("2 ranks on n0: n0 0-1; rank 0 at "), status.stdout
     assert gen_ranks.startswith("2 ranks on n[1-2]: n1 0, n2 1; rank 0 at "), status.stdout
     assert status.stdout.count(" healthy; in flight 0") == 2, status.stdout
+
+
+def _step_processes(job_id: int, step: str) -> dict[int, dict[str, str]]:
+    """pid -> the Slurm/TP variables of every process of one step of the job (tasks and their children)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            pairs = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        env = dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+        if env.get("SLURM_JOB_ID") == str(job_id) and env.get("SLURM_JOB_NAME") == step and proc.name.isdigit():
+            found[int(proc.name)] = {k: v for k, v in env.items() if k.startswith(("DISAGG_TP_", "SLURMD_"))}
+    return found
+
+
+def test_a_killed_rank_ends_its_worker_step(deployment: Path, emulated_cluster: dict[str, str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from disagg.slurm_deployment import running_steps
+
+    monkeypatch.setenv("SLURM_CONF", emulated_cluster["SLURM_CONF"])
+    job_id = json.loads((deployment / "slurm.json").read_text())["job_id"]
+    processes = _step_processes(job_id, "gen-0")
+    follower = next(pid for pid, env in processes.items() if env.get("DISAGG_TP_RANK") == "1")
+    assert processes[follower]["SLURMD_NODENAME"] == "n2"  # gen-0's second rank, on its second node
+    os.kill(follower, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while "gen-0" in running_steps(job_id) or _step_processes(job_id, "gen-0"):
+        assert time.monotonic() < deadline, _step_processes(job_id, "gen-0")
+        time.sleep(0.2)
+    assert "ctx-0" in running_steps(job_id)  # the other worker goes on
 
 
 def test_down_leaves_an_empty_queue_and_no_process(deployment: Path, emulated_cluster: dict[str, str]) -> None:
