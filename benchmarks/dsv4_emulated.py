@@ -17,8 +17,8 @@ What it does, in order, and what it measures:
 
 Prints the figures, PASS/FAIL for the acceptance checks, and writes JSON (``--out``). Not part of
 CI. Measured on the 2-core, 24 GB machine (busy with other work) with the engine's TP ranks: the
-whole run 89 s; start-up 58.9 s; 186 processes, RSS 8.3 GiB, PSS 4.8 GiB; 500 requests of 16
-tokens at concurrency 32 in 12.0 s = 41.8 requests/s; `disagg down` 13.6 s.
+whole run 88 s; start-up 59.1 s; 186 processes, RSS 8.4 GiB, PSS 4.8 GiB; 500 requests of 16
+tokens at concurrency 32 in 11.2 s = 44.7 requests/s; `disagg down` 13.7 s.
 
     sudo python benchmarks/dsv4_emulated.py [--config configs/dsv4.yaml] [--requests 500]
         [--concurrency 32] [--max-tokens 16] [--out benchmarks/results/dsv4_emulated.json]
