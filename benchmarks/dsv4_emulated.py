@@ -160,8 +160,11 @@ def main() -> int:
         print(status.stdout, flush=True)
         rank_lines = [line.strip() for line in status.stdout.splitlines() if " rank" in line and " on " in line
                       and line.startswith(" " * 17)]
-        check(results, "status shows every worker's nodes and ranks",
-              status.returncode == 0 and len(rank_lines) == 12 and "16 ranks on n[11-14]" in status.stdout,
+        planned = [f"4 ranks on n{i}: n{i} 0-3; " for i in range(11)]  # ctx-i on node i, gen-0 on the last 4
+        planned.append("16 ranks on n[11-14]: n11 0-3, n12 4-7, n13 8-11, n14 12-15; ")
+        check(results, "status shows every worker's ranks on its planned nodes",
+              status.returncode == 0 and len(rank_lines) == 12
+              and all(line.startswith(plan) for line, plan in zip(rank_lines, planned)),
               f"{len(rank_lines)} rank lines")
         pids = job_processes(job_id)
         rss, pss = memory_kib(pids)
