@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -115,3 +116,15 @@ def test_a_tp_step_finds_its_ranks_and_rank_0(emulated_cluster: dict[str, str], 
     assert table["world_size"] == 6 and table["via"] == via
     if mpi == "pmix":  # the allgather knows every rank's node; Slurm's variables only this one's
         assert table["nodes"] == ["n1", "n1", "n1", "n3", "n3", "n3"]
+
+
+def test_status_lists_every_emulated_slurmd(emulated_cluster: dict[str, str]) -> None:
+    script = Path(__file__).parents[2] / "slurm" / "dev_cluster.sh"
+    result = subprocess.run([str(script), "status", "--emulated"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    nodes = lines.index("SLURM_CONF=/tmp/disagg-slurm-emu/slurm.conf") - 1  # slurmctld, then a slurmd a node
+    assert nodes >= 4 and lines[0].startswith("slurmctld: running (pid ")
+    assert [line.split(":")[0] for line in lines[1:nodes + 1]] == [f"slurmd-n{i}" for i in range(nodes)]
+    assert [line.split() for line in lines[nodes + 3:2 * nodes + 3]] == \
+        [[f"n{i}", "idle", "8", "1500"] for i in range(nodes)]  # CPUs=8 RealMemory=1500 per node
