@@ -97,30 +97,34 @@ def _from_mpi(environ: Mapping[str, str]) -> TaskRank:
     os.environ.update(_PMIX_OVERRIDES)
     for key, value in _MPI_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    watchdog = threading.Timer(_MPI_TIMEOUT, _give_up, args=(environ,))
+    phase = ["MPI_Init"]  # where the main thread is, for the watchdog's message
+    watchdog = threading.Timer(_MPI_TIMEOUT, _give_up, args=(environ, phase))
     watchdog.daemon = True
     watchdog.start()
     try:
-        return _mpi_rank(environ)
+        return _mpi_rank(environ, phase)
     finally:
         watchdog.cancel()
 
 
-def _give_up(environ: Mapping[str, str]) -> None:
-    print(f"slurm.ranks: task {environ.get('SLURM_PROCID', '?')} on {_node(environ)}: MPI start-up and rank "
-          f"discovery took more than {_MPI_TIMEOUT:.0f} s; exiting", file=sys.stderr, flush=True)
+def _give_up(environ: Mapping[str, str], phase: list[str]) -> None:
+    print(f"slurm.ranks: task {environ.get('SLURM_PROCID', '?')} on {_node(environ)}: still in {phase[0]} after "
+          f"{_MPI_TIMEOUT:.0f} s of MPI rank discovery; exiting", file=sys.stderr, flush=True)
     os._exit(1)  # the main thread is stuck inside MPI: nothing else would end it
 
 
-def _mpi_rank(environ: Mapping[str, str]) -> TaskRank:
+def _mpi_rank(environ: Mapping[str, str], phase: list[str]) -> TaskRank:
     from mpi4py import MPI  # MPI_Init here; only the tasks of a TP step pay for it
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     # The address other nodes reach this one by: its host name, as the worker's other advertised URLs.
     address = (socket.gethostname(), free_port_pair()) if rank == 0 else None
+    phase[0] = "the broadcast of rank 0's address"
     master_addr, master_port = comm.bcast(address, root=0)
+    phase[0] = "the allgather of the nodes"
     nodes = tuple(comm.allgather(_node(environ)))
+    phase[0] = "MPI_Finalize"
     MPI.Finalize()
     return TaskRank(rank=rank, world_size=size, local_rank=nodes[:rank].count(nodes[rank]),
                     master_addr=master_addr, master_port=master_port, nodes=nodes, via="mpi")

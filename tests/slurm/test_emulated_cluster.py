@@ -17,7 +17,7 @@ from slurm.jobs import TERMINAL_STATES, cancel_job, job_in_queue, wait_for_state
 from slurm.rendezvous import publish_orchestrator_url
 from slurm.submit import submit_script
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(200)]
 
 PLACEMENT_SCRIPT = """#!/bin/bash
 #SBATCH --nodes=4
@@ -65,7 +65,8 @@ def _run_job(tmp_path: Path, script_text: str, env: dict[str, str], monkeypatch:
     script.write_text(script_text)
     job_id = submit_script(script, tmp_path, env={"SLURM_CONF": env["SLURM_CONF"]})
     try:
-        info = wait_for_state(job_id, TERMINAL_STATES, timeout=90)
+        # Longer than slurm.ranks' 120 s MPI watchdog: a stuck rank shows its log line here.
+        info = wait_for_state(job_id, TERMINAL_STATES, timeout=150)
         assert (info.state, info.exit_code) == ("COMPLETED", "0:0"), (info, _outputs(tmp_path))
     finally:
         if job_in_queue(job_id):
