@@ -37,8 +37,8 @@ SLURM_STATE_FILE = "slurm.json"
 PYTHON = "python"
 """The interpreter steps run: the one ``slurm.env_setup`` puts first on PATH (or the submitter's PATH)."""
 CANCEL_WAIT_SECONDS = 60.0
-_RUNTIME_FILES = ("cluster.key", "orchestrator.url", "orchestrator.json", "nodes", SLURM_STATE_FILE)
-_RUNTIME_DIRS = ("orchestrator", "state", "submitit", "prometheus/targets", "ranks")
+_RUNTIME_FILES = ("cluster.key", "orchestrator.url", "orchestrator.json", "nodes", SLURM_STATE_FILE, "prometheus.yml")
+_RUNTIME_DIRS = ("orchestrator", "state", "submitit", "prometheus", "ranks")
 
 
 # -- the plan ----------------------------------------------------------------------------------
