@@ -305,7 +305,7 @@ def _print_json_status(run_dir: Path, state: dict[str, Any], info: Any) -> int:
     from slurm.rendezvous import read_orchestrator_url
 
     running_job = info is not None and info.state == "RUNNING"
-    steps = running_steps(state["job_id"]) if running_job else {}
+    steps = _running_step_nodes(state["job_id"]) if running_job else {}
     url = read_orchestrator_url(run_dir) if running_job else None
     message = None if running_job else (f"job {state['job_id']} "
                                         f"{'ended' if info is None else f'{info.state} ({info.reason})'}")
@@ -313,7 +313,9 @@ def _print_json_status(run_dir: Path, state: dict[str, Any], info: Any) -> int:
         running=running_job, run_dir=str(run_dir), message=message, launcher="slurm", job_id=state["job_id"],
         config=state["config"], url=url, workers=cluster_workers(url) if url else None,
         processes=[ProcessStatus(name=s["name"], state="running" if s["name"] in steps else "ended",
-                                 step=steps.get(s["name"]), log=str(run_dir / "logs" / f"{s['name']}.log"))
+                                 step=steps.get(s["name"], (None, None))[0], ranks=s.get("ranks"),
+                                 nodes=steps.get(s["name"], (None, None))[1],
+                                 log=str(run_dir / "logs" / f"{s['name']}.log"))
                    for s in state["steps"]], **prometheus_fields(run_dir))
     return print_status(status, as_json=True)
 

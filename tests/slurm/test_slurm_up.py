@@ -77,6 +77,7 @@ def test_up_serves_through_the_orchestrator_and_status_shows_every_step(deployme
     view = json.loads(_disagg("status", "--json", "--run-dir", str(deployment)).stdout)
     assert view["launcher"] == "slurm" and view["running"] and len(view["workers"]) == 3
     assert [p["state"] for p in view["processes"]] == ["running"] * 4
+    assert [(p["nodes"], p["ranks"]) for p in view["processes"]] == [(node, 1)] * 4
     logs = _disagg("logs", "ctx-0", "--run-dir", str(deployment))
     assert logs.returncode == 0 and "registered with http://" in logs.stdout
 
