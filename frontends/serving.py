@@ -136,6 +136,7 @@ class ServingContext:
         logit_bias: tuple[tuple[int, float], ...] = (),
         guided: GuidedDecoding | None = None,
         guided_param: str = "response_format",
+        stream_interval: int | None = None,
     ) -> SamplingParams:
         """Validated SamplingParams, or InvalidRequestError / PromptTooLongError.
 
@@ -174,6 +175,7 @@ class ServingContext:
             min_p=min_p or 0.0,
             logit_bias=logit_bias,
             guided=guided,
+            stream_interval=stream_interval,
         )
         try:
             params.validate()
