@@ -1,0 +1,311 @@
+"""The JSON bodies the apps answer with, as ``msgspec.Struct``s for the OpenAPI schema only.
+
+The handlers build these answers as pre-encoded bytes or dicts (no per-request
+Struct cost on the hot path); these types describe them for ``/openapi.json``
+(``frontends.openapi``), and the tests validate live answers against the
+schemas generated from them, so a field changed in a handler and not here
+fails a test. Request bodies need no twin: their Structs are the ones the
+handlers decode with (``schemas_openai``, ``schemas_anthropic``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+from frontends.batches.schemas import BatchList, CreateBatchRequest, DeletedBatch, MessageBatch
+from frontends.responses.schemas import Item
+from frontends.schemas_openai import Usage
+
+__all__ = [
+    "OpenAIError", "AnthropicError", "EmptyBody", "ChatCompletion", "Completion", "ModelList", "ModelCard",
+    "AnthropicMessage", "InputTokens", "ResponseObject", "DeletedResponse", "ResponseItemList", "TokenizeResult",
+    "DetokenizeResult", "Health", "Version", "WorkerInfo", "ProfileStatus", "BatchList", "CreateBatchRequest",
+    "DeletedBatch", "MessageBatch", "OrchestratorHealth", "ClusterInfo", "WorkerList", "Registration",
+    "RegistrationAck", "WorkerId", "WorkerRef", "Ok",
+]
+
+Nullable = Union[Any, None]
+
+
+# --- errors: the one shape per API (``frontends.errors``) ---------------------------------------------------
+
+
+class OpenAIErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    """The request parameter at fault, when one is."""
+    code: str | None
+
+
+class OpenAIError(msgspec.Struct):
+    """Every error of an OpenAI-shaped route (4xx and 5xx alike)."""
+
+    error: OpenAIErrorDetail
+
+
+class AnthropicErrorDetail(msgspec.Struct):
+    type: str
+    message: str
+
+
+class AnthropicError(msgspec.Struct):
+    """Every error of an Anthropic-shaped route (``/v1/messages*``)."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+class EmptyBody(msgspec.Struct):
+    """No body is needed; one that is sent is ignored."""
+
+
+# --- OpenAI ----------------------------------------------------------------------------------------------
+
+
+class ToolCallFunctionOut(msgspec.Struct):
+    name: str
+    arguments: str
+    """The call's arguments as a JSON text."""
+
+
+class ToolCallOut(msgspec.Struct):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunctionOut
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class ChatChoice(msgspec.Struct):
+    index: int
+    message: AssistantMessage
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class ChatCompletion(msgspec.Struct, kw_only=True):
+    """A non-streaming chat completion. With ``"stream": true`` the answer is instead
+    ``text/event-stream``: ``chat.completion.chunk`` objects, then ``data: [DONE]``."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    disaggregated_params: dict[str, Any] | None = None
+    """Only on a context-only leg of a disaggregated request (``frontends.disaggregation``)."""
+    prompt_token_ids: list[int] | None = None
+    """Only on a context-only leg."""
+
+
+class CompletionChoice(msgspec.Struct):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class Completion(msgspec.Struct, kw_only=True):
+    """A non-streaming completion; with ``"stream": true``, ``text_completion`` chunks over SSE."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    disaggregated_params: dict[str, Any] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class ModelCard(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str | None = None
+    max_model_len: int | None
+    """The longest prompt + output this server takes; null until known (the orchestrator before any worker)."""
+
+
+class ModelList(msgspec.Struct):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class TokenizeResult(msgspec.Struct):
+    count: int
+    max_model_len: int | None
+    tokens: list[int]
+    token_strs: list[str] | None
+
+
+class DetokenizeResult(msgspec.Struct):
+    prompt: str
+
+
+# --- Anthropic ------------------------------------------------------------------------------------------
+
+
+class AnthropicUsage(msgspec.Struct):
+    input_tokens: int
+    """Prompt tokens not read from the prefix cache."""
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    output_tokens: int
+
+
+class AnthropicMessage(msgspec.Struct, kw_only=True):
+    """A non-streaming message; with ``"stream": true``, Anthropic's event stream (``message_start`` ...
+    ``message_stop``)."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[dict[str, Any]]
+    """Text and ``tool_use`` blocks in the model's order."""
+    stop_reason: str | None
+    stop_sequence: str | None
+    usage: AnthropicUsage
+    disaggregated_params: dict[str, Any] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class InputTokens(msgspec.Struct):
+    input_tokens: int
+
+
+# --- Responses ------------------------------------------------------------------------------------------
+
+
+class ResponseObject(msgspec.Struct, kw_only=True):
+    """A response; with ``"stream": true``, the Responses event stream (``response.created`` ...
+    ``response.completed``)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: float
+    status: str
+    model: str
+    output: list[Item]
+    usage: dict[str, Any] | None
+    error: dict[str, Any] | None = None
+    incomplete_details: dict[str, Any] | None = None
+    instructions: Nullable = None
+    previous_response_id: str | None = None
+
+
+class DeletedResponse(msgspec.Struct):
+    id: str
+    object: Literal["response"]
+    deleted: bool
+
+
+class ResponseItemList(msgspec.Struct, kw_only=True):
+    object: Literal["list"]
+    data: list[Item]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
+# --- the worker's own routes ----------------------------------------------------------------------------
+
+
+class Health(msgspec.Struct):
+    status: Literal["ok"]
+
+
+class Version(msgspec.Struct):
+    version: str
+
+
+class WorkerInfo(msgspec.Struct):
+    """What an orchestrator needs to route to this worker."""
+
+    role: str
+    model: str
+    kv_endpoint: str | None
+    block_size: int
+    hash_seed: int
+    max_model_len: int
+    vocab_size: int
+    server_time: float
+    """This worker's clock (Unix seconds): the orchestrator measures the offset from it."""
+
+
+class ProfileStatus(msgspec.Struct, kw_only=True):
+    status: Literal["profiling", "stopped"]
+    trace: str | None = None
+    """Where the trace was written (``/stop_profile``)."""
+
+
+# --- the orchestrator's own routes ----------------------------------------------------------------------
+
+
+class OrchestratorHealth(msgspec.Struct):
+    status: Literal["ok"]
+    process_index: int
+    """Which of the orchestrator's processes answered."""
+    processes: int
+
+
+class WorkerRef(msgspec.Struct, kw_only=True):
+    """A worker as the orchestrator knows it (``orchestrator.registry.WorkerRecord``)."""
+
+    worker_id: str
+    role: str
+    url: str
+    static: bool
+    healthy: bool
+    kv_endpoint: str | None = None
+
+
+class ClusterInfo(msgspec.Struct, kw_only=True):
+    model: str
+    process_index: int
+    processes: int
+    state_version: int
+    ctx_router: dict[str, Any]
+    gen_router: dict[str, Any]
+    conditional: dict[str, Any]
+    workers: list[dict[str, Any]]
+    """Each a ``WorkerRef`` with its load (``in_flight_requests``, ``in_flight_tokens``) and cached blocks."""
+
+
+class WorkerList(msgspec.Struct):
+    workers: list[dict[str, Any]]
+    """Each a ``WorkerRef`` with its health counters and limits."""
+
+
+class Registration(msgspec.Struct, kw_only=True):
+    """A worker announcing itself; it must then heartbeat within the TTL."""
+
+    role: Literal["ctx", "gen", "both"]
+    url: str
+    kv_endpoint: str | None = None
+    worker_id: str | None = None
+    """A restarted worker keeps its id."""
+
+
+class RegistrationAck(msgspec.Struct):
+    worker_id: str
+    ttl_seconds: float
+    heartbeat_seconds: float
+
+
+class WorkerId(msgspec.Struct):
+    worker_id: str
+
+
+class Ok(msgspec.Struct):
+    ok: bool

@@ -1,0 +1,131 @@
+"""/openapi.json and /docs of a real K=2 worker (launcher + attached frontend, synthetic engine).
+
+The schema documents every route that either frontend app serves (walked from the apps built
+in-process, as ``disagg serve`` builds them), with a request schema for every POST and answer schemas;
+live answers, errors included, validate against it; every frontend serves the same document.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+import pytest
+
+from frontends.openapi import undocumented_routes, unserved_docs
+from frontends.openapi_routes import WORKER_DOCS
+from frontends.serving import FrontendConfig
+from frontends.worker_app import make_attached_app, make_launcher_app
+from openapi_check import check_answer, documented, operation_problems
+from worker_process import start_worker, stop_worker
+from workers.attach import AttachInfo
+from workers.protocol import EngineInfo
+
+MODEL = "tiny-test"
+USER = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_model_dir):
+    url, proc = start_worker(tiny_model_dir, num_frontends=2)
+    with httpx.Client(base_url=url, timeout=30) as http:
+        yield http, http.get("/openapi.json").json()
+    assert stop_worker(proc) == 0
+
+
+def _apps(tiny_model_dir, tokenizer, tmp_path):
+    engine = EngineInfo("synthetic", 256, 512, [2], 16, 64)
+    attach = AttachInfo(str(tmp_path), "00" * 32, 1, 2, os.getpid(), os.getpid(), engine, "127.0.0.1", 1)
+    config = FrontendConfig.for_model_dir(tiny_model_dir)
+
+    class NoClient:
+        on_request_done = None
+
+    launcher = make_launcher_app(NoClient(), tokenizer, config, attach, control=lambda r, t: None,
+                                 config_labels={"model": "tiny"}, state_dir=tmp_path / "state")
+    return {"launcher": launcher.app, "attached": make_attached_app(NoClient(), tokenizer, config, attach)}
+
+
+def test_every_served_route_is_documented(worker, tiny_model_dir, tokenizer, tmp_path):
+    http, doc = worker
+    assert operation_problems(doc) == []
+    for name, app in _apps(tiny_model_dir, tokenizer, tmp_path).items():
+        assert undocumented_routes(app.routes, documented(doc)) == [], name
+        assert unserved_docs(app.routes, WORKER_DOCS) == [], name
+    assert documented(doc) == {(d.method, d.path) for d in WORKER_DOCS}
+    # A route the table forgot is caught (the check can fail).
+    from starlette.routing import Route
+
+    assert undocumented_routes([Route("/v1/new_thing", lambda r: None, methods=["POST"])], documented(doc)) \
+        == ["POST /v1/new_thing"]
+
+
+def test_every_frontend_serves_the_same_document_and_docs_page(worker):
+    http, doc = worker
+    served_by = set()
+    for _ in range(40):  # fresh connections: the kernel spreads them over both frontends
+        with httpx.Client(base_url=str(http.base_url), timeout=30) as fresh:
+            response = fresh.get("/openapi.json")
+        assert response.status_code == 200 and response.json() == doc
+        served_by.add(response.headers["x-disagg-frontend"])
+        if served_by == {"0", "1"}:
+            break
+    assert served_by == {"0", "1"}
+    page = http.get("/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "swagger-ui" in page.text and "/openapi.json" in page.text
+    assert doc["info"]["title"] == "disagg worker"
+    request_schema = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
+    assert request_schema["schema"] == {"$ref": "#/components/schemas/ChatCompletionRequest"}
+    assert "max_tokens" in doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+
+
+def _call(http: httpx.Client, doc, method: str, template: str, path: str | None = None, **kwargs) -> httpx.Response:
+    response = http.request(method, path or template, **kwargs)
+    check_answer(doc, method, template, response)
+    return response
+
+
+def test_live_answers_fit_their_schemas(worker):
+    http, doc = worker
+    chat = {"model": MODEL, "messages": USER, "max_tokens": 3}
+    assert _call(http, doc, "POST", "/v1/chat/completions", json=chat).status_code == 200
+    _call(http, doc, "POST", "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3})
+    _call(http, doc, "POST", "/v1/messages", json={"model": MODEL, "messages": USER, "max_tokens": 3})
+    _call(http, doc, "POST", "/v1/messages/count_tokens", json={"model": MODEL, "messages": USER})
+    _call(http, doc, "GET", "/v1/models")
+    _call(http, doc, "GET", "/v1/models/{model_id}", f"/v1/models/{MODEL}")
+    tokens = _call(http, doc, "POST", "/tokenize", json={"prompt": "Hello", "return_token_strs": True}).json()
+    _call(http, doc, "POST", "/detokenize", json={"tokens": tokens["tokens"]})
+    for path in ("/health", "/version", "/worker_info", "/metrics", "/kv_cache_events", "/perf_metrics"):
+        _call(http, doc, "GET", path)
+    _call(http, doc, "POST", "/kv_cache_events")
+    response = _call(http, doc, "POST", "/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 3})
+    response_id = response.json()["id"]
+    _call(http, doc, "GET", "/v1/responses/{response_id}", f"/v1/responses/{response_id}")
+    _call(http, doc, "GET", "/v1/responses/{response_id}/input_items", f"/v1/responses/{response_id}/input_items")
+    _call(http, doc, "DELETE", "/v1/responses/{response_id}", f"/v1/responses/{response_id}")
+    batch = _call(http, doc, "POST", "/v1/messages/batches",
+                  json={"requests": [{"custom_id": "a", "params": {**chat, "messages": USER}}]}).json()
+    _call(http, doc, "GET", "/v1/messages/batches")
+    deadline = time.monotonic() + 30
+    while _call(http, doc, "GET", "/v1/messages/batches/{batch_id}",
+                f"/v1/messages/batches/{batch['id']}").json()["processing_status"] != "ended":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    _call(http, doc, "DELETE", "/v1/messages/batches/{batch_id}", f"/v1/messages/batches/{batch['id']}")
+
+
+def test_errors_fit_the_documented_error_shapes(worker):
+    http, doc = worker
+    assert _call(http, doc, "POST", "/v1/chat/completions", content=b"{not json").status_code == 400
+    bad = _call(http, doc, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+    assert _call(http, doc, "POST", "/v1/messages", json={"model": MODEL}).status_code == 400
+    assert _call(http, doc, "GET", "/v1/models/{model_id}", "/v1/models/other").status_code == 404
+    assert _call(http, doc, "GET", "/v1/responses/{response_id}", "/v1/responses/resp_missing").status_code == 404
+    # The checker itself rejects an answer in the other API's shape.
+    anthropic_shaped = http.post("/v1/messages", json={"model": MODEL})
+    with pytest.raises(Exception):
+        check_answer(doc, "POST", "/v1/chat/completions", anthropic_shaped)

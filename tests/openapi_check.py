@@ -1,0 +1,76 @@
+"""Checks of a live ``/openapi.json`` (shared by the worker and orchestrator tests).
+
+    doc = http.get("/openapi.json").json()
+    assert operation_problems(doc) == []
+    assert undocumented_routes(app.routes, documented(doc)) == []
+    check_answer(doc, "POST", "/v1/chat/completions", response)   # the live answer fits its schema
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterator
+
+import httpx
+import jsonschema
+
+__all__ = ["documented", "operation_problems", "check_answer"]
+
+_METHODS = ("get", "post", "put", "patch", "delete")
+
+
+def documented(doc: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(method.upper(), path) for path, item in doc["paths"].items() for method in item if method in _METHODS}
+
+
+def _operations(doc: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            yield method.upper(), path, operation
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _refs(value)
+
+
+def operation_problems(doc: dict[str, Any]) -> list[str]:
+    """What a documented operation lacks: a request schema (POST), a 200 and an error schema, a $ref target."""
+    problems = []
+    components = doc["components"]["schemas"]
+    for method, path, operation in _operations(doc):
+        name = f"{method} {path}"
+        if method == "POST" and not operation.get("requestBody", {}).get("content", {}).get("application/json",
+                                                                                           {}).get("schema"):
+            problems.append(f"{name}: no request schema")
+        responses = operation.get("responses", {})
+        for status in ("200", "4XX", "5XX"):
+            content = responses.get(status, {}).get("content", {})
+            if not content or not all(media.get("schema") for media in content.values()):
+                problems.append(f"{name}: no {status} schema")
+        params = set(re.findall(r"{(\w+)}", path))
+        if params != {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}:
+            problems.append(f"{name}: path parameters {sorted(params)} not all documented")
+    for ref in set(_refs(doc)):
+        if ref.rsplit("/", 1)[-1] not in components:
+            problems.append(f"dangling {ref}")
+    return problems
+
+
+def check_answer(doc: dict[str, Any], method: str, path: str, response: httpx.Response) -> None:
+    """``response`` (a live answer of ``METHOD path``, a documented template) fits the documented schema."""
+    operation = doc["paths"][path][method.lower()]
+    status = "200" if response.status_code < 400 else f"{str(response.status_code)[0]}XX"
+    media = response.headers["content-type"].split(";")[0]
+    schema = operation["responses"][status]["content"][media]["schema"]
+    body = json.loads(response.content) if media == "application/json" else response.text
+    root = {**schema, "components": doc["components"]}  # the "#/components/..." refs resolve in here
+    jsonschema.Draft202012Validator(root).validate(body)
