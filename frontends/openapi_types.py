@@ -22,7 +22,7 @@ __all__ = [
     "OpenAIError", "AnthropicError", "EmptyBody", "ChatCompletion", "Completion", "ModelList", "ModelCard",
     "AnthropicMessage", "InputTokens", "ResponseObject", "DeletedResponse", "ResponseItemList", "TokenizeResult",
     "DetokenizeResult", "Health", "Version", "WorkerInfo", "ProfileStatus", "BatchList", "CreateBatchRequest",
-    "DeletedBatch", "MessageBatch", "OrchestratorHealth", "ClusterInfo", "WorkerList", "Registration",
+    "DeletedBatch", "MessageBatch", "OrchestratorHealth", "ClusterInfo", "JoinedPerfRecords", "WorkerList", "Registration",
     "RegistrationAck", "WorkerId", "WorkerRef", "Ok",
 ]
 
@@ -280,6 +280,11 @@ class ClusterInfo(msgspec.Struct, kw_only=True):
     conditional: dict[str, Any]
     workers: list[dict[str, Any]]
     """Each a ``WorkerRef`` with its load (``in_flight_requests``, ``in_flight_tokens``) and cached blocks."""
+
+
+class JoinedPerfRecords(msgspec.Struct):
+    records: list[dict[str, Any]]
+    """Each request's orchestrator timings with its ctx and gen workers' records on one clock."""
 
 
 class WorkerList(msgspec.Struct):

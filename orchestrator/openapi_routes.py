@@ -7,11 +7,9 @@ the cluster's: health, routing state, metrics and worker registration.
 
 from __future__ import annotations
 
-from typing import Any
-
 from frontends.openapi import RouteDoc
 from frontends.openapi_routes import BATCH_DOCS, GENERATION_DOCS, PROMETHEUS_DOC, SURFACE_DOCS
-from frontends.openapi_types import ClusterInfo, Ok, OrchestratorHealth, Registration, RegistrationAck, WorkerId, \
+from frontends.openapi_types import ClusterInfo, JoinedPerfRecords, Ok, OrchestratorHealth, Registration, RegistrationAck, WorkerId, \
     WorkerList
 
 __all__ = ["ORCHESTRATOR_DOCS", "DESCRIPTION"]
@@ -28,7 +26,7 @@ ORCHESTRATOR_DOCS: tuple[RouteDoc, ...] = (
     RouteDoc("GET", "/cluster_info", "Workers, their load and the routers' settings, as this process sees them",
              _CLUSTER, response=ClusterInfo),
     RouteDoc("GET", "/perf_metrics", "Per-request timing records, joined with the workers' (drained)", _CLUSTER,
-             response=list[dict[str, Any]]),
+             response=JoinedPerfRecords),
     RouteDoc("GET", "/workers", "The registered and static workers", _WORKERS, response=WorkerList),
     RouteDoc("POST", "/workers/register", "Register a worker (then heartbeat within the TTL)", _WORKERS,
              Registration, RegistrationAck),

@@ -1,0 +1,83 @@
+"""/openapi.json and /docs of a real orchestrator (one process) in front of a synthetic worker.
+
+Every route of the orchestrator's app (built in-process as ``disagg orchestrator`` builds it) is in
+the live document, every POST with a request schema, and live answers fit the documented schemas.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from frontends.openapi import undocumented_routes, unserved_docs
+from frontends.tokenizer import Tokenizer
+from openapi_check import check_answer, documented, operation_problems
+from orchestrator.app import Orchestrator, build_app
+from orchestrator.config import OrchestratorConfig
+from orchestrator.openapi_routes import ORCHESTRATOR_DOCS
+from orchestrator_process import start_orchestrator, stop_orchestrator
+from worker_process import start_worker, stop_worker
+
+MODEL = "tiny-test"
+USER = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture(scope="module")
+def orchestrator(tiny_model_dir, tmp_path_factory):
+    worker_url, worker = start_worker(tiny_model_dir, 1)
+    url, orch = start_orchestrator(tmp_path_factory.mktemp("orch"), tiny_model_dir, [("both", worker_url)],
+                                   processes=1)
+    with httpx.Client(base_url=url, timeout=30) as http:
+        yield http, http.get("/openapi.json").json()
+    assert stop_orchestrator(orch) == 0
+    stop_worker(worker)
+
+
+def test_every_served_route_is_documented(orchestrator, tiny_model_dir, tmp_path):
+    http, doc = orchestrator
+    assert operation_problems(doc) == []
+    orch = Orchestrator(OrchestratorConfig(model_dir=str(tiny_model_dir), state_dir=str(tmp_path)), 0,
+                        Tokenizer.from_model_dir(tiny_model_dir))
+    try:
+        routes = build_app(orch).routes
+    finally:
+        orch.legs.close()
+        orch.responses.store.close()
+    assert undocumented_routes(routes, documented(doc)) == []
+    assert unserved_docs(routes, ORCHESTRATOR_DOCS) == []
+    assert documented(doc) == {(d.method, d.path) for d in ORCHESTRATOR_DOCS}
+    assert doc["info"]["title"] == "disagg orchestrator"
+    page = http.get("/docs")
+    assert page.status_code == 200 and "swagger-ui" in page.text
+
+
+def _call(http: httpx.Client, doc, method: str, template: str, path: str | None = None, **kwargs) -> httpx.Response:
+    response = http.request(method, path or template, **kwargs)
+    check_answer(doc, method, template, response)
+    return response
+
+
+def test_live_answers_fit_their_schemas(orchestrator):
+    http, doc = orchestrator
+    assert _call(http, doc, "POST", "/v1/chat/completions",
+                 json={"model": MODEL, "messages": USER, "max_tokens": 3}).status_code == 200
+    _call(http, doc, "POST", "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3})
+    _call(http, doc, "POST", "/v1/messages", json={"model": MODEL, "messages": USER, "max_tokens": 3})
+    _call(http, doc, "POST", "/v1/messages/count_tokens", json={"model": MODEL, "messages": USER})
+    response = _call(http, doc, "POST", "/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 3})
+    _call(http, doc, "GET", "/v1/responses/{response_id}", f"/v1/responses/{response.json()['id']}")
+    _call(http, doc, "GET", "/v1/models")
+    _call(http, doc, "POST", "/tokenize", json={"prompt": "Hello"})
+    for path in ("/health", "/version", "/cluster_info", "/workers", "/perf_metrics"):
+        _call(http, doc, "GET", path)
+    assert "disagg" in _call(http, doc, "GET", "/prometheus/metrics").text
+    _call(http, doc, "GET", "/v1/messages/batches")
+    # Registration: a worker announces itself, heartbeats, leaves.
+    ack = _call(http, doc, "POST", "/workers/register", json={"role": "gen", "url": "http://127.0.0.1:9"}).json()
+    _call(http, doc, "POST", "/workers/heartbeat", json={"worker_id": ack["worker_id"]})
+    _call(http, doc, "POST", "/workers/deregister", json={"worker_id": ack["worker_id"]})
+    # Errors: the API's shape, the parameter named.
+    bad = _call(http, doc, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+    assert _call(http, doc, "POST", "/v1/messages", content=b"{").status_code == 400
+    assert _call(http, doc, "GET", "/v1/models/{model_id}", "/v1/models/other").status_code == 404
