@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any, Iterator
 
 import httpx
 import jsonschema
 
-__all__ = ["documented", "operation_problems", "check_answer"]
+__all__ = ["documented", "operation_problems", "check_answer", "CalledModules"]
 
 _METHODS = ("get", "post", "put", "patch", "delete")
 
@@ -74,3 +75,22 @@ def check_answer(doc: dict[str, Any], method: str, path: str, response: httpx.Re
     body = json.loads(response.content) if media == "application/json" else response.text
     root = {**schema, "components": doc["components"]}  # the "#/components/..." refs resolve in here
     jsonschema.Draft202012Validator(root).validate(body)
+
+
+class CalledModules:
+    """The top-level packages of every Python function called on this thread between enter and exit
+    (the event loop's thread: every coroutine and callback that runs meanwhile)."""
+
+    def __init__(self) -> None:
+        self.packages: set[str] = set()
+
+    def _profile(self, frame, event, arg) -> None:
+        if event == "call":
+            self.packages.add(frame.f_globals.get("__name__", "").split(".")[0])
+
+    def __enter__(self) -> set[str]:
+        sys.setprofile(self._profile)
+        return self.packages
+
+    def __exit__(self, *exc) -> None:
+        sys.setprofile(None)

@@ -11,7 +11,7 @@ import pytest
 
 from frontends.openapi import undocumented_routes, unserved_docs
 from frontends.tokenizer import Tokenizer
-from openapi_check import check_answer, documented, operation_problems
+from openapi_check import CalledModules, check_answer, documented, operation_problems
 from orchestrator.app import Orchestrator, build_app
 from orchestrator.config import OrchestratorConfig
 from orchestrator.openapi_routes import ORCHESTRATOR_DOCS
@@ -33,16 +33,20 @@ def orchestrator(tiny_model_dir, tmp_path_factory):
     stop_worker(worker)
 
 
-def test_every_served_route_is_documented(orchestrator, tiny_model_dir, tmp_path):
-    http, doc = orchestrator
-    assert operation_problems(doc) == []
+@pytest.fixture
+def inproc_app(tiny_model_dir, tmp_path):
+    """The app ``disagg orchestrator`` serves, built in-process (its lifespan not run: no state link)."""
     orch = Orchestrator(OrchestratorConfig(model_dir=str(tiny_model_dir), state_dir=str(tmp_path)), 0,
                         Tokenizer.from_model_dir(tiny_model_dir))
-    try:
-        routes = build_app(orch).routes
-    finally:
-        orch.legs.close()
-        orch.responses.store.close()
+    yield build_app(orch)
+    orch.legs.close()
+    orch.responses.store.close()
+
+
+def test_every_served_route_is_documented(orchestrator, inproc_app):
+    http, doc = orchestrator
+    assert operation_problems(doc) == []
+    routes = inproc_app.routes
     assert undocumented_routes(routes, documented(doc)) == []
     assert unserved_docs(routes, ORCHESTRATOR_DOCS) == []
     assert documented(doc) == {(d.method, d.path) for d in ORCHESTRATOR_DOCS}
@@ -81,3 +85,20 @@ def test_live_answers_fit_their_schemas(orchestrator):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
     assert _call(http, doc, "POST", "/v1/messages", content=b"{").status_code == 400
     assert _call(http, doc, "GET", "/v1/models/{model_id}", "/v1/models/other").status_code == 404
+
+
+@pytest.mark.asyncio
+async def test_requests_never_run_fastapi_or_pydantic(inproc_app):
+    """Starlette's path for every request (its middleware stack, not FastAPI's), FastAPI's for the docs."""
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=inproc_app), base_url="http://o") as http:
+        await http.get("/version")  # first-call imports and caches outside the window
+        for method, path, body in [("GET", "/health", None), ("GET", "/version", None), ("GET", "/nowhere", None),
+                                   ("DELETE", "/health", None), ("POST", "/v1/chat/completions", {"model": 1})]:
+            with CalledModules() as packages:
+                response = await http.request(method, path, json=body)
+            assert response.status_code in (200, 400, 404, 405, 503), response.text
+            assert {"starlette", "orchestrator"} <= packages and not packages & {"fastapi", "pydantic"}, \
+                (path, packages)
+        with CalledModules() as packages:
+            assert (await http.get("/openapi.json")).status_code == 200
+        assert "fastapi" in packages

@@ -17,7 +17,7 @@ from frontends.openapi import undocumented_routes, unserved_docs
 from frontends.openapi_routes import WORKER_DOCS
 from frontends.serving import FrontendConfig
 from frontends.worker_app import make_attached_app, make_launcher_app
-from openapi_check import check_answer, documented, operation_problems
+from openapi_check import CalledModules, check_answer, documented, operation_problems
 from worker_process import start_worker, stop_worker
 from workers.attach import AttachInfo
 from workers.protocol import EngineInfo
@@ -129,3 +129,25 @@ def test_errors_fit_the_documented_error_shapes(worker):
     anthropic_shaped = http.post("/v1/messages", json={"model": MODEL})
     with pytest.raises(Exception):
         check_answer(doc, "POST", "/v1/chat/completions", anthropic_shaped)
+
+
+@pytest.mark.asyncio
+async def test_requests_never_run_fastapi_or_pydantic(harness):
+    """Every route takes Starlette's path: no FastAPI or pydantic code runs for a request, hot or not,
+    answered or refused, while /openapi.json is FastAPI's (so the check can tell)."""
+    model = harness.model
+    requests = [("POST", "/v1/chat/completions", {"model": model, "messages": USER, "max_tokens": 3, "stream": True}),
+                ("POST", "/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 3}),
+                ("POST", "/v1/messages", {"model": model, "messages": USER, "max_tokens": 3, "stream": True}),
+                ("POST", "/v1/responses", {"model": model, "input": "Hi", "max_output_tokens": 3}),
+                ("POST", "/v1/chat/completions", {"model": model}),  # 400
+                ("GET", "/health", None), ("GET", "/nowhere", None), ("DELETE", "/health", None)]  # 404, 405
+    await harness.http.get("/health")  # first-call imports and caches outside the window
+    for method, path, body in requests:
+        with CalledModules() as packages:
+            response = await harness.http.request(method, path, json=body)
+        assert response.status_code in (200, 400, 404, 405), response.text
+        assert {"starlette", "frontends"} <= packages and not packages & {"fastapi", "pydantic"}, (path, packages)
+    with CalledModules() as packages:
+        assert (await harness.http.get("/openapi.json")).status_code == 200
+    assert "fastapi" in packages
