@@ -10,7 +10,7 @@ handlers decode with (``schemas_openai``, ``schemas_anthropic``, ...).
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -25,9 +25,6 @@ __all__ = [
     "DeletedBatch", "MessageBatch", "OrchestratorHealth", "ClusterInfo", "JoinedPerfRecords", "WorkerList", "Registration",
     "RegistrationAck", "WorkerId", "WorkerRef", "Ok",
 ]
-
-Nullable = Union[Any, None]
-
 
 # --- errors: the one shape per API (``frontends.errors``) ---------------------------------------------------
 
@@ -200,7 +197,7 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     usage: dict[str, Any] | None
     error: dict[str, Any] | None = None
     incomplete_details: dict[str, Any] | None = None
-    instructions: Nullable = None
+    instructions: str | None = None
     previous_response_id: str | None = None
 
 
