@@ -231,9 +231,9 @@ def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_d
 
 def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]], str]:
     """The processes to run (name, argv, log) and the orchestrator URL; writes key and config files."""
-    from orchestrator.config import OrchestratorConfig, StaticWorker
-
     from disagg.deploy_config import resolve_deploy_model
+    from disagg.orchestrator_plan import ORCHESTRATOR_CONFIG_FILE, orchestrator_config, write_orchestrator_config
+    from orchestrator.config import StaticWorker
 
     model = resolve_deploy_model(config, run_dir)
     key_file = run_dir / KEY_FILE
@@ -249,18 +249,12 @@ def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]],
             workers.append(StaticWorker(pool.role or role, url))
     settings = config.orchestrator
     port = settings.port or _free_port(settings.host)
-    engine = config.engine
-    orch = OrchestratorConfig(
-        model_dir=str(model), state_dir=str((run_dir / "orchestrator").resolve()),
-        served_model_name=config.served_model_name, host=settings.host, port=port,
-        processes=settings.processes, ctx_router=settings.ctx_router, gen_router=settings.gen_router,
-        conditional=settings.conditional, health=settings.health, timeouts=settings.timeouts,
-        max_retries=settings.max_retries, api_key=settings.api_key, workers=tuple(workers),
-        default_block_size=engine.block_size or 16, max_request_bytes=settings.max_request_bytes)
-    (run_dir / "orchestrator.json").write_text(orch.to_json())
+    write_orchestrator_config(run_dir, orchestrator_config(
+        config, model=model, state_dir=(run_dir / "orchestrator").resolve(), host=settings.host, port=port,
+        workers=tuple(workers)))
     url = f"http://{settings.host}:{port}"
     processes.append({"name": "orchestrator", "url": url, "argv": [
-        sys.executable, "-m", "disagg.cli", "orchestrator", "--config", str(run_dir / "orchestrator.json")]})
+        sys.executable, "-m", "disagg.cli", "orchestrator", "--config", str(run_dir / ORCHESTRATOR_CONFIG_FILE)]})
     return processes, url
 
 

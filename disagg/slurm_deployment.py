@@ -46,11 +46,11 @@ def build_slurm_plan(config: DeployConfig, config_path: str) -> JobPlan:
     """The job for ``config``; ``config_path`` is how the job's setup command names the YAML."""
     from disagg.deploy_config import TINY_MODEL
     from slurm.plan import RUN_DIR, build_plan
-    from slurm.step import ORCHESTRATOR_CONFIG_FILE
+    from disagg.orchestrator_plan import ORCHESTRATOR_CONFIG_FILE
 
     model = f"{RUN_DIR}/model" if config.model == TINY_MODEL else config.model
     port = config.orchestrator.port
-    setup = [(PYTHON, "-m", "slurm.step", "prepare", config_path, "--run-dir", RUN_DIR)]
+    setup = [(PYTHON, "-m", "disagg.orchestrator_plan", config_path, "--run-dir", RUN_DIR)]
     orchestrator = (PYTHON, "-m", "slurm.step", "orchestrator", "--run-dir", RUN_DIR, "--port", str(port), "--",
                     PYTHON, "-m", "disagg.cli", "orchestrator", "--config", f"{RUN_DIR}/{ORCHESTRATOR_CONFIG_FILE}")
     return build_plan(config.slurm, config.placement(), orchestrator,

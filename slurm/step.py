@@ -1,8 +1,5 @@
 """``python -m slurm.step``: what the rendered sbatch script runs around each process.
 
-    python -m slurm.step prepare CONFIG --run-dir DIR
-        once, in the batch shell: the model (``tiny`` -> a random-weight one in DIR/model)
-        and DIR/orchestrator.json (no static workers: every worker registers itself)
     python -m slurm.step orchestrator --run-dir DIR --port P -- COMMAND...
         runs COMMAND (the orchestrator); once it answers HTTP on P, writes
         DIR/orchestrator.url = http://<this host>:P for the workers and `disagg up`
@@ -27,28 +24,8 @@ from pathlib import Path
 
 from slurm.rendezvous import publish_orchestrator_url, read_orchestrator_url
 
-__all__ = ["main", "ORCHESTRATOR_CONFIG_FILE"]
-
-ORCHESTRATOR_CONFIG_FILE = "orchestrator.json"
+__all__ = ["main"]
 _POLL_SECONDS = 0.2
-
-
-def _prepare(args: argparse.Namespace) -> int:
-    from disagg.deploy_config import load_deploy_config, resolve_deploy_model
-    from orchestrator.config import OrchestratorConfig
-
-    config = load_deploy_config(args.config)
-    run_dir = Path(args.run_dir).resolve()
-    model = resolve_deploy_model(config, run_dir)  # writes the tiny model on first use
-    s = config.orchestrator
-    orch = OrchestratorConfig(
-        model_dir=str(model), state_dir=str(run_dir / "orchestrator"), served_model_name=config.served_model_name,
-        host="0.0.0.0", port=s.port, processes=s.processes, ctx_router=s.ctx_router, gen_router=s.gen_router,
-        conditional=s.conditional, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
-        api_key=s.api_key, workers=(), default_block_size=config.engine.block_size or 16,
-        max_request_bytes=s.max_request_bytes)
-    (run_dir / ORCHESTRATOR_CONFIG_FILE).write_text(orch.to_json())
-    return 0
 
 
 def _answers(port: int) -> bool:
@@ -90,10 +67,6 @@ def _worker(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurm.step")
     sub = parser.add_subparsers(dest="role", required=True)
-    prepare = sub.add_parser("prepare")
-    prepare.add_argument("config")
-    prepare.add_argument("--run-dir", required=True)
-    prepare.set_defaults(func=_prepare)
     orch = sub.add_parser("orchestrator")
     orch.add_argument("--run-dir", required=True)
     orch.add_argument("--port", type=int, required=True)
