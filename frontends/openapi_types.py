@@ -80,6 +80,20 @@ class AssistantMessage(msgspec.Struct, kw_only=True):
     tool_calls: list[ToolCallOut] | None = None
 
 
+class _LegFields(msgspec.Struct, kw_only=True):
+    disaggregated_params: dict[str, Any] | None = None
+    """Only on a context-only leg of a disaggregated request (``frontends.disaggregation``)."""
+    prompt_token_ids: list[int] | None = None
+    """Only on a context-only leg."""
+
+
+class _OpenAIAnswer(_LegFields, kw_only=True):
+    id: str
+    created: int
+    model: str
+    usage: Usage
+
+
 class ChatChoice(msgspec.Struct):
     index: int
     message: AssistantMessage
@@ -87,20 +101,12 @@ class ChatChoice(msgspec.Struct):
     finish_reason: str | None
 
 
-class ChatCompletion(msgspec.Struct, kw_only=True):
+class ChatCompletion(_OpenAIAnswer, kw_only=True):
     """A non-streaming chat completion. With ``"stream": true`` the answer is instead
     ``text/event-stream``: ``chat.completion.chunk`` objects, then ``data: [DONE]``."""
 
-    id: str
     object: Literal["chat.completion"]
-    created: int
-    model: str
     choices: list[ChatChoice]
-    usage: Usage
-    disaggregated_params: dict[str, Any] | None = None
-    """Only on a context-only leg of a disaggregated request (``frontends.disaggregation``)."""
-    prompt_token_ids: list[int] | None = None
-    """Only on a context-only leg."""
 
 
 class CompletionChoice(msgspec.Struct):
@@ -110,17 +116,11 @@ class CompletionChoice(msgspec.Struct):
     finish_reason: str | None
 
 
-class Completion(msgspec.Struct, kw_only=True):
+class Completion(_OpenAIAnswer, kw_only=True):
     """A non-streaming completion; with ``"stream": true``, ``text_completion`` chunks over SSE."""
 
-    id: str
     object: Literal["text_completion"]
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage
-    disaggregated_params: dict[str, Any] | None = None
-    prompt_token_ids: list[int] | None = None
 
 
 class ModelCard(msgspec.Struct, kw_only=True):
@@ -160,7 +160,7 @@ class AnthropicUsage(msgspec.Struct):
     output_tokens: int
 
 
-class AnthropicMessage(msgspec.Struct, kw_only=True):
+class AnthropicMessage(_LegFields, kw_only=True):
     """A non-streaming message; with ``"stream": true``, Anthropic's event stream (``message_start`` ...
     ``message_stop``)."""
 
@@ -173,8 +173,6 @@ class AnthropicMessage(msgspec.Struct, kw_only=True):
     stop_reason: str | None
     stop_sequence: str | None
     usage: AnthropicUsage
-    disaggregated_params: dict[str, Any] | None = None
-    prompt_token_ids: list[int] | None = None
 
 
 class InputTokens(msgspec.Struct):

@@ -4,6 +4,7 @@
     assert operation_problems(doc) == []
     assert undocumented_routes(app.routes, documented(doc)) == []
     check_answer(doc, "POST", "/v1/chat/completions", response)   # the live answer fits its schema
+    call_checked(http, doc, "GET", "/v1/models/{model_id}", "/v1/models/tiny")   # the same, in one call
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Iterator
 import httpx
 import jsonschema
 
-__all__ = ["documented", "operation_problems", "check_answer", "CalledModules"]
+__all__ = ["documented", "operation_problems", "check_answer", "call_checked", "CalledModules"]
 
 _METHODS = ("get", "post", "put", "patch", "delete")
 
@@ -75,6 +76,14 @@ def check_answer(doc: dict[str, Any], method: str, path: str, response: httpx.Re
     body = json.loads(response.content) if media == "application/json" else response.text
     root = {**schema, "components": doc["components"]}  # the "#/components/..." refs resolve in here
     jsonschema.Draft202012Validator(root).validate(body)
+
+
+def call_checked(http: httpx.Client, doc: dict[str, Any], method: str, template: str, path: str | None = None,
+                 **kwargs: Any) -> httpx.Response:
+    """``METHOD path`` (default: the template itself) on ``http``, its answer checked against ``doc``."""
+    response = http.request(method, path or template, **kwargs)
+    check_answer(doc, method, template, response)
+    return response
 
 
 class CalledModules:

@@ -7,7 +7,6 @@ live answers, errors included, validate against it; every frontend serves the sa
 
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
@@ -15,12 +14,9 @@ import pytest
 
 from frontends.openapi import undocumented_routes, unserved_docs
 from frontends.openapi_routes import WORKER_DOCS
-from frontends.serving import FrontendConfig
-from frontends.worker_app import make_attached_app, make_launcher_app
-from openapi_check import CalledModules, check_answer, documented, operation_problems
+from http_harness import worker_apps
+from openapi_check import CalledModules, call_checked, check_answer, documented, operation_problems
 from worker_process import start_worker, stop_worker
-from workers.attach import AttachInfo
-from workers.protocol import EngineInfo
 
 MODEL = "tiny-test"
 USER = [{"role": "user", "content": "Hello"}]
@@ -34,23 +30,10 @@ def worker(tiny_model_dir):
     assert stop_worker(proc) == 0
 
 
-def _apps(tiny_model_dir, tokenizer, tmp_path):
-    engine = EngineInfo("synthetic", 256, 512, [2], 16, 64)
-    attach = AttachInfo(str(tmp_path), "00" * 32, 1, 2, os.getpid(), os.getpid(), engine, "127.0.0.1", 1)
-    config = FrontendConfig.for_model_dir(tiny_model_dir)
-
-    class NoClient:
-        on_request_done = None
-
-    launcher = make_launcher_app(NoClient(), tokenizer, config, attach, control=lambda r, t: None,
-                                 config_labels={"model": "tiny"}, state_dir=tmp_path / "state")
-    return {"launcher": launcher.app, "attached": make_attached_app(NoClient(), tokenizer, config, attach)}
-
-
 def test_every_served_route_is_documented(worker, tiny_model_dir, tokenizer, tmp_path):
     http, doc = worker
     assert operation_problems(doc) == []
-    for name, app in _apps(tiny_model_dir, tokenizer, tmp_path).items():
+    for name, app in worker_apps(tiny_model_dir, tokenizer, tmp_path).items():
         assert undocumented_routes(app.routes, documented(doc)) == [], name
         assert unserved_docs(app.routes, WORKER_DOCS) == [], name
     assert documented(doc) == {(d.method, d.path) for d in WORKER_DOCS}
@@ -81,50 +64,44 @@ def test_every_frontend_serves_the_same_document_and_docs_page(worker):
     assert "max_tokens" in doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
 
 
-def _call(http: httpx.Client, doc, method: str, template: str, path: str | None = None, **kwargs) -> httpx.Response:
-    response = http.request(method, path or template, **kwargs)
-    check_answer(doc, method, template, response)
-    return response
-
-
 def test_live_answers_fit_their_schemas(worker):
     http, doc = worker
     chat = {"model": MODEL, "messages": USER, "max_tokens": 3}
-    assert _call(http, doc, "POST", "/v1/chat/completions", json=chat).status_code == 200
-    _call(http, doc, "POST", "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3})
-    _call(http, doc, "POST", "/v1/messages", json={"model": MODEL, "messages": USER, "max_tokens": 3})
-    _call(http, doc, "POST", "/v1/messages/count_tokens", json={"model": MODEL, "messages": USER})
-    _call(http, doc, "GET", "/v1/models")
-    _call(http, doc, "GET", "/v1/models/{model_id}", f"/v1/models/{MODEL}")
-    tokens = _call(http, doc, "POST", "/tokenize", json={"prompt": "Hello", "return_token_strs": True}).json()
-    _call(http, doc, "POST", "/detokenize", json={"tokens": tokens["tokens"]})
+    assert call_checked(http, doc, "POST", "/v1/chat/completions", json=chat).status_code == 200
+    call_checked(http, doc, "POST", "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3})
+    call_checked(http, doc, "POST", "/v1/messages", json={"model": MODEL, "messages": USER, "max_tokens": 3})
+    call_checked(http, doc, "POST", "/v1/messages/count_tokens", json={"model": MODEL, "messages": USER})
+    call_checked(http, doc, "GET", "/v1/models")
+    call_checked(http, doc, "GET", "/v1/models/{model_id}", f"/v1/models/{MODEL}")
+    tokens = call_checked(http, doc, "POST", "/tokenize", json={"prompt": "Hello", "return_token_strs": True}).json()
+    call_checked(http, doc, "POST", "/detokenize", json={"tokens": tokens["tokens"]})
     for path in ("/health", "/version", "/worker_info", "/metrics", "/kv_cache_events", "/perf_metrics"):
-        _call(http, doc, "GET", path)
-    _call(http, doc, "POST", "/kv_cache_events")
-    response = _call(http, doc, "POST", "/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 3})
+        call_checked(http, doc, "GET", path)
+    call_checked(http, doc, "POST", "/kv_cache_events")
+    response = call_checked(http, doc, "POST", "/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 3})
     response_id = response.json()["id"]
-    _call(http, doc, "GET", "/v1/responses/{response_id}", f"/v1/responses/{response_id}")
-    _call(http, doc, "GET", "/v1/responses/{response_id}/input_items", f"/v1/responses/{response_id}/input_items")
-    _call(http, doc, "DELETE", "/v1/responses/{response_id}", f"/v1/responses/{response_id}")
-    batch = _call(http, doc, "POST", "/v1/messages/batches",
+    call_checked(http, doc, "GET", "/v1/responses/{response_id}", f"/v1/responses/{response_id}")
+    call_checked(http, doc, "GET", "/v1/responses/{response_id}/input_items", f"/v1/responses/{response_id}/input_items")
+    call_checked(http, doc, "DELETE", "/v1/responses/{response_id}", f"/v1/responses/{response_id}")
+    batch = call_checked(http, doc, "POST", "/v1/messages/batches",
                   json={"requests": [{"custom_id": "a", "params": {**chat, "messages": USER}}]}).json()
-    _call(http, doc, "GET", "/v1/messages/batches")
+    call_checked(http, doc, "GET", "/v1/messages/batches")
     deadline = time.monotonic() + 30
-    while _call(http, doc, "GET", "/v1/messages/batches/{batch_id}",
+    while call_checked(http, doc, "GET", "/v1/messages/batches/{batch_id}",
                 f"/v1/messages/batches/{batch['id']}").json()["processing_status"] != "ended":
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    _call(http, doc, "DELETE", "/v1/messages/batches/{batch_id}", f"/v1/messages/batches/{batch['id']}")
+    call_checked(http, doc, "DELETE", "/v1/messages/batches/{batch_id}", f"/v1/messages/batches/{batch['id']}")
 
 
 def test_errors_fit_the_documented_error_shapes(worker):
     http, doc = worker
-    assert _call(http, doc, "POST", "/v1/chat/completions", content=b"{not json").status_code == 400
-    bad = _call(http, doc, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": -1})
+    assert call_checked(http, doc, "POST", "/v1/chat/completions", content=b"{not json").status_code == 400
+    bad = call_checked(http, doc, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": -1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
-    assert _call(http, doc, "POST", "/v1/messages", json={"model": MODEL}).status_code == 400
-    assert _call(http, doc, "GET", "/v1/models/{model_id}", "/v1/models/other").status_code == 404
-    assert _call(http, doc, "GET", "/v1/responses/{response_id}", "/v1/responses/resp_missing").status_code == 404
+    assert call_checked(http, doc, "POST", "/v1/messages", json={"model": MODEL}).status_code == 400
+    assert call_checked(http, doc, "GET", "/v1/models/{model_id}", "/v1/models/other").status_code == 404
+    assert call_checked(http, doc, "GET", "/v1/responses/{response_id}", "/v1/responses/resp_missing").status_code == 404
     # The checker itself rejects an answer in the other API's shape.
     anthropic_shaped = http.post("/v1/messages", json={"model": MODEL})
     with pytest.raises(Exception):

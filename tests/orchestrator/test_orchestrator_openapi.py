@@ -11,7 +11,7 @@ import pytest
 
 from frontends.openapi import undocumented_routes, unserved_docs
 from frontends.tokenizer import Tokenizer
-from openapi_check import CalledModules, check_answer, documented, operation_problems
+from openapi_check import CalledModules, call_checked, check_answer, documented, operation_problems
 from orchestrator.app import Orchestrator, build_app
 from orchestrator.config import OrchestratorConfig
 from orchestrator.openapi_routes import ORCHESTRATOR_DOCS
@@ -55,36 +55,30 @@ def test_every_served_route_is_documented(orchestrator, inproc_app):
     assert page.status_code == 200 and "swagger-ui" in page.text
 
 
-def _call(http: httpx.Client, doc, method: str, template: str, path: str | None = None, **kwargs) -> httpx.Response:
-    response = http.request(method, path or template, **kwargs)
-    check_answer(doc, method, template, response)
-    return response
-
-
 def test_live_answers_fit_their_schemas(orchestrator):
     http, doc = orchestrator
-    assert _call(http, doc, "POST", "/v1/chat/completions",
+    assert call_checked(http, doc, "POST", "/v1/chat/completions",
                  json={"model": MODEL, "messages": USER, "max_tokens": 3}).status_code == 200
-    _call(http, doc, "POST", "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3})
-    _call(http, doc, "POST", "/v1/messages", json={"model": MODEL, "messages": USER, "max_tokens": 3})
-    _call(http, doc, "POST", "/v1/messages/count_tokens", json={"model": MODEL, "messages": USER})
-    response = _call(http, doc, "POST", "/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 3})
-    _call(http, doc, "GET", "/v1/responses/{response_id}", f"/v1/responses/{response.json()['id']}")
-    _call(http, doc, "GET", "/v1/models")
-    _call(http, doc, "POST", "/tokenize", json={"prompt": "Hello"})
+    call_checked(http, doc, "POST", "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3})
+    call_checked(http, doc, "POST", "/v1/messages", json={"model": MODEL, "messages": USER, "max_tokens": 3})
+    call_checked(http, doc, "POST", "/v1/messages/count_tokens", json={"model": MODEL, "messages": USER})
+    response = call_checked(http, doc, "POST", "/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 3})
+    call_checked(http, doc, "GET", "/v1/responses/{response_id}", f"/v1/responses/{response.json()['id']}")
+    call_checked(http, doc, "GET", "/v1/models")
+    call_checked(http, doc, "POST", "/tokenize", json={"prompt": "Hello"})
     for path in ("/health", "/version", "/cluster_info", "/workers", "/perf_metrics"):
-        _call(http, doc, "GET", path)
-    assert "disagg" in _call(http, doc, "GET", "/prometheus/metrics").text
-    _call(http, doc, "GET", "/v1/messages/batches")
+        call_checked(http, doc, "GET", path)
+    assert "disagg" in call_checked(http, doc, "GET", "/prometheus/metrics").text
+    call_checked(http, doc, "GET", "/v1/messages/batches")
     # Registration: a worker announces itself, heartbeats, leaves.
-    ack = _call(http, doc, "POST", "/workers/register", json={"role": "gen", "url": "http://127.0.0.1:9"}).json()
-    _call(http, doc, "POST", "/workers/heartbeat", json={"worker_id": ack["worker_id"]})
-    _call(http, doc, "POST", "/workers/deregister", json={"worker_id": ack["worker_id"]})
+    ack = call_checked(http, doc, "POST", "/workers/register", json={"role": "gen", "url": "http://127.0.0.1:9"}).json()
+    call_checked(http, doc, "POST", "/workers/heartbeat", json={"worker_id": ack["worker_id"]})
+    call_checked(http, doc, "POST", "/workers/deregister", json={"worker_id": ack["worker_id"]})
     # Errors: the API's shape, the parameter named.
-    bad = _call(http, doc, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": -1})
+    bad = call_checked(http, doc, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": -1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
-    assert _call(http, doc, "POST", "/v1/messages", content=b"{").status_code == 400
-    assert _call(http, doc, "GET", "/v1/models/{model_id}", "/v1/models/other").status_code == 404
+    assert call_checked(http, doc, "POST", "/v1/messages", content=b"{").status_code == 400
+    assert call_checked(http, doc, "GET", "/v1/models/{model_id}", "/v1/models/other").status_code == 404
 
 
 @pytest.mark.asyncio
