@@ -94,11 +94,14 @@ class _OpenAIAnswer(_LegFields, kw_only=True):
     usage: Usage
 
 
-class ChatChoice(msgspec.Struct):
+class _Choice(msgspec.Struct, kw_only=True):
     index: int
-    message: AssistantMessage
     logprobs: dict[str, Any] | None
     finish_reason: str | None
+
+
+class ChatChoice(_Choice, kw_only=True):
+    message: AssistantMessage
 
 
 class ChatCompletion(_OpenAIAnswer, kw_only=True):
@@ -109,11 +112,8 @@ class ChatCompletion(_OpenAIAnswer, kw_only=True):
     choices: list[ChatChoice]
 
 
-class CompletionChoice(msgspec.Struct):
-    index: int
+class CompletionChoice(_Choice, kw_only=True):
     text: str
-    logprobs: dict[str, Any] | None
-    finish_reason: str | None
 
 
 class Completion(_OpenAIAnswer, kw_only=True):
