@@ -22,8 +22,7 @@ __all__ = [
     "OpenAIError", "AnthropicError", "EmptyBody", "ChatCompletion", "Completion", "ModelList", "ModelCard",
     "AnthropicMessage", "InputTokens", "ResponseObject", "DeletedResponse", "ResponseItemList", "TokenizeResult",
     "DetokenizeResult", "Health", "Version", "WorkerInfo", "ProfileStatus", "BatchList", "CreateBatchRequest",
-    "DeletedBatch", "MessageBatch", "OrchestratorHealth", "ClusterInfo", "JoinedPerfRecords", "WorkerList", "Registration",
-    "RegistrationAck", "WorkerId", "WorkerRef", "Ok",
+    "DeletedBatch", "MessageBatch",
 ]
 
 # --- errors: the one shape per API (``frontends.errors``) ---------------------------------------------------
@@ -242,70 +241,3 @@ class ProfileStatus(msgspec.Struct, kw_only=True):
     status: Literal["profiling", "stopped"]
     trace: str | None = None
     """Where the trace was written (``/stop_profile``)."""
-
-
-# --- the orchestrator's own routes ----------------------------------------------------------------------
-
-
-class OrchestratorHealth(msgspec.Struct):
-    status: Literal["ok"]
-    process_index: int
-    """Which of the orchestrator's processes answered."""
-    processes: int
-
-
-class WorkerRef(msgspec.Struct, kw_only=True):
-    """A worker as the orchestrator knows it (``orchestrator.registry.WorkerRecord``)."""
-
-    worker_id: str
-    role: str
-    url: str
-    static: bool
-    healthy: bool
-    kv_endpoint: str | None = None
-
-
-class ClusterInfo(msgspec.Struct, kw_only=True):
-    model: str
-    process_index: int
-    processes: int
-    state_version: int
-    ctx_router: dict[str, Any]
-    gen_router: dict[str, Any]
-    conditional: dict[str, Any]
-    workers: list[dict[str, Any]]
-    """Each a ``WorkerRef`` with its load (``in_flight_requests``, ``in_flight_tokens``) and cached blocks."""
-
-
-class JoinedPerfRecords(msgspec.Struct):
-    records: list[dict[str, Any]]
-    """Each request's orchestrator timings with its ctx and gen workers' records on one clock."""
-
-
-class WorkerList(msgspec.Struct):
-    workers: list[dict[str, Any]]
-    """Each a ``WorkerRef`` with its health counters and limits."""
-
-
-class Registration(msgspec.Struct, kw_only=True):
-    """A worker announcing itself; it must then heartbeat within the TTL."""
-
-    role: Literal["ctx", "gen", "both"]
-    url: str
-    kv_endpoint: str | None = None
-    worker_id: str | None = None
-    """A restarted worker keeps its id."""
-
-
-class RegistrationAck(msgspec.Struct):
-    worker_id: str
-    ttl_seconds: float
-    heartbeat_seconds: float
-
-
-class WorkerId(msgspec.Struct):
-    worker_id: str
-
-
-class Ok(msgspec.Struct):
-    ok: bool

@@ -32,9 +32,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from frontends.errors import InvalidRequestError, NotFoundError, http_error, openai_error_body
 from orchestrator.config import OrchestratorConfig
 from orchestrator.kv_index import KVIndex
-from orchestrator.registry import Registry, RegistryError
+from orchestrator.registry import Registration, Registry, RegistryError, WorkerIdBody
 
 __all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS"]
 
@@ -111,33 +112,45 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(payload), status_code=status, media_type="application/json")
 
 
+def _error(exc: BaseException) -> Response:
+    """A registration error in the OpenAI shape, naming the field (the orchestrator relays it verbatim)."""
+    error = http_error(exc)
+    return Response(openai_error_body(error), status_code=error.status, media_type="application/json")
+
+
 def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
     """The owner's Unix-socket app; ``join_perf(owner) -> list`` builds GET /perf. ``extra_routes``:
     routes that process 0 owns for all (the Message Batches, ``orchestrator.batches``)."""
 
     async def register(request: Request) -> Response:
-        body = msgspec.json.decode(await request.body())
         try:
-            record = owner.registry.register(body.get("role"), body.get("url"), body.get("kv_endpoint"),
-                                             body.get("worker_id"))
+            body = msgspec.json.decode(await request.body(), type=Registration)
+            record = owner.registry.register(body.role, body.url, body.kv_endpoint, body.worker_id)
         except RegistryError as exc:
-            return _json({"error": str(exc)}, 400)
+            return _error(InvalidRequestError(str(exc), param=exc.param))
+        except msgspec.DecodeError as exc:
+            return _error(exc)
         owner.notify()
         health = owner.config.health
         return _json({"worker_id": record.worker_id, "ttl_seconds": health.registration_ttl_seconds,
                       "heartbeat_seconds": health.registration_ttl_seconds / 3})
 
     async def heartbeat(request: Request) -> Response:
-        body = msgspec.json.decode(await request.body())
-        if not owner.registry.heartbeat(str(body.get("worker_id"))):
-            return _json({"error": "unknown worker id; register again"}, 404)
+        try:
+            worker_id = msgspec.json.decode(await request.body(), type=WorkerIdBody).worker_id
+        except msgspec.DecodeError as exc:
+            return _error(exc)
+        if not owner.registry.heartbeat(worker_id):
+            return _error(NotFoundError("unknown worker id; register again", param="worker_id"))
         return _json({"ok": True})
 
     async def deregister(request: Request) -> Response:
-        body = msgspec.json.decode(await request.body())
-        worker_id = str(body.get("worker_id"))
+        try:
+            worker_id = msgspec.json.decode(await request.body(), type=WorkerIdBody).worker_id
+        except msgspec.DecodeError as exc:
+            return _error(exc)
         if not owner.registry.deregister(worker_id):
-            return _json({"error": "unknown worker id"}, 404)
+            return _error(NotFoundError("unknown worker id", param="worker_id"))
         owner.forget_worker(worker_id)
         owner.notify()
         return _json({"ok": True})

@@ -74,6 +74,13 @@ def test_live_answers_fit_their_schemas(orchestrator):
     ack = call_checked(http, doc, "POST", "/workers/register", json={"role": "gen", "url": "http://127.0.0.1:9"}).json()
     call_checked(http, doc, "POST", "/workers/heartbeat", json={"worker_id": ack["worker_id"]})
     call_checked(http, doc, "POST", "/workers/deregister", json={"worker_id": ack["worker_id"]})
+    # Its errors, relayed from process 0, are in the OpenAI shape too, naming the field.
+    for body, param in [({"role": "boss", "url": "http://127.0.0.1:9"}, "role"), ({"role": "gen", "url": 9}, "url"),
+                        ({"role": "gen"}, None), ([], None)]:
+        refused = call_checked(http, doc, "POST", "/workers/register", json=body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+    gone = call_checked(http, doc, "POST", "/workers/heartbeat", json={"worker_id": ack["worker_id"]})
+    assert gone.status_code == 404 and gone.json()["error"]["param"] == "worker_id"
     # Errors: the API's shape, the parameter named.
     bad = call_checked(http, doc, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": -1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
