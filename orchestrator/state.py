@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import msgspec
 from starlette.applications import Starlette
@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from frontends.errors import InvalidRequestError, NotFoundError, http_error, openai_error_body
+from frontends.errors import FrontendError, InvalidRequestError, NotFoundError, http_error, openai_error_body
 from orchestrator.config import OrchestratorConfig
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import Registration, Registry, RegistryError, WorkerIdBody
@@ -112,10 +112,19 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(payload), status_code=status, media_type="application/json")
 
 
-def _error(exc: BaseException) -> Response:
-    """A registration error in the OpenAI shape, naming the field (the orchestrator relays it verbatim)."""
-    error = http_error(exc)
-    return Response(openai_error_body(error), status_code=error.status, media_type="application/json")
+def _registration(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """``handler``'s refusals in the OpenAI shape, naming the field (the orchestrator relays them verbatim)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except (msgspec.DecodeError, FrontendError, RegistryError) as exc:
+            if isinstance(exc, RegistryError):
+                exc = InvalidRequestError(str(exc), param=exc.param)
+            error = http_error(exc)
+            return Response(openai_error_body(error), status_code=error.status, media_type="application/json")
+
+    return endpoint
 
 
 def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
@@ -123,34 +132,23 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
     routes that process 0 owns for all (the Message Batches, ``orchestrator.batches``)."""
 
     async def register(request: Request) -> Response:
-        try:
-            body = msgspec.json.decode(await request.body(), type=Registration)
-            record = owner.registry.register(body.role, body.url, body.kv_endpoint, body.worker_id)
-        except RegistryError as exc:
-            return _error(InvalidRequestError(str(exc), param=exc.param))
-        except msgspec.DecodeError as exc:
-            return _error(exc)
+        body = msgspec.json.decode(await request.body(), type=Registration)
+        record = owner.registry.register(body.role, body.url, body.kv_endpoint, body.worker_id)
         owner.notify()
         health = owner.config.health
         return _json({"worker_id": record.worker_id, "ttl_seconds": health.registration_ttl_seconds,
                       "heartbeat_seconds": health.registration_ttl_seconds / 3})
 
     async def heartbeat(request: Request) -> Response:
-        try:
-            worker_id = msgspec.json.decode(await request.body(), type=WorkerIdBody).worker_id
-        except msgspec.DecodeError as exc:
-            return _error(exc)
+        worker_id = msgspec.json.decode(await request.body(), type=WorkerIdBody).worker_id
         if not owner.registry.heartbeat(worker_id):
-            return _error(NotFoundError("unknown worker id; register again", param="worker_id"))
+            raise NotFoundError("unknown worker id; register again", param="worker_id")
         return _json({"ok": True})
 
     async def deregister(request: Request) -> Response:
-        try:
-            worker_id = msgspec.json.decode(await request.body(), type=WorkerIdBody).worker_id
-        except msgspec.DecodeError as exc:
-            return _error(exc)
+        worker_id = msgspec.json.decode(await request.body(), type=WorkerIdBody).worker_id
         if not owner.registry.deregister(worker_id):
-            return _error(NotFoundError("unknown worker id", param="worker_id"))
+            raise NotFoundError("unknown worker id", param="worker_id")
         owner.forget_worker(worker_id)
         owner.notify()
         return _json({"ok": True})
@@ -174,9 +172,9 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         return _json(await owner.wait_newer(after, kv_after, SNAPSHOT_WAIT_SECONDS))
 
     return Starlette(routes=[
-        Route("/register", register, methods=["POST"]),
-        Route("/heartbeat", heartbeat, methods=["POST"]),
-        Route("/deregister", deregister, methods=["POST"]),
+        Route("/register", _registration(register), methods=["POST"]),
+        Route("/heartbeat", _registration(heartbeat), methods=["POST"]),
+        Route("/deregister", _registration(deregister), methods=["POST"]),
         Route("/load", load, methods=["POST"]),
         Route("/perf", perf_push, methods=["POST"]),
         Route("/perf", perf_get, methods=["GET"]),
