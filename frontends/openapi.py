@@ -36,7 +36,9 @@ __all__ = ["RouteDoc", "DocumentedApp", "openapi_document", "undocumented_routes
 OPENAPI_PATHS = ("/openapi.json", "/docs")  # what DocumentedApp adds to an app's routes
 _REF = "#/components/schemas/{name}"
 _PARAM = re.compile(r"{(\w+)(?::\w+)?}")
-_CATCH_ALL = "{rest:path}"  # an attached frontend's (or the orchestrator's) forwarder of a whole subtree
+_CATCH_ALL = "{rest:path}"
+_API_KEY_SCHEMES = {"bearer": {"type": "http", "scheme": "bearer"},
+                    "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}  # an attached frontend's (or the orchestrator's) forwarder of a whole subtree
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,12 @@ class RouteDoc:
     """Errors have Anthropic's shape (else OpenAI's)."""
 
 
-def openapi_document(title: str, version: str, description: str, docs: Sequence[RouteDoc]) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of ``docs`` (msgspec's JSON Schema is 2020-12, as 3.1 uses)."""
+def openapi_document(title: str, version: str, description: str, docs: Sequence[RouteDoc],
+                     open_paths: frozenset[str] | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``docs`` (msgspec's JSON Schema is 2020-12, as 3.1 uses).
+
+    ``open_paths``: with an API key required, the paths that need none (every other operation is
+    marked as needing ``Authorization: Bearer KEY`` or ``x-api-key: KEY``); None: no key."""
     types: list[Any] = [OpenAIError, AnthropicError]
     for doc in docs:
         types += [t for t in (doc.request, doc.response) if t is not None and t not in types]
@@ -67,9 +73,14 @@ def openapi_document(title: str, version: str, description: str, docs: Sequence[
     schema_of = dict(zip(types, schemas))
     paths: dict[str, dict[str, Any]] = {}
     for doc in docs:
-        paths.setdefault(doc.path, {})[doc.method.lower()] = _operation(doc, schema_of)
-    return {"openapi": "3.1.0", "info": {"title": title, "version": version, "description": description},
-            "paths": paths, "components": {"schemas": components}}
+        operation = paths.setdefault(doc.path, {})[doc.method.lower()] = _operation(doc, schema_of)
+        if open_paths is not None and doc.path not in open_paths:
+            operation["security"] = [{name: []} for name in _API_KEY_SCHEMES]
+    document = {"openapi": "3.1.0", "info": {"title": title, "version": version, "description": description},
+                "paths": paths, "components": {"schemas": components}}
+    if open_paths is not None:
+        document["components"]["securitySchemes"] = _API_KEY_SCHEMES
+    return document
 
 
 def _operation(doc: RouteDoc, schema_of: dict[Any, Any]) -> dict[str, Any]:
@@ -99,17 +110,19 @@ def _operation(doc: RouteDoc, schema_of: dict[Any, Any]) -> dict[str, Any]:
 
 
 class DocumentedApp(FastAPI):
-    """A FastAPI app serving raw Starlette routes, documented by ``docs`` (``RouteDoc``s).
+    """A FastAPI app serving raw Starlette routes, documented by ``docs`` (``RouteDoc``s); ``open_paths``:
+    see ``openapi_document``.
 
     Only ``/openapi.json`` and ``/docs`` are FastAPI's; a request of any route takes
     exactly Starlette's path (``Starlette.__call__``, ``Router.app``)."""
 
     def __init__(self, docs: Sequence[RouteDoc], *, title: str, version: str, description: str,
-                 **kwargs: Any) -> None:
+                 open_paths: frozenset[str] | None = None, **kwargs: Any) -> None:
         super().__init__(title=title, version=version, description=description, openapi_url=OPENAPI_PATHS[0],
                          docs_url=OPENAPI_PATHS[1], redoc_url=None, swagger_ui_oauth2_redirect_url=None,
                          **kwargs)
         self.route_docs = tuple(docs)
+        self.open_paths = open_paths  # with an API key: the paths that need none (openapi_document)
         # APIRouter.app adds per-request scope bookkeeping (form limits, telemetry route names) that no
         # raw route reads: dispatch with Starlette's router over the same route list.
         self.router.middleware_stack = functools.partial(Router.app, self.router)
@@ -123,7 +136,8 @@ class DocumentedApp(FastAPI):
 
     def openapi(self) -> dict[str, Any]:
         if not self.openapi_schema:
-            self.openapi_schema = openapi_document(self.title, self.version, self.description, self.route_docs)
+            self.openapi_schema = openapi_document(self.title, self.version, self.description, self.route_docs,
+                                                   self.open_paths)
         return self.openapi_schema
 
 

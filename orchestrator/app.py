@@ -47,7 +47,7 @@ from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamRejected
 from orchestrator.flow import Flow, PerfRecord
 from orchestrator.metrics import CONTENT_TYPE, Metrics
-from orchestrator.openapi_routes import DESCRIPTION, ORCHESTRATOR_DOCS
+from orchestrator.openapi_routes import DESCRIPTION, OPEN_PATHS, ORCHESTRATOR_DOCS
 from orchestrator.prompt import parse_request
 from orchestrator.validation import RequestValidator
 from orchestrator.view import ClusterView, StateLink
@@ -253,8 +253,8 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/workers/deregister", _endpoint(_forward("/deregister")), methods=["POST"]),
     ]
     app = DocumentedApp(ORCHESTRATOR_DOCS, title="disagg orchestrator", version=surface.VERSION,
-                        description=DESCRIPTION, routes=routes, exception_handlers={HTTPException: _http_exception},
-                        lifespan=lifespan,
+                        description=DESCRIPTION, open_paths=OPEN_PATHS if orch.config.api_key else None,
+                        routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
                         middleware=[Middleware(CleanEndsMiddleware),  # outermost: it sees every end
                                     Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
     app.state.orchestrator = orch

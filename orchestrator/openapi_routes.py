@@ -16,11 +16,12 @@ from frontends.openapi import RouteDoc
 from frontends.openapi_routes import BATCH_DOCS, GENERATION_DOCS, PROMETHEUS_DOC, SURFACE_DOCS
 from orchestrator.registry import Registration, WorkerIdBody
 
-__all__ = ["ORCHESTRATOR_DOCS", "DESCRIPTION"]
+__all__ = ["ORCHESTRATOR_DOCS", "DESCRIPTION", "OPEN_PATHS"]
 
 DESCRIPTION = ("The one URL of a disagg deployment: OpenAI, Anthropic and Responses APIs over context and "
-               "generation workers. With an API key configured, /v1/* and /workers* need "
-               "`Authorization: Bearer KEY` or `x-api-key: KEY`.")
+               "generation workers.")
+# With an API key configured, what needs none (probes and scrapers; ``orchestrator.app``'s protected=False).
+OPEN_PATHS = frozenset({"/health", "/version", "/cluster_info", "/prometheus/metrics", "/perf_metrics"})
 
 
 class OrchestratorHealth(msgspec.Struct):

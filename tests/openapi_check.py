@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import httpx
 import jsonschema
 
-__all__ = ["documented", "operation_problems", "check_answer", "call_checked", "CalledModules"]
+__all__ = ["documented", "operations", "operation_problems", "check_answer", "call_checked", "CalledModules"]
 
 _METHODS = ("get", "post", "put", "patch", "delete")
 
@@ -26,7 +26,7 @@ def documented(doc: dict[str, Any]) -> set[tuple[str, str]]:
     return {(method.upper(), path) for path, item in doc["paths"].items() for method in item if method in _METHODS}
 
 
-def _operations(doc: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+def operations(doc: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
     for path, item in doc["paths"].items():
         for method, operation in item.items():
             yield method.upper(), path, operation
@@ -48,7 +48,7 @@ def operation_problems(doc: dict[str, Any]) -> list[str]:
     """What a documented operation lacks: a request schema (POST), a 200 and an error schema, a $ref target."""
     problems = []
     components = doc["components"]["schemas"]
-    for method, path, operation in _operations(doc):
+    for method, path, operation in operations(doc):
         name = f"{method} {path}"
         if method == "POST" and not operation.get("requestBody", {}).get("content", {}).get("application/json",
                                                                                            {}).get("schema"):

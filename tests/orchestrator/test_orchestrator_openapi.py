@@ -11,7 +11,7 @@ import pytest
 
 from frontends.openapi import undocumented_routes, unserved_docs
 from frontends.tokenizer import Tokenizer
-from openapi_check import CalledModules, call_checked, check_answer, documented, operation_problems
+from openapi_check import CalledModules, call_checked, documented, operation_problems, operations
 from orchestrator.app import Orchestrator, build_app
 from orchestrator.config import OrchestratorConfig
 from orchestrator.openapi_routes import ORCHESTRATOR_DOCS
@@ -20,14 +20,15 @@ from worker_process import start_worker, stop_worker
 
 MODEL = "tiny-test"
 USER = [{"role": "user", "content": "Hello"}]
+KEY = "the-key"
 
 
 @pytest.fixture(scope="module")
 def orchestrator(tiny_model_dir, tmp_path_factory):
     worker_url, worker = start_worker(tiny_model_dir, 1)
     url, orch = start_orchestrator(tmp_path_factory.mktemp("orch"), tiny_model_dir, [("both", worker_url)],
-                                   processes=1)
-    with httpx.Client(base_url=url, timeout=30) as http:
+                                   processes=1, api_key=KEY)
+    with httpx.Client(base_url=url, timeout=30, headers={"x-api-key": KEY}) as http:
         yield http, http.get("/openapi.json").json()
     assert stop_orchestrator(orch) == 0
     stop_worker(worker)
@@ -86,6 +87,19 @@ def test_live_answers_fit_their_schemas(orchestrator):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
     assert call_checked(http, doc, "POST", "/v1/messages", content=b"{").status_code == 400
     assert call_checked(http, doc, "GET", "/v1/models/{model_id}", "/v1/models/other").status_code == 404
+
+
+def test_the_documented_api_key_is_the_one_asked_for(orchestrator):
+    """Operations marked as needing the key answer 401 without it; the others answer without it."""
+    http, doc = orchestrator
+    assert set(doc["components"]["securitySchemes"]) == {"bearer", "x-api-key"}
+    with httpx.Client(base_url=str(http.base_url), timeout=30) as anonymous:
+        for method, path, operation in operations(doc):
+            response = anonymous.request(method, path.replace("{", "").replace("}", ""))
+            assert (response.status_code == 401) == ("security" in operation), (method, path, response.status_code)
+        assert anonymous.get("/openapi.json").status_code == 200 and anonymous.get("/docs").status_code == 200
+    with httpx.Client(base_url=str(http.base_url), timeout=30, headers={"authorization": f"Bearer {KEY}"}) as bearer:
+        assert bearer.get("/v1/models").status_code == 200
 
 
 @pytest.mark.asyncio
