@@ -1,11 +1,11 @@
-"""The per-request cost of serving the frontend's routes from a FastAPI app (``frontends.openapi``).
+"""The per-request cost of serving the worker's and orchestrator's routes from FastAPI apps.
 
-The worker's app is a ``DocumentedApp``: FastAPI for ``/openapi.json`` and
-``/docs``, Starlette's path for every request. This measures, in one process
-and one run, the CPU per request of the same routes and handlers (the real
-app of ``frontends.app.build_app`` over an in-process synthetic engine)
-dispatched three ways, driven by raw ASGI calls (no sockets: the app layer
-alone, where the three differ):
+Both apps are ``DocumentedApp``s (``frontends.openapi``): FastAPI for ``/openapi.json`` and ``/docs``,
+Starlette's path for every request. This measures, in one process and one run,
+the CPU per request of the same routes and handlers (the real apps of
+``frontends.app.build_app`` over an in-process synthetic engine and of
+``orchestrator.app.build_app`` with no worker) dispatched three ways, driven by
+raw ASGI calls (no sockets: the app layer alone, where the three differ):
 
   - ``documented``: the app as served;
   - ``starlette``: a plain Starlette app with the same routes and middleware
@@ -13,9 +13,11 @@ alone, where the three differ):
   - ``fastapi``: the same FastAPI app on FastAPI's own request path (its
     ``__call__``, middleware stack and router), for scale: what was avoided.
 
-Requests: ``GET /health`` (the cheapest route: dispatch dominates), ``GET /nowhere``
-(a 404 in the API's shape) and a streamed ``POST /v1/chat/completions`` of 8
-tokens (the hot route; the in-process engine's CPU is in its figure too). Each
+Worker requests: ``GET /health`` (the cheapest route: dispatch dominates), ``GET
+/nowhere`` (a 404 in the API's shape) and a streamed ``POST /v1/chat/completions``
+of 8 tokens (the hot route; the in-process engine's CPU is in its figure too).
+Orchestrator requests (no leg: no worker behind it): ``GET /health`` (503),
+``GET /nowhere`` and ``POST /v1/messages/count_tokens`` (tokenized there). Each
 round runs the three apps in turn, the first one rotating; the figure is the
 median over rounds of process CPU seconds per request.
 
@@ -40,18 +42,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "frontend
 
 from fastapi import FastAPI  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
+from starlette.exceptions import HTTPException  # noqa: E402
 
 from frontends.app import build_app  # noqa: E402
 from frontends.serving import FrontendConfig  # noqa: E402
 from frontends.tokenizer import Tokenizer  # noqa: E402
 from inproc_engine import InprocEngineClient, make_synthetic_core  # noqa: E402
+from orchestrator.app import Orchestrator  # noqa: E402
+from orchestrator.app import build_app as build_orchestrator_app  # noqa: E402
+from orchestrator.config import OrchestratorConfig  # noqa: E402
 from workers.engine.model.tiny import make_tiny_model  # noqa: E402
 
 LIMIT = 1.05
 CHAT = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
                    "ignore_eos": True, "stream": True}).encode()
-REQUESTS = {"health": ("GET", "/health", b""), "not_found": ("GET", "/nowhere", b""),
-            "chat_stream": ("POST", "/v1/chat/completions", CHAT)}
+COUNT = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hello"}]}).encode()
+# kind -> (app, method, path, body, expected status)
+REQUESTS = {"health": ("worker", "GET", "/health", b"", 200),
+            "not_found": ("worker", "GET", "/nowhere", b"", 404),
+            "chat_stream": ("worker", "POST", "/v1/chat/completions", CHAT, 200),
+            "orch_health": ("orchestrator", "GET", "/health", b"", 503),  # no worker behind it: answered at once
+            "orch_not_found": ("orchestrator", "GET", "/nowhere", b"", 404),
+            "orch_count_tokens": ("orchestrator", "POST", "/v1/messages/count_tokens", COUNT, 200)}
 
 
 def _scope(method: str, path: str, body: bytes) -> dict[str, Any]:
@@ -82,6 +94,16 @@ async def _call(app, method: str, path: str, body: bytes) -> int:
     return status
 
 
+def _orchestrator_twins(app: Any) -> dict[str, Any]:
+    """The orchestrator's app as served, and as a plain Starlette app and as FastAPI with the same arguments."""
+    kwargs = {"routes": list(app.router.routes), "middleware": app.user_middleware,
+              "exception_handlers": {HTTPException: app.exception_handlers[HTTPException]}}
+    twins = {"documented": app, "starlette": Starlette(**kwargs), "fastapi": FastAPI(**kwargs)}
+    for twin in twins.values():
+        twin.state = app.state
+    return twins
+
+
 def _twins(app: Any) -> dict[str, Any]:
     """The served app and two others over the very same routes, state and (one-layer) middleware stack."""
     served = type(app)  # frontends.app's DocumentedApp subclass
@@ -105,7 +127,7 @@ def _twins(app: Any) -> dict[str, Any]:
 
 async def _round(apps: dict[str, Any], kind: str, n: int, turn: int = 0) -> dict[str, float]:
     """CPU seconds per request of each app; ``turn`` rotates which app goes first (no order bias)."""
-    method, path, body = REQUESTS[kind]
+    _, method, path, body, expected = REQUESTS[kind]
     per_request = {}
     order = list(apps.items())
     for name, app in order[turn % len(order):] + order[:turn % len(order)]:
@@ -113,7 +135,7 @@ async def _round(apps: dict[str, Any], kind: str, n: int, turn: int = 0) -> dict
         for _ in range(n):
             status = await _call(app, method, path, body)
         per_request[name] = (time.process_time() - start) / n
-        assert status == (404 if kind == "not_found" else 200), (name, kind, status)
+        assert status == expected, (name, kind, status)
     return per_request
 
 
@@ -121,18 +143,22 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = make_tiny_model(Path(tempfile.mkdtemp(prefix="app-dispatch-")) / "tiny", size="test")
     client = InprocEngineClient(make_synthetic_core(max_model_len=256))
     await client.start()
-    app = build_app(client, Tokenizer.from_model_dir(model_dir), FrontendConfig.for_model_dir(model_dir))
-    apps = _twins(app)
+    tokenizer = Tokenizer.from_model_dir(model_dir)
+    orch = Orchestrator(OrchestratorConfig(model_dir=str(model_dir), state_dir=str(model_dir.parent)), 0, tokenizer)
+    apps = {"worker": _twins(build_app(client, tokenizer, FrontendConfig.for_model_dir(model_dir))),
+            "orchestrator": _orchestrator_twins(build_orchestrator_app(orch))}
     results: dict[str, Any] = {}
     try:
-        for kind in REQUESTS:
+        for kind, (target, *_) in REQUESTS.items():
             n = args.requests if kind != "chat_stream" else max(1, args.requests // 4)
-            await _round(apps, kind, max(1, n // 10))  # warm-up
-            rounds = [await _round(apps, kind, n, turn) for turn in range(args.rounds)]
-            results[kind] = {name: statistics.median(r[name] for r in rounds) * 1e6 for name in apps}
+            await _round(apps[target], kind, max(1, n // 10))  # warm-up
+            rounds = [await _round(apps[target], kind, n, turn) for turn in range(args.rounds)]
+            results[kind] = {name: statistics.median(r[name] for r in rounds) * 1e6 for name in apps[target]}
             results[kind]["requests_per_round"] = n
     finally:
         await client.close()
+        orch.legs.close()
+        orch.responses.store.close()
     return results
 
 
@@ -148,7 +174,7 @@ def main() -> int:
     for kind, row in results.items():
         ratio = row["documented"] / row["starlette"]
         passed &= ratio <= LIMIT
-        print(f"  {kind:12} documented {row['documented']:8.1f}  starlette {row['starlette']:8.1f}  "
+        print(f"  {kind:17} documented {row['documented']:8.1f}  starlette {row['starlette']:8.1f}  "
               f"fastapi-path {row['fastapi']:8.1f}  documented/starlette {ratio:.3f}  "
               f"fastapi-path/starlette {row['fastapi'] / row['starlette']:.3f}")
         row["ratio_documented_to_starlette"] = ratio
