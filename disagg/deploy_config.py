@@ -40,7 +40,7 @@ from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES
 
-__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "RestartPolicy", "DeployConfig",
+__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "PrometheusSettings", "RestartPolicy", "DeployConfig",
            "load_deploy_config", "check_runnable", "resolve_deploy_model", "TINY_MODEL", "LAUNCHERS"]
 
 TINY_MODEL = "tiny"
@@ -200,6 +200,18 @@ class RestartPolicy:
 
 
 @dataclass(frozen=True)
+class PrometheusSettings:
+    """The ``<run dir>/prometheus.yml`` that `disagg up` writes (``orchestrator.prometheus_sd``)."""
+
+    scrape_interval_seconds: float = 5.0
+
+    def validate(self, prefix: str) -> None:
+        if not 0 < self.scrape_interval_seconds <= 3600:
+            raise ConfigError(f"{prefix}.scrape_interval_seconds",
+                              f"must be in (0, 3600], got {self.scrape_interval_seconds}")
+
+
+@dataclass(frozen=True)
 class PoolsConfig:
     ctx: PoolConfig = field(default_factory=PoolConfig)
     gen: PoolConfig = field(default_factory=PoolConfig)
@@ -221,6 +233,7 @@ class DeployConfig:
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     startup_timeout_seconds: float = 600.0
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     source: str = ""
     """The file this came from (set by the loader)."""
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.config import OrchestratorConfig, StaticWorker
+from orchestrator.prometheus_sd import TARGETS_DIR
 
 if TYPE_CHECKING:
     from disagg.deploy_config import DeployConfig
@@ -25,15 +26,16 @@ ORCHESTRATOR_CONFIG_FILE = "orchestrator.json"
 
 
 def orchestrator_config(config: DeployConfig, *, model: Path, state_dir: Path, host: str, port: int,
-                        workers: tuple[StaticWorker, ...] = ()) -> OrchestratorConfig:
-    """``config``'s orchestrator section, serving ``model`` from ``host:port``."""
+                        workers: tuple[StaticWorker, ...] = (), targets_dir: Path | None = None) -> OrchestratorConfig:
+    """``config``'s orchestrator section, serving ``model`` from ``host:port``; ``targets_dir``: where
+    it keeps the Prometheus target files (``<run dir>/prometheus/targets``, ``orchestrator.prometheus_sd``)."""
     s = config.orchestrator
     return OrchestratorConfig(
         model_dir=str(model), state_dir=str(state_dir), served_model_name=config.served_model_name,
         host=host, port=port, processes=s.processes, ctx_router=s.ctx_router, gen_router=s.gen_router,
         conditional=s.conditional, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
         api_key=s.api_key, workers=workers, default_block_size=config.engine.block_size or 16,
-        max_request_bytes=s.max_request_bytes)
+        max_request_bytes=s.max_request_bytes, prometheus_targets_dir=None if targets_dir is None else str(targets_dir))
 
 
 def write_orchestrator_config(run_dir: Path, orch: OrchestratorConfig) -> Path:
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir).resolve()
     model = resolve_deploy_model(config, run_dir)  # writes the tiny model on first use
     write_orchestrator_config(run_dir, orchestrator_config(
-        config, model=model, state_dir=run_dir / "orchestrator", host="0.0.0.0", port=config.orchestrator.port))
+        config, model=model, state_dir=run_dir / "orchestrator", host="0.0.0.0", port=config.orchestrator.port,
+        targets_dir=run_dir / TARGETS_DIR))
     return 0
 
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from disagg.progress import ProgressLine
 from orchestrator.readiness import health_progress
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ PYTHON = "python"
 """The interpreter steps run: the one ``slurm.env_setup`` puts first on PATH (or the submitter's PATH)."""
 CANCEL_WAIT_SECONDS = 60.0
 _RUNTIME_FILES = ("cluster.key", "orchestrator.url", "orchestrator.json", "nodes", SLURM_STATE_FILE)
-_RUNTIME_DIRS = ("orchestrator", "state", "submitit")
+_RUNTIME_DIRS = ("orchestrator", "state", "submitit", "prometheus/targets")
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -110,6 +111,7 @@ def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
     from slurm.jobs import job_in_queue
     from slurm.rendezvous import LOGS_DIR, create_cluster_key
     from slurm.submit import submit_with_submitit
+    from orchestrator.prometheus_sd import write_prometheus_config
 
     config = dataclasses.replace(config, launcher="slurm")
     check_runnable(config)
@@ -124,6 +126,7 @@ def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
         old.unlink()
     create_cluster_key(run_dir)
     run_dir = run_dir.resolve()
+    write_prometheus_config(run_dir, config.name, config.prometheus.scrape_interval_seconds)
     ports = {worker.name: worker.port for worker in config.placement()}
     job_id = submit_with_submitit(plan, run_dir / "submitit", Path.cwd(), env={"DISAGG_RUN_DIR": str(run_dir)})
     state = {"launcher": "slurm", "job_id": job_id, "config": str(config_path), "job_name": config.slurm.job_name,
@@ -149,17 +152,20 @@ def _wait_healthy(run_dir: Path, state: dict[str, Any], timeout: float) -> int:
     job_id = state["job_id"]
     deadline = time.monotonic() + timeout
     ready_processes: set[int] = set()
+    progress = ProgressLine()
     while time.monotonic() < deadline:
         info = job_info(job_id)
         if info is None or info.finished:
             ended = "gone from Slurm" if info is None else f"{info.state} ({info.reason})"
-            print(f"\ndisagg up: job {job_id} ended before it was healthy: {ended}", file=sys.stderr)
+            progress.finish()
+            print(f"disagg up: job {job_id} ended before it was healthy: {ended}", file=sys.stderr)
             _print_failing_logs(run_dir, state)
             _clean(run_dir)
             return 1
         url = read_orchestrator_url(run_dir)
         if url is None and _step_ended(run_dir, job_id, "orchestrator"):
-            print(f"\ndisagg up: the orchestrator step ended before it answered; cancelling job {job_id}",
+            progress.finish()
+            print(f"disagg up: the orchestrator step ended before it answered; cancelling job {job_id}",
                   file=sys.stderr)
             return _fail(run_dir, state)
         if info.state != "RUNNING":
@@ -168,12 +174,14 @@ def _wait_healthy(run_dir: Path, state: dict[str, Any], timeout: float) -> int:
             line = f"job {job_id} RUNNING on {info.node_list}; waiting for the orchestrator"
         else:
             line = f"job {job_id} RUNNING; {health_progress(url, ready_processes)}"
-        print(f"\rdisagg up: {line}".ljust(100), end="", flush=True)
+        progress.update(f"disagg up: {line}")
         if url is not None and line.endswith("ready"):
-            print(f"\ndisagg up: ready on {url} (job {job_id}, run dir {run_dir}; `disagg down` stops it)")
+            progress.finish()
+            print(f"disagg up: ready on {url} (job {job_id}, run dir {run_dir}; `disagg down` stops it)")
             return 0
         time.sleep(0.5)
-    print(f"\ndisagg up: not healthy after {timeout:g} s; cancelling job {job_id}", file=sys.stderr)
+    progress.finish()
+    print(f"disagg up: not healthy after {timeout:g} s; cancelling job {job_id}", file=sys.stderr)
     return _fail(run_dir, state)
 
 
@@ -219,7 +227,7 @@ def running_steps(job_id: int) -> dict[str, str]:
     return {name.strip(): step_id for step_id, name in steps}
 
 
-def slurm_status(run_dir: Path) -> int:
+def slurm_status(run_dir: Path, as_json: bool = False) -> int:
     from slurm.jobs import job_info
     from slurm.rendezvous import read_orchestrator_url
 
@@ -229,6 +237,8 @@ def slurm_status(run_dir: Path) -> int:
         return 1
     job_id = state["job_id"]
     info = job_info(job_id)
+    if as_json:
+        return _print_json_status(run_dir, state, info)
     if info is None:
         print(f"deployment {run_dir} ({state['config']}): job {job_id} is no longer known to Slurm (it ended)")
         return 1
@@ -253,10 +263,32 @@ def slurm_status(run_dir: Path) -> int:
             seen = (f"{worker['worker_id']} {'healthy' if worker['healthy'] else 'UNHEALTHY'}; "
                     f"in flight {worker['in_flight_requests']}")
         print(f"  {step['name']:<14} {where:<22} {seen}")
+    from orchestrator.prometheus_sd import prometheus_command
+
+    print(f"  metrics: {prometheus_command(run_dir)}  (then import dashboards/disagg.json into Grafana)")
     if view is None:
         print("  the orchestrator does not answer /cluster_info")
         return 1
     return 0
+
+
+def _print_json_status(run_dir: Path, state: dict[str, Any], info: Any) -> int:
+    """``status --json`` of a Slurm deployment: the same ``DeploymentStatus`` as a local one's."""
+    from disagg.deploy_status import DeploymentStatus, ProcessStatus, cluster_workers, print_status, prometheus_fields
+    from slurm.rendezvous import read_orchestrator_url
+
+    running_job = info is not None and info.state == "RUNNING"
+    steps = running_steps(state["job_id"]) if running_job else {}
+    url = read_orchestrator_url(run_dir) if running_job else None
+    message = None if running_job else (f"job {state['job_id']} "
+                                        f"{'ended' if info is None else f'{info.state} ({info.reason})'}")
+    status = DeploymentStatus(
+        running=running_job, run_dir=str(run_dir), message=message, launcher="slurm", job_id=state["job_id"],
+        config=state["config"], url=url, workers=cluster_workers(url) if url else None,
+        processes=[ProcessStatus(name=s["name"], state="running" if s["name"] in steps else "ended",
+                                 step=steps.get(s["name"]), log=str(run_dir / "logs" / f"{s['name']}.log"))
+                   for s in state["steps"]], **prometheus_fields(run_dir))
+    return print_status(status, as_json=True)
 
 
 def _cluster_info(url: str) -> list[dict[str, Any]] | None:

@@ -4,6 +4,7 @@ srun steps, real HTTP through the official openai client."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -71,11 +72,18 @@ def test_up_serves_through_the_orchestrator_and_status_shows_every_step(deployme
     assert (deployment / "cluster.key").stat().st_mode & 0o777 == 0o600
     status = _disagg("status", "--run-dir", str(deployment))
     assert status.returncode == 0, status.stdout + status.stderr
-    lines = status.stdout.splitlines()
+    *lines, metrics = status.stdout.splitlines()
     assert " RUNNING (None) on " in lines[0]
     assert [line.split()[0] for line in lines[1:]] == ["orchestrator", "ctx-0", "ctx-1", "gen-0"]
     assert all(" running " in line for line in lines[1:])
     assert all(line.endswith("healthy; in flight 0") and "UNHEALTHY" not in line for line in lines[2:])
+    assert f"prometheus --config.file={deployment.resolve() / 'prometheus.yml'}" in metrics
+    # The orchestrator writes every registered worker into the Prometheus target file.
+    targets = json.loads((deployment / "prometheus" / "targets" / "workers.json").read_text())
+    assert sorted(group["labels"]["role"] for group in targets) == ["ctx", "ctx", "gen"]
+    view = json.loads(_disagg("status", "--json", "--run-dir", str(deployment)).stdout)
+    assert view["launcher"] == "slurm" and view["running"] and len(view["workers"]) == 3
+    assert [p["state"] for p in view["processes"]] == ["running"] * 4
     logs = _disagg("logs", "ctx-0", "--run-dir", str(deployment))
     assert logs.returncode == 0 and "registered with http://" in logs.stdout
 
