@@ -54,8 +54,8 @@ class RouteDoc:
     response: Any = None
     """The 200 answer's JSON type; None: a ``media_type`` text (Prometheus, JSON Lines)."""
     media_type: str = "application/json"
-    streams: bool = False
-    """``"stream": true`` makes the 200 answer ``text/event-stream``."""
+    stream_event: Any = None
+    """With ``"stream": true`` the 200 answer is ``text/event-stream``: the type of each event's ``data``."""
     anthropic: bool = False
     """Errors have Anthropic's shape (else OpenAI's)."""
 
@@ -68,7 +68,7 @@ def openapi_document(title: str, version: str, description: str, docs: Sequence[
     marked as needing ``Authorization: Bearer KEY`` or ``x-api-key: KEY``); None: no key."""
     types: list[Any] = [OpenAIError, AnthropicError]
     for doc in docs:
-        types += [t for t in (doc.request, doc.response) if t is not None and t not in types]
+        types += [t for t in (doc.request, doc.response, doc.stream_event) if t is not None and t not in types]
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
     schema_of = dict(zip(types, schemas))
     paths: dict[str, dict[str, Any]] = {}
@@ -89,8 +89,12 @@ def _operation(doc: RouteDoc, schema_of: dict[Any, Any]) -> dict[str, Any]:
         ok = {"application/json": {"schema": schema_of[doc.response]}}
     else:
         ok = {doc.media_type: {"schema": {"type": "string"}}}
-    if doc.streams:
-        ok["text/event-stream"] = {"schema": {"type": "string", "description": "Server-sent events (\"stream\": true)"}}
+    if doc.stream_event is not None:
+        # OpenAPI 3.1 cannot type an event stream's items (3.2's itemSchema can): an extension says
+        # what each event's data holds, an event of the answer or an error (the stream's last).
+        ok["text/event-stream"] = {
+            "schema": {"type": "string", "description": "Server-sent events (\"stream\": true)"},
+            "x-event-data": {"anyOf": [schema_of[doc.stream_event], error["application/json"]["schema"]]}}
     operation: dict[str, Any] = {
         "tags": [doc.tag], "summary": doc.summary,
         "operationId": f"{doc.method.lower()}{re.sub(r'[^a-zA-Z0-9]+', '_', doc.path).rstrip('_')}",

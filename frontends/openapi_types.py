@@ -10,7 +10,7 @@ handlers decode with (``schemas_openai``, ``schemas_anthropic``, ...).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 import msgspec
 
@@ -22,7 +22,8 @@ __all__ = [
     "OpenAIError", "AnthropicError", "EmptyBody", "ChatCompletion", "Completion", "ModelList", "ModelCard",
     "AnthropicMessage", "InputTokens", "ResponseObject", "DeletedResponse", "ResponseItemList", "TokenizeResult",
     "DetokenizeResult", "Health", "Version", "WorkerInfo", "ProfileStatus", "BatchList", "CreateBatchRequest",
-    "DeletedBatch", "MessageBatch",
+    "DeletedBatch", "MessageBatch", "ChatCompletionChunk", "CompletionChunk", "MessageStreamEvent",
+    "ResponseStreamEvent",
 ]
 
 # --- errors: the one shape per API (``frontends.errors``) ---------------------------------------------------
@@ -241,3 +242,95 @@ class ProfileStatus(msgspec.Struct, kw_only=True):
     status: Literal["profiling", "stopped"]
     trace: str | None = None
     """Where the trace was written (``/stop_profile``)."""
+
+
+# --- stream events: the JSON of each SSE ``data:`` line of a ``"stream": true`` answer ---------------------
+
+
+class ChatDelta(msgspec.Struct, kw_only=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """``{index, id, type, function: {name, arguments}}`` first, then ``{index, function: {arguments}}``."""
+
+
+class ChatChunkChoice(_Choice, kw_only=True):
+    delta: ChatDelta
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    """One event of a chat stream (the last one, with ``stream_options.include_usage``: no choices,
+    the usage); the stream ends with ``data: [DONE]``."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChunk(msgspec.Struct, kw_only=True):
+    """One event of a completion stream; then ``data: [DONE]``."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class MessageStart(msgspec.Struct, tag_field="type", tag="message_start"):
+    message: AnthropicMessage
+    """With no content yet, null stop fields and the input usage."""
+
+
+class ContentBlockStart(msgspec.Struct, tag_field="type", tag="content_block_start"):
+    index: int
+    content_block: dict[str, Any]
+
+
+class ContentBlockDelta(msgspec.Struct, tag_field="type", tag="content_block_delta"):
+    index: int
+    delta: dict[str, Any]
+    """``text_delta`` or ``input_json_delta``."""
+
+
+class ContentBlockStop(msgspec.Struct, tag_field="type", tag="content_block_stop"):
+    index: int
+
+
+class MessageDeltaBody(msgspec.Struct):
+    stop_reason: str | None
+    stop_sequence: str | None
+
+
+class MessageDelta(msgspec.Struct, tag_field="type", tag="message_delta"):
+    delta: MessageDeltaBody
+    usage: AnthropicUsage
+    """Cumulative and final."""
+
+
+class MessageStop(msgspec.Struct, tag_field="type", tag="message_stop"):
+    pass
+
+
+class Ping(msgspec.Struct, tag_field="type", tag="ping"):
+    pass
+
+
+class StreamError(msgspec.Struct, tag_field="type", tag="error"):
+    error: AnthropicErrorDetail
+
+
+MessageStreamEvent = Union[MessageStart, ContentBlockStart, ContentBlockDelta, ContentBlockStop, MessageDelta,
+                           MessageStop, Ping, StreamError]
+
+
+class ResponseStreamEvent(msgspec.Struct, kw_only=True):
+    """One event of a Responses stream (``response.created`` ... ``response.completed``); its other
+    fields depend on ``type``, as in OpenAI's Responses API."""
+
+    type: str
+    sequence_number: int

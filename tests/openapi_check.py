@@ -5,6 +5,7 @@
     assert undocumented_routes(app.routes, documented(doc)) == []
     check_answer(doc, "POST", "/v1/chat/completions", response)   # the live answer fits its schema
     call_checked(http, doc, "GET", "/v1/models/{model_id}", "/v1/models/tiny")   # the same, in one call
+    call_checked(http, doc, "POST", "/v1/chat/completions", json={..., "stream": True})   # every event's data
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def operation_problems(doc: dict[str, Any]) -> list[str]:
             content = responses.get(status, {}).get("content", {})
             if not content or not all(media.get("schema") for media in content.values()):
                 problems.append(f"{name}: no {status} schema")
+        if "text/event-stream" in responses.get("200", {}).get("content", {}) \
+                and not responses["200"]["content"]["text/event-stream"].get("x-event-data"):
+            problems.append(f"{name}: no schema of its events' data")
         params = set(re.findall(r"{(\w+)}", path))
         if params != {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}:
             problems.append(f"{name}: path parameters {sorted(params)} not all documented")
@@ -67,15 +71,27 @@ def operation_problems(doc: dict[str, Any]) -> list[str]:
     return problems
 
 
-def check_answer(doc: dict[str, Any], method: str, path: str, response: httpx.Response) -> None:
-    """``response`` (a live answer of ``METHOD path``, a documented template) fits the documented schema."""
+def check_answer(doc: dict[str, Any], method: str, path: str, response: httpx.Response) -> int:
+    """``response`` (a live answer of ``METHOD path``, a documented template) fits the documented schema;
+    for an event stream, the data of every event does. Returns how many events were checked (0: none)."""
     operation = doc["paths"][path][method.lower()]
     status = "200" if response.status_code < 400 else f"{str(response.status_code)[0]}XX"
     media = response.headers["content-type"].split(";")[0]
-    schema = operation["responses"][status]["content"][media]["schema"]
+    documented = operation["responses"][status]["content"][media]
+    if media == "text/event-stream":
+        validator = _validator(documented["x-event-data"], doc)
+        events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+        for data in events:
+            if data != "[DONE]":
+                validator.validate(json.loads(data))
+        return len(events)
     body = json.loads(response.content) if media == "application/json" else response.text
-    root = {**schema, "components": doc["components"]}  # the "#/components/..." refs resolve in here
-    jsonschema.Draft202012Validator(root).validate(body)
+    _validator(documented["schema"], doc).validate(body)
+    return 0
+
+
+def _validator(schema: dict[str, Any], doc: dict[str, Any]) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator({**schema, "components": doc["components"]})  # "#/components/..." refs
 
 
 def call_checked(http: httpx.Client, doc: dict[str, Any], method: str, template: str, path: str | None = None,

@@ -94,6 +94,23 @@ def test_live_answers_fit_their_schemas(worker):
     call_checked(http, doc, "DELETE", "/v1/messages/batches/{batch_id}", f"/v1/messages/batches/{batch['id']}")
 
 
+def test_streamed_events_fit_their_schemas(worker):
+    http, doc = worker
+    chat = {"model": MODEL, "messages": USER, "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 2}
+    for template, body in [("/v1/chat/completions", chat),
+                           ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 4, "stream": True}),
+                           ("/v1/messages", {"model": MODEL, "messages": USER, "max_tokens": 4, "stream": True}),
+                           ("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 4, "stream": True})]:
+        response = call_checked(http, doc, "POST", template, json=body)
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert check_answer(doc, "POST", template, response) >= 2, template  # events may coalesce
+    # The event checker itself rejects a chat stream's events as a completion stream's.
+    chat_stream = http.post("/v1/chat/completions", json=chat)
+    with pytest.raises(Exception):
+        check_answer(doc, "POST", "/v1/completions", chat_stream)
+
+
 def test_errors_fit_the_documented_error_shapes(worker):
     http, doc = worker
     assert call_checked(http, doc, "POST", "/v1/chat/completions", content=b"{not json").status_code == 400

@@ -62,6 +62,10 @@ def test_live_answers_fit_their_schemas(orchestrator):
                  json={"model": MODEL, "messages": USER, "max_tokens": 3}).status_code == 200
     call_checked(http, doc, "POST", "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3})
     call_checked(http, doc, "POST", "/v1/messages", json={"model": MODEL, "messages": USER, "max_tokens": 3})
+    for template, body in [("/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 3}),
+                           ("/v1/messages", {"model": MODEL, "messages": USER, "max_tokens": 3})]:
+        streamed = call_checked(http, doc, "POST", template, json={**body, "stream": True})
+        assert streamed.headers["content-type"].startswith("text/event-stream")
     call_checked(http, doc, "POST", "/v1/messages/count_tokens", json={"model": MODEL, "messages": USER})
     response = call_checked(http, doc, "POST", "/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 3})
     call_checked(http, doc, "GET", "/v1/responses/{response_id}", f"/v1/responses/{response.json()['id']}")
