@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import openapi_spec_validator
 import pytest
 
 from frontends.openapi import undocumented_routes, unserved_docs
@@ -32,6 +33,7 @@ def worker(tiny_model_dir):
 
 def test_every_served_route_is_documented(worker, tiny_model_dir, tokenizer, tmp_path):
     http, doc = worker
+    openapi_spec_validator.validate(doc)  # a valid OpenAPI 3.1 document, as tools read it
     assert operation_problems(doc) == []
     for name, app in worker_apps(tiny_model_dir, tokenizer, tmp_path).items():
         assert undocumented_routes(app.routes, documented(doc)) == [], name

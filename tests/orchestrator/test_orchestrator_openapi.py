@@ -7,6 +7,7 @@ the live document, every POST with a request schema, and live answers fit the do
 from __future__ import annotations
 
 import httpx
+import openapi_spec_validator
 import pytest
 
 from frontends.openapi import undocumented_routes, unserved_docs
@@ -46,6 +47,7 @@ def inproc_app(tiny_model_dir, tmp_path):
 
 def test_every_served_route_is_documented(orchestrator, inproc_app):
     http, doc = orchestrator
+    openapi_spec_validator.validate(doc)  # a valid OpenAPI 3.1 document, as tools read it
     assert operation_problems(doc) == []
     routes = inproc_app.routes
     assert undocumented_routes(routes, documented(doc)) == []
