@@ -32,6 +32,10 @@ class ProcessStatus(msgspec.Struct, kw_only=True):
     ended (a Slurm step)."""
     step: str | None = None
     """A Slurm step's id (JOB.STEP) while it runs."""
+    nodes: str | None = None
+    """A running Slurm step's node list as Slurm writes it (``n[11-14]``)."""
+    ranks: int | None = None
+    """A Slurm worker step's tasks: its tensor-parallel ranks."""
     url: str | None = None
     restarts: int = 0
     log: str | None = None

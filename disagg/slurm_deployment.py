@@ -37,8 +37,8 @@ SLURM_STATE_FILE = "slurm.json"
 PYTHON = "python"
 """The interpreter steps run: the one ``slurm.env_setup`` puts first on PATH (or the submitter's PATH)."""
 CANCEL_WAIT_SECONDS = 60.0
-_RUNTIME_FILES = ("cluster.key", "orchestrator.url", "orchestrator.json", "nodes", SLURM_STATE_FILE)
-_RUNTIME_DIRS = ("orchestrator", "state", "submitit", "prometheus/targets")
+_RUNTIME_FILES = ("cluster.key", "orchestrator.url", "orchestrator.json", "nodes", SLURM_STATE_FILE, "prometheus.yml")
+_RUNTIME_DIRS = ("orchestrator", "state", "submitit", "prometheus", "ranks")
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -67,6 +67,8 @@ def _worker_argv(config: DeployConfig, worker: WorkerPlacement, model: str) -> l
     argv = [PYTHON, "-m", "slurm.step", "worker", "--run-dir", RUN_DIR, "--",
             PYTHON, "-m", "disagg.cli", "serve", model, "--role", pool.role or worker.pool,
             "--host", "0.0.0.0", "--port", str(worker.port), "--num-frontends", str(worker.frontends)]
+    if pool.tensor_parallel_size > 1:  # every task of the step runs this line; slurm.step says which rank
+        argv += ["--tensor-parallel-size", str(pool.tensor_parallel_size)]
     options = {**engine.serve_options(),
                "--served-model-name": config.served_model_name,
                "--tool-call-parser": config.tool_call_parser,
@@ -107,14 +109,12 @@ def run_render(args: argparse.Namespace) -> int:
 # -- up ----------------------------------------------------------------------------------------
 
 def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
-    from disagg.deploy_config import check_runnable
     from slurm.jobs import job_in_queue
     from slurm.rendezvous import LOGS_DIR, create_cluster_key
     from slurm.submit import submit_with_submitit
     from orchestrator.prometheus_sd import write_prometheus_config
 
     config = dataclasses.replace(config, launcher="slurm")
-    check_runnable(config)
     plan = build_slurm_plan(config, str(Path(config_path).resolve()))
     state = _read_state(run_dir)
     if state is not None and job_in_queue(state["job_id"]):
@@ -130,7 +130,8 @@ def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
     ports = {worker.name: worker.port for worker in config.placement()}
     job_id = submit_with_submitit(plan, run_dir / "submitit", Path.cwd(), env={"DISAGG_RUN_DIR": str(run_dir)})
     state = {"launcher": "slurm", "job_id": job_id, "config": str(config_path), "job_name": config.slurm.job_name,
-             "steps": [{"name": s.name, "port": ports.get(s.name, config.orchestrator.port)} for s in plan.steps],
+             "steps": [{"name": s.name, "port": ports.get(s.name, config.orchestrator.port), "ranks": s.num_tasks}
+                       for s in plan.steps],
              "orchestrator_port": config.orchestrator.port}
     tmp = run_dir / f".{SLURM_STATE_FILE}"
     tmp.write_text(json.dumps(state, indent=2))
@@ -221,10 +222,15 @@ def _print_failing_logs(run_dir: Path, state: dict[str, Any], lines: int = 20) -
 
 def running_steps(job_id: int) -> dict[str, str]:
     """Step name -> step id (JOB.STEP) of the job's steps Slurm still runs."""
-    result = subprocess.run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"], capture_output=True,
+    return {name: step_id for name, (step_id, _) in _running_step_nodes(job_id).items()}
+
+
+def _running_step_nodes(job_id: int) -> dict[str, tuple[str, str]]:
+    """Step name -> (step id, the step's node list as Slurm writes it, e.g. n[11-14])."""
+    result = subprocess.run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %N %j"], capture_output=True,
                             text=True, timeout=30)
-    steps = (line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
-    return {name.strip(): step_id for step_id, name in steps}
+    steps = (line.split(None, 2) for line in result.stdout.splitlines() if line.strip())
+    return {name.strip(): (step_id, nodes) for step_id, nodes, name in steps}
 
 
 def slurm_status(run_dir: Path, as_json: bool = False) -> int:
@@ -248,12 +254,12 @@ def slurm_status(run_dir: Path, as_json: bool = False) -> int:
         print(f"  the job was {info.state.lower().replace('_', ' ')}; `disagg down` cleans up, `disagg up` restarts")
     if info.state != "RUNNING":
         return 1
-    running = running_steps(job_id)
+    running = _running_step_nodes(job_id)
     url = read_orchestrator_url(run_dir)
     view = _cluster_info(url) if url else None
     by_port = {int(w["url"].rstrip("/").rsplit(":", 1)[-1]): w for w in (view or [])}
     for step in state["steps"]:
-        where = f"step {running[step['name']]} running" if step["name"] in running else "step ENDED"
+        where = f"step {running[step['name']][0]} running" if step["name"] in running else "step ENDED"
         worker = by_port.get(step["port"])
         if step["name"] == "orchestrator":
             seen = f"on {url}" if url else "not answering yet"
@@ -263,6 +269,8 @@ def slurm_status(run_dir: Path, as_json: bool = False) -> int:
             seen = (f"{worker['worker_id']} {'healthy' if worker['healthy'] else 'UNHEALTHY'}; "
                     f"in flight {worker['in_flight_requests']}")
         print(f"  {step['name']:<14} {where:<22} {seen}")
+        if step["name"] != "orchestrator" and "ranks" in step:
+            print(f"  {'':<14} {_ranks_line(run_dir, step, running.get(step['name']))}")
     from orchestrator.prometheus_sd import prometheus_command
 
     print(f"  metrics: {prometheus_command(run_dir)}  (then import dashboards/disagg.json into Grafana)")
@@ -272,13 +280,32 @@ def slurm_status(run_dir: Path, as_json: bool = False) -> int:
     return 0
 
 
+def _ranks_line(run_dir: Path, step: dict[str, Any], running: tuple[str, str] | None) -> str:
+    """Where a TP worker's ranks run: Slurm's node list for the step, and rank 0's table of every
+    rank's node (slurm.ranks) once it has written one."""
+    from slurm.ranks import read_rank_table
+
+    line = f"{step['ranks']} {'rank' if step['ranks'] == 1 else 'ranks'} on {running[1] if running else '-'}"
+    table = read_rank_table(run_dir, step["name"]) if step["ranks"] > 1 else None
+    if table is None or len(table["nodes"]) != step["ranks"]:
+        return line
+    spans: list[tuple[str, int, int]] = []  # (node, first rank, last rank), ranks consecutive on a node
+    for rank, node in enumerate(table["nodes"]):
+        if spans and spans[-1][0] == node and spans[-1][2] == rank - 1:
+            spans[-1] = (node, spans[-1][1], rank)
+        else:
+            spans.append((node, rank, rank))
+    ranks = ", ".join(f"{node} {a}" if a == b else f"{node} {a}-{b}" for node, a, b in spans)
+    return f"{line}: {ranks}; rank 0 at {table['master']}"
+
+
 def _print_json_status(run_dir: Path, state: dict[str, Any], info: Any) -> int:
     """``status --json`` of a Slurm deployment: the same ``DeploymentStatus`` as a local one's."""
     from disagg.deploy_status import DeploymentStatus, ProcessStatus, cluster_workers, print_status, prometheus_fields
     from slurm.rendezvous import read_orchestrator_url
 
     running_job = info is not None and info.state == "RUNNING"
-    steps = running_steps(state["job_id"]) if running_job else {}
+    steps = _running_step_nodes(state["job_id"]) if running_job else {}
     url = read_orchestrator_url(run_dir) if running_job else None
     message = None if running_job else (f"job {state['job_id']} "
                                         f"{'ended' if info is None else f'{info.state} ({info.reason})'}")
@@ -286,7 +313,9 @@ def _print_json_status(run_dir: Path, state: dict[str, Any], info: Any) -> int:
         running=running_job, run_dir=str(run_dir), message=message, launcher="slurm", job_id=state["job_id"],
         config=state["config"], url=url, workers=cluster_workers(url) if url else None,
         processes=[ProcessStatus(name=s["name"], state="running" if s["name"] in steps else "ended",
-                                 step=steps.get(s["name"]), log=str(run_dir / "logs" / f"{s['name']}.log"))
+                                 step=steps.get(s["name"], (None, None))[0], ranks=s.get("ranks"),
+                                 nodes=steps.get(s["name"], (None, None))[1],
+                                 log=str(run_dir / "logs" / f"{s['name']}.log"))
                    for s in state["steps"]], **prometheus_fields(run_dir))
     return print_status(status, as_json=True)
 

@@ -6,7 +6,10 @@
     python -m slurm.step worker --run-dir DIR -- COMMAND...
         waits for DIR/orchestrator.url, then becomes COMMAND (`disagg serve ...`) with
         ``--register-url URL --kv-advertise-host <this host> --advertise-url http://<this host>:<its
-        --port>`` appended
+        --port>`` appended. In a step of several tasks (a worker's TP ranks) each task first finds
+        its rank (slurm.ranks) and exports the DISAGG_TP_* variables; only rank 0 waits for the
+        orchestrator and registers (it runs the launcher and the frontends), the other ranks
+        become COMMAND at once (the engine follower) with only ``--kv-advertise-host``.
 
 Torch-free, and light: every worker step imports it before exec.
 """
@@ -21,7 +24,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
+from slurm.ranks import discover_rank, rank_environ, write_rank_table
 from slurm.rendezvous import publish_orchestrator_url, read_orchestrator_url
 
 __all__ = ["main"]
@@ -54,12 +59,25 @@ def _orchestrator(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
+    host = socket.gethostname()  # what other nodes resolve; getfqdn() may answer localhost
+    if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
+        rank = discover_rank(run_dir)
+        os.environ.update(rank_environ(rank))
+        print(f"slurm.step: rank {rank.rank} of {rank.world_size} (local rank {rank.local_rank}) on "
+              f"{os.environ.get('SLURMD_NODENAME', host)}, rank 0 at {rank.master_addr}:{rank.master_port} "
+              f"(found through {rank.via})", flush=True)
+        if rank.rank > 0:
+            _exec([*args.command, "--kv-advertise-host", host])
+        write_rank_table(run_dir, os.environ.get("SLURM_JOB_NAME", "worker"), rank)
     while (url := read_orchestrator_url(run_dir)) is None:
         time.sleep(_POLL_SECONDS)  # the job's time limit bounds this wait
-    host = socket.gethostname()  # what other nodes resolve; getfqdn() may answer localhost
     command = [*args.command, "--register-url", url, "--kv-advertise-host", host]
     if "--port" in args.command:
         command += ["--advertise-url", f"http://{host}:{args.command[args.command.index('--port') + 1]}"]
+    _exec(command)
+
+
+def _exec(command: list[str]) -> NoReturn:
     sys.stdout.flush()
     os.execvp(command[0], command)
 
