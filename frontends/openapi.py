@@ -20,11 +20,15 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import msgspec
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Match, Route, Router
 
 from frontends.openapi_types import AnthropicError, EmptyBody, OpenAIError
@@ -33,7 +37,11 @@ from frontends.route_table import ADMIN_ONLY_PREFIXES
 __all__ = ["RouteDoc", "DocumentedApp", "openapi_document", "undocumented_routes", "unserved_docs",
            "OPENAPI_PATHS"]
 
-OPENAPI_PATHS = ("/openapi.json", "/docs")  # what DocumentedApp adds to an app's routes
+OPENAPI_PATHS = ("/openapi.json", "/docs", "/docs/assets/{name}")  # what DocumentedApp adds to an app's routes
+# The Swagger UI files /docs loads, served from the swagger-ui-bundle package: no CDN (a server
+# room without internet still gets its docs page).
+_SWAGGER_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css",
+                   "favicon-32x32.png": "image/png"}
 _REF = "#/components/schemas/{name}"
 _PARAM = re.compile(r"{(\w+)(?::\w+)?}")
 _CATCH_ALL = "{rest:path}"
@@ -123,8 +131,9 @@ class DocumentedApp(FastAPI):
     def __init__(self, docs: Sequence[RouteDoc], *, title: str, version: str, description: str,
                  open_paths: frozenset[str] | None = None, **kwargs: Any) -> None:
         super().__init__(title=title, version=version, description=description, openapi_url=OPENAPI_PATHS[0],
-                         docs_url=OPENAPI_PATHS[1], redoc_url=None, swagger_ui_oauth2_redirect_url=None,
-                         **kwargs)
+                         docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None, **kwargs)
+        self.add_route(OPENAPI_PATHS[1], self._swagger_ui, include_in_schema=False)
+        self.add_route(OPENAPI_PATHS[2], _swagger_asset, include_in_schema=False)
         self.route_docs = tuple(docs)
         self.open_paths = open_paths  # with an API key: the paths that need none (openapi_document)
         # APIRouter.app adds per-request scope bookkeeping (form limits, telemetry route names) that no
@@ -138,11 +147,27 @@ class DocumentedApp(FastAPI):
         # Starlette's stack (FastAPI's adds three layers per request for features raw routes never use).
         return Starlette.build_middleware_stack(self)
 
+    async def _swagger_ui(self, request: Request) -> Response:
+        return get_swagger_ui_html(openapi_url=OPENAPI_PATHS[0], title=f"{self.title} - docs",
+                                   swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs/assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs/assets/favicon-32x32.png")
+
     def openapi(self) -> dict[str, Any]:
         if not self.openapi_schema:
             self.openapi_schema = openapi_document(self.title, self.version, self.description, self.route_docs,
                                                    self.open_paths)
         return self.openapi_schema
+
+
+async def _swagger_asset(request: Request) -> Response:
+    name = request.path_params["name"]
+    if name not in _SWAGGER_ASSETS:
+        return Response(status_code=404)
+    from swagger_ui_bundle import swagger_ui_path
+
+    return FileResponse(Path(swagger_ui_path) / name, media_type=_SWAGGER_ASSETS[name],
+                        headers={"cache-control": "public, max-age=86400"})
 
 
 def _documentable(routes: Iterable[BaseRoute]) -> Iterable[tuple[str, str, Route]]:

@@ -7,6 +7,8 @@ live answers, errors included, validate against it; every frontend serves the sa
 
 from __future__ import annotations
 
+import re
+
 import time
 
 import httpx
@@ -60,6 +62,13 @@ def test_every_frontend_serves_the_same_document_and_docs_page(worker):
     page = http.get("/docs")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "swagger-ui" in page.text and "/openapi.json" in page.text
+    # Everything the page loads comes from this server (no CDN: an offline server room gets docs too).
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert assets and all(a.startswith("/docs/assets/") for a in assets), assets
+    for asset in assets:
+        loaded = http.get(asset)
+        assert loaded.status_code == 200 and len(loaded.content) > 500, asset
+    assert http.get("/docs/assets/index.html").status_code == 404
     assert doc["info"]["title"] == "disagg worker"
     request_schema = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
     assert request_schema["schema"] == {"$ref": "#/components/schemas/ChatCompletionRequest"}

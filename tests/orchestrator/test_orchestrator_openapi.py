@@ -6,6 +6,8 @@ the live document, every POST with a request schema, and live answers fit the do
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import openapi_spec_validator
 import pytest
@@ -56,6 +58,9 @@ def test_every_served_route_is_documented(orchestrator, inproc_app):
     assert doc["info"]["title"] == "disagg orchestrator"
     page = http.get("/docs")
     assert page.status_code == 200 and "swagger-ui" in page.text
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)  # all from this server, no CDN
+    assert assets and all(a.startswith("/docs/assets/") for a in assets), assets
+    assert all(http.get(a).status_code == 200 for a in assets)
 
 
 def test_live_answers_fit_their_schemas(orchestrator):
