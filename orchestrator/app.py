@@ -9,6 +9,8 @@ to the state owner (process 0; ``orchestrator.batches``). Every error has the AP
 (``orchestrator.clean_ends``). With ``api_key`` set, /v1/* and /workers* need
 ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise);
 /health, /cluster_info and the metrics stay open for probes and scrapers.
+The app is a ``frontends.openapi.DocumentedApp``: FastAPI's ``/openapi.json``
+and ``/docs`` (``orchestrator.openapi_routes``), Starlette's request path.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from frontends.admission import RETRY_AFTER_SECONDS, AdmissionGate, AdmissionMid
 from frontends.errors import anthropic_error_body, http_error, openai_error_body
 from frontends.route_errors import route_error_response
 from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
+from frontends.openapi import DocumentedApp
 from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
 from orchestrator import responses, surface
@@ -45,6 +48,7 @@ from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamRejected
 from orchestrator.flow import Flow, PerfRecord
 from orchestrator.metrics import CONTENT_TYPE, Metrics
+from orchestrator.openapi_routes import DESCRIPTION, OPEN_PATHS, ORCHESTRATOR_DOCS
 from orchestrator.prompt import parse_request
 from orchestrator.validation import RequestValidator
 from orchestrator.view import ClusterView, StateLink
@@ -260,9 +264,11 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/workers/heartbeat", _endpoint(_forward("/heartbeat")), methods=["POST"]),
         Route("/workers/deregister", _endpoint(_forward("/deregister")), methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
-                    middleware=[Middleware(CleanEndsMiddleware),  # outermost: it sees every end
-                                Middleware(AdmissionMiddleware, gate=_admission_gate(orch.config)),
-                                Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
+    app = DocumentedApp(ORCHESTRATOR_DOCS, title="disagg orchestrator", version=surface.VERSION,
+                        description=DESCRIPTION, open_paths=OPEN_PATHS if orch.config.api_key else None,
+                        routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
+                        middleware=[Middleware(CleanEndsMiddleware),  # outermost: it sees every end
+                                    Middleware(AdmissionMiddleware, gate=_admission_gate(orch.config)),
+                                    Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
     app.state.orchestrator = orch
     return app
