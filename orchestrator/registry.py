@@ -116,7 +116,7 @@ class Registry:
             # Every worker is health-checked each interval: a flood of registrations must not
             # turn process 0 into a request amplifier.
             raise RegistryError(f"the registry holds {len(self.workers)} workers, the most it accepts; "
-                                "deregister one or wait for a registration to expire")
+                                "deregister one or wait for a registration to expire", "url")
         if record is None:
             record = WorkerRecord(worker_id=worker_id or f"w-{uuid.uuid4().hex[:12]}", role=role, url=url,
                                   static=False, kv_endpoint=kv_endpoint)
