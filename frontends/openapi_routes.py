@@ -38,6 +38,7 @@ from frontends.openapi_types import (
     WorkerInfo,
 )
 from frontends.responses.schemas import ResponsesRequest
+from workers.engine.kv_events import KVCacheSnapshot
 from frontends.schemas_anthropic import CountTokensRequest, MessagesRequest
 from frontends.schemas_openai import ChatCompletionRequest, CompletionRequest
 from frontends.tokenize_api import DetokenizeRequest, TokenizeRequest
@@ -112,6 +113,9 @@ WORKER_DOCS: tuple[RouteDoc, ...] = (
              response=list[Any]),
     RouteDoc("POST", "/kv_cache_events", "KV-cache events since the last poll (drained)", _OPS, EmptyBody,
              list[Any]),
+    RouteDoc("GET", "/kv_cache_snapshot", "Every cached block hash, the id of the next KV event and the pool size "
+             "(not drained): what a router resynchronises from after missed events", _OPS,
+             response=KVCacheSnapshot),
     RouteDoc("POST", "/start_profile", "Start the engine's profiler", _OPS, EmptyBody, ProfileStatus),
     RouteDoc("POST", "/stop_profile", "Stop the engine's profiler and write its trace", _OPS, EmptyBody,
              ProfileStatus),
