@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from workers.engine.executor import Executor, ExecutorOutput, SchedulerOutput
-from workers.rank_link import LeaderLink
+from workers.rank_link import LeaderLink, RankLost
 from workers.rank_protocol import RankStep, StepSlice
 
 __all__ = ["LeaderExecutor", "to_rank_step"]
@@ -42,7 +42,10 @@ class LeaderExecutor:
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         self.num_steps += 1
         self.link.send_step(to_rank_step(self.num_steps, batch))
-        output = self.inner.execute(batch)
+        try:
+            output = self.inner.execute(batch)
+        except RuntimeError as exc:  # a collective failed: a peer rank died (or hung) mid-step
+            raise RankLost(f"a tensor-parallel rank failed mid-step ({type(exc).__name__}: {exc})") from exc
         if self.wait_for_acks:
             self.link.wait_done(self.num_steps, SYNTHETIC_ACK_SECONDS)
         return output
