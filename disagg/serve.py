@@ -259,7 +259,8 @@ def _run_follower(args: argparse.Namespace, rank_env: Any) -> int:
         if key is None:
             raise ConfigError("cluster_key_file", "ranks started externally (DISAGG_TP_SIZE) authenticate their "
                                                   "link with the cluster key: pass --cluster-key-file")
-        spec = FollowerSpec(rank_env, rank_link_key(key).hex(), build_engine_config(args))
+        spec = FollowerSpec(rank_env, rank_link_key(key).hex(), build_engine_config(args),
+                            disagg=engine_disagg_spec(args))
     except ConfigError as exc:
         print(f"disagg serve: {exc}", file=sys.stderr)
         return 2

@@ -404,7 +404,13 @@ def run_engine(spec: EngineProcSpec, launcher_pid: int | None = None) -> int:
         kv_agent = None
         if spec.disagg is not None:
             kv_agent = spec.disagg.build_agent(core, ctx)
-            info = msgspec.structs.replace(info, role=spec.disagg.role, kv_endpoint=kv_agent.endpoint)
+            kv_endpoint = kv_agent.endpoint
+            if spec.config.kind == "torch":  # pulls across tensor-parallel layouts, head by head
+                from workers.kv_rank_pulls import attach_rank_pulls
+
+                kv_endpoint = attach_rank_pulls(kv_agent, core.executor, ctx, bytes.fromhex(spec.disagg.cluster_key_hex),
+                                                spec.disagg.pull_timeout_seconds, rank_link)
+            info = msgspec.structs.replace(info, role=spec.disagg.role, kv_endpoint=kv_endpoint)
             log.info("KV-transfer agent (%s role) on %s", spec.disagg.role, kv_agent.endpoint)
         proc = EngineProc(core, paths, key, spec.num_lanes, ctx, launcher_pid, spec.lane_sndhwm, kv_agent,
                           rank_link)

@@ -204,7 +204,7 @@ class WorkerGroup:
         record_owner(self.paths.dir, self.engine.popen.pid)  # it outlives us for a moment if we are killed
         if plan is not None and plan.spawn_followers:
             self.followers = LocalFollowers(plan, self.engine_config, self.paths.dir, os.getpid(), self.log_level,
-                                            _Child)
+                                            _Child, self.disagg)
         deadline = time.monotonic() + timeout
         while self.engine_info is None:
             if self.engine.popen.poll() is not None:

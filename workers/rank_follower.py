@@ -5,7 +5,9 @@ It connects to rank 0 (``rank_link.FollowerLink``), loads its shard (torch:
 ready, then runs every ``RankStep`` rank 0 sends: the forward on its shard,
 meeting the other ranks in its all-reduces (rank 0 alone samples), or, for
 the synthetic engine, an acknowledgement. It has no scheduler, no sockets to
-frontends and no HTTP. It exits when rank 0 says ``RankStop``, when rank 0's
+frontends and no HTTP. In a disaggregated torch worker it also serves its own
+KV heads of parked requests and pulls its own heads for rank 0's gen
+requests (``kv_rank_pulls``), between steps. It exits when rank 0 says ``RankStop``, when rank 0's
 connection drops, when its launcher is gone, on SIGTERM, or when a collective
 fails (a peer died): never waiting for a rank that is not there.
 
@@ -32,7 +34,20 @@ import zmq
 from workers.config import EngineConfig
 from workers.rank_env import RankEnv
 from workers.rank_link import FollowerLink, RankLost
-from workers.rank_protocol import RankFailed, RankHello, RankReady, RankStep, RankStepDone, RankStop
+from workers.kv_transfer import DisaggEngineSpec
+from workers.rank_protocol import (
+    RankAbortPull,
+    RankFailed,
+    RankHello,
+    RankPark,
+    RankPull,
+    RankPullDone,
+    RankReady,
+    RankStep,
+    RankStepDone,
+    RankStop,
+    RankUnpark,
+)
 
 __all__ = ["FollowerSpec", "run_rank_follower", "main"]
 
@@ -47,6 +62,7 @@ class FollowerSpec(msgspec.Struct, frozen=True):
     key_hex: str
     config: EngineConfig
     collective_timeout_seconds: float = 60.0  # factory.COLLECTIVE_TIMEOUT_SECONDS
+    disagg: DisaggEngineSpec | None = None  # the worker's KV transfer (cluster key, KV host): torch ranks serve it
 
 
 def _rank_config(config: EngineConfig, local_rank: int) -> EngineConfig:
@@ -75,10 +91,16 @@ def build_rank_runner(config: EngineConfig, rank: RankEnv, timeout: float) -> An
 
 
 class _Follower:
-    def __init__(self, spec: FollowerSpec, link: FollowerLink, launcher_pid: int | None) -> None:
-        self.spec, self.link, self.launcher_pid = spec, link, launcher_pid
+    def __init__(self, spec: FollowerSpec, link: FollowerLink, launcher_pid: int | None, ctx: zmq.Context) -> None:
+        self.spec, self.link, self.launcher_pid, self.ctx = spec, link, launcher_pid, ctx
         self.runner: Any = None
+        self.kv_store: Any = None  # FollowerKVStore, KVTransferAgent, KVHeadPuller of a disaggregated torch rank
+        self.kv_agent: Any = None
+        self.puller: Any = None
         self.should_stop = False
+        self._poller = zmq.Poller()
+        self._poller.register(link.sock, zmq.POLLIN)
+        self._poller.register(link.monitor, zmq.POLLIN)
 
     def start(self) -> None:
         rank = self.spec.rank
@@ -87,21 +109,58 @@ class _Follower:
             self.runner = build_rank_runner(self.spec.config, rank, self.spec.collective_timeout_seconds)
             model_config = self.runner.model_config
             kv_heads = self.runner.tp.heads(model_config.num_heads, model_config.num_kv_heads).kv_heads
-        self.link.send(RankReady(rank.rank, kv_heads.start, kv_heads.stop))
+        kv_endpoint = self._start_kv() if self.runner is not None and self.spec.disagg is not None else None
+        self.link.send(RankReady(rank.rank, kv_heads.start, kv_heads.stop, kv_endpoint))
         log.info("tensor-parallel rank %d of %d ready (%s engine)", rank.rank, rank.world_size, self.spec.config.kind)
+
+    def _start_kv(self) -> str:
+        from workers.kv_rank_pulls import FollowerKVStore, KVHeadPuller
+        from workers.kv_transfer import KVTransferAgent
+
+        disagg = self.spec.disagg
+        key = bytes.fromhex(disagg.cluster_key_hex)
+        self.kv_store = FollowerKVStore(self.runner)
+        self.kv_agent = KVTransferAgent(self.kv_store, key, self.ctx, disagg.kv_host, 0, disagg.kv_advertise_host,
+                                        disagg.pull_timeout_seconds)
+        self.kv_agent.register(self._poller)
+        self.puller = KVHeadPuller(self.ctx, key, self.runner.import_heads, disagg.pull_timeout_seconds)
+        self.puller.register(self._poller)
+        return self.kv_agent.endpoint
 
     def run(self) -> int:
         while not self.should_stop:
             if self.launcher_pid is not None and os.getppid() != self.launcher_pid:
                 log.error("the launcher is gone: rank %d stops", self.spec.rank.rank)
                 return 1
-            message = self.link.recv(POLL_MS)
-            if isinstance(message, RankStep):
-                self._step(message)
-            elif isinstance(message, RankStop):
-                log.info("rank 0 stopped: rank %d exits", self.spec.rank.rank)
-                return 0
+            busy = self.kv_agent is not None and self.kv_agent.has_work()
+            self._poller.poll(0 if busy else POLL_MS)
+            while (message := self.link.recv(0)) is not None:  # in order: an abort before the step after it
+                if isinstance(message, RankStop):
+                    log.info("rank 0 stopped: rank %d exits", self.spec.rank.rank)
+                    return 0
+                self._handle(message)
+            if self.kv_agent is not None:
+                self.kv_agent.tick()
+                for pull_id, error, num_bytes in self.puller.tick():
+                    self.link.send(RankPullDone(self.spec.rank.rank, pull_id, error, num_bytes))
         return 0
+
+    def _handle(self, message: Any) -> None:
+        if isinstance(message, RankStep):
+            self._step(message)
+        elif isinstance(message, RankPark):
+            self.kv_store.park(message)
+        elif isinstance(message, RankUnpark):
+            self.kv_store.release_parked(message.ctx_request_id)
+        elif isinstance(message, RankPull):
+            from workers.kv_layout import PullSource
+
+            sources = [PullSource(p.endpoint, range(p.ctx_start, p.ctx_stop), range(p.local_start, p.local_stop))
+                       for p in message.pieces]
+            self.puller.start(message.pull_id, message.ctx_request_id, message.first_block, message.block_ids,
+                              sources)
+        elif isinstance(message, RankAbortPull):
+            self.puller.abort(message.pull_id)
 
     def _step(self, step: RankStep) -> None:
         if self.runner is None:  # synthetic: the lockstep acknowledgement is all there is to do
@@ -115,7 +174,7 @@ def run_rank_follower(spec: FollowerSpec, launcher_pid: int | None = None) -> in
     ctx = zmq.Context()
     link = FollowerLink(ctx, bytes.fromhex(spec.key_hex), rank.rank, rank.master_addr, rank.master_port)
     link.send(RankHello(rank.rank, os.getpid()))
-    follower = _Follower(spec, link, launcher_pid)
+    follower = _Follower(spec, link, launcher_pid, ctx)
     signal.signal(signal.SIGTERM, lambda *_: setattr(follower, "should_stop", True))
     try:
         follower.start()
@@ -132,6 +191,9 @@ def run_rank_follower(spec: FollowerSpec, launcher_pid: int | None = None) -> in
             pass
         return 1
     finally:
+        if follower.kv_agent is not None:
+            follower.kv_agent.close()
+            follower.puller.close()
         link.close()
         ctx.term()
 

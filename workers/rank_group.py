@@ -18,6 +18,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -87,14 +88,14 @@ class LocalFollowers:
     """Ranks 1..N-1 as children of the launcher, each with a 0600 spec file holding the key."""
 
     def __init__(self, plan: RankPlan, config: EngineConfig, spec_dir: Path, launcher_pid: int, log_level: str,
-                 start_child) -> None:
+                 start_child, disagg: Any = None) -> None:
         from workers.rank_follower import FollowerSpec
 
         self.children = []
         for rank in range(1, plan.ranks.world_size):
             env = msgspec.structs.replace(plan.ranks, rank=rank, local_rank=rank)
             spec_file = spec_dir / f"rank-{rank}.spec"
-            write_private_file(spec_file, msgspec.json.encode(FollowerSpec(env, plan.key.hex(), config)))
+            write_private_file(spec_file, msgspec.json.encode(FollowerSpec(env, plan.key.hex(), config, disagg=disagg)))
             argv = [sys.executable, "-m", "workers.rank_follower", "--spec", str(spec_file),
                     "--launcher-pid", str(launcher_pid), "--log-level", log_level.upper()]
             self.children.append(start_child(f"tensor-parallel rank {rank}", argv))

@@ -34,6 +34,7 @@ from workers.rank_protocol import (
     LeaderMessage,
     RankFailed,
     RankHello,
+    RankPullDone,
     RankReady,
     RankStep,
     RankStepDone,
@@ -84,6 +85,7 @@ class LeaderLink:
         self.pids: dict[int, int] = {}
         self.ready: dict[int, RankReady] = {}
         self._done: dict[int, int] = {}  # rank -> the last step it finished (synthetic lockstep)
+        self._pull_results: list[RankPullDone] = []
 
     @property
     def followers(self) -> range:
@@ -104,6 +106,19 @@ class LeaderLink:
         frames = self._send_codec.encode(step)
         for rank in self.followers:
             self._send(rank, frames)
+
+    def send_to(self, rank: int, message: LeaderMessage) -> None:
+        self._send(rank, self._send_codec.encode(message))
+
+    def send_all(self, message: LeaderMessage) -> None:
+        frames = self._send_codec.encode(message)
+        for rank in self.followers:
+            self._send(rank, frames)
+
+    def take_pull_results(self) -> list[RankPullDone]:
+        """The followers' finished KV pulls since the last call (``check`` receives them)."""
+        results, self._pull_results = self._pull_results, []
+        return results
 
     def wait_done(self, step: int, timeout: float) -> None:
         """Every follower's ``RankStepDone`` for ``step`` (the synthetic engine's lockstep)."""
@@ -153,6 +168,8 @@ class LeaderLink:
             self.ready[message.rank] = message
         elif isinstance(message, RankStepDone):
             self._done[message.rank] = message.step
+        elif isinstance(message, RankPullDone):
+            self._pull_results.append(message)
         elif isinstance(message, RankFailed):
             raise RankLost(f"tensor-parallel rank {message.rank} failed: {message.error}")
 

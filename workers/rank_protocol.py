@@ -7,7 +7,11 @@ positions, block tables, which rows are sampled) and nothing it does not
 ``RankHello`` once connected, ``RankReady`` once their shard is loaded,
 ``RankStepDone`` after each step (synthetic engine only: torch ranks meet in
 the step's collectives instead) and ``RankFailed`` before they exit on an
-error. All frames are HMAC-signed (``workers.ipc.FrameCodec``). Torch-free.
+error. Disaggregated KV (``kv_rank_pulls``): a ctx rank 0 tells its followers
+which blocks a request parked (``RankPark`` / ``RankUnpark``) so each serves
+its own KV heads of them; a gen rank 0 tells each follower what to pull
+(``RankPull``, ``RankAbortPull``), and the follower reports ``RankPullDone``.
+All frames are HMAC-signed (``workers.ipc.FrameCodec``). Torch-free.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import msgspec
 __all__ = [
     "StepSlice", "RankStep", "RankStop", "LeaderMessage",
     "RankHello", "RankReady", "RankStepDone", "RankFailed", "FollowerMessage",
+    "RankPark", "RankUnpark", "PullPiece", "RankPull", "RankAbortPull", "RankPullDone",
 ]
 
 
@@ -42,7 +47,43 @@ class RankStop(msgspec.Struct, frozen=True, tag="stop", array_like=True):
     """Rank 0 is shutting down: exit without an error."""
 
 
-LeaderMessage = RankStep | RankStop
+class RankPark(msgspec.Struct, frozen=True, tag="park", array_like=True):
+    ctx_request_id: int
+    block_ids: list[int]
+    expires_at: float  # unix time: the follower forgets the table then, as rank 0 frees the blocks
+
+
+class RankUnpark(msgspec.Struct, frozen=True, tag="unpark", array_like=True):
+    ctx_request_id: int
+
+
+class PullPiece(msgspec.Struct, frozen=True, array_like=True):
+    """KV heads [ctx_start, ctx_stop) of the ctx rank at ``endpoint`` (its own indices) go to
+    this rank's heads [local_start, local_stop)."""
+
+    endpoint: str
+    ctx_start: int
+    ctx_stop: int
+    local_start: int
+    local_stop: int
+
+
+class RankPull(msgspec.Struct, frozen=True, tag="pull", array_like=True):
+    pull_id: int  # the gen request id
+    ctx_request_id: int
+    first_block: int  # of the ctx request's parked table
+    block_ids: list[int]  # this worker's blocks (every rank's pool has the same ids)
+    pieces: list[PullPiece]
+
+
+class RankAbortPull(msgspec.Struct, frozen=True, tag="abort_pull", array_like=True):
+    """Drop the pull before rank 0 frees its blocks (messages arrive in order: before any step
+    that could reuse them)."""
+
+    pull_id: int
+
+
+LeaderMessage = RankStep | RankStop | RankPark | RankUnpark | RankPull | RankAbortPull
 
 
 class RankHello(msgspec.Struct, frozen=True, tag="hello", array_like=True):
@@ -54,6 +95,7 @@ class RankReady(msgspec.Struct, frozen=True, tag="ready", array_like=True):
     rank: int
     kv_heads_start: int = 0  # the KV heads this rank's cache holds (torch engine)
     kv_heads_stop: int = 0
+    kv_endpoint: str | None = None  # its KV server, for disaggregated pulls of its heads
 
 
 class RankStepDone(msgspec.Struct, frozen=True, tag="done", array_like=True):
@@ -66,4 +108,11 @@ class RankFailed(msgspec.Struct, frozen=True, tag="failed", array_like=True):
     error: str
 
 
-FollowerMessage = RankHello | RankReady | RankStepDone | RankFailed
+class RankPullDone(msgspec.Struct, frozen=True, tag="pull_done", array_like=True):
+    rank: int
+    pull_id: int
+    error: str | None = None
+    num_bytes: int = 0
+
+
+FollowerMessage = RankHello | RankReady | RankStepDone | RankFailed | RankPullDone

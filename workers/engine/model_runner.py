@@ -113,6 +113,13 @@ class ModelRunner:
     def import_blocks(self, block_ids: list[int], buffers: list[Any]) -> None:
         self.kv_cache.import_buffers(block_ids, buffers)
 
+    def export_heads(self, block_ids: list[int], heads: range) -> list[Any]:
+        """Only KV heads ``heads`` of this rank's pool (a peer that splits them otherwise)."""
+        return self.kv_cache.export_heads(block_ids, heads)
+
+    def import_heads(self, block_ids: list[int], heads: range, buffers: list[Any]) -> None:
+        self.kv_cache.import_heads(block_ids, heads, buffers)
+
     def start_profile(self, trace_dir: str) -> None:
         if self._profiler is not None:
             raise RuntimeError("profiler already running")
