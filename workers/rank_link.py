@@ -127,7 +127,7 @@ class LeaderLink:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RankLost(f"a tensor-parallel rank did not finish step {step} within {timeout:g} s")
-            self._receive(remaining)
+            self._receive(min(remaining, 0.2))  # short slices: the monitor is read between them
 
     def check(self) -> None:
         """Raise RankLost when a follower disconnected or failed; drain what arrived."""

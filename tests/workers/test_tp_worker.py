@@ -13,6 +13,7 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -121,3 +122,35 @@ def test_killed_follower_takes_the_worker_down(model_dir, engine):
         time.sleep(0.1)
     assert not [p for p in descendants if _alive(p)], [_cmdline(p) for p in descendants if _alive(p)]
     assert not os.listdir(proc.ipc_root)  # the IPC directory is gone too
+
+
+@pytest.mark.parametrize("engine", ["synthetic", pytest.param("torch", marks=pytest.mark.slow)])
+def test_follower_killed_mid_stream_ends_the_stream_and_the_worker(model_dir, engine):
+    """Killed while steps run (the synthetic rank 0 waits for its acknowledgement, the torch one
+    sits in an all-reduce): the client's stream ends (never hangs) and the worker goes down."""
+    extra = ["--synthetic-decode-step-seconds", "0.05"] if engine == "synthetic" else []
+    url, proc = start_worker(model_dir, 1, engine, timeout=120, extra_args=[
+        "--tensor-parallel-size", "2", "--device", "cpu", "--log-level", "info", *extra])
+    descendants = _children(proc.pid)
+    follower = next(p for p in descendants if "workers.rank_follower" in _cmdline(p))
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+    stream = client.completions.create(model=client.models.list().data[0].id, prompt="once upon a time",
+                                       max_tokens=1500, stream=True, extra_body={"ignore_eos": True})
+    chunks = 0
+    try:
+        with pytest.raises((openai.APIError, httpx.HTTPError)):
+            for _ in stream:
+                chunks += 1
+                if chunks == 20:
+                    os.kill(follower, signal.SIGKILL)
+                    killed = time.monotonic()
+        proc.wait(timeout=DOWN_SECONDS + 5)
+        took = time.monotonic() - killed
+    finally:
+        stop_worker(proc)
+    assert chunks < 1500
+    assert took < DOWN_SECONDS, worker_log(proc)
+    deadline = time.monotonic() + 5
+    while [p for p in descendants if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in descendants if _alive(p)]
