@@ -221,18 +221,20 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     attach_file = attach_file_from_env()
+    try:  # an attached frontend never is a rank: its launcher removed the variables
+        rank_env = from_environ() if attach_file is None else None
+    except ValueError as exc:
+        print(f"disagg serve: {exc}", file=sys.stderr)
+        return 2
     role = "launcher" if attach_file is None else "frontend"
+    if rank_env is not None and rank_env.rank > 0:
+        role = f"rank{rank_env.rank}"  # an engine follower only: ranks started by srun
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s")
     if args.log_level != "debug":  # httpx logs every forwarded admin call (the KV-event polls: ~50 a minute)
         logging.getLogger("httpx").setLevel(logging.WARNING)
     if attach_file is not None:
         return _run_attached(args, attach_file)
-    try:
-        rank_env = from_environ()
-    except ValueError as exc:
-        print(f"disagg serve: {exc}", file=sys.stderr)
-        return 2
     try:
         # Once, here: the attached frontends get the resolved path and the id back as flags.
         args.served_model_name = args.served_model_name or default_served_name(args.model_dir)

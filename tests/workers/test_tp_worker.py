@@ -154,3 +154,48 @@ def test_follower_killed_mid_stream_ends_the_stream_and_the_worker(model_dir, en
     while [p for p in descendants if _alive(p)] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in descendants if _alive(p)]
+
+
+@pytest.mark.parametrize("engine", ["synthetic", pytest.param("torch", marks=pytest.mark.slow)])
+def test_externally_started_ranks_serve_and_rank1_leaves_with_rank0(model_dir, engine, tmp_path):
+    """As under ``srun --ntasks=2``: the same ``disagg serve`` command twice, DISAGG_TP_* naming
+    each rank. Rank 0 serves (and spawns no follower); rank 1 runs only its follower and exits
+    when rank 0 stops."""
+    import subprocess
+    import sys
+
+    from tests.worker_process import disagg_worker_args, free_port, spawn_worker
+    from workers.launcher import RANK_ENV_VARS
+    from workers.rank_group import free_port_pair
+
+    master = free_port_pair("127.0.0.1")
+    ranks = {"DISAGG_TP_SIZE": "2", "DISAGG_TP_MASTER_ADDR": "127.0.0.1", "DISAGG_TP_MASTER_PORT": str(master)}
+    args = ["--tensor-parallel-size", "2", "--device", "cpu", "--log-level", "info", *disagg_worker_args(tmp_path)]
+    port = free_port()
+    follower_log = open(tmp_path / "rank1.log", "w")
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "disagg.cli", "serve", str(model_dir), "--engine", engine, "--port", str(port), *args],
+        env={**os.environ, **ranks, "DISAGG_TP_RANK": "1", "DISAGG_TP_LOCAL_RANK": "1"}, stdout=follower_log,
+        stderr=subprocess.STDOUT)
+    saved = {k: os.environ.get(k) for k in (*ranks, "DISAGG_TP_RANK", "DISAGG_TP_LOCAL_RANK")}
+    os.environ.update({**ranks, "DISAGG_TP_RANK": "0", "DISAGG_TP_LOCAL_RANK": "0"})
+    try:
+        proc = spawn_worker(model_dir, 2, engine, port, args)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    try:
+        assert proc.ready.wait(120), worker_log(proc)
+        url = f"http://127.0.0.1:{port}"
+        assert not [p for p in _children(proc.pid) if "workers.rank_follower" in _cmdline(p)]
+        assert all(_chat(url, prompt) for prompt in PROMPTS)
+        assert follower.poll() is None
+    finally:
+        assert stop_worker(proc) == 0, worker_log(proc)
+        try:
+            assert follower.wait(timeout=10) == 0
+        finally:
+            follower.kill()
+            follower_log.close()
+    assert "rank 0 stopped: rank 1 exits" in (tmp_path / "rank1.log").read_text()
+    assert "DISAGG_TP_RANK" in RANK_ENV_VARS  # attached frontends of rank 0 never see them
