@@ -27,13 +27,12 @@ import zmq
 from workers.kv_codec import KVFrameCodec
 from workers.kv_layout import PullSource, is_single_rank, parse_layout, plan_pulls
 from workers.kv_protocol import KVBlocks, KVDone, KVPullRequest, KVReplyMessage, KVRequestMessage
+from workers.kv_transfer import authenticated_replies
 from workers.rank_protocol import PullPiece, RankAbortPull, RankPark, RankPull, RankPullDone, RankUnpark
 
 __all__ = ["KVHeadPuller", "RankedPulls", "FollowerKVStore"]
 
 log = logging.getLogger("disagg.kv_transfer")
-
-MAX_MESSAGES_PER_TICK = 4096
 
 
 @dataclass
@@ -117,15 +116,7 @@ class KVHeadPuller:
         return dealer
 
     def _receive(self, endpoint: str, dealer: zmq.Socket) -> None:
-        for _ in range(MAX_MESSAGES_PER_TICK):
-            try:
-                frames = dealer.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            decoded = self._reply_codec.decode(frames)
-            if decoded is None:
-                continue
-            message, frames = decoded
+        for message, frames in authenticated_replies(dealer, self._reply_codec):
             pull = self._pulls.get(message.pull_id)
             piece = None if pull is None else pull.pieces.get(endpoint)
             if pull is None or piece is None:
@@ -210,6 +201,10 @@ class RankedPulls:
 
     def tick(self) -> list[tuple[int, str | None, int]]:
         """Pulls every rank has finished: (pull id, the first error or None, bytes over all ranks)."""
+        if not self._pending:  # the usual case between pulls: nothing to look at
+            if self.link is not None:
+                self.link.take_pull_results()  # late results of aborted pulls
+            return []
         results = [(0, pull_id, error, num_bytes) for pull_id, error, num_bytes in self.puller.tick()]
         if self.link is not None:
             results += [(m.rank, m.pull_id, m.error, m.num_bytes) for m in self.link.take_pull_results()]

@@ -27,7 +27,7 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import msgspec
 import zmq
@@ -357,23 +357,15 @@ class KVTransferAgent:
 
     def _receive_replies(self, dealer: zmq.Socket) -> None:
         budget = self._tick_blocks  # what is left waits in the socket, which keeps the loop's poll awake
-        for _ in range(MAX_MESSAGES_PER_TICK):
-            if budget <= 0:
-                return
-            try:
-                frames = dealer.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            decoded = self._reply_codec.decode(frames)
-            if decoded is None:
-                continue
-            message, frames = decoded
+        for message, frames in authenticated_replies(dealer, self._reply_codec):
             pull = self._pulls.get(message.pull_id)
             if pull is None or pull.started is None:
                 continue  # aborted: its blocks may belong to someone else now
             if isinstance(message, KVBlocks):
                 self._receive_blocks(message, pull, frames)
                 budget -= message.num_blocks
+                if budget <= 0:
+                    return
             elif isinstance(message, KVDone):
                 if pull.num_received != len(pull.block_ids) or message.num_blocks != len(pull.block_ids):
                     self._fail(message.pull_id, f"{pull.num_received} of {len(pull.block_ids)} blocks arrived")
@@ -433,6 +425,19 @@ class KVTransferAgent:
         for request_id in stalled:
             self._fail(request_id, f"no KV arrived from {self._pulls[request_id].endpoint} "
                                    f"for {self.pull_timeout:g} s")
+
+
+def authenticated_replies(dealer: zmq.Socket, codec: KVFrameCodec) -> Iterator[tuple[Any, list[memoryview]]]:
+    """The (message, frames) waiting on ``dealer``, at most MAX_MESSAGES_PER_TICK; a message that
+    fails its check is dropped (counted by ``codec``). Receives lazily: stop iterating to stop."""
+    for _ in range(MAX_MESSAGES_PER_TICK):
+        try:
+            frames = dealer.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        decoded = codec.decode(frames)
+        if decoded is not None:
+            yield decoded
 
 
 def blocks_within(budget_bytes: int, bytes_per_block: int) -> int:

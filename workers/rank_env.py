@@ -14,9 +14,12 @@ which rank it is:
 ``DISAGG_TP_LOCAL_RANK``   its index among the ranks on its node (picks
                            the CUDA device)
 ``DISAGG_TP_MASTER_ADDR``  the host rank 0 listens on for its followers
-``DISAGG_TP_MASTER_PORT``  rank 0's follower port; ``master_port + 1`` is
-                           the torch.distributed store
+``DISAGG_TP_MASTER_PORT``  the port rank 0 listens on for its followers
 =========================  ==============================================
+
+That one port is all a group needs fixed in advance: rank 0 hosts the
+torch.distributed store on a port it binds itself and tells the followers
+over that connection (``RankWelcome``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-__all__ = ["RankEnv", "from_environ", "RANK_VARS", "TORCH_STORE_PORT_OFFSET"]
+__all__ = ["RankEnv", "from_environ", "RANK_VARS"]
 
 RANK_VAR = "DISAGG_TP_RANK"
 SIZE_VAR = "DISAGG_TP_SIZE"
@@ -34,8 +37,6 @@ LOCAL_RANK_VAR = "DISAGG_TP_LOCAL_RANK"
 MASTER_ADDR_VAR = "DISAGG_TP_MASTER_ADDR"
 MASTER_PORT_VAR = "DISAGG_TP_MASTER_PORT"
 RANK_VARS = (RANK_VAR, SIZE_VAR, LOCAL_RANK_VAR, MASTER_ADDR_VAR, MASTER_PORT_VAR)
-# The torch.distributed TCP store of a TP group listens on master_port + 1.
-TORCH_STORE_PORT_OFFSET = 1
 
 
 class RankEnv(msgspec.Struct, frozen=True):
@@ -51,10 +52,6 @@ class RankEnv(msgspec.Struct, frozen=True):
     def is_leader(self) -> bool:
         """Rank 0 runs the launcher, the frontends and the scheduler."""
         return self.rank == 0
-
-    @property
-    def torch_store_port(self) -> int:
-        return self.master_port + TORCH_STORE_PORT_OFFSET
 
     def to_environ(self) -> dict[str, str]:
         """The variables that make ``from_environ`` return this RankEnv."""
@@ -91,6 +88,5 @@ def from_environ(environ: Mapping[str, str] = os.environ) -> RankEnv | None:
     addr = environ.get(MASTER_ADDR_VAR, "").strip()
     if not addr:
         raise ValueError(f"{MASTER_ADDR_VAR}: required when {SIZE_VAR} is set")
-    # master_port + 1 must be a port too (the torch store).
-    port = _int_var(environ, MASTER_PORT_VAR, 1, 65535 - TORCH_STORE_PORT_OFFSET)
+    port = _int_var(environ, MASTER_PORT_VAR, 1, 65535)
     return RankEnv(rank=rank, world_size=world_size, local_rank=local_rank, master_addr=addr, master_port=port)

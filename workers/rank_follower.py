@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from workers.rank_protocol import (
     RankStepDone,
     RankStop,
     RankUnpark,
+    RankWelcome,
 )
 
 __all__ = ["FollowerSpec", "run_rank_follower", "main"]
@@ -75,8 +77,8 @@ def _rank_config(config: EngineConfig, local_rank: int) -> EngineConfig:
     return config
 
 
-def build_rank_runner(config: EngineConfig, rank: RankEnv, timeout: float) -> Any:
-    """This rank's ``ModelRunner`` shard, its process group joined (rank 0 too)."""
+def build_rank_runner(config: EngineConfig, rank: RankEnv, timeout: float, store: Any) -> Any:
+    """This rank's ``ModelRunner`` shard, its process group joined at ``store`` (rank 0 too)."""
     import torch
 
     from workers.engine.model.loader import resolve_device
@@ -84,9 +86,10 @@ def build_rank_runner(config: EngineConfig, rank: RankEnv, timeout: float) -> An
     from workers.engine.model_runner import ModelRunner
 
     config = _rank_config(config, rank.local_rank)
-    torch.set_num_threads(max(1, torch.get_num_threads() // max(1, rank.world_size)))
-    tp = init_process_group(rank.rank, rank.world_size, rank.master_addr, rank.torch_store_port,
-                            resolve_device(config.device), timeout)
+    device = resolve_device(config.device)
+    if device.type == "cpu":  # the ranks share the cores: N ranks of all threads each would oversubscribe them
+        torch.set_num_threads(max(1, torch.get_num_threads() // rank.world_size))
+    tp = init_process_group(rank.rank, rank.world_size, store, device, timeout)
     return ModelRunner(config, tp=tp)
 
 
@@ -106,12 +109,27 @@ class _Follower:
         rank = self.spec.rank
         kv_heads = range(0)
         if self.spec.config.kind == "torch":
-            self.runner = build_rank_runner(self.spec.config, rank, self.spec.collective_timeout_seconds)
+            from workers.engine.model.parallel import tcp_store
+
+            store = tcp_store(rank.master_addr, self._welcome().store_port, rank.world_size, False,
+                              START_TIMEOUT_SECONDS)
+            self.runner = build_rank_runner(self.spec.config, rank, self.spec.collective_timeout_seconds, store)
             model_config = self.runner.model_config
             kv_heads = self.runner.tp.heads(model_config.num_heads, model_config.num_kv_heads).kv_heads
         kv_endpoint = self._start_kv() if self.runner is not None and self.spec.disagg is not None else None
         self.link.send(RankReady(rank.rank, kv_heads.start, kv_heads.stop, kv_endpoint))
         log.info("tensor-parallel rank %d of %d ready (%s engine)", rank.rank, rank.world_size, self.spec.config.kind)
+
+    def _welcome(self) -> RankWelcome:
+        """Rank 0's ``RankWelcome`` (every rank connected); RankLost if it never comes."""
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            message = self.link.recv(POLL_MS)
+            if isinstance(message, RankWelcome):
+                return message
+            if isinstance(message, RankStop) or self.should_stop:
+                raise RankLost("rank 0 stopped before the group formed")
+        raise RankLost(f"rank 0 did not form the group within {START_TIMEOUT_SECONDS:g} s")
 
     def _start_kv(self) -> str:
         from workers.kv_rank_pulls import FollowerKVStore, KVHeadPuller

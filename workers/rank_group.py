@@ -2,9 +2,8 @@
 
 ``plan_ranks`` decides where the group's ranks come from. Without a
 ``RankEnv`` (``rank_env.from_environ()`` is None) the launcher spawns every
-follower itself (``LocalFollowers``): rank 0 on 127.0.0.1 at a free port
-``P`` (followers' link), ``P + 1`` (the torch store), the worker's own HMAC key
-on the link. With one (an ``srun`` step started every rank), this is rank 0
+follower itself (``LocalFollowers``): rank 0 listens for them on 127.0.0.1 at
+a free port, the worker's own HMAC key on the link. With one (an ``srun`` step started every rank), this is rank 0
 and spawns nothing; its link key is derived from the cluster key, which every
 rank of the step reads from its key file.
 """
@@ -14,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import random
 import socket
 import sys
 from dataclasses import dataclass
@@ -25,9 +25,9 @@ import msgspec
 from workers.config import ConfigError, EngineConfig
 from workers.ipc import write_private_file
 from workers.processes import stop_processes
-from workers.rank_env import TORCH_STORE_PORT_OFFSET, RankEnv
+from workers.rank_env import RankEnv
 
-__all__ = ["RankPlan", "plan_ranks", "rank_link_key", "LocalFollowers", "free_port_pair"]
+__all__ = ["RankPlan", "plan_ranks", "rank_link_key", "LocalFollowers", "free_port"]
 
 log = logging.getLogger("disagg.launcher")
 
@@ -62,26 +62,24 @@ def plan_ranks(size: int, rank_env: RankEnv | None, worker_key: bytes, cluster_k
         raise ConfigError("tensor_parallel_size", f"must be >= 1, got {size}")
     if size == 1:
         return None
-    port = free_port_pair("127.0.0.1")
+    port = free_port("127.0.0.1")
     return RankPlan(RankEnv(rank=0, world_size=size, local_rank=0, master_addr="127.0.0.1", master_port=port),
                     spawn_followers=True, key=worker_key)
 
 
-def free_port_pair(host: str) -> int:
-    """A port P with P + TORCH_STORE_PORT_OFFSET free too (both bound and released here)."""
-    for _ in range(100):
-        with socket.socket() as first:
-            first.bind((host, 0))
-            port = first.getsockname()[1]
-            if port + TORCH_STORE_PORT_OFFSET > 65535:
+def free_port(host: str) -> int:
+    """A port free now. Below the ephemeral range when one is free there, so that the sockets other
+    processes open meanwhile (port 0 binds, outgoing connections) do not take it first."""
+    for port in random.sample(range(20000, 32768), 50):
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
                 continue
-            with socket.socket() as second:
-                try:
-                    second.bind((host, port + TORCH_STORE_PORT_OFFSET))
-                except OSError:
-                    continue
-                return port
-    raise OSError(f"no two consecutive free ports on {host}")
+            return port
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 class LocalFollowers:

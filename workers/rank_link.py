@@ -91,6 +91,16 @@ class LeaderLink:
     def followers(self) -> range:
         return range(1, self.world_size)
 
+    def wait_hellos(self, timeout: float) -> None:
+        """Every follower connected (said ``RankHello``); RankLost on a failure or the timeout."""
+        deadline = time.monotonic() + timeout
+        while len(self._peers) < self.world_size - 1:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(self.followers) - set(self._peers))
+                raise RankLost(f"tensor-parallel ranks {missing} did not connect within {timeout:g} s")
+            self._receive(min(remaining, 1.0))
+
     def wait_ready(self, timeout: float) -> dict[int, RankReady]:
         """Every follower's ``RankReady`` (their shards loaded); RankLost on a failure or the timeout."""
         deadline = time.monotonic() + timeout

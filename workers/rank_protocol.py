@@ -19,7 +19,7 @@ from __future__ import annotations
 import msgspec
 
 __all__ = [
-    "StepSlice", "RankStep", "RankStop", "LeaderMessage",
+    "StepSlice", "RankStep", "RankWelcome", "RankStop", "LeaderMessage",
     "RankHello", "RankReady", "RankStepDone", "RankFailed", "FollowerMessage",
     "RankPark", "RankUnpark", "PullPiece", "RankPull", "RankAbortPull", "RankPullDone",
 ]
@@ -41,6 +41,13 @@ class RankStep(msgspec.Struct, frozen=True, tag="step", array_like=True, gc=Fals
     requests: list[StepSlice]
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+
+
+class RankWelcome(msgspec.Struct, frozen=True, tag="welcome", array_like=True):
+    """Every follower said hello; torch ranks meet at rank 0's store on ``store_port`` (a port rank 0
+    bound itself, so no other process can take it between choosing and binding)."""
+
+    store_port: int
 
 
 class RankStop(msgspec.Struct, frozen=True, tag="stop", array_like=True):
@@ -83,7 +90,7 @@ class RankAbortPull(msgspec.Struct, frozen=True, tag="abort_pull", array_like=Tr
     pull_id: int
 
 
-LeaderMessage = RankStep | RankStop | RankPark | RankUnpark | RankPull | RankAbortPull
+LeaderMessage = RankStep | RankWelcome | RankStop | RankPark | RankUnpark | RankPull | RankAbortPull
 
 
 class RankHello(msgspec.Struct, frozen=True, tag="hello", array_like=True):

@@ -13,30 +13,21 @@ from __future__ import annotations
 import pytest
 
 from tests.frontends.test_disagg_worker import assert_no_blocks_in_use, completion, disaggregated, post, summary
-from tests.worker_process import start_worker, stop_worker, worker_log
+from tests.worker_process import disagg_worker_args, start_worker, stop_worker, worker_log
 from workers.kv_layout import parse_layout
 
 BLOCK_SIZE = 4
 
 
 @pytest.fixture(scope="module")
-def key_file(tmp_path_factory):
-    import os
-
-    path = tmp_path_factory.mktemp("key") / "cluster.key"
-    path.write_text(os.urandom(32).hex())
-    path.chmod(0o600)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tp_workers(tiny_model_dir, key_file):
+def tp_workers(tiny_model_dir, tmp_path_factory):
     """{name: url} of a TP-1 worker and two TP-2 workers (role both)."""
     procs, urls = [], {}
+    cluster = disagg_worker_args(tmp_path_factory.mktemp("key"))
     try:
         for name, tp in (("tp1", 1), ("tp2a", 2), ("tp2b", 2)):
             url, proc = start_worker(tiny_model_dir, 1, "torch", timeout=180, extra_args=[
-                "--role", "both", "--cluster-key-file", str(key_file), "--block-size", str(BLOCK_SIZE),
+                "--role", "both", *cluster, "--block-size", str(BLOCK_SIZE),
                 "--num-blocks", "256", "--device", "cpu", "--tensor-parallel-size", str(tp)])
             procs.append(proc)
             urls[name] = url

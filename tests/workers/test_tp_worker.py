@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from tests.worker_process import start_worker, stop_worker, worker_log
+from tests.worker_procs import _cmdline, children_of
 from workers.engine.model.tiny import make_tiny_model
 
 PROMPTS = ["hello there", "what is two and two", "tell me a story about a cat", "ok"]
@@ -25,29 +26,13 @@ DOWN_SECONDS = 10.0
 
 
 def _children(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    """Every live descendant of ``pid``."""
     found, frontier = [], [pid]
     while frontier:
-        parent = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == parent]
+        kids = children_of(frontier.pop())
         found += kids
         frontier += kids
     return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 def _alive(pid: int) -> bool:
@@ -56,6 +41,22 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def _kill_a_follower(descendants: list[int]) -> float:
+    """SIGKILL the first rank follower among ``descendants``; when."""
+    os.kill(next(p for p in descendants if "workers.rank_follower" in _cmdline(p)), signal.SIGKILL)
+    return time.monotonic()
+
+
+def _assert_down_in_time(proc, took: float, descendants: list[int]) -> None:
+    """The worker went down within DOWN_SECONDS of the kill, and every process it had is gone."""
+    assert took < DOWN_SECONDS, f"the worker took {took:.1f} s to go down:\n{worker_log(proc)}"
+    deadline = time.monotonic() + 5
+    while [p for p in descendants if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in descendants if _alive(p)], [_cmdline(p) for p in descendants if _alive(p)]
+    assert not os.listdir(proc.ipc_root)  # the IPC directory is gone too
 
 
 def _chat(url: str, prompt: str) -> str:
@@ -106,22 +107,15 @@ def test_killed_follower_takes_the_worker_down(model_dir, engine):
     descendants = _children(proc.pid)
     try:
         assert _chat(url, "hello")
-        follower = next(p for p in descendants if "workers.rank_follower" in _cmdline(p))
-        os.kill(follower, signal.SIGKILL)
-        killed = time.monotonic()
+        killed = _kill_a_follower(descendants)
         proc.wait(timeout=DOWN_SECONDS + 5)
         took = time.monotonic() - killed
     finally:
         stop_worker(proc)
     log = worker_log(proc)
     print(f"{engine}: worker down {took:.2f} s after its follower was SIGKILLed")
-    assert took < DOWN_SECONDS, f"the worker took {took:.1f} s to go down:\n{log}"
     assert "stopping the engine: a tensor-parallel follower rank disconnected" in log, log
-    deadline = time.monotonic() + 5
-    while [p for p in descendants if _alive(p)] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in descendants if _alive(p)], [_cmdline(p) for p in descendants if _alive(p)]
-    assert not os.listdir(proc.ipc_root)  # the IPC directory is gone too
+    _assert_down_in_time(proc, took, descendants)
 
 
 @pytest.mark.parametrize("engine", ["synthetic", pytest.param("torch", marks=pytest.mark.slow)])
@@ -132,7 +126,6 @@ def test_follower_killed_mid_stream_ends_the_stream_and_the_worker(model_dir, en
     url, proc = start_worker(model_dir, 1, engine, timeout=120, extra_args=[
         "--tensor-parallel-size", "2", "--device", "cpu", "--log-level", "info", *extra])
     descendants = _children(proc.pid)
-    follower = next(p for p in descendants if "workers.rank_follower" in _cmdline(p))
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
     stream = client.completions.create(model=client.models.list().data[0].id, prompt="once upon a time",
                                        max_tokens=1500, stream=True, extra_body={"ignore_eos": True})
@@ -142,18 +135,13 @@ def test_follower_killed_mid_stream_ends_the_stream_and_the_worker(model_dir, en
             for _ in stream:
                 chunks += 1
                 if chunks == 20:
-                    os.kill(follower, signal.SIGKILL)
-                    killed = time.monotonic()
+                    killed = _kill_a_follower(descendants)
         proc.wait(timeout=DOWN_SECONDS + 5)
         took = time.monotonic() - killed
     finally:
         stop_worker(proc)
     assert chunks < 1500
-    assert took < DOWN_SECONDS, worker_log(proc)
-    deadline = time.monotonic() + 5
-    while [p for p in descendants if _alive(p)] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in descendants if _alive(p)]
+    _assert_down_in_time(proc, took, descendants)
 
 
 @pytest.mark.parametrize("engine", ["synthetic", pytest.param("torch", marks=pytest.mark.slow)])
@@ -166,9 +154,9 @@ def test_externally_started_ranks_serve_and_rank1_leaves_with_rank0(model_dir, e
 
     from tests.worker_process import disagg_worker_args, free_port, spawn_worker
     from workers.launcher import RANK_ENV_VARS
-    from workers.rank_group import free_port_pair
+    from workers.rank_group import free_port as free_master_port
 
-    master = free_port_pair("127.0.0.1")
+    master = free_master_port("127.0.0.1")
     ranks = {"DISAGG_TP_SIZE": "2", "DISAGG_TP_MASTER_ADDR": "127.0.0.1", "DISAGG_TP_MASTER_PORT": str(master)}
     args = ["--tensor-parallel-size", "2", "--device", "cpu", "--log-level", "info", *disagg_worker_args(tmp_path)]
     port = free_port()

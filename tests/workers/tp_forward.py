@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from workers.config import CacheConfig, EngineConfig
 from workers.engine.executor import ScheduledRequest, SchedulerOutput
-from workers.engine.model.parallel import init_process_group
+from workers.engine.model.parallel import init_process_group, tcp_store
 from workers.engine.model_runner import ModelRunner
 from workers.sampling_params import SamplingParams
 
@@ -34,7 +34,10 @@ def tp_prompts(vocab_size: int = 512) -> list[list[int]]:
 
 def main(model: str, rank: int, size: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    tp = init_process_group(rank, size, "127.0.0.1", port, torch.device("cpu"), 30.0) if size > 1 else None
+    tp = None
+    if size > 1:
+        store = tcp_store("127.0.0.1", port, size, rank == 0, 30.0)
+        tp = init_process_group(rank, size, store, torch.device("cpu"), 30.0)
     config = EngineConfig(model=model, device="cpu", cache=CacheConfig(block_size=BLOCK_SIZE,
                                                                        num_blocks=NUM_PROMPTS * BLOCKS_PER_PROMPT))
     runner = ModelRunner(config, tp=tp)

@@ -31,16 +31,22 @@ def build_executor(config: EngineConfig) -> Executor:
 def build_leader_executor(config: EngineConfig, link: Any, ranks: Any, start_timeout: float) -> Executor:
     """Rank 0's executor of a tensor-parallel group (``LeaderExecutor``), once every follower is ready.
 
-    ``link`` is rank 0's bound ``LeaderLink``; the torch engine joins the process group
-    (whose TCP store rank 0 hosts on ``ranks.torch_store_port``) and loads its shard first.
+    ``link`` is rank 0's bound ``LeaderLink``. The torch engine hosts the group's store on a
+    port of its own choosing, sends it to the followers once all said hello (``RankWelcome``),
+    joins the process group and loads its shard.
     """
     from workers.engine.leader_executor import LeaderExecutor
 
     if config.kind == "synthetic":
         inner = build_executor(config)
     else:
+        from workers.engine.model.parallel import tcp_store
         from workers.rank_follower import build_rank_runner
+        from workers.rank_protocol import RankWelcome
 
-        inner = build_rank_runner(config, ranks, COLLECTIVE_TIMEOUT_SECONDS)
+        store = tcp_store(ranks.master_addr, 0, ranks.world_size, True, start_timeout)
+        link.wait_hellos(start_timeout)
+        link.send_all(RankWelcome(store.port))
+        inner = build_rank_runner(config, ranks, COLLECTIVE_TIMEOUT_SECONDS, store)
     link.wait_ready(start_timeout)
     return LeaderExecutor(inner, link, wait_for_acks=config.kind == "synthetic")

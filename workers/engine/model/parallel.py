@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from workers.config import ConfigError
 
-__all__ = ["HeadShard", "TensorParallel", "head_shard", "check_shardable", "init_process_group"]
+__all__ = ["HeadShard", "TensorParallel", "head_shard", "check_shardable", "tcp_store", "init_process_group"]
 
 TP_KEY = "tensor_parallel_size"
 
@@ -110,18 +110,23 @@ class TensorParallel:
         return torch.cat(parts, dim=1)[:, :vocab_size]
 
 
+def tcp_store(addr: str, port: int, size: int, is_master: bool, timeout_seconds: float) -> dist.TCPStore:
+    """The group's rendezvous store: rank 0 hosts it (``port`` 0: a free port, ``store.port``
+    says which), the others connect to ``addr:port``."""
+    # wait_for_workers=False: rank 0 must send the port to the others before they can come.
+    return dist.TCPStore(addr, port, size, is_master, timedelta(seconds=timeout_seconds), wait_for_workers=False)
+
+
 def init_process_group(
-    rank: int, size: int, addr: str, port: int, device: torch.device, timeout_seconds: float
+    rank: int, size: int, store: dist.Store, device: torch.device, timeout_seconds: float
 ) -> TensorParallel:
-    """Join the torch.distributed group whose TCP store rank 0 hosts at ``addr:port``.
+    """Join the torch.distributed group of ``size`` ranks that meet at ``store``.
 
     gloo on the CPU, NCCL on CUDA. ``timeout_seconds`` bounds every collective, so a
     rank that stops answering (rather than dying, which closes its sockets and fails
     the peers' collectives at once) fails the others instead of hanging them.
     """
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(
-        backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size,
-        timeout=timedelta(seconds=timeout_seconds),
-    )
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
+                            timeout=timedelta(seconds=timeout_seconds))
     return TensorParallel(rank=rank, size=size)
