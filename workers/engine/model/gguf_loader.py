@@ -22,6 +22,7 @@ import torch
 from workers.engine.model.gguf_dequant import dequantize_tensor
 from workers.engine.model.gguf_metadata import gguf_model_config, open_gguf
 from workers.engine.model.llama import LlamaForCausalLM
+from workers.engine.model.missing_weights import MissingWeightsError
 from workers.engine.model.model_config import ModelConfig
 from workers.engine.model.parallel import TensorParallel, check_shardable
 from workers.engine.model.shard_plan import apply_cut, finish_cut, shard_cuts
@@ -69,8 +70,6 @@ def load_gguf_model(
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """The model in eval mode on ``device``; RoPE covers ``max_positions`` (default: the model's).
     With ``tp``, each tensor is dequantized, then cut to this rank's shard."""
-    from workers.engine.model.loader import MissingWeightsError
-
     reader = open_gguf(path)
     config = gguf_model_config(reader)
     if tp is not None:
