@@ -93,24 +93,22 @@ class LeaderLink:
 
     def wait_hellos(self, timeout: float) -> None:
         """Every follower connected (said ``RankHello``); RankLost on a failure or the timeout."""
-        deadline = time.monotonic() + timeout
-        while len(self._peers) < self.world_size - 1:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = sorted(set(self.followers) - set(self._peers))
-                raise RankLost(f"tensor-parallel ranks {missing} did not connect within {timeout:g} s")
-            self._receive(min(remaining, 1.0))
+        self._wait_for_all(self._peers, "did not connect", timeout)
 
     def wait_ready(self, timeout: float) -> dict[int, RankReady]:
         """Every follower's ``RankReady`` (their shards loaded); RankLost on a failure or the timeout."""
+        self._wait_for_all(self.ready, "were not ready", timeout)
+        return self.ready
+
+    def _wait_for_all(self, seen: dict[int, Any], what: str, timeout: float) -> None:
+        """Receive until ``seen`` (filled by ``_receive``) has every follower."""
         deadline = time.monotonic() + timeout
-        while len(self.ready) < self.world_size - 1:
+        while len(seen) < self.world_size - 1:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = sorted(set(self.followers) - set(self.ready))
-                raise RankLost(f"tensor-parallel ranks {missing} were not ready within {timeout:g} s")
+                missing = sorted(set(self.followers) - set(seen))
+                raise RankLost(f"tensor-parallel ranks {missing} {what} within {timeout:g} s")
             self._receive(min(remaining, 1.0))
-        return self.ready
 
     def send_step(self, step: RankStep) -> None:
         frames = self._send_codec.encode(step)
