@@ -213,13 +213,13 @@ class Flow:
 
     # -- legs -------------------------------------------------------------------------------
 
-    async def _post(self, phase: str, worker: WorkerRecord, path: str, body: dict[str, Any], request_id: str,
+    async def _post(self, phase: str, worker: WorkerRecord, path: str, body: bytes, request_id: str,
                     tokens: int) -> bytes:
         self.metrics.legs.labels(phase).inc()
         self.view.acquire(worker.worker_id, tokens)
         try:
             status, content = await self.upstream.call(
-                "POST", worker.url + path, msgspec.json.encode(body),
+                "POST", worker.url + path, body,
                 {"x-request-id": request_id, "content-type": "application/json"})
         except UpstreamError as exc:
             self.view.suspect(worker.worker_id)
@@ -238,7 +238,7 @@ class Flow:
                       record: PerfRecord) -> tuple[dict[str, Any], WorkerRecord]:
         worker: WorkerRecord | None = first
         tried: set[str] = set()
-        body = ctx_body(request)
+        body = msgspec.json.encode(ctx_body(request))
         while worker is not None:
             tried.add(worker.worker_id)
             start = time.time()
@@ -264,7 +264,7 @@ class Flow:
             tried.add(worker.worker_id)
             start = time.time()
             try:
-                raw = await self._post("gen", worker, request.path, payload, f"{request_id}-gen",
+                raw = await self._post("gen", worker, request.path, request.encode(payload), f"{request_id}-gen",
                                        len(request.prompt_ids))
             except LegFailed as exc:
                 refusals += exc.refused
@@ -295,7 +295,7 @@ class Flow:
             upstream = None
             try:
                 upstream = await self._within(deadline, self.upstream.post(
-                    worker.url + request.path, msgspec.json.encode(payload),
+                    worker.url + request.path, request.encode(payload),
                     {"x-request-id": f"{request_id}-gen", "content-type": "application/json"}))
                 if upstream.status == 429:
                     raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)",
@@ -358,14 +358,13 @@ class Flow:
                      deadline: float) -> AsyncGenerator[bytes, None]:
         gen = record.gen or {}
         last = first_chunk
+        # One timer for the request's deadline, not an asyncio.timeout per relayed event: it ends
+        # the upstream answer (closing the connection aborts the request in the worker).
+        expiry = asyncio.get_running_loop().call_later(
+            max(deadline - time.monotonic(), 0.001), upstream.expire, UpstreamTimeout("the request timed out"))
         try:
             yield first_chunk
-            while True:
-                try:
-                    async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
-                        chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
+            async for chunk in chunks:
                 last = chunk
                 yield chunk
         except (UpstreamError, asyncio.TimeoutError) as exc:
@@ -376,6 +375,7 @@ class Flow:
             self.metrics.errors.labels("gen", "timeout" if timed_out else "stream").inc()
             yield (b"" if last.endswith(b"\n\n") else b"\n\n") + _error_event(request.api, error)
         finally:
+            expiry.cancel()
             gen["end"] = time.time()
             self.metrics.phase_seconds.labels("gen").observe(gen["end"] - gen["start"])
             self.view.release(worker.worker_id, tokens)
