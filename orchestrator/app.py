@@ -66,7 +66,7 @@ class Orchestrator:
         self.view = ClusterView(process_index, config.default_block_size, config.default_hash_seed)
         # Every client body is checked whole here, by the workers' own code, before any leg.
         self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self))
-        self.link = StateLink(config.state_socket, self.view)
+        self.link = StateLink(config.state_socket, self.view, push_loads=config.processes > 1)
         self.metrics = Metrics()
         timeouts = config.timeouts
         self.legs = HttpClient(timeouts.connect_seconds, timeouts.idle_seconds)  # request legs: the hot path
