@@ -342,6 +342,10 @@ class KVTransferAgent:
             if isinstance(message, KVBlocks):
                 self._receive_blocks(message, pull, frames)
                 budget -= message.num_blocks
+                if message.pull_id in self._pulls and pull.num_received == len(pull.block_ids):
+                    # Every block is in (chunks are checked contiguous): done now, not one more wake
+                    # later when the KVDone sent after them arrives (it then finds no pull: ignored).
+                    self._complete(message.pull_id, pull)
             elif isinstance(message, KVDone):
                 if pull.num_received != len(pull.block_ids) or message.num_blocks != len(pull.block_ids):
                     self._fail(message.pull_id, f"{pull.num_received} of {len(pull.block_ids)} blocks arrived")
