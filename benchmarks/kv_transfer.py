@@ -238,9 +238,13 @@ def main(argv: list[str] | None = None) -> int:
         agent_transfer(conn, ctx_endpoint, gen, poller, args.fixed_cost_tokens, request_id)
         fixed.append(stamps.fixed_cost_ms())
     fixed_row = fixed_cost_row(args.fixed_cost_tokens, fixed)
+    # The floor under it, same run: a raw ZeroMQ pull of as many blocks (request, blocks, final message).
+    fixed_blocks = -(-args.fixed_cost_tokens // BLOCK_SIZE)
+    fixed_row["raw_zmq_round_trip_ms"] = round(statistics.median(
+        raw_transfer(raw_dealer, fixed_blocks) * 1e3 for _ in range(args.fixed_cost_repeats)), 4)
     print(f"fixed cost, {args.fixed_cost_tokens}-token pull: request -> first block {fixed_row['request_to_first_ms']} "
           f"ms, last block -> ack {fixed_row['last_to_ack_ms']} ms, sum {fixed_row['fixed_cost_ms']} ms (medians "
-          f"of {len(fixed)})", flush=True)
+          f"of {len(fixed)}); raw ZeroMQ pull of as many blocks: {fixed_row['raw_zmq_round_trip_ms']} ms", flush=True)
     for num_tokens in args.tokens:
         num_blocks_sent = -(-num_tokens // BLOCK_SIZE)
         agent_rates, raw_rates, costs = [], [], []
