@@ -177,8 +177,10 @@ class KVTransferAgent:
             self._send_request(pull.endpoint, KVAck(request_id, pull.ctx_request_id, completed=False))
 
     def has_work(self) -> bool:
-        """Blocks are waiting to be sent: the loop must not block in poll."""
-        return bool(self._sends)
+        """Blocks are waiting to be sent, or pulls to be requested: the loop must not block in poll.
+        (A step allocates a gen request's blocks after this tick took the pulls: without the second
+        condition the pull request waited for the loop's idle poll, 250 ms, before it was sent.)"""
+        return bool(self._sends) or self.core.has_kv_pulls()
 
     def tick(self) -> None:
         now = time.time()

@@ -408,3 +408,22 @@ def test_a_pull_completes_on_its_last_block_without_waiting_for_the_final_messag
     finally:
         ctx.close()
         gen.agent.close()
+
+
+def test_the_agent_has_work_while_allocated_pulls_wait_to_be_requested(zctx):
+    """The engine loop blocks in poll (250 ms) when nothing has work: a step that allocated a gen
+    request's blocks must keep it awake until the next tick has sent the pull request."""
+    config = _config("synthetic", None)
+    with engine_pair(config, zctx) as (ctx, gen):
+        prompt = list(range(10, 30))
+        ctx.agent.add_context(AddContextRequest(EngineRequest(3, prompt, FIRST_ONLY), 60.0))
+        run_until([ctx], lambda: ctx.finished(3))
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(3, prompt, GREEDY), ctx.tokens(3)[0], 3,
+                                              ctx.agent.endpoint))
+        gen.agent.tick()
+        assert not gen.agent.has_work()
+        gen.core.step()  # allocates the blocks: a pull waits to be requested
+        assert not gen.core.has_work() and gen.agent.has_work()
+        gen.agent.tick()  # requests it
+        assert not gen.agent.has_work()
+        run_until([ctx, gen], lambda: gen.finished(3))
