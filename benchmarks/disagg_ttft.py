@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import secrets
 import statistics
 import sys
@@ -50,8 +48,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from orchestrator_overhead import HOST, free_port, start_orchestrator  # noqa: E402
 from frontend_scaling import Server  # noqa: E402
+from orchestrator_overhead import HOST, free_port, report_targets, start_orchestrator  # noqa: E402
 
 WORKER_READY = "disagg serve: ready on"
 RATIO_TARGET, SLACK_MS, SUM_TOLERANCE_MS = 1.1, 3.0, 1.0
@@ -235,14 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in reversed(servers):
             server.stop()
-    targets = targets_of(rows)
-    for target in targets:
-        print(f"{'PASS' if target['pass'] else 'FAIL'}: {target['target']}: {target['value']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "cpu_count": os.cpu_count(), "summary": rows, "targets": targets, "requests": raw}
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    report_targets(args, targets_of(rows), summary=rows, requests=raw)
     return 0
 
 

@@ -339,14 +339,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['proxied_requests_per_s']} req/s p50 {row['proxied_latency_p50_ms']} ms | added p50 "
               f"{row['added_p50_ms']} ms, ratio {row['rps_ratio']} | worker CPU/req direct "
               f"{row['direct_worker_cpu_ms_per_request']} proxied {row['proxied_worker_cpu_ms_per_request']} ms")
+    report_targets(args, targets, runs=runs, summary=rows)
+    return 0
+
+
+def report_targets(args: argparse.Namespace, targets: list[dict], **sections) -> None:
+    """Print the PASS/FAIL lines and write the JSON report (config, CPU count, targets, ``sections``)."""
     for target in targets:
         print(f"{'PASS' if target['pass'] else 'FAIL'}: {target['target']}: {target['value']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "cpu_count": os.cpu_count(), "runs": runs, "summary": rows, "targets": targets}
+              "cpu_count": os.cpu_count(), **sections, "targets": targets}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

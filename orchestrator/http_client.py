@@ -152,6 +152,7 @@ class LegResponse:
         self._head: asyncio.Future[None] = self._loop.create_future()
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
+        self._paused = False  # reading from the worker, paused while MAX_BUFFERED wait unread
         self._waiter: asyncio.Future[None] | None = None
         self._error: UpstreamError | None = None
         self._done = False
@@ -178,7 +179,8 @@ class LegResponse:
         self._last_data = self._loop.time()
         self._chunks.append(body)
         self._buffered += len(body)
-        if self._buffered > MAX_BUFFERED:
+        if self._buffered > MAX_BUFFERED and not self._paused:
+            self._paused = True
             self._connection.set_reading(False)
         self._wake()
 
@@ -244,9 +246,14 @@ class LegResponse:
         try:
             while True:
                 if self._chunks:
-                    chunk = self._chunks.popleft()
+                    if len(self._chunks) == 1:
+                        chunk = self._chunks.popleft()
+                    else:  # several arrived since the last read (a busy loop): relayed as one write
+                        chunk = b"".join(self._chunks)
+                        self._chunks.clear()
                     self._buffered -= len(chunk)
-                    if self._buffered <= MAX_BUFFERED // 2:
+                    if self._paused and self._buffered <= MAX_BUFFERED // 2:
+                        self._paused = False
                         self._connection.set_reading(True)
                     yield chunk
                     continue

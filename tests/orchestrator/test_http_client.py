@@ -310,3 +310,30 @@ async def test_expire_ends_an_answer_after_what_was_buffered_and_closes_the_conn
         response.close()
         client.close()
         await asyncio.wait_for(disconnected.wait(), 5)  # the worker saw the disconnect
+
+
+async def test_chunks_that_arrived_together_are_read_as_one_and_nothing_is_lost(monkeypatch) -> None:
+    """A reader that falls behind gets what arrived meanwhile in one piece (one write to its client),
+    in order; past MAX_BUFFERED unread the worker's connection stops being read, then resumes."""
+    monkeypatch.setattr(http_client, "MAX_BUFFERED", 64 * 1024)
+    parts = [b"%06d|" % i * 200 for i in range(100)]  # 100 chunks of 1.4 KB: 140 KB in all
+
+    async def burst(head, body, writer, number) -> bool:
+        writer.write(chunked_head())
+        for part in parts:
+            writer.write(chunk(part))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async with Server(burst) as url:
+        client = HttpClient(connect_timeout=2, idle_timeout=5)
+        response = await client.post(url, b"x", {})
+        await asyncio.sleep(0.3)  # fall behind: the burst arrives (and pauses reading past 64 KB)
+        received = [piece async for piece in response.chunks()]
+        response.close()
+        assert await fetch(client, url) == b"".join(parts)  # the connection was reusable after it
+        client.close()
+    assert b"".join(received) == b"".join(parts)
+    assert len(received) < len(parts) / 4
