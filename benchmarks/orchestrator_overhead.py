@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontend_scaling import Server, children  # noqa: E402  (the sibling script: process start/stop)
+from frontend_scaling import Server, children, free_port  # noqa: E402  (the sibling script: processes, ports)
 from http_loadgen import LoadResult, LoadSpec, run_in_own_process  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -62,12 +62,6 @@ ROUTERS = {  # name -> argv before the worker URLs (both take --host, --port, --
     "sglang": [sys.executable, "-m", "sglang_router.launch_router", "--log-level", "warn"],
     "vllm": [str(Path(sys.executable).with_name("vllm-router")), "--log-level", "warning"],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def scenario_request(scenario: str, port: int, max_tokens: int) -> str:

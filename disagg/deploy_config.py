@@ -10,7 +10,7 @@
     tiny_model_size: bench          #   `up` writes a random-weight tiny model there first
     tool_call_parser: null          # hermes | llama3_json; default: detected from the chat template
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
-             max_num_batched_tokens, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
+             max_num_batched_tokens, stream_interval, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
              synthetic_prefill_seconds_per_token, decode_attention}
     orchestrator: {host, port, processes, ctx_router, gen_router, conditional, health,
                    timeouts, max_retries, api_key}      # see orchestrator.config
@@ -39,9 +39,10 @@ from orchestrator.config import ConditionalDisaggConfig, HealthConfig, RouterCon
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES
+from workers.sampling_params import MAX_STREAM_INTERVAL
 
-__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "RestartPolicy", "DeployConfig",
-           "load_deploy_config", "check_runnable", "resolve_deploy_model", "TINY_MODEL", "LAUNCHERS"]
+__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "PrometheusSettings", "RestartPolicy",
+           "DeployConfig", "load_deploy_config", "resolve_deploy_model", "TINY_MODEL", "LAUNCHERS"]
 
 TINY_MODEL = "tiny"
 LAUNCHERS = ("local", "slurm")
@@ -59,6 +60,9 @@ class EngineSettings:
     num_blocks: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    stream_interval: int | None = None
+    """Tokens per streamed output (SSE event) after the first (serve's --stream-interval, default 1);
+    a request's ``stream_interval`` overrides it."""
     kv_park_seconds: float | None = None
     kv_pull_timeout: float | None = None
     """gen role: a KV pull with no progress for this long fails its request (serve's --kv-pull-timeout,
@@ -101,6 +105,9 @@ class EngineSettings:
         if self.max_concurrent_requests is not None and self.max_concurrent_requests < 0:
             raise ConfigError(f"{prefix}.max_concurrent_requests",
                               f"must be >= 0 (0: no limit), got {self.max_concurrent_requests}")
+        if self.stream_interval is not None and not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            raise ConfigError(f"{prefix}.stream_interval",
+                              f"must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}")
         for name in ("max_model_len", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -112,6 +119,7 @@ class EngineSettings:
                 "--max-model-len": self.max_model_len, "--block-size": self.block_size,
                 "--num-blocks": self.num_blocks, "--max-num-seqs": self.max_num_seqs,
                 "--max-num-batched-tokens": self.max_num_batched_tokens,
+                "--stream-interval": self.stream_interval,
                 "--synthetic-decode-step-seconds": self.synthetic_decode_step_seconds,
                 "--synthetic-prefill-seconds-per-token": self.synthetic_prefill_seconds_per_token,
                 "--kv-park-seconds": self.kv_park_seconds,
@@ -164,7 +172,7 @@ class PoolConfig:
     role: str | None = None
     """The workers' --role; None = the pool's name (ctx or gen). ``both`` makes an aggregated pool."""
     tensor_parallel_size: int = 1
-    """Ranks per worker. Placement counts them; ``check_runnable`` refuses > 1 until the engine has TP."""
+    """Engine ranks per worker (``disagg serve --tensor-parallel-size``); on Slurm one srun task each."""
     gpus_per_worker: int | None = None
     """None: one GPU per TP rank on GPU nodes (slurm.gpus_per_node > 0), none otherwise."""
 
@@ -200,6 +208,18 @@ class RestartPolicy:
 
 
 @dataclass(frozen=True)
+class PrometheusSettings:
+    """The ``<run dir>/prometheus.yml`` that `disagg up` writes (``orchestrator.prometheus_sd``)."""
+
+    scrape_interval_seconds: float = 5.0
+
+    def validate(self, prefix: str) -> None:
+        if not 0 < self.scrape_interval_seconds <= 3600:
+            raise ConfigError(f"{prefix}.scrape_interval_seconds",
+                              f"must be in (0, 3600], got {self.scrape_interval_seconds}")
+
+
+@dataclass(frozen=True)
 class PoolsConfig:
     ctx: PoolConfig = field(default_factory=PoolConfig)
     gen: PoolConfig = field(default_factory=PoolConfig)
@@ -221,6 +241,7 @@ class DeployConfig:
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     startup_timeout_seconds: float = 600.0
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     source: str = ""
     """The file this came from (set by the loader)."""
 
@@ -267,18 +288,6 @@ class DeployConfig:
                                  reserved_ports={"orchestrator.port": self.orchestrator.port})
         except ConfigError as exc:
             raise ConfigError(f"{self.source}: {exc.key}", str(exc)[len(exc.key) + 2:]) from None
-
-
-def check_runnable(config: DeployConfig) -> None:
-    """What ``up`` refuses and ``render`` allows: what the engine cannot run yet (TP > 1)."""
-    from slurm.placement import check_engine_supports
-
-    for spec in config.pool_specs():
-        try:
-            check_engine_supports(spec, f"pools.{spec.name}")
-        except ConfigError as exc:
-            raise ConfigError(f"{config.source}: {exc.key}",
-                              f"{str(exc)[len(exc.key) + 2:]} (`disagg render` still shows the plan)") from None
 
 
 def resolve_deploy_model(config: DeployConfig, run_dir: Path) -> Path:

@@ -22,6 +22,7 @@ command line.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import shutil
@@ -36,7 +37,7 @@ from typing import Any, Callable
 import msgspec
 import zmq
 
-from workers.client_ids import lane_of
+from workers.client_ids import FRONTEND_SHIFT, lane_of
 from workers.config import EngineConfig
 from workers.ipc import (
     HEARTBEAT_SECONDS,
@@ -81,6 +82,7 @@ log = logging.getLogger("disagg.engine")
 
 IDLE_POLL_MS = 250  # idle wake-up to notice a SIGTERM; a blocking wait, not a spin
 MAX_INPUTS_PER_LOOP = 4096  # bound one drain so a flood of requests cannot starve step()
+GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (Python's default: 700)
 
 
 class EngineProcSpec(msgspec.Struct, frozen=True):
@@ -211,9 +213,12 @@ class EngineProc:
         if self.kv_agent is not None:
             self.kv_agent.on_outputs(outputs)
         self.num_steps += 1
-        batches: list[list[RequestOutput]] = [[] for _ in range(self.num_lanes)]
+        num_lanes = self.num_lanes
+        batches: list[list[RequestOutput]] = [[] for _ in range(num_lanes)]
         for output in outputs:
-            lane = lane_of(output.request_id, self.num_lanes)
+            lane = output.request_id >> FRONTEND_SHIFT  # workers.client_ids.lane_of, inlined: per output
+            if lane >= num_lanes:
+                lane = 0
             batches[lane].append(output)
             if output.finish_reason is not None:
                 self._live[lane].discard(output.request_id)
@@ -386,6 +391,13 @@ def run_engine(spec: EngineProcSpec, launcher_pid: int | None = None) -> int:
         status.close()
         ctx.term()
         return 1
+    # What exists now (the model, the block pool, the synthetic KV) lives as long as the process:
+    # out of the collector's sight, so that a full collection does not walk it again and again
+    # (vLLM does the same); the loop's garbage is short-lived and cycle-free, so collections
+    # can also be rarer.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 10, 10)
     status.send_multipart(status_codec.encode(EngineReady(info, os.getpid())))
     status.close()
     log.info("engine ready: %s", info)
