@@ -193,8 +193,10 @@ class KVTransferAgent:
             self._send_request(pull.endpoint, KVAck(request_id, pull.ctx_request_id, completed=False))
 
     def has_work(self) -> bool:
-        """Blocks are waiting to be sent: the loop must not block in poll."""
-        return bool(self._sends)
+        """Blocks are waiting to be sent, or pulls to be requested: the loop must not block in poll.
+        (A step allocates a gen request's blocks after this tick took the pulls: without the second
+        condition the pull request waited for the loop's idle poll, 250 ms, before it was sent.)"""
+        return bool(self._sends) or self.core.has_kv_pulls()
 
     def tick(self) -> None:
         now = time.time()
@@ -364,6 +366,12 @@ class KVTransferAgent:
             if isinstance(message, KVBlocks):
                 self._receive_blocks(message, pull, frames)
                 budget -= message.num_blocks
+                if (pull.layout is None and message.pull_id in self._pulls
+                        and pull.num_received == len(pull.block_ids)):
+                    # Every block is in (chunks are checked contiguous): done now, not one more wake
+                    # later when the KVDone sent after them arrives (it then finds no pull: ignored).
+                    # A ranked pull completes when every rank has imported its heads (kv_rank_pulls).
+                    self._complete(message.pull_id, pull)
                 if budget <= 0:
                     return
             elif isinstance(message, KVDone):
