@@ -119,6 +119,9 @@ class Scheduler:
         pulls, self._kv_pulls = self._kv_pulls, []
         return pulls
 
+    def has_kv_pulls(self) -> bool:
+        return bool(self._kv_pulls)
+
     def finish_remote_kv(self, request_id: int) -> None:
         """The pulled blocks hold the remote KV: queue the request first in line to decode."""
         request = self.requests.get(request_id)
