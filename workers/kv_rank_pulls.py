@@ -260,6 +260,9 @@ class FollowerKVStore:
     def take_kv_pulls(self) -> list[Any]:
         return []
 
+    def has_kv_pulls(self) -> bool:
+        return False  # a follower serves pulls; rank 0 starts every one
+
 
 def attach_rank_pulls(agent: Any, executor: Any, ctx: zmq.Context, key: bytes, pull_timeout: float,
                       link: Any = None) -> str:
