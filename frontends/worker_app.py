@@ -22,12 +22,12 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from frontends.admin_forwarder import FORWARDED_BY_HEADER, LauncherForwarder
@@ -36,7 +36,7 @@ from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore, EngineBatch
 from frontends.engine_client import EngineClient
 from frontends.launcher_routes import Control, LauncherState, launcher_routes
 from frontends.perf_records import PerfReceiver, PerfRecorder, PerfSender, PerfStore
-from frontends.prometheus import CONTENT_TYPE, FrontendMetrics, LauncherMetrics, render
+from frontends.prometheus import CONTENT_TYPE, FrontendMetrics, LauncherMetrics
 from frontends.responses import RESPONSES_FILE, LauncherResponses, LocalResponses, ResponseStore, admin_routes
 from frontends.route_table import LAUNCHER_PREFIXES, LAUNCHER_ROUTES
 from frontends.serving import FrontendConfig, ServingContext

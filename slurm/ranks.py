@@ -152,9 +152,10 @@ def _wait_for_address(path: Path) -> tuple[str, int]:
         try:
             host, port = path.read_text().split()
             return host, int(port)
-        except (FileNotFoundError, ValueError):
+        except (FileNotFoundError, ValueError) as exc:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"rank 0 did not publish its address in {path} within {_ADDRESS_TIMEOUT:.0f} s")
+                raise TimeoutError(f"rank 0 did not publish its address in {path} within "
+                                   f"{_ADDRESS_TIMEOUT:.0f} s") from exc
             time.sleep(_POLL_SECONDS)
 
 

@@ -28,7 +28,7 @@ from workers.kv_codec import KVFrameCodec
 from workers.kv_layout import PullSource, is_single_rank, parse_layout, plan_pulls
 from workers.kv_protocol import KVBlocks, KVDone, KVPullRequest, KVReplyMessage, KVRequestMessage
 from workers.kv_transfer import authenticated_replies
-from workers.rank_protocol import PullPiece, RankAbortPull, RankPark, RankPull, RankPullDone, RankUnpark
+from workers.rank_protocol import PullPiece, RankAbortPull, RankPark, RankPull, RankUnpark
 
 __all__ = ["KVHeadPuller", "RankedPulls", "FollowerKVStore"]
 

@@ -73,7 +73,7 @@ def test_excess_requests_get_429_at_once_and_the_admitted_complete(limited_worke
     refused = [r for r in results if r[0] == 429]
     assert len(ok) + len(refused) == 200, sorted({r[0] for r in results})
     assert LIMIT <= len(ok) < 200 and len(refused) >= 50
-    for _, _, head, payload in ok:
+    for _, _, _, payload in ok:
         assert json.loads(payload)["usage"]["completion_tokens"] == MAX_TOKENS
     slowest_refusal = max(seconds for _, seconds, _, _ in refused)
     assert slowest_refusal < 1.5, slowest_refusal  # an admitted request takes ~2 s; a refusal does not wait

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx

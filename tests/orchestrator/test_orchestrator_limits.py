@@ -69,7 +69,7 @@ def test_requests_over_the_process_limit_get_429_at_once_and_the_admitted_comple
 
     admitted, refused, health = asyncio.run(drill())
     assert health == 200
-    for status, seconds, head, payload in refused:
+    for status, seconds, head, _ in refused:
         assert status == 429 and b"retry-after: 1" in head and seconds < 1.0, (status, seconds, head)
     openai_error = json.loads(refused[0][3])["error"]
     assert openai_error["type"] == "rate_limit_error" and "orchestrator process" in openai_error["message"]

@@ -11,7 +11,6 @@ import textwrap
 import time
 
 import anthropic
-import httpx
 import openai
 
 from worker_process import free_port, port_is_free

@@ -19,11 +19,12 @@ def serve_argv(model_dir: str) -> WorkerArgv:
 
 
 ORCHESTRATOR_ARGV = ("disagg", "orchestrator", "--config", f"{RUN_DIR}/orchestrator.json")
+TINY_WORKER_ARGV = serve_argv(".cache/tiny-test")
 
 
 def local_plan(slurm: SlurmConfig | None = None, gen_tp: int = 1,
                orchestrator_argv: Sequence[str] = ORCHESTRATOR_ARGV,
-               worker_argv: WorkerArgv = serve_argv(".cache/tiny-test")) -> JobPlan:
+               worker_argv: WorkerArgv = TINY_WORKER_ARGV) -> JobPlan:
     """One CPU node: the orchestrator, 1 ctx and 1 gen worker with 2 frontends each."""
     slurm = slurm or SlurmConfig(nodes=1, cpus_per_node=8, job_name="disagg-local", time_limit="30",
                                  env_setup="source .venv/bin/activate")

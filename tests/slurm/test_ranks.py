@@ -7,7 +7,6 @@ import socket
 import threading
 from pathlib import Path
 
-import pytest
 
 from slurm.ranks import discover_rank, free_port_pair, rank_environ
 

@@ -77,7 +77,7 @@ def test_hashes_are_identical_in_another_process():
     tokens = list(range(1000, 1100))
     code = (
         "import json; from workers.engine.block_hash import compute_block_hashes; "
-        f"print(json.dumps(compute_block_hashes(list(range(1000, 1100)), 16, 12345)))"
+        "print(json.dumps(compute_block_hashes(list(range(1000, 1100)), 16, 12345)))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "987"}  # Python's own hash() would differ
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)

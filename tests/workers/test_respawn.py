@@ -73,7 +73,7 @@ def test_three_crashes_in_a_minute_stop_the_respawning(tiny_model_dir):
             pid = frontend_slots(proc.pid)[1]
             os.kill(pid, signal.SIGKILL)
             if crash < 2:
-                wait_until(lambda: frontend_slots(proc.pid).get(1, pid) != pid, 5)
+                wait_until(lambda killed=pid: frontend_slots(proc.pid).get(1, killed) != killed, 5)
                 wait_until(lambda: "1" in answered_by(url, 8), 5)
         wait_until(lambda: "NOT respawning" in worker_log(proc), 5)
         time.sleep(1.0)  # a watch round or two: still nothing in slot 1

@@ -334,7 +334,7 @@ def test_random_arrivals_and_aborts_keep_books_balanced_and_tokens_exact():
     core = EngineCore(config)
     shared = [rng.randrange(1, 500) for _ in range(12)]
     requests, aborted, outputs = {}, set(), {}
-    for step_index in range(400):
+    for _ in range(400):
         if len(requests) < 40 and rng.random() < 0.3:
             prompt = shared[: rng.randrange(0, 13)] + [rng.randrange(1, 500) for _ in range(rng.randrange(1, 20))]
             request = make_request(len(requests), prompt, max_tokens=rng.randrange(1, 16))
