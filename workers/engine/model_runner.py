@@ -37,6 +37,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, sampler_seed: int | None = None) -> None:
         config.validate()
         self.config = config
+        if config.num_threads is not None:  # before any parallel region: the native kernel shares torch's OpenMP
+            torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.model, self.model_config = load_model(config.model, config.dtype, self.device, _positions(config))
         if can_pack(self.device, DTYPES[config.dtype]):
