@@ -147,8 +147,9 @@ class AnthropicMessages(ApiClient):
             return StreamDelta(usage=Usage(prompt_tokens=_anthropic_prompt(usage),
                                            cached_tokens=usage.get("cache_read_input_tokens")))
         if kind == "message_delta":
-            usage = payload.get("usage") or {}
-            return StreamDelta(usage=Usage(output_tokens=usage.get("output_tokens")))
+            usage = payload.get("usage") or {}  # cache reads may be known only at the end of the stream
+            return StreamDelta(usage=Usage(prompt_tokens=_anthropic_prompt(usage), output_tokens=usage.get("output_tokens"),
+                                           cached_tokens=usage.get("cache_read_input_tokens")))
         if kind == "message_stop":
             return StreamDelta(done=True)
         if kind == "error":

@@ -80,6 +80,8 @@ def test_other_apis_multi_turn_with_tool_exchanges(worker, api):
     assert level.summary.num_ok == 6, [r.error for r in level.records]
     assert all(r.output_tokens > 0 and r.prompt_tokens for r in level.records)
     assert level.summary.ttft.count == 6 and level.summary.tpot.p50 is not None
+    if api == "anthropic":  # the shared system prompt is a prefix-cache hit, reported in usage
+        assert any(r.cached_tokens for r in level.records)
 
 
 def test_errors_are_counted_by_kind(worker):
