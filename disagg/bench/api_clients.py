@@ -68,7 +68,8 @@ class OpenAIChat(ApiClient):
     path = "/v1/chat/completions"
 
     def body(self, conversation: Conversation, max_tokens: int) -> dict[str, Any]:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": conversation.system}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": conversation.system}] \
+            if conversation.system else []
         for message in conversation.messages:
             messages += self._messages(message)
         body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "stream": True,
@@ -129,8 +130,9 @@ class AnthropicMessages(ApiClient):
                 pending = []
             else:
                 messages.append({"role": message.role, "content": message.text})
-        body: dict[str, Any] = {"model": self.model, "system": conversation.system, "messages": messages,
-                                "max_tokens": max_tokens, "stream": True}
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "stream": True}
+        if conversation.system:
+            body["system"] = conversation.system
         if conversation.send_tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters}
                              for t in conversation.tools]
@@ -179,8 +181,10 @@ class OpenAIResponses(ApiClient):
                 items += [{"type": "function_call", "call_id": ex.call_id, "name": ex.tool.name,
                            "arguments": ex.arguments},
                           {"type": "function_call_output", "call_id": ex.call_id, "output": ex.result}]
-        body: dict[str, Any] = {"model": self.model, "instructions": conversation.system, "input": items,
-                                "max_output_tokens": max_tokens, "stream": True, "store": False}
+        body: dict[str, Any] = {"model": self.model, "input": items, "max_output_tokens": max_tokens, "stream": True,
+                                "store": False}
+        if conversation.system:
+            body["instructions"] = conversation.system
         if conversation.send_tools:
             body["tools"] = [{"type": "function", "name": t.name, "description": t.description,
                               "parameters": t.parameters} for t in conversation.tools]

@@ -91,6 +91,8 @@ class SessionPlan:
 @dataclass(frozen=True)
 class WorkloadConfig:
     system_tokens: int = 1000
+    """The shared system prompt: instructions and the tool definitions (their size under the
+    server's tokenizer is a floor), then filler text up to this many tokens; 0: no system prompt."""
     isl: LengthDist = LengthDist(200)
     """Tokens of each user message."""
     osl: LengthDist = LengthDist(64)
@@ -127,6 +129,8 @@ class Workload:
         self.system = self._system_prompt()
 
     def _system_prompt(self) -> str:
+        if self.config.system_tokens == 0:
+            return ""  # plain chat, no system message: what single-turn tools (aiperf, genai-perf) send
         head = ("You are a coding agent working in a software repository. Use the tools to read, search, "
                 "edit and test code; answer briefly.\n\nTools:\n" + json.dumps([t.openai() for t in TOOLS]))
         filler_tokens = self.config.system_tokens - round(len(head.split()) * self.text.tokens_per_word * 2)
