@@ -13,7 +13,7 @@ same workload as ``aiperf profile --endpoint-type chat --streaming --concurrency
 Prints the figures with PASS/FAIL lines and the load average (the machine is shared), writes JSON.
 
     python benchmarks/local_workload.py [--config configs/local.yaml] [--engine-threads auto|none|N]
-        [--num-requests 40] [--out benchmarks/results/local_workload.json]
+        [--num-requests 40] [--aiperf PATH/TO/aiperf] [--out benchmarks/results/local_workload.json]
 
 ``--engine-threads`` sets the YAML's ``engine.threads`` (torch: leave each engine torch's default,
 the behaviour before core partitioning, to measure the difference).
@@ -62,14 +62,13 @@ def _disagg(*argv: str) -> subprocess.CompletedProcess:
 
 
 def _measure(url: str, model: str, num_requests: int) -> list:
+    """Sequential, then concurrency 4; each level draws prompts of its own (no level finds the
+    previous one's prompts in the prefix cache)."""
     workload = WorkloadConfig(system_tokens=0, isl=LengthDist(200), osl=LengthDist(24), turns=LengthDist(1))
-    results = []
-    for concurrency in (1, 4):
-        plan = BenchPlan(url=url, api=OpenAIChat(model, ignore_eos=True), workload=workload,
-                         concurrencies=(concurrency,), num_requests=num_requests, warmup=4)
-        level, _ = asyncio.run(run_bench(plan, PlainProgress(sys.stderr)))
-        results.append(level[0].summary.to_dict())
-    return results
+    plan = BenchPlan(url=url, api=OpenAIChat(model, ignore_eos=True), workload=workload, concurrencies=(1, 4),
+                     num_requests=num_requests, warmup=4)
+    levels, _ = asyncio.run(run_bench(plan, PlainProgress(sys.stderr)))
+    return [level.summary.to_dict() for level in levels]
 
 
 def main() -> int:
@@ -77,6 +76,7 @@ def main() -> int:
     parser.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
     parser.add_argument("--engine-threads", default="default", help="auto, torch or N (default: the file's)")
     parser.add_argument("--num-requests", type=int, default=40)
+    parser.add_argument("--aiperf", default=None, help="also run aiperf (this executable) at c=4: the cross-check")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/local_workload.json"))
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still takes its deployment down
@@ -94,15 +94,29 @@ def main() -> int:
             started = time.time()
             sequential, concurrent = _measure(state["url"], model, args.num_requests)
             load_after = os.getloadavg()
+            aiperf = _aiperf(args, state["url"], model, Path(tmp)) if args.aiperf else None
             threads = {p["name"]: p["argv"][p["argv"].index("--engine-threads") + 1]
                        for p in state["processes"] if "--engine-threads" in p["argv"]}
         finally:
             _disagg("down", "--run-dir", str(run_dir))
-    return _report(args, sequential, concurrent, threads, load_before, load_after, time.time() - started)
+    if aiperf:
+        print(f"aiperf at c=4 (cross-check): TTFT p50 {aiperf['ttft_p50_ms']:.1f} ms, ITL p50 {aiperf['itl_p50_ms']:.1f} "
+              f"ms (disagg bench: TTFT p50 {concurrent['ttft']['p50'] * 1e3:.1f} ms, TPOT p50 "
+              f"{concurrent['tpot']['p50'] * 1e3:.1f} ms), {aiperf['output_tokens_per_s']:.1f} output tok/s")
+    return _report(args, sequential, concurrent, threads, load_before, load_after, time.time() - started, aiperf)
+
+
+def _aiperf(args: argparse.Namespace, url: str, model: str, tmp: Path) -> dict:
+    from aiperf_crosscheck import export_gguf_tokenizer, run_aiperf
+
+    tokenizer = export_gguf_tokenizer(model, tmp / "tokenizer")
+    options = argparse.Namespace(aiperf=args.aiperf, model=model, url=url, concurrency=4,
+                                 request_count=args.num_requests, isl=200, osl=24, tokenizer=tokenizer)
+    return run_aiperf(options, tmp / "aiperf")
 
 
 def _report(args: argparse.Namespace, seq: dict, c4: dict, threads: dict, load_before: tuple, load_after: tuple,
-            elapsed: float) -> int:
+            elapsed: float, aiperf: dict | None) -> int:
     print(f"engine threads per worker: {threads or 'torch default'}; cpus {os.cpu_count()}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after ({elapsed:.0f} s)")
     for run in (seq, c4):
@@ -120,7 +134,7 @@ def _report(args: argparse.Namespace, seq: dict, c4: dict, threads: dict, load_b
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": str(args.config), "engine_threads": threads,
                                     "load_average": {"before": load_before, "after": load_after},
-                                    "cpus": os.cpu_count(), "sequential": seq, "concurrency_4": c4,
+                                    "cpus": os.cpu_count(), "sequential": seq, "concurrency_4": c4, "aiperf_c4": aiperf,
                                     "targets": results}, indent=1))
     print(f"wrote {args.out}")
     return 0 if all(r["pass"] for r in results) else 1

@@ -70,6 +70,8 @@ def plot_sweep(result: dict[str, Any], path: Path) -> Path:
         twin.plot(x, [r["requests_per_s"] for r in runs], "s--", color="tab:orange", label="req/s")
         row[0].set(xlabel=mode, ylabel="output tokens/s", title=f"throughput vs {mode}")
         twin.set_ylabel("requests/s")
+        lines = row[0].get_lines() + twin.get_lines()
+        row[0].legend(lines, [line.get_label() for line in lines], fontsize="small")
         for q in ("p50", "p90", "p99"):
             row[1].plot(x, [(r["ttft"][q] or 0) * 1e3 for r in runs], "o-", label=f"TTFT {q}")
         row[1].set(xlabel=mode, ylabel="ms", title=f"TTFT vs {mode}")
@@ -94,6 +96,7 @@ def plot_turns(result: dict[str, Any], path: Path) -> Path:
     ax.set(xlabel="turn of the session", ylabel="TTFT p50 (ms)",
            title="TTFT per turn (solid) vs prompt tokens (dotted)")
     twin.set_ylabel("prompt tokens (mean)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return _save(fig, path)
