@@ -61,14 +61,62 @@ def _disagg(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "disagg.cli", *argv], capture_output=True, text=True)
 
 
-def _measure(url: str, model: str, num_requests: int) -> list:
+def _engine_pids(state: dict) -> dict[str, int]:
+    """Each worker's engine process: the launcher's child running ``workers.engine_proc``."""
+    engines = {}
+    for process in state["processes"]:
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and _stat(int(entry.name))[1] == str(process["pid"]) and \
+                        b"workers.engine_proc" in (entry / "cmdline").read_bytes():
+                    engines[process["name"]] = int(entry.name)
+            except (OSError, TypeError):
+                continue
+    return engines
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _cpu_seconds(pid: int) -> float:
+    stat = _stat(pid)  # fields after the name: [11] utime, [12] stime, every thread included
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") if stat else 0.0
+
+
+class _EngineCpu(PlainProgress):
+    """Plain progress lines, and the engines' CPU seconds over each level (from /proc)."""
+
+    def __init__(self, engines: dict[str, int]) -> None:
+        super().__init__(sys.stderr)
+        self.engines, self.start, self.used = engines, {}, []
+
+    def start_level(self, label: str, total: int | None, duration: float | None) -> None:
+        self.start = {name: _cpu_seconds(pid) for name, pid in self.engines.items()}
+        super().start_level(label, total, duration)
+
+    def end_level(self, summary) -> None:
+        self.used.append({name: _cpu_seconds(pid) - self.start[name] for name, pid in self.engines.items()})
+        super().end_level(summary)
+
+
+def _measure(url: str, model: str, num_requests: int, engines: dict[str, int]) -> list:
     """Sequential, then concurrency 4; each level draws prompts of its own (no level finds the
     previous one's prompts in the prefix cache)."""
     workload = WorkloadConfig(system_tokens=0, isl=LengthDist(200), osl=LengthDist(24), turns=LengthDist(1))
     plan = BenchPlan(url=url, api=OpenAIChat(model, ignore_eos=True), workload=workload, concurrencies=(1, 4),
                      num_requests=num_requests, warmup=4)
-    levels, _ = asyncio.run(run_bench(plan, PlainProgress(sys.stderr)))
-    return [level.summary.to_dict() for level in levels]
+    progress = _EngineCpu(engines)
+    levels, _ = asyncio.run(run_bench(plan, progress))
+    runs = [level.summary.to_dict() for level in levels]
+    for run, used in zip(runs, progress.used):
+        tokens = run["output_tokens"]["mean"] * run["num_ok"] if run["num_ok"] else 0
+        run["engine_cpu_seconds"] = used
+        run["engine_cpu_ms_per_output_token"] = 1e3 * sum(used.values()) / tokens if tokens else None
+    return runs
 
 
 def main() -> int:
@@ -92,7 +140,7 @@ def main() -> int:
             model = yaml.safe_load(config.read_text())["model"]
             load_before = os.getloadavg()
             started = time.time()
-            sequential, concurrent = _measure(state["url"], model, args.num_requests)
+            sequential, concurrent = _measure(state["url"], model, args.num_requests, _engine_pids(state))
             load_after = os.getloadavg()
             aiperf = _aiperf(args, state["url"], model, Path(tmp)) if args.aiperf else None
             threads = {p["name"]: p["argv"][p["argv"].index("--engine-threads") + 1]
@@ -121,6 +169,9 @@ def _report(args: argparse.Namespace, seq: dict, c4: dict, threads: dict, load_b
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after ({elapsed:.0f} s)")
     for run in (seq, c4):
         print("\n".join(summary_lines(run)))
+        cpu = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in run["engine_cpu_seconds"].items())
+        per_token = run["engine_cpu_ms_per_output_token"]
+        print(f"  engine CPU (/proc): {cpu}; {per_token or 0:.1f} ms per output token")
     targets = [
         ("c=4 ITL p50 <= 2x sequential", c4["itl"]["p50"] / seq["itl"]["p50"], 2.0, "<="),
         ("c=4 TTFT p50 <= 2x sequential", c4["ttft"]["p50"] / seq["ttft"]["p50"], 2.0, "<="),
