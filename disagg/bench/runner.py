@@ -81,7 +81,7 @@ class _Level:
     async def session(self) -> bool:
         """One session's turns; False when the budget ran out before its first turn."""
         plan = self.workload.next_session()
-        rng = random.Random(plan.session_id)
+        rng = self.workload.session_rng(plan)
         conversation = self.workload.start()
         for index, turn in enumerate(plan.turns):
             if not self.budget.take():

@@ -124,7 +124,8 @@ class Workload:
         same for all."""
         self.config = config
         self.text = text
-        self._rng = random.Random(config.seed * 1_000_003 + stream)
+        self._stream_seed = config.seed * 1_000_003 + stream
+        self._rng = random.Random(self._stream_seed)
         self._next_session = 0
         self.system = self._system_prompt()
 
@@ -146,6 +147,11 @@ class Workload:
                       for i in range(num_turns))
         self._next_session += 1
         return SessionPlan(self._next_session - 1, turns)
+
+    def session_rng(self, session: SessionPlan) -> random.Random:
+        """The random source of one session's text: distinct per stream and session, so no two
+        levels send the same prompts."""
+        return random.Random(self._stream_seed * 1_000_003 + session.session_id)
 
     def start(self) -> Conversation:
         return Conversation(self.system, TOOLS)

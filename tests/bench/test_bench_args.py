@@ -91,3 +91,23 @@ def test_stream_parsers_read_text_usage_and_errors():
                                                           '{"input_tokens":2,"cache_read_input_tokens":5}}}')
     assert (start.usage.prompt_tokens, start.usage.cached_tokens) == (7, 5)
     assert OpenAIResponses("m").parse("", '{"type":"response.output_text.delta","delta":"yo"}').text == "yo"
+
+
+def test_each_stream_sends_its_own_prompts():
+    """Sweep levels (and the warm-up) draw separate streams: a level must not find the previous
+    level's prompts in the server's prefix cache."""
+    from disagg.bench.text import TextSource
+    from disagg.bench.workload import Workload, WorkloadConfig
+
+    def first_prompts(stream: int) -> list[str]:
+        workload = Workload(WorkloadConfig(turns=LengthDist(1)), TextSource(), stream)
+        prompts = []
+        for _ in range(3):
+            session, conversation = workload.next_session(), workload.start()
+            workload.add_turn(conversation, session, 0, workload.session_rng(session))
+            prompts.append(conversation.messages[-1].text)
+        return prompts
+
+    assert first_prompts(1) == first_prompts(1)  # deterministic
+    assert not set(first_prompts(1)) & set(first_prompts(2))
+    assert Workload(WorkloadConfig(), TextSource(), 1).system == Workload(WorkloadConfig(), TextSource(), 2).system
