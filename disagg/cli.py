@@ -7,6 +7,8 @@ the synthetic engine, and the frontends it spawns, never import torch.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
@@ -101,7 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # The reader left (`disagg logs | head`): no traceback, and none at exit when Python flushes
+        # stdout again (the documented recipe: point stdout at /dev/null).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command killed by it
 
 
 if __name__ == "__main__":

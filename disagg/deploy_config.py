@@ -41,8 +41,8 @@ from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES
 
-__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "RestartPolicy", "DeployConfig",
-           "load_deploy_config", "check_runnable", "resolve_deploy_model", "TINY_MODEL", "LAUNCHERS"]
+__all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "PrometheusSettings", "RestartPolicy",
+           "DeployConfig", "load_deploy_config", "resolve_deploy_model", "TINY_MODEL", "LAUNCHERS"]
 
 TINY_MODEL = "tiny"
 LAUNCHERS = ("local", "slurm")
@@ -172,7 +172,7 @@ class PoolConfig:
     role: str | None = None
     """The workers' --role; None = the pool's name (ctx or gen). ``both`` makes an aggregated pool."""
     tensor_parallel_size: int = 1
-    """Ranks per worker. Placement counts them; ``check_runnable`` refuses > 1 until the engine has TP."""
+    """Engine ranks per worker (``disagg serve --tensor-parallel-size``); on Slurm one srun task each."""
     gpus_per_worker: int | None = None
     """None: one GPU per TP rank on GPU nodes (slurm.gpus_per_node > 0), none otherwise."""
 
@@ -208,6 +208,18 @@ class RestartPolicy:
 
 
 @dataclass(frozen=True)
+class PrometheusSettings:
+    """The ``<run dir>/prometheus.yml`` that `disagg up` writes (``orchestrator.prometheus_sd``)."""
+
+    scrape_interval_seconds: float = 5.0
+
+    def validate(self, prefix: str) -> None:
+        if not 0 < self.scrape_interval_seconds <= 3600:
+            raise ConfigError(f"{prefix}.scrape_interval_seconds",
+                              f"must be in (0, 3600], got {self.scrape_interval_seconds}")
+
+
+@dataclass(frozen=True)
 class PoolsConfig:
     ctx: PoolConfig = field(default_factory=PoolConfig)
     gen: PoolConfig = field(default_factory=PoolConfig)
@@ -229,6 +241,7 @@ class DeployConfig:
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     startup_timeout_seconds: float = 600.0
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     source: str = ""
     """The file this came from (set by the loader)."""
 
@@ -275,18 +288,6 @@ class DeployConfig:
                                  reserved_ports={"orchestrator.port": self.orchestrator.port})
         except ConfigError as exc:
             raise ConfigError(f"{self.source}: {exc.key}", str(exc)[len(exc.key) + 2:]) from None
-
-
-def check_runnable(config: DeployConfig) -> None:
-    """What ``up`` refuses and ``render`` allows: what the engine cannot run yet (TP > 1)."""
-    from slurm.placement import check_engine_supports
-
-    for spec in config.pool_specs():
-        try:
-            check_engine_supports(spec, f"pools.{spec.name}")
-        except ConfigError as exc:
-            raise ConfigError(f"{config.source}: {exc.key}",
-                              f"{str(exc)[len(exc.key) + 2:]} (`disagg render` still shows the plan)") from None
 
 
 def resolve_deploy_model(config: DeployConfig, run_dir: Path) -> Path:

@@ -29,6 +29,13 @@ is gone, it stops the recorded processes itself; either way only a pid whose
 start time still matches is signalled, and with nothing running it says so
 and exits 0. Both sweep ``/tmp/disagg-*`` IPC dirs whose workers are gone.
 
+``up`` also writes ``<run dir>/prometheus.yml``, whose scrape targets the
+orchestrator keeps current (``orchestrator.prometheus_sd``). What
+``status`` prints (text or ``--json``) is ``disagg.deploy_status``, ``logs``
+(also after ``down``, and ``-f``) is ``disagg.deploy_logs``, and ``up``'s
+progress line (live on a terminal, one line per change otherwise) is
+``disagg.progress``.
+
 With ``launcher: slurm`` in the file (or ``up --launcher slurm``) the deployment
 is one Slurm job instead: ``disagg.slurm_deployment`` (its run dir holds
 ``slurm.json`` rather than ``state.json``; status and down dispatch on that).
@@ -37,6 +44,7 @@ is one Slurm job instead: ``disagg.slurm_deployment`` (its run dir holds
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -48,7 +56,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from disagg.deploy_logs import tail
+from disagg.progress import ProgressLine
 from disagg.run_dir_guard import busy_ports, live_processes, recorded_processes, stop_recorded
+from orchestrator.prometheus_sd import TARGETS_DIR, write_prometheus_config
 from orchestrator.readiness import health_progress
 from workers.ipc_dir_owners import sweep_stale_ipc_dirs
 from workers.process_identity import process_start_time
@@ -61,6 +72,8 @@ if TYPE_CHECKING:  # the CLI imports this module to add its subcommands: keep th
 __all__ = ["add_deployment_commands", "run_deployment_command", "default_run_dir"]
 
 STATE_FILE = "state.json"
+RUNS_ROOT = Path(".disagg")
+"""Where run dirs are by default (``.disagg/<config name>``) and where status/down/logs look."""
 KEY_FILE = "cluster.key"
 STOP_SECONDS = 30.0  # a worker's window: its --grace-seconds (30) drain, then SIGKILL
 # The orchestrator drains for its grace_seconds (30, as long as the workers'), its non-zero processes
@@ -69,7 +82,7 @@ ORCHESTRATOR_STOP_SECONDS = STOP_SECONDS + 25.0
 
 
 def default_run_dir(config_path: str) -> str:
-    return str(Path(".disagg") / Path(config_path).stem)
+    return str(RUNS_ROOT / Path(config_path).stem)
 
 
 def add_deployment_commands(sub: Any, func: Callable[[argparse.Namespace], int]) -> None:
@@ -79,17 +92,21 @@ def add_deployment_commands(sub: Any, func: Callable[[argparse.Namespace], int])
     up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops everything")
     up.add_argument("--launcher", choices=("local", "slurm"), default=None, help="default: the file's launcher")
     up.set_defaults(func=func, action="up")
-    for name, text in (("status", "show a local deployment's processes and workers"),
-                       ("down", "stop a local deployment and remove its runtime files")):
+    for name, text in (("status", "show a deployment's processes and workers (exit 1: not running or not answering)"),
+                       ("down", "stop a deployment and remove its runtime files (exit 0 when nothing runs)")):
         parser = sub.add_parser(name, help=text)
         parser.add_argument("config", nargs="?", default=None, help="the YAML used with up (for its run dir)")
         parser.add_argument("--run-dir", default=None)
         parser.set_defaults(func=func, action=name)
-    logs = sub.add_parser("logs", help="print a local deployment's logs")
-    logs.add_argument("name", nargs="?", default=None, help="a process name (see status); default: all, tails")
+        if name == "status":
+            parser.add_argument("--json", action="store_true", help="one JSON object (disagg.deploy_status)")
+    logs = sub.add_parser("logs", help="print a deployment's logs (kept after down; default: the last run's)")
+    logs.add_argument("name", nargs="?", default=None,
+                      help="a process name (see status) or supervisor; default: all, tails")
     logs.add_argument("--config", default=None)
     logs.add_argument("--run-dir", default=None)
-    logs.add_argument("--lines", type=int, default=40, help="lines per log when showing all")
+    logs.add_argument("--lines", "-n", type=int, default=40, help="lines per log when showing all or following")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing what is appended (Ctrl-C stops)")
     logs.set_defaults(func=func, action="logs")
 
 
@@ -112,17 +129,29 @@ def run_deployment_command(args: argparse.Namespace) -> int:
                 return 1
             return _supervise(config) if args.foreground else _up_detached(config, args)
         run_dir = _find_run_dir(args)
+        if run_dir is None:
+            return _nothing_found(args)
         if args.action in ("status", "down") and (run_dir / "slurm.json").exists():  # launcher: slurm
             from disagg.slurm_deployment import slurm_down, slurm_status
 
-            return (slurm_status if args.action == "status" else slurm_down)(run_dir)
-        return {"status": _status, "down": _down, "logs": lambda d: _logs(d, args)}[args.action](run_dir)
+            return slurm_status(run_dir, args.json) if args.action == "status" else slurm_down(run_dir)
+        if args.action == "status":
+            from disagg.deploy_status import local_status, print_status
+
+            return print_status(local_status(run_dir, _read_state(run_dir)), args.json)
+        if args.action == "logs":
+            from disagg.deploy_logs import print_logs
+
+            return print_logs(run_dir, args.name, args.lines, args.follow)
+        return _down(run_dir)
     except (ConfigError, ModelNotFoundError) as exc:
         print(f"disagg {args.action}: {exc}", file=sys.stderr)
         return 2
 
 
-def _find_run_dir(args: argparse.Namespace) -> Path:
+def _find_run_dir(args: argparse.Namespace) -> Path | None:
+    """The run dir named (--run-dir, CONFIG), else the one deployment running under ./.disagg; for
+    ``logs`` with none running, the last run's (its logs outlive it). None: nothing to act on."""
     from disagg.deploy_config import load_deploy_config
     from orchestrator.typed import ConfigError
 
@@ -131,10 +160,35 @@ def _find_run_dir(args: argparse.Namespace) -> Path:
     config = getattr(args, "config", None)
     if config:
         return load_deploy_config(config).run_path
-    runs = sorted({p.parent for name in (STATE_FILE, "slurm.json") for p in Path(".disagg").glob(f"*/{name}")})
-    if len(runs) != 1:
-        raise ConfigError("run_dir", f"name the deployment (CONFIG or --run-dir); found {len(runs)} under ./.disagg")
-    return runs[0]
+    runs = sorted({p.parent for name in (STATE_FILE, "slurm.json") for p in RUNS_ROOT.glob(f"*/{name}")})
+    if len(runs) > 1:
+        raise ConfigError("run_dir", f"{len(runs)} deployments run under ./{RUNS_ROOT} "
+                                     f"({', '.join(r.name for r in runs)}): name one (CONFIG or --run-dir)")
+    if runs:
+        return runs[0]
+    if args.action == "logs":
+        logged = [d for d in RUNS_ROOT.glob("*") if (d / "up.log").is_file()]
+        if logged:
+            last = max(logged, key=lambda d: (d / "up.log").stat().st_mtime)
+            print(f"disagg logs: nothing runs; the last run's logs, {last}", file=sys.stderr)
+            return last
+    return None
+
+
+def _nothing_found(args: argparse.Namespace) -> int:
+    """No run dir named and none running under ./.disagg: one line (and for down: nothing to do, exit 0)."""
+    where = f"no deployment running under ./{RUNS_ROOT}"
+    if args.action == "status":
+        from disagg.deploy_status import not_running, print_status
+
+        return print_status(not_running(None, where), args.json)
+    if args.action == "down":
+        print(f"disagg down: {where}; nothing to stop")
+        _sweep_ipc_dirs()
+        return 0
+    print(f"disagg logs: no deployment logs under ./{RUNS_ROOT} (name one with CONFIG or --run-dir)",
+          file=sys.stderr)
+    return 1
 
 
 # -- state file ---------------------------------------------------------------------------------
@@ -182,24 +236,27 @@ def _up_detached(config: DeployConfig, args: argparse.Namespace) -> int:
         supervisor = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True)
     deadline = time.monotonic() + config.startup_timeout_seconds
-    url = f"http://{config.orchestrator.host}:{config.orchestrator.port}"
     ready_processes: set[int] = set()
+    progress = ProgressLine()
+    progress.update(f"disagg up: starting the supervisor (its log: {run_dir / 'up.log'})")
     while time.monotonic() < deadline:
         if supervisor.poll() is not None:
+            progress.finish()
             print(f"disagg up: failed (exit code {supervisor.returncode}); {run_dir / 'up.log'}:", file=sys.stderr)
-            print(_tail(run_dir / "up.log", 30), file=sys.stderr)
+            print(tail(run_dir / "up.log", 30), file=sys.stderr)
             return 1
         state = _read_state(run_dir)
         if state is not None:
             url = state["url"]
             line = health_progress(url, ready_processes)
-            print(f"\rdisagg up: starting {len(state['processes'])} processes ... {line}".ljust(100), end="",
-                  flush=True)
+            progress.update(f"disagg up: starting {len(state['processes'])} processes ... {line}")
             if line == "ready":
-                print(f"\ndisagg up: ready on {url} (run dir {run_dir}; `disagg down` stops it)")
+                progress.finish()
+                print(f"disagg up: ready on {url} (run dir {run_dir}; `disagg down` stops it)", flush=True)
                 return 0
         time.sleep(0.5)
-    print(f"\ndisagg up: not healthy after {config.startup_timeout_seconds} s; stopping", file=sys.stderr)
+    progress.finish()
+    print(f"disagg up: not healthy after {config.startup_timeout_seconds} s; stopping", file=sys.stderr)
     _down(run_dir)
     return 1
 
@@ -232,10 +289,10 @@ def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_d
 
 def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]], str]:
     """The processes to run (name, argv, log) and the orchestrator URL; writes key and config files."""
-    from orchestrator.config import OrchestratorConfig, StaticWorker
-
     from disagg.core_partition import available_cores, engine_threads
     from disagg.deploy_config import resolve_deploy_model
+    from disagg.orchestrator_plan import ORCHESTRATOR_CONFIG_FILE, orchestrator_config, write_orchestrator_config
+    from orchestrator.config import StaticWorker
 
     model = resolve_deploy_model(config, run_dir)
     key_file = run_dir / KEY_FILE
@@ -252,18 +309,13 @@ def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]],
             workers.append(StaticWorker(pool.role or role, url))
     settings = config.orchestrator
     port = settings.port or _free_port(settings.host)
-    engine = config.engine
-    orch = OrchestratorConfig(
-        model_dir=str(model), state_dir=str((run_dir / "orchestrator").resolve()),
-        served_model_name=config.served_model_name, host=settings.host, port=port,
-        processes=settings.processes, ctx_router=settings.ctx_router, gen_router=settings.gen_router,
-        conditional=settings.conditional, health=settings.health, timeouts=settings.timeouts,
-        max_retries=settings.max_retries, api_key=settings.api_key, workers=tuple(workers),
-        default_block_size=engine.block_size or 16, max_request_bytes=settings.max_request_bytes)
-    (run_dir / "orchestrator.json").write_text(orch.to_json())
+    write_orchestrator_config(run_dir, orchestrator_config(
+        config, model=model, state_dir=(run_dir / "orchestrator").resolve(), host=settings.host, port=port,
+        workers=tuple(workers), targets_dir=(run_dir / TARGETS_DIR).resolve()))
+    write_prometheus_config(run_dir, config.name, config.prometheus.scrape_interval_seconds)
     url = f"http://{settings.host}:{port}"
     processes.append({"name": "orchestrator", "url": url, "argv": [
-        sys.executable, "-m", "disagg.cli", "orchestrator", "--config", str(run_dir / "orchestrator.json")]})
+        sys.executable, "-m", "disagg.cli", "orchestrator", "--config", str(run_dir / ORCHESTRATOR_CONFIG_FILE)]})
     return processes, url
 
 
@@ -335,47 +387,12 @@ def _clean(run_dir: Path) -> None:
     for name in (STATE_FILE, KEY_FILE, "orchestrator.json"):
         (run_dir / name).unlink(missing_ok=True)
     shutil.rmtree(run_dir / "orchestrator", ignore_errors=True)
+    shutil.rmtree(run_dir / TARGETS_DIR, ignore_errors=True)  # nothing to scrape any more; prometheus.yml stays
+    with contextlib.suppress(OSError):
+        (run_dir / TARGETS_DIR).parent.rmdir()  # unless Prometheus keeps its data there
 
 
 # -- status / down / logs ---------------------------------------------------------------------
-
-def _status(run_dir: Path) -> int:
-    import httpx
-
-    state = _read_state(run_dir)
-    if state is None:
-        print(f"no deployment running from {run_dir}")
-        up_log = run_dir / "up.log"
-        if up_log.is_file():  # why the last one ended is at the end of its supervisor's log
-            last = up_log.read_text(errors="replace").rstrip().splitlines()[-3:]
-            print(f"  the last one's supervisor log is {up_log}; it ends:", *(f"    {line}" for line in last), sep="\n")
-        return 1
-    print(f"deployment {run_dir} ({state['config']}), orchestrator {state['url']}")
-    recorded = {p.name: p for p in recorded_processes(state)}
-    supervisor = recorded.pop("supervisor")
-    if supervisor.may_be_running():
-        print(f"  supervisor pid {supervisor.pid}: running")
-    else:  # an orphan: its processes serve unsupervised (no restarts), and `down` still finds them here
-        print(f"  supervisor pid {supervisor.pid}: GONE; the processes below run unsupervised; "
-              f"`disagg down` stops them (its log: {run_dir / 'up.log'})")
-    for process in state["processes"]:
-        alive = "running" if recorded[process["name"]].may_be_running() else "exited"
-        print(f"  {process['name']:<14} pid {process['pid']:<8} {alive:<8} {process['url']}")
-        if process.get("given_up"):
-            print(f"    LEFT DOWN: it {process['given_up']} (restarts: {process['restarts']}); "
-                  f"its log: {process['log']}")
-    try:
-        info = httpx.get(f"{state['url']}/cluster_info", timeout=3).json()
-    except (httpx.HTTPError, ValueError):
-        print("  the orchestrator does not answer /cluster_info")
-        return 1
-    print("  the orchestrator's view of the workers:")
-    for worker in info["workers"]:
-        health = "healthy" if worker["healthy"] else f"UNHEALTHY ({worker.get('last_error')})"
-        print(f"    {worker['worker_id']:<10} {worker['role']:<5} {worker['url']:<26} {health}; in flight "
-              f"{worker['in_flight_requests']}, cached blocks {worker['num_cached_blocks']}")
-    return 0
-
 
 def _down(run_dir: Path) -> int:
     """Stop what the run dir records, signalling only pids whose start time still matches (a recycled
@@ -410,24 +427,3 @@ def _down(run_dir: Path) -> int:
 def _sweep_ipc_dirs() -> None:
     for path in sweep_stale_ipc_dirs():
         print(f"disagg down: removed {path} (its worker's processes are gone)")
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _logs(run_dir: Path, args: argparse.Namespace) -> int:
-    logs = sorted((run_dir / "logs").glob("*.log"))
-    if args.name:
-        path = run_dir / "logs" / f"{args.name}.log"
-        if not path.exists():
-            print(f"no log {args.name!r}; have: {', '.join(p.stem for p in logs)}", file=sys.stderr)
-            return 1
-        sys.stdout.write(path.read_text(errors="replace"))
-        return 0
-    for path in logs:
-        print(f"==> {path.stem} <==\n{_tail(path, args.lines)}")
-    return 0

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from disagg.progress import ProgressLine
 from orchestrator.readiness import health_progress
 
 if TYPE_CHECKING:
@@ -36,8 +37,8 @@ SLURM_STATE_FILE = "slurm.json"
 PYTHON = "python"
 """The interpreter steps run: the one ``slurm.env_setup`` puts first on PATH (or the submitter's PATH)."""
 CANCEL_WAIT_SECONDS = 60.0
-_RUNTIME_FILES = ("cluster.key", "orchestrator.url", "orchestrator.json", "nodes", SLURM_STATE_FILE)
-_RUNTIME_DIRS = ("orchestrator", "state", "submitit")
+_RUNTIME_FILES = ("cluster.key", "orchestrator.url", "orchestrator.json", "nodes", SLURM_STATE_FILE, "prometheus.yml")
+_RUNTIME_DIRS = ("orchestrator", "state", "submitit", "prometheus", "ranks")
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -46,11 +47,11 @@ def build_slurm_plan(config: DeployConfig, config_path: str) -> JobPlan:
     """The job for ``config``; ``config_path`` is how the job's setup command names the YAML."""
     from disagg.deploy_config import TINY_MODEL
     from slurm.plan import RUN_DIR, build_plan
-    from slurm.step import ORCHESTRATOR_CONFIG_FILE
+    from disagg.orchestrator_plan import ORCHESTRATOR_CONFIG_FILE
 
     model = f"{RUN_DIR}/model" if config.model == TINY_MODEL else config.model
     port = config.orchestrator.port
-    setup = [(PYTHON, "-m", "slurm.step", "prepare", config_path, "--run-dir", RUN_DIR)]
+    setup = [(PYTHON, "-m", "disagg.orchestrator_plan", config_path, "--run-dir", RUN_DIR)]
     orchestrator = (PYTHON, "-m", "slurm.step", "orchestrator", "--run-dir", RUN_DIR, "--port", str(port), "--",
                     PYTHON, "-m", "disagg.cli", "orchestrator", "--config", f"{RUN_DIR}/{ORCHESTRATOR_CONFIG_FILE}")
     return build_plan(config.slurm, config.placement(), orchestrator,
@@ -66,6 +67,8 @@ def _worker_argv(config: DeployConfig, worker: WorkerPlacement, model: str) -> l
     argv = [PYTHON, "-m", "slurm.step", "worker", "--run-dir", RUN_DIR, "--",
             PYTHON, "-m", "disagg.cli", "serve", model, "--role", pool.role or worker.pool,
             "--host", "0.0.0.0", "--port", str(worker.port), "--num-frontends", str(worker.frontends)]
+    if pool.tensor_parallel_size > 1:  # every task of the step runs this line; slurm.step says which rank
+        argv += ["--tensor-parallel-size", str(pool.tensor_parallel_size)]
     options = {**engine.serve_options(),
                "--served-model-name": config.served_model_name,
                "--tool-call-parser": config.tool_call_parser,
@@ -106,13 +109,12 @@ def run_render(args: argparse.Namespace) -> int:
 # -- up ----------------------------------------------------------------------------------------
 
 def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
-    from disagg.deploy_config import check_runnable
     from slurm.jobs import job_in_queue
     from slurm.rendezvous import LOGS_DIR, create_cluster_key
     from slurm.submit import submit_with_submitit
+    from orchestrator.prometheus_sd import write_prometheus_config
 
     config = dataclasses.replace(config, launcher="slurm")
-    check_runnable(config)
     plan = build_slurm_plan(config, str(Path(config_path).resolve()))
     state = _read_state(run_dir)
     if state is not None and job_in_queue(state["job_id"]):
@@ -124,10 +126,12 @@ def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
         old.unlink()
     create_cluster_key(run_dir)
     run_dir = run_dir.resolve()
+    write_prometheus_config(run_dir, config.name, config.prometheus.scrape_interval_seconds)
     ports = {worker.name: worker.port for worker in config.placement()}
     job_id = submit_with_submitit(plan, run_dir / "submitit", Path.cwd(), env={"DISAGG_RUN_DIR": str(run_dir)})
     state = {"launcher": "slurm", "job_id": job_id, "config": str(config_path), "job_name": config.slurm.job_name,
-             "steps": [{"name": s.name, "port": ports.get(s.name, config.orchestrator.port)} for s in plan.steps],
+             "steps": [{"name": s.name, "port": ports.get(s.name, config.orchestrator.port), "ranks": s.num_tasks}
+                       for s in plan.steps],
              "orchestrator_port": config.orchestrator.port}
     tmp = run_dir / f".{SLURM_STATE_FILE}"
     tmp.write_text(json.dumps(state, indent=2))
@@ -149,17 +153,20 @@ def _wait_healthy(run_dir: Path, state: dict[str, Any], timeout: float) -> int:
     job_id = state["job_id"]
     deadline = time.monotonic() + timeout
     ready_processes: set[int] = set()
+    progress = ProgressLine()
     while time.monotonic() < deadline:
         info = job_info(job_id)
         if info is None or info.finished:
             ended = "gone from Slurm" if info is None else f"{info.state} ({info.reason})"
-            print(f"\ndisagg up: job {job_id} ended before it was healthy: {ended}", file=sys.stderr)
+            progress.finish()
+            print(f"disagg up: job {job_id} ended before it was healthy: {ended}", file=sys.stderr)
             _print_failing_logs(run_dir, state)
             _clean(run_dir)
             return 1
         url = read_orchestrator_url(run_dir)
         if url is None and _step_ended(run_dir, job_id, "orchestrator"):
-            print(f"\ndisagg up: the orchestrator step ended before it answered; cancelling job {job_id}",
+            progress.finish()
+            print(f"disagg up: the orchestrator step ended before it answered; cancelling job {job_id}",
                   file=sys.stderr)
             return _fail(run_dir, state)
         if info.state != "RUNNING":
@@ -168,12 +175,14 @@ def _wait_healthy(run_dir: Path, state: dict[str, Any], timeout: float) -> int:
             line = f"job {job_id} RUNNING on {info.node_list}; waiting for the orchestrator"
         else:
             line = f"job {job_id} RUNNING; {health_progress(url, ready_processes)}"
-        print(f"\rdisagg up: {line}".ljust(100), end="", flush=True)
+        progress.update(f"disagg up: {line}")
         if url is not None and line.endswith("ready"):
-            print(f"\ndisagg up: ready on {url} (job {job_id}, run dir {run_dir}; `disagg down` stops it)")
+            progress.finish()
+            print(f"disagg up: ready on {url} (job {job_id}, run dir {run_dir}; `disagg down` stops it)")
             return 0
         time.sleep(0.5)
-    print(f"\ndisagg up: not healthy after {timeout:g} s; cancelling job {job_id}", file=sys.stderr)
+    progress.finish()
+    print(f"disagg up: not healthy after {timeout:g} s; cancelling job {job_id}", file=sys.stderr)
     return _fail(run_dir, state)
 
 
@@ -213,13 +222,18 @@ def _print_failing_logs(run_dir: Path, state: dict[str, Any], lines: int = 20) -
 
 def running_steps(job_id: int) -> dict[str, str]:
     """Step name -> step id (JOB.STEP) of the job's steps Slurm still runs."""
-    result = subprocess.run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"], capture_output=True,
+    return {name: step_id for name, (step_id, _) in _running_step_nodes(job_id).items()}
+
+
+def _running_step_nodes(job_id: int) -> dict[str, tuple[str, str]]:
+    """Step name -> (step id, the step's node list as Slurm writes it, e.g. n[11-14])."""
+    result = subprocess.run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %N %j"], capture_output=True,
                             text=True, timeout=30)
-    steps = (line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
-    return {name.strip(): step_id for step_id, name in steps}
+    steps = (line.split(None, 2) for line in result.stdout.splitlines() if line.strip())
+    return {name.strip(): (step_id, nodes) for step_id, nodes, name in steps}
 
 
-def slurm_status(run_dir: Path) -> int:
+def slurm_status(run_dir: Path, as_json: bool = False) -> int:
     from slurm.jobs import job_info
     from slurm.rendezvous import read_orchestrator_url
 
@@ -229,6 +243,8 @@ def slurm_status(run_dir: Path) -> int:
         return 1
     job_id = state["job_id"]
     info = job_info(job_id)
+    if as_json:
+        return _print_json_status(run_dir, state, info)
     if info is None:
         print(f"deployment {run_dir} ({state['config']}): job {job_id} is no longer known to Slurm (it ended)")
         return 1
@@ -238,12 +254,12 @@ def slurm_status(run_dir: Path) -> int:
         print(f"  the job was {info.state.lower().replace('_', ' ')}; `disagg down` cleans up, `disagg up` restarts")
     if info.state != "RUNNING":
         return 1
-    running = running_steps(job_id)
+    running = _running_step_nodes(job_id)
     url = read_orchestrator_url(run_dir)
     view = _cluster_info(url) if url else None
     by_port = {int(w["url"].rstrip("/").rsplit(":", 1)[-1]): w for w in (view or [])}
     for step in state["steps"]:
-        where = f"step {running[step['name']]} running" if step["name"] in running else "step ENDED"
+        where = f"step {running[step['name']][0]} running" if step["name"] in running else "step ENDED"
         worker = by_port.get(step["port"])
         if step["name"] == "orchestrator":
             seen = f"on {url}" if url else "not answering yet"
@@ -253,10 +269,55 @@ def slurm_status(run_dir: Path) -> int:
             seen = (f"{worker['worker_id']} {'healthy' if worker['healthy'] else 'UNHEALTHY'}; "
                     f"in flight {worker['in_flight_requests']}")
         print(f"  {step['name']:<14} {where:<22} {seen}")
+        if step["name"] != "orchestrator" and "ranks" in step:
+            print(f"  {'':<14} {_ranks_line(run_dir, step, running.get(step['name']))}")
+    from orchestrator.prometheus_sd import prometheus_command
+
+    print(f"  metrics: {prometheus_command(run_dir)}  (then import dashboards/disagg.json into Grafana)")
     if view is None:
         print("  the orchestrator does not answer /cluster_info")
         return 1
     return 0
+
+
+def _ranks_line(run_dir: Path, step: dict[str, Any], running: tuple[str, str] | None) -> str:
+    """Where a TP worker's ranks run: Slurm's node list for the step, and rank 0's table of every
+    rank's node (slurm.ranks) once it has written one."""
+    from slurm.ranks import read_rank_table
+
+    line = f"{step['ranks']} {'rank' if step['ranks'] == 1 else 'ranks'} on {running[1] if running else '-'}"
+    table = read_rank_table(run_dir, step["name"]) if step["ranks"] > 1 else None
+    if table is None or len(table["nodes"]) != step["ranks"]:
+        return line
+    spans: list[tuple[str, int, int]] = []  # (node, first rank, last rank), ranks consecutive on a node
+    for rank, node in enumerate(table["nodes"]):
+        if spans and spans[-1][0] == node and spans[-1][2] == rank - 1:
+            spans[-1] = (node, spans[-1][1], rank)
+        else:
+            spans.append((node, rank, rank))
+    ranks = ", ".join(f"{node} {a}" if a == b else f"{node} {a}-{b}" for node, a, b in spans)
+    return f"{line}: {ranks}; rank 0 at {table['master']}"
+
+
+def _print_json_status(run_dir: Path, state: dict[str, Any], info: Any) -> int:
+    """``status --json`` of a Slurm deployment: the same ``DeploymentStatus`` as a local one's."""
+    from disagg.deploy_status import DeploymentStatus, ProcessStatus, cluster_workers, print_status, prometheus_fields
+    from slurm.rendezvous import read_orchestrator_url
+
+    running_job = info is not None and info.state == "RUNNING"
+    steps = _running_step_nodes(state["job_id"]) if running_job else {}
+    url = read_orchestrator_url(run_dir) if running_job else None
+    message = None if running_job else (f"job {state['job_id']} "
+                                        f"{'ended' if info is None else f'{info.state} ({info.reason})'}")
+    status = DeploymentStatus(
+        running=running_job, run_dir=str(run_dir), message=message, launcher="slurm", job_id=state["job_id"],
+        config=state["config"], url=url, workers=cluster_workers(url) if url else None,
+        processes=[ProcessStatus(name=s["name"], state="running" if s["name"] in steps else "ended",
+                                 step=steps.get(s["name"], (None, None))[0], ranks=s.get("ranks"),
+                                 nodes=steps.get(s["name"], (None, None))[1],
+                                 log=str(run_dir / "logs" / f"{s['name']}.log"))
+                   for s in state["steps"]], **prometheus_fields(run_dir))
+    return print_status(status, as_json=True)
 
 
 def _cluster_info(url: str) -> list[dict[str, Any]] | None:

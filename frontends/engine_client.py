@@ -74,13 +74,8 @@ class EngineClient:
         self._last_heard = 0.0
         self.dead_reason: str | None = None
         self.unresponsive_reason: str | None = None  # silent past the heartbeat limit, not yet wedged
-        self._dead_event: asyncio.Event | None = None
         # Called with each request's PerfRecord when it ends (frontends.perf_records.PerfRecorder.add).
         self.on_request_done: Callable[[PerfRecord], None] | None = None
-
-    @classmethod
-    def from_attach(cls, attach: AttachInfo) -> "EngineClient":
-        return cls(attach, attach.frontend_id)
 
     @property
     def is_healthy(self) -> bool:
@@ -97,7 +92,6 @@ class EngineClient:
     async def start(self, timeout: float = 30.0) -> None:
         """Bind the lane, connect to the engine and wait for its answer to our hello."""
         paths = self.attach.paths
-        self._dead_event = asyncio.Event()
         self._ctx = zmq.asyncio.Context()
         self._lane = self._ctx.socket(zmq.PULL)
         self._lane.setsockopt(zmq.LINGER, 0)
@@ -146,12 +140,6 @@ class EngineClient:
         finally:
             # Never left to the garbage collector: Context.__del__ -> term() waits on open sockets.
             ctx.destroy(linger=0)
-
-    async def wait_until_dead(self) -> str:
-        """Wait until the engine is marked dead; the reason."""
-        assert self._dead_event is not None, "start() first"
-        await self._dead_event.wait()
-        return self.dead_reason or ""
 
     async def generate(
         self,
@@ -256,8 +244,6 @@ class EngineClient:
             log.error("engine marked dead: %s; failing %d in-flight requests", reason, len(self._queues))
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(self._dead_message()))
-        if self._dead_event is not None:
-            self._dead_event.set()
 
     def unavailable_error(self) -> EngineDeadError:
         """Why this client refuses new requests now (call when not ``is_healthy``)."""

@@ -27,6 +27,7 @@ __all__ = ["MULTIPROC_ENV", "FrontendMetrics", "LauncherMetrics", "render", "mar
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 _RATE_BUCKETS = tuple(float(10 ** e) for e in range(5, 12))  # bytes per second: 100 kB/s .. 100 GB/s
 
 
@@ -38,10 +39,15 @@ class FrontendMetrics:
     """Counters and histograms of one frontend process, fed by its perf records."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # 1 per live frontend process, summed over the live ones: the frontends serving the port
+        # (a dead frontend's file is dropped by ``mark_process_dead``).
+        self.frontends = Gauge("disagg_frontends", "Frontend processes serving the worker's port.", registry=r,
+                               multiprocess_mode="livesum")
+        self.frontends.set(1)
         self.success = Counter("disagg_request_success", "Requests that finished with an answer.",
                                ["finished_reason"], registry=r)
         self.failure = Counter("disagg_request_failure",
@@ -55,6 +61,9 @@ class FrontendMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("disagg_e2e_request_latency_seconds", "Frontend arrival to finish.",
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("disagg_inter_token_latency_seconds", "Mean time between the output tokens of a "
+                             "request (first token to finish over the tokens after the first).",
+                             buckets=_ITL_BUCKETS, registry=r)
         self.queue = Histogram("disagg_request_queue_time_seconds", "Engine arrival to first scheduled.",
                                buckets=_LATENCY_BUCKETS, registry=r)
         self.tokenization = Histogram("disagg_tokenization_seconds", "Frontend arrival to sent to the engine.",
@@ -65,6 +74,10 @@ class FrontendMetrics:
                                          registry=r)
         self.kv_transfer_rate = Histogram("disagg_kv_transfer_bytes_per_second", "KV pull rate per request.",
                                           buckets=_RATE_BUCKETS, registry=r)
+        for reason in ("stop", "length"):  # created at zero: "no failures" is a 0 series, not none
+            self.success.labels(reason)
+        for reason in ("abort", "incomplete"):
+            self.failure.labels(reason)
 
     def observe(self, record: PerfRecord) -> None:
         reason = record.finish_reason
@@ -79,6 +92,8 @@ class FrontendMetrics:
         self.e2e.observe(max(0.0, record.finished - record.frontend_arrival))
         if record.first_token is not None:
             self.ttft.observe(max(0.0, record.first_token - record.frontend_arrival))
+            if record.num_output_tokens > 1:
+                self.itl.observe(max(0.0, record.finished - record.first_token) / (record.num_output_tokens - 1))
         if record.first_scheduled is not None and record.engine_arrival is not None:
             self.queue.observe(max(0.0, record.first_scheduled - record.engine_arrival))
         if record.kv_transfer_seconds is not None:

@@ -14,6 +14,7 @@ Modules (one concept each):
 - ``flow``        the two-phase request: legs, retries, streaming relay, timeouts, cancellation
 - ``app``         the HTTP routes, API key, error shapes
 - ``metrics``     Prometheus (multiprocess); ``perf`` joins /perf_metrics across orchestrator and workers
+- ``prometheus_sd`` the file_sd target files process 0 keeps for a deployment's prometheus.yml
 - ``errors``      the orchestrator's additions to ``frontends.errors``
 
 Never imports torch (tests/orchestrator/test_e2e.py checks it).

@@ -13,6 +13,7 @@ to the state owner (process 0; ``orchestrator.batches``). Every error has the AP
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -54,6 +55,8 @@ __all__ = ["build_app", "Orchestrator"]
 log = logging.getLogger("disagg.orchestrator")
 
 _CLIENT_CLOSED_REQUEST = 499
+FIRST_SNAPSHOT_WAIT_SECONDS = 10.0
+"""How long a request may wait for a fresh process's first view of the cluster (normally milliseconds)."""
 
 
 class Orchestrator:
@@ -149,6 +152,11 @@ def _generate(api: str):
         try:
             parsed = parse_request(api, await request.body(), orch.validator, request.headers.get("x-session-id"))
             record.tokenized = time.time()
+            if not orch.link.first_snapshot.is_set():
+                # A process that has just (re)started shares the port before the owner's first
+                # snapshot reaches it: its view is empty, not the cluster. Wait, do not answer 503.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(orch.link.first_snapshot.wait(), FIRST_SNAPSHOT_WAIT_SECONDS)
             return await orch.flow.handle(parsed, request_id, request.receive, record)
         except Exception as exc:
             orch.metrics.errors.labels("request", type(exc).__name__).inc()

@@ -145,6 +145,9 @@ class OrchestratorConfig:
     process_restart_window_seconds: float = 300.0
     """Process 0 respawns a non-zero process that died while it has died fewer than
     ``max_process_restarts`` times in the window (``workers.restart_budget``)."""
+    prometheus_targets_dir: str | None = None
+    """Process 0 keeps Prometheus file_sd target files here (``orchestrator.prometheus_sd``):
+    itself and every worker it knows; ``disagg up`` sets it to ``<run dir>/prometheus/targets``."""
 
     def validate(self, prefix: str) -> None:
         if not 1 <= self.processes <= 64:

@@ -337,6 +337,7 @@ class Flow:
                 raise
             record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": time.time()}
             self.metrics.phase_seconds.labels("gen_first_byte").observe(record.gen["first_byte"] - start)
+            self.metrics.phase_seconds.labels("ttft").observe(record.gen["first_byte"] - record.arrival)
             relay = self._relay(request, upstream, chunks, first_chunk, worker, tokens, record, deadline)
             response = EventStreamResponse(relay)
             response.raw_headers += [(k.encode(), v.encode()) for k, v in

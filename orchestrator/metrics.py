@@ -5,7 +5,11 @@ directory under the state dir) before any process imports prometheus_client,
 so every process writes its own files and ``render()`` in any process
 collects all of them. Phases: ``ctx`` (the context_only leg, to its answer),
 ``gen`` (the generation leg, to its last byte; first byte separately),
-``e2e`` (the client's request, arrival to last byte).
+``e2e`` (the client's request, arrival to last byte), ``ttft`` (a streamed
+answer: the client's request, arrival to the first byte relayed to it).
+
+The label values that a dashboard plots are created at zero up front
+(``_KNOWN_LABELS``), so "no retries yet" is a 0 series, not a missing one.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from prometheus_client.multiprocess import MultiProcessCollector
 __all__ = ["Metrics", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# (phase) and (phase, kind) values the flow uses; exception names under phase "request" come on top.
+_KNOWN_PHASES = ("ctx", "gen")
+_KNOWN_ERRORS = (("ctx", "upstream"), ("ctx", "leg_refused"), ("gen", "upstream"), ("gen", "overloaded"),
+                 ("gen", "timeout"), ("gen", "stream"))
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -29,7 +37,7 @@ class Metrics:
         prefix = "disagg_orchestrator"
         self.requests = Counter(f"{prefix}_requests", "Client requests by API and how they were served",
                                 ["api", "mode"], registry=self.registry)
-        self.phase_seconds = Histogram(f"{prefix}_phase_seconds", "Latency per phase (ctx, gen, gen_first_byte, e2e)",
+        self.phase_seconds = Histogram(f"{prefix}_phase_seconds", "Latency per phase (ctx, gen, gen_first_byte, ttft, e2e)",
                                        ["phase"], buckets=_BUCKETS, registry=self.registry)
         self.legs = Counter(f"{prefix}_legs", "Legs sent to workers (ctx, gen), retries included", ["phase"],
                             registry=self.registry)
@@ -37,6 +45,11 @@ class Metrics:
                                registry=self.registry)
         self.errors = Counter(f"{prefix}_errors", "Requests that failed, by phase and kind", ["phase", "kind"],
                               registry=self.registry)
+        for phase in _KNOWN_PHASES:
+            self.retries.labels(phase)
+            self.legs.labels(phase)
+        for phase, kind in _KNOWN_ERRORS:
+            self.errors.labels(phase, kind)
 
     def render(self) -> bytes:
         if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:

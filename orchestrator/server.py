@@ -93,7 +93,7 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    owner_task = group = group_watch = batches = parent_watch = None
+    owner_task = group = group_watch = batches = parent_watch = targets = None
     if index == 0:
         from frontends.batches import batch_routes
         from orchestrator.batches import open_batch_runner
@@ -103,7 +103,8 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
 
         batches = open_batch_runner(orch)  # the store is process 0's: opened before anything is served
         await batches.start()
-        owner = StateOwner(config)
+        targets = _prometheus_targets(config, port)
+        owner = StateOwner(config, targets.update if targets is not None else None)
         owner_stop = asyncio.Event()
         owner_task = asyncio.create_task(_run_owner(config, owner, owner_stop, batch_routes(batches)))
         group = ProcessGroup(args.config, port, range(1, config.processes),
@@ -146,10 +147,21 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
             except Exception:  # noqa: BLE001 - a failed or slow owner must not stop the cleanup
                 log.warning("the state owner did not stop cleanly", exc_info=True)
             shutil.rmtree(Path(config.state_dir) / "prometheus", ignore_errors=True)
+            if targets is not None:
+                targets.clear()  # a Prometheus that outlives the deployment stops scraping it
             for path in Path(config.state_dir).glob("ready-*"):
                 path.unlink(missing_ok=True)
         sock.close()
     return 0
+
+
+def _prometheus_targets(config: OrchestratorConfig, port: int):
+    """The file_sd target files process 0 keeps (None unless ``prometheus_targets_dir`` is set)."""
+    if config.prometheus_targets_dir is None:
+        return None
+    from orchestrator.prometheus_sd import TargetFiles
+
+    return TargetFiles(config.prometheus_targets_dir, config.host, port)
 
 
 async def _run_owner(config: OrchestratorConfig, owner: StateOwner, stop: asyncio.Event, extra_routes: list) -> None:

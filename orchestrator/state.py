@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import msgspec
 from starlette.applications import Starlette
@@ -42,9 +42,14 @@ SNAPSHOT_WAIT_SECONDS = 5.0
 
 
 class StateOwner:
-    def __init__(self, config: OrchestratorConfig) -> None:
+    def __init__(self, config: OrchestratorConfig,
+                 on_workers_changed: Callable[[list[Any]], None] | None = None) -> None:
+        """``on_workers_changed(records)``: called with the registry's workers at start and whenever
+        the registry changed at a ``notify`` (the Prometheus target files, ``orchestrator.prometheus_sd``)."""
         self.config = config
         self.registry = Registry(config.health)
+        self._on_workers_changed = on_workers_changed
+        self._announced_version = -1
         self.kv_index = KVIndex()
         self.loads: dict[int, dict[str, list[int]]] = {}
         self.perf_records: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.perf_records)
@@ -56,12 +61,19 @@ class StateOwner:
         self.closing = False
         for worker in config.workers:
             self.registry.add_static(worker.role, worker.url)
+        self._announce_workers()
+
+    def _announce_workers(self) -> None:
+        if self._on_workers_changed is not None and self.registry.version != self._announced_version:
+            self._announced_version = self.registry.version
+            self._on_workers_changed(list(self.registry.workers.values()))
 
     @property
     def version(self) -> int:
         return self.registry.version + self._kv_version + self._load_version
 
     def notify(self) -> None:
+        self._announce_workers()
         self._changed.set()
         self._changed = asyncio.Event()
 

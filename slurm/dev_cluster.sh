@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
-# A real single-node Slurm for tests, CI and by-hand experiments.
+# A real single-node Slurm for tests, CI and by-hand experiments, and an emulated multi-node one.
 #
 #   slurm/dev_cluster.sh up      install (first time), start munged, slurmctld, slurmd; wait for idle
 #   slurm/dev_cluster.sh status  daemons, node state, queue
 #   slurm/dev_cluster.sh down    cancel every job, stop the daemons, remove the state directory
+#
+#   slurm/dev_cluster.sh up --nodes 15 --gpus-per-node 4   an emulated cluster (see below)
+#   slurm/dev_cluster.sh status --emulated; slurm/dev_cluster.sh down --emulated
+#
+# The emulated cluster is Slurm's multiple-slurmd mode: nodes n0..n<N-1>, all on this machine
+# (NodeHostname=localhost, NodeAddr=127.0.0.1, a port each), one `slurmd -N nX` per node, each
+# with fake GPUs (character devices, so CUDA_VISIBLE_DEVICES and SLURM_STEP_GPUS are set in
+# tasks; anything that really calls CUDA fails: emulated runs use the CPU). It has its own state
+# directory (/tmp/disagg-slurm-emu) and ports (6827, 6830+i), so it runs beside the single-node
+# cluster; its clients need SLURM_CONF=/tmp/disagg-slurm-emu/slurm.conf (`up` prints it).
+# $(hostname) is the same on every emulated node: steps tell nodes apart by SLURMD_NODENAME.
 #
 # Runs as root (CI is root; on a workstation: `sudo slurm/dev_cluster.sh up`), without
 # systemd: the daemons are started directly. `up` is idempotent. Everything Slurm writes
@@ -20,9 +31,41 @@
 #   sbatch -> RUNNING .................... 0.9 s (batch_sched_delay=0,sched_min_interval=0; ~3 s without)
 #   srun -n 2 --mpi=pmix hostname ........ 0.24 s
 #   rendered 4-step script, sbatch -> COMPLETED 1.9 s; through submitit 1.6 s
+#   up --nodes 15 --gpus-per-node 4 ..... 1.5 s until every node is idle; 15 slurmds ~95 MB RSS in all
+#   down --emulated ...................... 2.3 s
+#   srun --mpi=pmix, 4 ranks on 2 nodes, mpi4py import + allreduce: 2.7 s (machine busy)
 set -euo pipefail
 
-STATE_DIR=${DISAGG_SLURM_STATE:-/tmp/disagg-slurm}
+# Emulated multi-node mode: --nodes/--gpus-per-node on `up`, --emulated on status/down.
+EMULATED=0
+NUM_NODES=1
+GPUS_PER_NODE=0
+CMD=${1:-}
+(($# > 0)) && shift
+while (($# > 0)); do
+    case $1 in
+        --nodes) NUM_NODES=${2:?--nodes needs a number}; EMULATED=1; shift 2 ;;
+        --gpus-per-node) GPUS_PER_NODE=${2:?--gpus-per-node needs a number}; EMULATED=1; shift 2 ;;
+        --emulated) EMULATED=1; shift ;;
+        *) echo "dev_cluster: unknown option $1" >&2; exit 2 ;;
+    esac
+done
+[[ $NUM_NODES =~ ^[0-9]+$ && $NUM_NODES -ge 1 ]] || { echo "dev_cluster: --nodes must be >= 1" >&2; exit 2; }
+[[ $GPUS_PER_NODE =~ ^[0-9]+$ ]] || { echo "dev_cluster: --gpus-per-node must be >= 0" >&2; exit 2; }
+
+DEFAULT_STATE=/tmp/disagg-slurm
+EMULATED_STATE=/tmp/disagg-slurm-emu
+if ((EMULATED)); then
+    STATE_DIR=${DISAGG_SLURM_STATE:-$EMULATED_STATE}
+else
+    STATE_DIR=${DISAGG_SLURM_STATE:-$DEFAULT_STATE}
+fi
+# Ports of the emulated cluster: beside the single-node one (Slurm's defaults 6817/6818).
+EMU_CTLD_PORT=6827
+EMU_SLURMD_PORT0=6830
+# Per emulated node: CPUs and MB that keep a 15-node allocation's totals plausible on this machine.
+EMU_NODE_CPUS=8
+EMU_NODE_MEM=1500
 CONF="$STATE_DIR/slurm.conf"
 ETC_CONF=/etc/slurm/slurm.conf
 HOST=$(hostname -s)
@@ -124,6 +167,115 @@ EOF
     fi
 }
 
+node_names() {  # the emulated nodes, one a line (n0 .. n<N-1>), from the written slurm.conf
+    sed -n 's/^NodeName=\(n[0-9]*\) .*/\1/p' "$CONF"
+}
+
+write_emulated_conf() {
+    rm -rf "$STATE_DIR"  # a bad earlier config leaves nodes drained in the saved state
+    mkdir -p "$STATE_DIR"/{state,spool,log,run,tmp,dev}
+    local i last=$((NUM_NODES - 1)) gres=""
+    if ((GPUS_PER_NODE > 0)); then
+        # Character devices, not plain files: slurmd rejects those (and `Count=` alone).
+        for ((i = 0; i < GPUS_PER_NODE; i++)); do mknod -m 666 "$STATE_DIR/dev/nvidia$i" c 1 3; done
+        gres=" Gres=gpu:$GPUS_PER_NODE"
+        printf 'AutoDetect=off\nNodeName=n[0-%d] Name=gpu File=%s/dev/nvidia[0-%d]\n' \
+            "$last" "$STATE_DIR" "$((GPUS_PER_NODE - 1))" >"$STATE_DIR/gres.conf"
+    fi
+    for ((i = 0; i < NUM_NODES; i++)); do mkdir -p "$STATE_DIR/spool/n$i" "$STATE_DIR/tmp/n$i"; done
+    {
+        printf '%s\n' \
+            "# Written by slurm/dev_cluster.sh: an emulated cluster of $NUM_NODES nodes x $GPUS_PER_NODE fake GPUs." \
+            "ClusterName=disagg-emu" \
+            "SlurmctldHost=$HOST(127.0.0.1)" \
+            "SlurmctldPort=$EMU_CTLD_PORT" \
+            "SlurmUser=root" \
+            "AuthType=auth/munge" \
+            "MpiDefault=pmix" \
+            "ProctrackType=proctrack/linuxproc" \
+            "TaskPlugin=task/none" \
+            "SelectType=select/cons_tres" \
+            "SelectTypeParameters=CR_Core" \
+            "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0" \
+            "SlurmdParameters=config_overrides" \
+            "ReturnToService=2" \
+            "AccountingStorageType=accounting_storage/none" \
+            "JobAcctGatherType=jobacct_gather/none" \
+            "JobCompType=jobcomp/none" \
+            "MinJobAge=300" \
+            "KillWait=5" \
+            "GresTypes=gpu" \
+            "StateSaveLocation=$STATE_DIR/state" \
+            "SlurmctldLogFile=$STATE_DIR/log/slurmctld.log" \
+            "SlurmctldPidFile=$STATE_DIR/run/slurmctld.pid" \
+            "# Per node (%n): PMIx keeps its files in TmpFS (one shared directory: multi-node steps fail" \
+            "# with 'pmixp_mkdir ... File exists'); spool directories and pid files would collide too." \
+            "TmpFS=$STATE_DIR/tmp/%n" \
+            "SlurmdSpoolDir=$STATE_DIR/spool/%n" \
+            "SlurmdLogFile=$STATE_DIR/log/slurmd-%n.log" \
+            "SlurmdPidFile=$STATE_DIR/run/slurmd-%n.pid"
+        for ((i = 0; i < NUM_NODES; i++)); do
+            echo "NodeName=n$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((EMU_SLURMD_PORT0 + i))" \
+                "CPUs=$EMU_NODE_CPUS Sockets=1 CoresPerSocket=$EMU_NODE_CPUS ThreadsPerCore=1" \
+                "RealMemory=$EMU_NODE_MEM$gres State=UNKNOWN"
+        done
+        # DefCpuPerGPU=1: without it a GPU step takes every CPU of the node per task and does not fit.
+        # "batch": the partition configs/dsv4.yaml names, so that it runs here unchanged.
+        echo "PartitionName=batch Nodes=n[0-$last] Default=YES MaxTime=INFINITE State=UP DefCpuPerGPU=1"
+    } >"$CONF"
+    # Only where nothing is there: the single-node cluster keeps /etc/slurm/slurm.conf.
+    if [[ ! -e $ETC_CONF && ! -L $ETC_CONF ]]; then
+        mkdir -p "$(dirname "$ETC_CONF")"
+        ln -sfn "$CONF" "$ETC_CONF"
+    fi
+}
+
+start_emulated_slurmds() {
+    local node
+    for node in $(node_names); do
+        # PMIX_HOSTNAME: otherwise PMIx files every node's data under the one real host name, and
+        # MPI_Init fails once a step has ranks on two nodes.
+        PMIX_HOSTNAME=$node slurmd -f "$CONF" -N "$node"
+    done
+}
+
+wait_emulated_idle() {
+    local bad="" states=""
+    for _ in $(seq 300); do
+        states=$(SLURM_CONF=$CONF sinfo -h -N -o '%T' 2>/dev/null || true)
+        bad=$(grep -v -x -E 'idle|mixed|allocated' <<<"$states" || true)
+        [[ -n $states && -z $bad ]] && return 0
+        sleep 0.1
+    done
+    die "emulated nodes not idle after 30 s (states: $(sort -u <<<"$states" | tr '\n' ' ')); see $STATE_DIR/log/"
+}
+
+emulated_pidfiles() {  # every slurmd pid file of the emulated cluster
+    local f
+    for f in "$STATE_DIR"/run/slurmd-*.pid; do [[ -e $f ]] && echo "$f"; done
+    return 0
+}
+
+cmd_up_emulated() {
+    require_root up
+    local t0; t0=$(now_ms)
+    if pid_alive "$STATE_DIR/run/slurmctld.pid" && [[ $(node_names | wc -l) -eq $NUM_NODES ]] \
+            && grep -q "^# Written .* $NUM_NODES nodes x $GPUS_PER_NODE fake GPUs\.$" "$CONF"; then
+        wait_emulated_idle
+        log "already up ($CONF)"
+        return 0
+    fi
+    [[ -e $STATE_DIR/run/slurmctld.pid ]] && cmd_down  # another shape, or half up: start afresh
+    install_packages
+    write_emulated_conf
+    start_munge
+    slurmctld -f "$CONF"
+    start_emulated_slurmds
+    wait_emulated_idle
+    log "up in $(( $(now_ms) - t0 )) ms: $NUM_NODES nodes n0..n$((NUM_NODES - 1)) x $GPUS_PER_NODE GPUs idle"
+    log "export SLURM_CONF=$CONF"
+}
+
 wait_idle() {
     local state=""
     for _ in $(seq 150); do
@@ -184,12 +336,20 @@ cmd_down() {
         done
     fi
     local daemons=("$STATE_DIR/run/slurmd.pid" "$STATE_DIR/run/slurmctld.pid")
-    # Only a munged that `up` started; a host's own munged keeps running.
-    [[ -e $STATE_DIR/munged.ours ]] && daemons+=(/run/munge/munged.pid)
+    mapfile -t -O 2 daemons < <(emulated_pidfiles)
+    # Only a munged that `up` started, and only while the other dev cluster does not use it;
+    # a host's own munged keeps running.
+    [[ -e $STATE_DIR/munged.ours ]] && ! other_cluster_up && daemons+=(/run/munge/munged.pid)
     stop_pidfiles "${daemons[@]}"
     [[ -L $ETC_CONF && $(readlink "$ETC_CONF") == "$CONF" ]] && rm -f "$ETC_CONF"
     rm -rf "$STATE_DIR"
     log "down in $(( $(now_ms) - t0 )) ms"
+}
+
+other_cluster_up() {  # the single-node cluster when this is the emulated one, or the reverse
+    local other=$DEFAULT_STATE
+    [[ $STATE_DIR == "$DEFAULT_STATE" ]] && other=$EMULATED_STATE
+    pid_alive "$other/run/slurmctld.pid"
 }
 
 scancel_others() {  # jobs of other users (a developer who submitted without sudo)
@@ -199,8 +359,12 @@ scancel_others() {  # jobs of other users (a developer who submitted without sud
 }
 
 cmd_status() {
-    local up=1
-    for d in slurmctld slurmd; do
+    local up=1 daemons=(slurmctld slurmd) d
+    if ((EMULATED)); then
+        daemons=(slurmctld)
+        for d in $(node_names 2>/dev/null); do daemons+=("slurmd-$d"); done
+    fi
+    for d in "${daemons[@]}"; do
         if pid_alive "$STATE_DIR/run/$d.pid"; then
             echo "$d: running (pid $(cat "$STATE_DIR/run/$d.pid"))"
         else
@@ -213,9 +377,9 @@ cmd_status() {
     SLURM_CONF=$CONF squeue
 }
 
-case ${1:-} in
-    up) cmd_up ;;
+case $CMD in
+    up) if ((EMULATED)); then cmd_up_emulated; else cmd_up; fi ;;
     down) cmd_down ;;
     status) cmd_status ;;
-    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--nodes N --gpus-per-node G] | down [--emulated] | status [--emulated]" >&2; exit 2 ;;
 esac

@@ -14,8 +14,8 @@ them to host names. Rules, in the order they are applied:
 - Without GPUs (``gpus_per_node`` 0) workers are spread round-robin.
 - Worker i of a pool listens on ``base_port + i``; pools' port ranges must not overlap.
 
-Placement counts tensor parallelism even though the engine does not run it
-yet; ``check_engine_supports`` is the separate validation that refuses it.
+A worker's TP ranks are the tasks of its one ``srun`` step: ``tasks_per_node``
+on each of its nodes, rank 0 (the launcher and frontends) on the first.
 """
 
 from __future__ import annotations
@@ -26,11 +26,8 @@ from typing import Mapping, Sequence
 from workers.config import ConfigError
 
 __all__ = [
-    "PoolSpec", "WorkerPlacement", "PlacementError", "place_workers", "check_engine_supports",
-    "TP_UNSUPPORTED",
+    "PoolSpec", "WorkerPlacement", "PlacementError", "place_workers",
 ]
-
-TP_UNSUPPORTED = "the engine does not support tensor parallelism yet"
 
 
 class PlacementError(ConfigError):
@@ -72,13 +69,6 @@ class PoolSpec:
         if gpus and gpus % self.tensor_parallel_size:
             raise ConfigError(f"{prefix}.gpus_per_worker", f"{gpus} GPUs do not split evenly over "
                                                            f"tensor_parallel_size {self.tensor_parallel_size}")
-
-
-def check_engine_supports(pool: PoolSpec, prefix: str) -> None:
-    """The validation the deployment config runs until the engine has tensor parallelism."""
-    if pool.tensor_parallel_size > 1:
-        raise ConfigError(f"{prefix}.tensor_parallel_size",
-                          f"{TP_UNSUPPORTED} (got {pool.tensor_parallel_size}); set it to 1")
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
 """``python -m slurm.step``: what the rendered sbatch script runs around each process.
 
-    python -m slurm.step prepare CONFIG --run-dir DIR
-        once, in the batch shell: the model (``tiny`` -> a random-weight one in DIR/model)
-        and DIR/orchestrator.json (no static workers: every worker registers itself)
     python -m slurm.step orchestrator --run-dir DIR --port P -- COMMAND...
         runs COMMAND (the orchestrator); once it answers HTTP on P, writes
         DIR/orchestrator.url = http://<this host>:P for the workers and `disagg up`
     python -m slurm.step worker --run-dir DIR -- COMMAND...
         waits for DIR/orchestrator.url, then becomes COMMAND (`disagg serve ...`) with
         ``--register-url URL --kv-advertise-host <this host> --advertise-url http://<this host>:<its
-        --port>`` appended
+        --port>`` appended. In a step of several tasks (a worker's TP ranks) each task first finds
+        its rank (slurm.ranks) and exports the DISAGG_TP_* variables; only rank 0 waits for the
+        orchestrator and registers (it runs the launcher and the frontends), the other ranks
+        become COMMAND at once (the engine follower) with only ``--kv-advertise-host``.
 
 Torch-free, and light: every worker step imports it before exec.
 """
@@ -24,31 +24,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
+from slurm.ranks import discover_rank, rank_environ, write_rank_table
 from slurm.rendezvous import publish_orchestrator_url, read_orchestrator_url
 
-__all__ = ["main", "ORCHESTRATOR_CONFIG_FILE"]
-
-ORCHESTRATOR_CONFIG_FILE = "orchestrator.json"
+__all__ = ["main"]
 _POLL_SECONDS = 0.2
-
-
-def _prepare(args: argparse.Namespace) -> int:
-    from disagg.deploy_config import load_deploy_config, resolve_deploy_model
-    from orchestrator.config import OrchestratorConfig
-
-    config = load_deploy_config(args.config)
-    run_dir = Path(args.run_dir).resolve()
-    model = resolve_deploy_model(config, run_dir)  # writes the tiny model on first use
-    s = config.orchestrator
-    orch = OrchestratorConfig(
-        model_dir=str(model), state_dir=str(run_dir / "orchestrator"), served_model_name=config.served_model_name,
-        host="0.0.0.0", port=s.port, processes=s.processes, ctx_router=s.ctx_router, gen_router=s.gen_router,
-        conditional=s.conditional, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
-        api_key=s.api_key, workers=(), default_block_size=config.engine.block_size or 16,
-        max_request_bytes=s.max_request_bytes)
-    (run_dir / ORCHESTRATOR_CONFIG_FILE).write_text(orch.to_json())
-    return 0
 
 
 def _answers(port: int) -> bool:
@@ -77,12 +59,25 @@ def _orchestrator(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
+    host = socket.gethostname()  # what other nodes resolve; getfqdn() may answer localhost
+    if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
+        rank = discover_rank(run_dir)
+        os.environ.update(rank_environ(rank))
+        print(f"slurm.step: rank {rank.rank} of {rank.world_size} (local rank {rank.local_rank}) on "
+              f"{os.environ.get('SLURMD_NODENAME', host)}, rank 0 at {rank.master_addr}:{rank.master_port} "
+              f"(found through {rank.via})", flush=True)
+        if rank.rank > 0:
+            _exec([*args.command, "--kv-advertise-host", host])
+        write_rank_table(run_dir, os.environ.get("SLURM_JOB_NAME", "worker"), rank)
     while (url := read_orchestrator_url(run_dir)) is None:
         time.sleep(_POLL_SECONDS)  # the job's time limit bounds this wait
-    host = socket.gethostname()  # what other nodes resolve; getfqdn() may answer localhost
     command = [*args.command, "--register-url", url, "--kv-advertise-host", host]
     if "--port" in args.command:
         command += ["--advertise-url", f"http://{host}:{args.command[args.command.index('--port') + 1]}"]
+    _exec(command)
+
+
+def _exec(command: list[str]) -> NoReturn:
     sys.stdout.flush()
     os.execvp(command[0], command)
 
@@ -90,10 +85,6 @@ def _worker(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurm.step")
     sub = parser.add_subparsers(dest="role", required=True)
-    prepare = sub.add_parser("prepare")
-    prepare.add_argument("config")
-    prepare.add_argument("--run-dir", required=True)
-    prepare.set_defaults(func=_prepare)
     orch = sub.add_parser("orchestrator")
     orch.add_argument("--run-dir", required=True)
     orch.add_argument("--port", type=int, required=True)

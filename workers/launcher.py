@@ -240,10 +240,6 @@ class WorkerGroup:
 
     # --- run -------------------------------------------------------------------
 
-    def exited_frontends(self) -> dict[int, str]:
-        """Attached frontends that exited, with how (for the launcher's watch while serving)."""
-        return {i: c.describe_exit() for i, c in self.frontends.items() if c.popen.poll() is not None}
-
     def respawn_exited_frontends(self, on_exit: Callable[[int], None] | None = None,
                                  now: float | None = None) -> list[int]:
         """Respawn every attached frontend that exited while serving, in its slot; the slots

@@ -46,7 +46,13 @@ async def test_counters_of_all_frontends_sum_in_every_scrape(worker):
     for scrape in scrapes:
         assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain")
         text = scrape.text
-        assert samples(text, "disagg_request_success_total") == {'{finished_reason="length"}': 64.0}
+        # Known label values exist at zero: a dashboard's "no failures" is a 0 series, not a missing one.
+        assert samples(text, "disagg_request_success_total") == {'{finished_reason="length"}': 64.0,
+                                                                 '{finished_reason="stop"}': 0.0}
+        assert samples(text, "disagg_request_failure_total") == {'{reason="abort"}': 0.0,
+                                                                 '{reason="incomplete"}': 0.0}
+        assert samples(text, "disagg_inter_token_latency_seconds_count") == {"": 64.0}  # 3 tokens each
+        assert samples(text, "disagg_frontends") == {"": float(K)}  # one per live frontend, summed
         assert samples(text, "disagg_generation_tokens_total") == {"": 192.0}
         assert samples(text, "disagg_e2e_request_latency_seconds_count") == {"": 64.0}
         assert samples(text, "disagg_time_to_first_token_seconds_count") == {"": 64.0}

@@ -17,9 +17,7 @@ from orchestrator_process import start_orchestrator, stop_orchestrator, wait_unt
 from worker_process import disagg_worker_args, start_worker, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]
-ROLES_SUPPORTED = "is not implemented yet" not in (REPO / "disagg/serve.py").read_text() and \
-    (REPO / "workers/disagg_params.py").exists()
-pytestmark = pytest.mark.skipif(not ROLES_SUPPORTED, reason="disagg serve --role ctx|gen not in this checkout")
+
 
 
 @pytest.fixture(scope="module")

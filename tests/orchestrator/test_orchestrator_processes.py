@@ -95,8 +95,9 @@ def test_a_killed_process_is_respawned_and_its_in_flight_counts_released(tmp_pat
         assert sum(status == 200 and _completed(lines) for status, _, lines in results) >= 8
         # The others kept serving, and the respawned process serves (fresh connections reach all three).
         for _ in range(12):
-            assert httpx.post(f"{url}/v1/completions", timeout=30, json={
-                "model": "tiny-test", "prompt": "hi", "max_tokens": 2}).status_code == 200
+            answer = httpx.post(f"{url}/v1/completions", timeout=30, json={
+                "model": "tiny-test", "prompt": "hi", "max_tokens": 2})
+            assert answer.status_code == 200, answer.text
         # Nobody would ever release the killed process's counts: its slot at the owner was cleared.
         wait_until(lambda: _in_flight(url) == 0, timeout=10)
         assert respawned[1] == children[1]

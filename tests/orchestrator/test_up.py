@@ -92,7 +92,7 @@ def test_up_request_status_down(tmp_path):
     assert [pid for pid in pids if alive(pid)] == []
     assert port_is_free(port)
     # runtime files gone; logs and the workers' persistent state (Message Batches) kept
-    assert sorted(p.name for p in run.iterdir()) == ["logs", "up.log", "worker-state"]
+    assert sorted(p.name for p in run.iterdir()) == ["logs", "prometheus.yml", "up.log", "worker-state"]
     assert disagg("status", "--run-dir", str(run), cwd=tmp_path).returncode == 1
 
 

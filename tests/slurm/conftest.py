@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +34,36 @@ def slurm_cluster() -> str:
         pytest.fail(f"sbatch is installed but no Slurm answers (sinfo: {result.stderr.strip()}); "
                     f"run `slurm/dev_cluster.sh up`")
     return result.stdout.split()[0]
+
+
+EMULATED_CONF = "/tmp/disagg-slurm-emu/slurm.conf"
+EMULATED_NODES, EMULATED_GPUS = 4, 4
+"""The least emulated cluster the tests need; a bigger one (the dsv4 benchmark's 15 x 4) serves too."""
+
+
+def _emulated_shape(env: dict[str, str]) -> list[tuple[str, int]]:
+    result = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %G %T"], capture_output=True, text=True, timeout=10,
+                            env=env)
+    nodes = []
+    for line in result.stdout.splitlines() if result.returncode == 0 else []:
+        name, gres, state = line.split()
+        if state in ("idle", "mixed", "allocated"):
+            nodes.append((name, int(gres.split(":")[-1]) if gres.startswith("gpu:") else 0))
+    return nodes
+
+
+@pytest.fixture(scope="session")
+def emulated_cluster() -> dict[str, str]:
+    """The environment (SLURM_CONF) of slurm/dev_cluster.sh's emulated multi-node cluster, with at least
+    4 nodes of 4 fake GPUs; brought up here (as root) when none is. CI's .ci/run brings it up first."""
+    env = {**os.environ, "SLURM_CONF": EMULATED_CONF}
+    nodes = _emulated_shape(env)
+    if len(nodes) < EMULATED_NODES or min(g for _, g in nodes) < EMULATED_GPUS:
+        if os.geteuid() != 0:
+            pytest.fail(f"no emulated cluster answers; run `sudo slurm/dev_cluster.sh up --nodes "
+                        f"{EMULATED_NODES} --gpus-per-node {EMULATED_GPUS}`")
+        script = Path(__file__).parents[2] / "slurm" / "dev_cluster.sh"
+        up = subprocess.run([str(script), "up", "--nodes", str(EMULATED_NODES), "--gpus-per-node",
+                             str(EMULATED_GPUS)], capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stderr
+    return env

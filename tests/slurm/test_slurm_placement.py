@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from slurm.placement import (
-    TP_UNSUPPORTED, PlacementError, PoolSpec, WorkerPlacement, check_engine_supports, place_workers,
+    PlacementError, PoolSpec, WorkerPlacement, place_workers,
 )
 from workers.config import ConfigError
 
@@ -106,11 +106,5 @@ def test_pool_validation_names_the_key(pool: PoolSpec, key: str, words: str) -> 
     assert info.value.key == key and words in str(info.value)
 
 
-def test_tensor_parallelism_is_refused_by_validation_but_counted_by_placement() -> None:
-    check_engine_supports(PoolSpec("ctx", 1, 1, 8100), "ctx")
-    with pytest.raises(ConfigError) as info:
-        check_engine_supports(DSV4_POOLS[0], "configs/dsv4.yaml: ctx")
-    assert str(info.value) == (f"configs/dsv4.yaml: ctx.tensor_parallel_size: {TP_UNSUPPORTED} (got 4); "
-                               f"set it to 1")
-    assert TP_UNSUPPORTED == "the engine does not support tensor parallelism yet"
+def test_tensor_parallel_ranks_are_counted_by_placement() -> None:
     assert sum(w.num_tasks for w in place_workers(DSV4_POOLS, nodes=15, gpus_per_node=4)) == 60

@@ -46,7 +46,7 @@ def test_dsv4_yaml_script_runs_twelve_workers_that_register_through_the_run_dir(
     script = _yaml_script("dsv4.yaml")
     steps = _srun_steps(script)
     assert len(steps) == 13 and sum("--mpi=pmix" in s for s in steps) == 12
-    assert "python -m slurm.step prepare configs/dsv4.yaml --run-dir \"$RUN_DIR\"\n" in script
+    assert "python -m disagg.orchestrator_plan configs/dsv4.yaml --run-dir \"$RUN_DIR\"\n" in script
     for step in steps[1:]:
         assert ' python -m slurm.step worker --run-dir "$RUN_DIR" -- python -m disagg.cli serve ' in step
         assert ' --host 0.0.0.0 ' in step and ' --cluster-key-file "$RUN_DIR"/cluster.key ' in step

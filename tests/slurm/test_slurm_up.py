@@ -4,6 +4,7 @@ srun steps, real HTTP through the official openai client."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -14,6 +15,8 @@ from typing import Iterator
 
 import openai
 import pytest
+
+from slurm_processes import processes_mentioning
 
 pytestmark = pytest.mark.slurm
 
@@ -32,18 +35,6 @@ def _disagg(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str
 def _job_ids(name: str) -> list[str]:
     result = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=30)
     return result.stdout.split()
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline and proc.name != str(os.getpid()):
-            found.append(f"{proc.name}: {cmdline}")
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +62,22 @@ def test_up_serves_through_the_orchestrator_and_status_shows_every_step(deployme
     assert (deployment / "cluster.key").stat().st_mode & 0o777 == 0o600
     status = _disagg("status", "--run-dir", str(deployment))
     assert status.returncode == 0, status.stdout + status.stderr
-    lines = status.stdout.splitlines()
+    *lines, metrics = status.stdout.splitlines()
+    lines = [line for line in lines if not line.startswith(" " * 17)]  # each worker's nodes and ranks
     assert " RUNNING (None) on " in lines[0]
     assert [line.split()[0] for line in lines[1:]] == ["orchestrator", "ctx-0", "ctx-1", "gen-0"]
     assert all(" running " in line for line in lines[1:])
     assert all(line.endswith("healthy; in flight 0") and "UNHEALTHY" not in line for line in lines[2:])
+    node = status.stdout.split(" RUNNING (None) on ")[1].split(",")[0]
+    assert status.stdout.count(f"\n{' ' * 17}1 rank on {node}\n") == 3  # every worker's nodes and ranks
+    assert f"prometheus --config.file={deployment.resolve() / 'prometheus.yml'}" in metrics
+    # The orchestrator writes every registered worker into the Prometheus target file.
+    targets = json.loads((deployment / "prometheus" / "targets" / "workers.json").read_text())
+    assert sorted(group["labels"]["role"] for group in targets) == ["ctx", "ctx", "gen"]
+    view = json.loads(_disagg("status", "--json", "--run-dir", str(deployment)).stdout)
+    assert view["launcher"] == "slurm" and view["running"] and len(view["workers"]) == 3
+    assert [p["state"] for p in view["processes"]] == ["running"] * 4
+    assert [(p["nodes"], p["ranks"]) for p in view["processes"]] == [(node, 1)] * 4
     logs = _disagg("logs", "ctx-0", "--run-dir", str(deployment))
     assert logs.returncode == 0 and "registered with http://" in logs.stdout
 
@@ -105,7 +107,7 @@ def test_down_cancels_the_job_and_leaves_nothing_running(deployment: Path) -> No
     down = _disagg("down", "--run-dir", str(deployment))
     assert down.returncode == 0, down.stderr
     assert _job_ids("dsv4-scaled") == []
-    assert _processes_mentioning(str(deployment)) == []
+    assert processes_mentioning(str(deployment)) == []
     assert sorted(p.name for p in deployment.iterdir()) == ["logs", "model"]
     status = _disagg("status", "--run-dir", str(deployment))
     assert status.returncode == 1
@@ -125,7 +127,7 @@ def test_cancelled_job_is_reported_as_cancelled(slurm_cluster: str, tmp_path: Pa
     assert status.returncode == 1
     assert status.stdout.splitlines()[1] == "  the job was cancelled; `disagg down` cleans up, `disagg up` restarts"
     assert _disagg("down", "--run-dir", str(run_dir)).returncode == 0
-    assert _job_ids("dsv4-scaled") == [] and _processes_mentioning(str(run_dir)) == []
+    assert _job_ids("dsv4-scaled") == [] and processes_mentioning(str(run_dir)) == []
 
 
 def _failing_config(tmp_path: Path, name: str, **replace: str) -> Path:
@@ -150,7 +152,7 @@ def test_up_whose_orchestrator_dies_cancels_its_job_and_shows_its_log(slurm_clus
     assert f"==> {run_dir / 'logs' / 'orchestrator.log'} (last 20 lines) <==" in up.stderr
     assert "Address already in use" in up.stderr
     assert _job_ids("dsv4-fail") == []
-    assert _processes_mentioning(str(run_dir)) == []
+    assert processes_mentioning(str(run_dir)) == []
 
 
 def test_up_that_times_out_cancels_its_job(slurm_cluster: str, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ import torch
 from workers.engine.model.gguf_dequant import dequantize_tensor
 from workers.engine.model.gguf_metadata import gguf_model_config, open_gguf
 from workers.engine.model.llama import LlamaForCausalLM
+from workers.engine.model.missing_weights import MissingWeightsError
 from workers.engine.model.model_config import ModelConfig
 
 __all__ = ["load_gguf_model", "gguf_weight_sources", "unpermute_rotary_rows", "permute_rotary_rows"]
@@ -62,8 +63,6 @@ def load_gguf_model(
     path: str | Path, dtype: torch.dtype, device: torch.device, max_positions: int | None = None
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """The model in eval mode on ``device``; RoPE covers ``max_positions`` (default: the model's)."""
-    from workers.engine.model.loader import MissingWeightsError
-
     reader = open_gguf(path)
     config = gguf_model_config(reader)
     with torch.device("meta"):

@@ -18,22 +18,12 @@ from workers.config import ConfigError
 from workers.engine.model.gguf_loader import load_gguf_model
 from workers.engine.model.gguf_metadata import is_gguf_file
 from workers.engine.model.llama import LlamaForCausalLM
+from workers.engine.model.missing_weights import MissingWeightsError
 from workers.engine.model.model_config import ModelConfig, load_model_config, read_json_file
 
 __all__ = ["DTYPES", "MissingWeightsError", "resolve_device", "load_model", "hf_weight_sources"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_MAX_NAMES_IN_ERROR = 20
-
-
-class MissingWeightsError(ValueError):
-    """The checkpoint lacks tensors the model needs; ``names`` lists them all."""
-
-    def __init__(self, model_dir: Path, names: list[str]) -> None:
-        shown = ", ".join(names[:_MAX_NAMES_IN_ERROR])
-        more = f" (and {len(names) - _MAX_NAMES_IN_ERROR} more)" if len(names) > _MAX_NAMES_IN_ERROR else ""
-        super().__init__(f"{model_dir}: checkpoint is missing {len(names)} tensors: {shown}{more}")
-        self.names = names
 
 
 def resolve_device(device: str) -> torch.device:

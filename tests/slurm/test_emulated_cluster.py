@@ -1,0 +1,131 @@
+"""The emulated multi-node Slurm (slurm/dev_cluster.sh up --nodes N --gpus-per-node G): steps land on
+the nodes asked for with their fake GPUs, and a worker's TP step finds its ranks (slurm.ranks) under
+`srun --mpi=pmix` through mpi4py, and without MPI through Slurm's variables; rank 0's broadcast
+address is where the other ranks really reach it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm.jobs import TERMINAL_STATES, cancel_job, job_in_queue, wait_for_state, wait_until_gone
+from slurm.rendezvous import publish_orchestrator_url
+from slurm.submit import submit_script
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(200)]
+
+PLACEMENT_SCRIPT = """#!/bin/bash
+#SBATCH --nodes=4
+#SBATCH --gpus-per-node=4
+#SBATCH --time=2
+srun --overlap --nodes=1 --ntasks=1 -w n2 --gres=gpu:2 --exact --output=%x-a.txt \\
+    bash -c 'echo "$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"' &
+srun --overlap --nodes=2 --ntasks=4 --ntasks-per-node=2 -w n0,n3 --output=%x-b.txt --label \\
+    bash -c 'echo "$SLURMD_NODENAME $SLURM_LOCALID $CUDA_VISIBLE_DEVICES"' &
+wait
+"""
+
+# Every rank reports its DISAGG_TP_* view; the followers connect to rank 0's advertised address
+# and rank 0 prints who reached it.
+RANK_PROGRAM = """
+import os, socket, sys
+env = {k[len("DISAGG_TP_"):]: v for k, v in os.environ.items() if k.startswith("DISAGG_TP_")}
+rank, size = int(env["RANK"]), int(env["SIZE"])
+print("rank", rank, "of", size, "local", env["LOCAL_RANK"], "on", os.environ["SLURMD_NODENAME"],
+      "gpus", os.environ.get("CUDA_VISIBLE_DEVICES"), "registers" if "--register-url" in sys.argv else "follows",
+      flush=True)
+addr = (env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+if rank == 0:
+    server = socket.create_server(("0.0.0.0", addr[1]))
+    peers = []
+    for _ in range(size - 1):
+        conn, _ = server.accept()
+        peers.append(conn.makefile().readline().strip())
+    print("reached by", " ".join(sorted(peers, key=lambda p: int(p.split("@")[0]))), flush=True)
+else:
+    import time
+    for _ in range(200):
+        try:
+            with socket.create_connection(addr, timeout=5) as conn:
+                conn.sendall(f"{rank}@{os.environ['SLURMD_NODENAME']}\\n".encode())
+            break
+        except OSError:
+            time.sleep(0.05)
+"""
+
+
+def _run_job(tmp_path: Path, script_text: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # slurm.jobs' scontrol/squeue use this environment
+    script = tmp_path / "job.sbatch"
+    script.write_text(script_text)
+    job_id = submit_script(script, tmp_path, env={"SLURM_CONF": env["SLURM_CONF"]})
+    try:
+        # Longer than slurm.ranks' 120 s MPI watchdog: a stuck rank shows its log line here.
+        info = wait_for_state(job_id, TERMINAL_STATES, timeout=150)
+        assert (info.state, info.exit_code) == ("COMPLETED", "0:0"), (info, _outputs(tmp_path))
+    finally:
+        if job_in_queue(job_id):
+            cancel_job(job_id)
+            wait_until_gone(job_id, timeout=20)
+
+
+def _outputs(tmp_path: Path) -> dict[str, list[str]]:
+    return {p.name: sorted(p.read_text().splitlines()) for p in tmp_path.glob("*.txt")}
+
+
+def test_steps_land_on_the_chosen_nodes_with_their_gpus(emulated_cluster: dict[str, str], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    _run_job(tmp_path, PLACEMENT_SCRIPT, emulated_cluster, monkeypatch)
+    assert _outputs(tmp_path) == {
+        "job.sbatch-a.txt": ["n2 0,1"],  # --gres=gpu:2 --exact: two of the node's four
+        "job.sbatch-b.txt": ["0: n0 0 0,1,2,3", "1: n0 1 0,1,2,3", "2: n3 0 0,1,2,3", "3: n3 1 0,1,2,3"],
+    }
+
+
+def _tp_step_script(run_dir: Path, mpi: str) -> str:
+    worker = [sys.executable, "-m", "slurm.step", "worker", "--run-dir", str(run_dir), "--",
+              sys.executable, "-c", RANK_PROGRAM, "--port", "18931"]
+    command = " ".join(map(shlex.quote, worker))
+    return (f"#!/bin/bash\n#SBATCH --nodes=4\n#SBATCH --gpus-per-node=4\n#SBATCH --time=2\n"
+            f"srun --overlap --job-name=gen-0 --nodes=2 --ntasks=6 --ntasks-per-node=3 -w n1,n3 --mpi={mpi} "
+            f"--kill-on-bad-exit=1 --output=%x-ranks.txt --label {command}\n")
+
+
+@pytest.mark.parametrize("mpi", ["pmix", "none"])
+def test_a_tp_step_finds_its_ranks_and_rank_0(emulated_cluster: dict[str, str], tmp_path: Path, mpi: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    publish_orchestrator_url(run_dir, "http://orchestrator.invalid:1")  # rank 0 waits for it, then registers
+    _run_job(tmp_path, _tp_step_script(run_dir, mpi), emulated_cluster, monkeypatch)
+    lines = _outputs(tmp_path)["job.sbatch-ranks.txt"]
+    reports = sorted(line.split(": ", 1)[1] for line in lines if " rank " in line and " of 6 local " in line)
+    assert reports == [
+        "rank 0 of 6 local 0 on n1 gpus 0,1,2,3 registers",
+        *[f"rank {r} of 6 local {r % 3} on {'n1' if r < 3 else 'n3'} gpus 0,1,2,3 follows" for r in range(1, 6)],
+    ], lines
+    assert "0: reached by 1@n1 2@n1 3@n3 4@n3 5@n3" in lines, lines
+    via = "mpi" if mpi == "pmix" else "slurm"
+    assert sum(f"(found through {via})" in line for line in lines) == 6, lines
+    assert not [line for line in lines if "Sorry!" in line or "not-valid" in line], lines  # no PMIx noise
+    table = json.loads((run_dir / "ranks" / "gen-0.json").read_text())
+    assert table["world_size"] == 6 and table["via"] == via
+    if mpi == "pmix":  # the allgather knows every rank's node; Slurm's variables only this one's
+        assert table["nodes"] == ["n1", "n1", "n1", "n3", "n3", "n3"]
+
+
+def test_status_lists_every_emulated_slurmd(emulated_cluster: dict[str, str]) -> None:
+    script = Path(__file__).parents[2] / "slurm" / "dev_cluster.sh"
+    result = subprocess.run([str(script), "status", "--emulated"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    nodes = lines.index("SLURM_CONF=/tmp/disagg-slurm-emu/slurm.conf") - 1  # slurmctld, then a slurmd a node
+    assert nodes >= 4 and lines[0].startswith("slurmctld: running (pid ")
+    assert [line.split(":")[0] for line in lines[1:nodes + 1]] == [f"slurmd-n{i}" for i in range(nodes)]
+    assert [line.split() for line in lines[nodes + 3:2 * nodes + 3]] == \
+        [[f"n{i}", "idle", "8", "1500"] for i in range(nodes)]  # CPUs=8 RealMemory=1500 per node
