@@ -141,7 +141,7 @@ def main() -> int:
             load_before = os.getloadavg()
             started = time.time()
             sequential, concurrent = _measure(state["url"], model, args.num_requests, _engine_pids(state))
-            load_after = os.getloadavg()
+            load_after, elapsed = os.getloadavg(), time.time() - started
             aiperf = _aiperf(args, state["url"], model, Path(tmp)) if args.aiperf else None
             threads = {p["name"]: p["argv"][p["argv"].index("--engine-threads") + 1]
                        for p in state["processes"] if "--engine-threads" in p["argv"]}
@@ -151,7 +151,7 @@ def main() -> int:
         print(f"aiperf at c=4 (cross-check): TTFT p50 {aiperf['ttft_p50_ms']:.1f} ms, ITL p50 {aiperf['itl_p50_ms']:.1f} "
               f"ms (disagg bench: TTFT p50 {concurrent['ttft']['p50'] * 1e3:.1f} ms, TPOT p50 "
               f"{concurrent['tpot']['p50'] * 1e3:.1f} ms), {aiperf['output_tokens_per_s']:.1f} output tok/s")
-    return _report(args, sequential, concurrent, threads, load_before, load_after, time.time() - started, aiperf)
+    return _report(args, sequential, concurrent, threads, load_before, load_after, elapsed, aiperf)
 
 
 def _aiperf(args: argparse.Namespace, url: str, model: str, tmp: Path) -> dict:
