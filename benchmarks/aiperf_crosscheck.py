@@ -63,9 +63,10 @@ def run_aiperf(args: argparse.Namespace, artifacts: Path) -> dict[str, float]:
             "prompt_tokens_p50": (data.get("usage_prompt_tokens") or {}).get("p50")}
 
 
-def run_ours(args: argparse.Namespace) -> dict[str, float]:
+def run_ours(args: argparse.Namespace, seed: int) -> dict[str, float]:
+    # A seed per round: a round must not find the previous round's prompts in the prefix cache.
     workload = WorkloadConfig(system_tokens=0, isl=LengthDist(args.isl), osl=LengthDist(args.osl),
-                              turns=LengthDist(1))
+                              turns=LengthDist(1), seed=seed)
     plan = BenchPlan(url=args.url, api=OpenAIChat(args.model, ignore_eos=True), workload=workload,
                      concurrencies=(args.concurrency,), num_requests=args.request_count, warmup=4)
     (level,), _ = asyncio.run(run_bench(plan))
@@ -96,7 +97,7 @@ def main() -> int:
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="aiperf-") as tmp:
         for i in range(args.repeats):
-            rounds.append({"aiperf": run_aiperf(args, Path(tmp) / f"r{i}"), "disagg_bench": run_ours(args)})
+            rounds.append({"aiperf": run_aiperf(args, Path(tmp) / f"r{i}"), "disagg_bench": run_ours(args, seed=i + 1)})
             load.append(os.getloadavg()[0])
     med = lambda tool, key: statistics.median(r[tool][key] for r in rounds)  # noqa: E731
     checks = [("TTFT p50", med("aiperf", "ttft_p50_ms"), med("disagg_bench", "ttft_p50_ms")),
