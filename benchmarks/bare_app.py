@@ -85,11 +85,13 @@ def serve_bare_app(kind: str, port: int) -> int:
     """The same uvicorn settings as a frontend (frontends.server): uvloop, httptools, SO_REUSEPORT."""
     import uvicorn
 
-    from frontends.server import FrontendServer, _http_impl, make_listen_socket, run_event_loop
+    from frontends.header_limit import h11_head_limit, http_protocol
+    from frontends.server import FrontendServer, make_listen_socket, run_event_loop
 
     async def main() -> int:
         app = {"raw": bare_app, "stream": stream_app}.get(kind) or starlette_bare_app()
-        config = uvicorn.Config(app, log_level="warning", access_log=False, http=_http_impl(), lifespan="auto")
+        config = uvicorn.Config(app, log_level="warning", access_log=False, http=http_protocol(), lifespan="auto",
+                                **h11_head_limit())
         server = FrontendServer(config)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))

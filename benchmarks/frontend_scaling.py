@@ -375,6 +375,18 @@ def print_summary(report: dict) -> None:
 # --- main ----------------------------------------------------------------------
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def write_report(report: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"\nwrote {out} ({report['wall_s']} s)")
+
+
 def default_num_frontends() -> list[int]:
     cores = len(os.sched_getaffinity(0))
     return [k for k in (1, 2, 4, 8) if k <= max(2, (cores - 2) // 2)]
@@ -399,10 +411,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="synthetic engine seconds per decode step (0: zero compute cost)")
     args = parser.parse_args(argv)
     args.num_frontends = args.num_frontends or default_num_frontends()
-    if args.port is None:
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            args.port = s.getsockname()[1]
+    args.port = free_port() if args.port is None else args.port
     return args
 
 
@@ -427,10 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     report["summary"] = summarize(report)
     report["targets"] = evaluate_targets(args, report)
     print_summary(report)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"\nwrote {out} ({report['wall_s']} s)")
+    write_report(report, Path(args.out))
     return 0
 
 

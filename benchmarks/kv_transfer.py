@@ -22,8 +22,16 @@ wire alone, between two processes as between two engines.
 Target: agent rate >= 0.8x raw, for 1k to 32k-token prompts: the median over
 ``--repeats`` of each agent pull's rate over the raw pull right after it.
 
+Fixed cost per transfer (gen side, stamped around the agent's own calls, on
+every pull and on ``--fixed-cost-tokens`` pulls of one block): the pull request
+sent to the first block imported (``request_to_first_ms``: the ctx side's wake,
+export, MAC, the wire, the gen side's wake and verify) and the last block
+imported to the acknowledgement sent (``last_to_ack_ms``: the final message's
+arrival and the completion). Target: their sum's median <= 0.3 ms for the
+one-block pull.
+
     python benchmarks/kv_transfer.py [--tokens 1024,4096,16384,32768] [--repeats 5]
-        [--out benchmarks/results/kv_transfer.json]
+        [--fixed-cost-tokens 16] [--fixed-cost-repeats 50] [--out benchmarks/results/kv_transfer.json]
 """
 
 from __future__ import annotations
@@ -52,6 +60,38 @@ from workers.sampling_params import SamplingParams
 KEY = b"bench-cluster-key-0123456789abcdef"
 BLOCK_SIZE = 16
 TARGET = 0.8
+FIXED_COST_TARGET_MS = 0.3
+
+
+class TransferStamps:
+    """perf_counter stamps of one gen node's pull: request sent, first and last chunk imported, ack
+    sent. Wraps the agent's own calls on this instance (instrumentation; the code run is unchanged)."""
+
+    def __init__(self, core: EngineCore, agent: KVTransferAgent) -> None:
+        self.times: dict[str, float] = {}
+        import_blocks, send_request = core.import_blocks, agent._send_request  # noqa: SLF001
+
+        def stamped_import(block_ids, frames):
+            result = import_blocks(block_ids, frames)
+            now = time.perf_counter()
+            self.times.setdefault("first_import", now)
+            self.times["last_import"] = now
+            return result
+
+        def stamped_send(endpoint, message):
+            send_request(endpoint, message)
+            self.times.setdefault(type(message).__name__, time.perf_counter())
+
+        core.import_blocks = stamped_import  # type: ignore[method-assign]
+        agent._send_request = stamped_send  # type: ignore[method-assign]  # noqa: SLF001
+
+    def reset(self) -> None:
+        self.times.clear()
+
+    def fixed_cost_ms(self) -> tuple[float, float]:
+        """(pull request -> first block imported, last block imported -> ack sent) in ms."""
+        t = self.times
+        return (t["first_import"] - t["KVPullRequest"]) * 1e3, (t["KVAck"] - t["last_import"]) * 1e3
 
 
 def make_node(model_dir: Path, num_blocks: int, max_len: int, zctx: zmq.Context) -> tuple[EngineCore, KVTransferAgent]:
@@ -149,10 +189,20 @@ def raw_transfer(dealer: zmq.Socket, num_blocks: int) -> float:
             return time.perf_counter() - started
 
 
+def fixed_cost_row(num_tokens: int, costs: list[tuple[float, float]]) -> dict:
+    """Medians of (request -> first block, last block -> ack) over pulls, and of their sum, in ms."""
+    return {"tokens": num_tokens,
+            "request_to_first_ms": round(statistics.median(c[0] for c in costs), 4),
+            "last_to_ack_ms": round(statistics.median(c[1] for c in costs), 4),
+            "fixed_cost_ms": round(statistics.median(c[0] + c[1] for c in costs), 4)}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=lambda t: [int(x) for x in t.split(",")], default=[1024, 4096, 16384, 32768])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--fixed-cost-tokens", type=int, default=16, help="a one-block pull (block size 16)")
+    parser.add_argument("--fixed-cost-repeats", type=int, default=50)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/kv_transfer.json"))
     return parser.parse_args(argv)
 
@@ -176,16 +226,33 @@ def main(argv: list[str] | None = None) -> int:
     gen = make_node(model_dir, num_blocks, max_tokens + 64, zctx)
     poller = zmq.Poller()
     gen[1].register(poller)
+    stamps = TransferStamps(*gen)
     agent_transfer(conn, ctx_endpoint, gen, poller, 256, request_id=1)  # connect the DEALERs, warm the paths
     raw_transfer(raw_dealer, 16)
     bytes_per_block = gen[0].executor.kv_cache.shape.bytes_per_block
     rows, request_id = [], 10
+    fixed = []
+    for _ in range(args.fixed_cost_repeats):
+        request_id += 1
+        stamps.reset()
+        agent_transfer(conn, ctx_endpoint, gen, poller, args.fixed_cost_tokens, request_id)
+        fixed.append(stamps.fixed_cost_ms())
+    fixed_row = fixed_cost_row(args.fixed_cost_tokens, fixed)
+    # The floor under it, same run: a raw ZeroMQ pull of as many blocks (request, blocks, final message).
+    fixed_blocks = -(-args.fixed_cost_tokens // BLOCK_SIZE)
+    fixed_row["raw_zmq_round_trip_ms"] = round(statistics.median(
+        raw_transfer(raw_dealer, fixed_blocks) * 1e3 for _ in range(args.fixed_cost_repeats)), 4)
+    print(f"fixed cost, {args.fixed_cost_tokens}-token pull: request -> first block {fixed_row['request_to_first_ms']} "
+          f"ms, last block -> ack {fixed_row['last_to_ack_ms']} ms, sum {fixed_row['fixed_cost_ms']} ms (medians "
+          f"of {len(fixed)}); raw ZeroMQ pull of as many blocks: {fixed_row['raw_zmq_round_trip_ms']} ms", flush=True)
     for num_tokens in args.tokens:
         num_blocks_sent = -(-num_tokens // BLOCK_SIZE)
-        agent_rates, raw_rates = [], []
+        agent_rates, raw_rates, costs = [], [], []
         for _ in range(args.repeats):
             request_id += 1
+            stamps.reset()
             seconds, num_bytes, sent = agent_transfer(conn, ctx_endpoint, gen, poller, num_tokens, request_id)
+            costs.append(stamps.fixed_cost_ms())
             assert sent == num_blocks_sent and num_bytes == sent * bytes_per_block
             agent_rates.append(num_bytes / seconds)
             raw_rates.append(num_bytes / raw_transfer(raw_dealer, num_blocks_sent))
@@ -197,10 +264,11 @@ def main(argv: list[str] | None = None) -> int:
                "agent_gb_per_s": round(agent / 1e9, 3), "raw_zmq_gb_per_s": round(raw / 1e9, 3),
                "ratio": round(ratio, 3), "ratio_is": "median of paired (agent, raw) pull ratios",
                "agent_runs_gb_per_s": [round(r / 1e9, 3) for r in agent_rates],
-               "raw_runs_gb_per_s": [round(r / 1e9, 3) for r in raw_rates]}
+               "raw_runs_gb_per_s": [round(r / 1e9, 3) for r in raw_rates], **fixed_cost_row(num_tokens, costs)}
         rows.append(row)
         print(f"{num_tokens:>6} tokens ({row['bytes'] / 2**20:7.1f} MiB): agent {row['agent_gb_per_s']:.3f} GB/s, "
-              f"raw ZeroMQ {row['raw_zmq_gb_per_s']:.3f} GB/s, paired ratio {row['ratio']:.2f}", flush=True)
+              f"raw ZeroMQ {row['raw_zmq_gb_per_s']:.3f} GB/s, paired ratio {row['ratio']:.2f}; request -> first "
+              f"block {row['request_to_first_ms']} ms, last block -> ack {row['last_to_ack_ms']} ms", flush=True)
     conn.send(None)
     ctx.join(30)
     gen[1].close()
@@ -208,12 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     zctx.term()
     targets = [{"target": f"agent rate >= {TARGET}x raw ZeroMQ ({r['tokens']} tokens)", "value": r["ratio"],
                 "pass": r["ratio"] >= TARGET} for r in rows]
+    targets.append({"target": f"fixed cost per transfer (request -> first block + last block -> ack, "
+                              f"{args.fixed_cost_tokens}-token pull) <= {FIXED_COST_TARGET_MS} ms",
+                    "value": fixed_row["fixed_cost_ms"], "pass": fixed_row["fixed_cost_ms"] <= FIXED_COST_TARGET_MS})
     for target in targets:
         print(f"{'PASS' if target['pass'] else 'FAIL'}: {target['target']}: {target['value']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": {"tokens": args.tokens, "repeats": args.repeats,
                                                "bytes_per_block": bytes_per_block, "block_size": BLOCK_SIZE},
-                                    "results": rows, "targets": targets}, indent=2) + "\n")
+                                    "fixed_cost": fixed_row, "results": rows, "targets": targets}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 

@@ -10,7 +10,7 @@
     tiny_model_size: bench          #   `up` writes a random-weight tiny model there first
     tool_call_parser: null          # hermes | llama3_json; default: detected from the chat template
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
-             max_num_batched_tokens, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
+             max_num_batched_tokens, stream_interval, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
              synthetic_prefill_seconds_per_token, decode_attention, threads}
     orchestrator: {host, port, processes, ctx_router, gen_router, conditional, health,
                    timeouts, max_retries, api_key}      # see orchestrator.config
@@ -40,6 +40,7 @@ from orchestrator.config import ConditionalDisaggConfig, HealthConfig, RouterCon
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES
+from workers.sampling_params import MAX_STREAM_INTERVAL
 
 __all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "PrometheusSettings", "RestartPolicy",
            "DeployConfig", "load_deploy_config", "resolve_deploy_model", "TINY_MODEL", "LAUNCHERS"]
@@ -60,6 +61,9 @@ class EngineSettings:
     num_blocks: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    stream_interval: int | None = None
+    """Tokens per streamed output (SSE event) after the first (serve's --stream-interval, default 1);
+    a request's ``stream_interval`` overrides it."""
     kv_park_seconds: float | None = None
     kv_pull_timeout: float | None = None
     """gen role: a KV pull with no progress for this long fails its request (serve's --kv-pull-timeout,
@@ -108,6 +112,9 @@ class EngineSettings:
         if self.max_concurrent_requests is not None and self.max_concurrent_requests < 0:
             raise ConfigError(f"{prefix}.max_concurrent_requests",
                               f"must be >= 0 (0: no limit), got {self.max_concurrent_requests}")
+        if self.stream_interval is not None and not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            raise ConfigError(f"{prefix}.stream_interval",
+                              f"must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}")
         for name in ("max_model_len", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -119,6 +126,7 @@ class EngineSettings:
                 "--max-model-len": self.max_model_len, "--block-size": self.block_size,
                 "--num-blocks": self.num_blocks, "--max-num-seqs": self.max_num_seqs,
                 "--max-num-batched-tokens": self.max_num_batched_tokens,
+                "--stream-interval": self.stream_interval,
                 "--synthetic-decode-step-seconds": self.synthetic_decode_step_seconds,
                 "--synthetic-prefill-seconds-per-token": self.synthetic_prefill_seconds_per_token,
                 "--kv-park-seconds": self.kv_park_seconds,

@@ -279,6 +279,7 @@ def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_d
     options = {**engine.serve_options(), "--engine-threads": threads, "--cluster-key-file": str(run_dir / KEY_FILE),
                "--state-dir": str(run_dir / "worker-state" / f"{role}-{index}"),
                "--kv-host": pool.host, "--kv-port": 0,
+               "--tensor-parallel-size": pool.tensor_parallel_size,
                "--served-model-name": config.served_model_name,
                "--tool-call-parser": config.tool_call_parser}
     for flag, value in options.items():

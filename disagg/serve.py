@@ -29,6 +29,7 @@ from disagg.model_names import ModelNotFoundError, default_served_name, resolve_
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from workers.attach import attach_file_from_env, read_attach_file
+from workers.rank_env import from_environ
 from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
 from workers.config import (
     DECODE_ATTENTION_MODES,
@@ -55,11 +56,17 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
                              help=f"HTTP processes on the port (default: the CPUs available, at most "
                                   f"{MAX_AUTO_FRONTENDS}; 1 = the launcher alone)")),
     ("--engine", dict(choices=("torch", "synthetic"), default="torch")),
+    ("--tensor-parallel-size", dict(type=int, default=1,
+                                    help="engine ranks of this worker (local: the launcher spawns them; under "
+                                         "srun each task runs this command and DISAGG_TP_* say which rank)")),
     ("--role", dict(choices=("both", "ctx", "gen"), default="both")),
     ("--block-size", dict(type=int, default=16)),
     ("--num-blocks", dict(type=int, default=None)),
     ("--max-num-seqs", dict(type=int, default=64)),
     ("--max-num-batched-tokens", dict(type=int, default=2048)),
+    ("--stream-interval", dict(type=int, default=1,
+                               help="tokens per streamed output (SSE event) after the first; a request's "
+                                    "stream_interval overrides it")),
     ("--max-model-len", dict(type=int, default=None)),
     ("--dtype", dict(choices=("float32", "bfloat16", "float16"), default="float32")),
     ("--device", dict(default="auto")),
@@ -139,7 +146,8 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
         device=args.device,
         max_model_len=args.max_model_len,
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks),
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                  stream_interval=args.stream_interval),
         synthetic=synthetic,
         profile_dir=args.profile_dir,
         decode_attention=args.decode_attention,
@@ -221,7 +229,14 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     attach_file = attach_file_from_env()
+    try:  # an attached frontend never is a rank: its launcher removed the variables
+        rank_env = from_environ() if attach_file is None else None
+    except ValueError as exc:
+        print(f"disagg serve: {exc}", file=sys.stderr)
+        return 2
     role = "launcher" if attach_file is None else "frontend"
+    if rank_env is not None and rank_env.rank > 0:
+        role = f"rank{rank_env.rank}"  # an engine follower only: ranks started by srun
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s")
     if args.log_level != "debug":  # httpx logs every forwarded admin call (the KV-event polls: ~50 a minute)
@@ -235,10 +250,34 @@ def run_serve(args: argparse.Namespace) -> int:
     except ModelNotFoundError as exc:
         print(f"disagg serve: {exc}", file=sys.stderr)
         return 2
-    return _run_launcher(args)
+    if rank_env is not None and rank_env.rank > 0:
+        return _run_follower(args, rank_env)
+    return _run_launcher(args, rank_env)
 
 
-def _run_launcher(args: argparse.Namespace) -> int:
+def _run_follower(args: argparse.Namespace, rank_env: Any) -> int:
+    """Ranks > 0 of an externally started group: the engine follower only (no launcher, no HTTP)."""
+    from disagg.disagg_options import cluster_key
+    from workers.rank_follower import FollowerSpec, run_rank_follower
+    from workers.rank_group import rank_link_key
+
+    try:
+        if args.tensor_parallel_size not in (1, rank_env.world_size):
+            raise ConfigError("tensor_parallel_size", f"{args.tensor_parallel_size}, but DISAGG_TP_SIZE says "
+                                                      f"{rank_env.world_size}")
+        key = cluster_key(args)
+        if key is None:
+            raise ConfigError("cluster_key_file", "ranks started externally (DISAGG_TP_SIZE) authenticate their "
+                                                  "link with the cluster key: pass --cluster-key-file")
+        spec = FollowerSpec(rank_env, rank_link_key(key).hex(), build_engine_config(args),
+                            disagg=engine_disagg_spec(args))
+    except ConfigError as exc:
+        print(f"disagg serve: {exc}", file=sys.stderr)
+        return 2
+    return run_rank_follower(spec)
+
+
+def _run_launcher(args: argparse.Namespace, rank_env: Any = None) -> int:
     from workers.launcher import LaunchError, WorkerGroup, check_port_free
 
     try:
@@ -257,7 +296,8 @@ def _run_launcher(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_terminated)
     group = WorkerGroup(config, num_frontends, args.host, args.port, grace_seconds=args.grace_seconds,
                         log_level=args.log_level, disagg=disagg_spec,
-                        engine_wedged_seconds=args.engine_wedged_seconds)
+                        engine_wedged_seconds=args.engine_wedged_seconds,
+                        tensor_parallel_size=args.tensor_parallel_size, rank_env=rank_env)
     # Before anything imports prometheus_client or is spawned: every process of the worker writes here.
     os.environ[MULTIPROC_ENV] = str(group.paths.prometheus_dir)
     try:

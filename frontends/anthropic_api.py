@@ -114,6 +114,7 @@ def prepare_message_request(ctx: ServingContext, body: MessagesRequest) -> tuple
     params = ctx.sampling_params(
         len(prompt_ids), body.max_tokens, prompt_param="messages",
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, guided=guided, guided_param=guided_param,
+        stream_interval=body.stream_interval,
     )
     return ValidRequest(prompt_ids, params, stops, leg), tool_policy
 

@@ -1,6 +1,8 @@
 """The frontend's ASGI app: ``build_app(client, tokenizer, config)``.
 
-Raw Starlette with msgspec (no pydantic on the request path). Every route is
+Raw Starlette routes with msgspec (no pydantic on the request path), in a
+FastAPI app that documents them (``frontends.openapi``: ``/openapi.json``,
+``/docs``) and leaves every request on Starlette's path. Every route is
 wrapped by ``_endpoint``, which renders any exception in the route's API
 shape (OpenAI or Anthropic) through the one mapping in ``frontends.errors``;
 unknown routes and methods get the same shapes. Every response carries
@@ -35,6 +37,8 @@ from frontends.errors import (
 from frontends.generation import EngineClientLike
 from frontends.perf_records import note_x_request_id
 from frontends.admission import RETRY_AFTER_SECONDS, AdmissionGate
+from frontends.openapi import DocumentedApp
+from frontends.openapi_routes import WORKER_DOCS
 from frontends.route_errors import route_error_response
 from frontends.serving import FrontendConfig, ServingContext
 from frontends.streaming import ClientDisconnected
@@ -121,14 +125,15 @@ class FrontendHeaderMiddleware:
                 admission.release()
 
 
-class _FrontendStarlette(Starlette):
-    """Starlette with ``FrontendHeaderMiddleware`` as its whole middleware stack."""
+class _FrontendStarlette(DocumentedApp):
+    """The documented app with ``FrontendHeaderMiddleware`` as its whole middleware stack."""
 
-    def __init__(self, frontend_id: int, max_request_bytes: int, admission: AdmissionGate, **kwargs: Any) -> None:
+    def __init__(self, frontend_id: int, max_request_bytes: int, admission: AdmissionGate, version: str,
+                 **kwargs: Any) -> None:
         self.frontend_id = frontend_id
         self.max_request_bytes = max_request_bytes
         self.admission = admission
-        super().__init__(**kwargs)
+        super().__init__(WORKER_DOCS, title="disagg worker", version=version, description=_DESCRIPTION, **kwargs)
 
     def build_middleware_stack(self) -> ASGIApp:
         app: ASGIApp = self.router
@@ -136,6 +141,10 @@ class _FrontendStarlette(Starlette):
             app = cls(app, *args, **kwargs)
         return FrontendHeaderMiddleware(app, self.frontend_id, _http_exception, _unhandled, self.max_request_bytes,
                                         self.admission)
+
+
+_DESCRIPTION = ("One worker of a disagg deployment (OpenAI, Anthropic and Responses APIs). Clients normally "
+                "call the orchestrator, which serves the same APIs for the whole cluster.")
 
 
 def _is_anthropic(path: str) -> bool:
@@ -256,6 +265,7 @@ def build_app(
         config.frontend_id,
         config.max_request_bytes,
         AdmissionGate(config.max_concurrent_requests),
+        config.version,
         routes=[*prefix_routes, *api_routes(), *extra_routes],
         lifespan=app_lifespan,
     )

@@ -21,12 +21,22 @@ Range table over ``token_ids`` (IncrementalDetokenizer)::
 
 from __future__ import annotations
 
+from frontends.byte_detokenizer import ByteLevelDetokenizer
 from frontends.tokenizer import Tokenizer
 
-__all__ = ["IncrementalDetokenizer", "StopStringMatcher"]
+__all__ = ["IncrementalDetokenizer", "StopStringMatcher", "make_detokenizer"]
 
 _REPLACEMENT_CHAR = "\ufffd"
 _CONTEXT_TOKENS = 5  # as vLLM: enough context for SentencePiece spacing
+
+
+def make_detokenizer(tokenizer: Tokenizer, prompt_token_ids: list[int]) -> "IncrementalDetokenizer | ByteLevelDetokenizer":
+    """The request's detokenizer (special tokens skipped): the byte-table one
+    (``frontends.byte_detokenizer``, O(1) per token) when the tokenizer has a table, else the generic one."""
+    table = tokenizer.token_byte_table
+    if table is not None:
+        return ByteLevelDetokenizer(table)
+    return IncrementalDetokenizer(tokenizer, prompt_token_ids)
 
 
 class IncrementalDetokenizer:

@@ -195,21 +195,36 @@ class EngineClient:
             send_nowait(self._ingress, self._ingress_codec, AbortRequests([request_id]))
 
     async def _run_output_handler(self) -> None:
+        # Batched reads: after each awaited message, what else the lane holds is read at once
+        # through a blocking-API view of the same socket (no future and no wake-up per message).
+        lane = zmq.Socket.shadow(self._lane.underlying)
         try:
             while True:
-                batch = self._lane_codec.decode(await self._lane.recv_multipart())
-                if batch is None:
-                    continue
-                self._last_heard = time.monotonic()
-                for output in batch.outputs:
-                    queue = self._queues.get(output.request_id)
-                    if queue is not None:  # None: the caller already left (an abort is on its way)
-                        queue.put_nowait(output)
+                self._deliver(await self._lane.recv_multipart())
+                while True:
+                    try:
+                        frames = lane.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._deliver(frames)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.exception("engine output handler failed")
             self._mark_dead(f"the engine output handler failed: {exc}")
+
+    def _deliver(self, frames: list[bytes]) -> None:
+        """Each output of a lane message to its request's collector."""
+        batch = self._lane_codec.decode(frames)
+        if batch is None:
+            return
+        self._last_heard = time.monotonic()
+        queues = self._queues
+        for output in batch.outputs:
+            queue = queues.get(output.request_id)
+            if queue is not None:  # None: the caller already left (an abort is on its way)
+                queue.put_nowait(output)
+
 
     async def _watch_engine(self) -> None:
         silence_limit = ENGINE_SILENCE_LIMIT * HEARTBEAT_SECONDS

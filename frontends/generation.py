@@ -18,7 +18,7 @@ import time
 from contextlib import aclosing
 from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator, Callable, Protocol
 
-from frontends.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from frontends.detokenizer import StopStringMatcher, make_detokenizer
 from frontends.errors import ApiError, FrontendError, InvalidRequestError, http_error
 from frontends.streaming import FinalFrame
 from frontends.tokenizer import Tokenizer
@@ -121,7 +121,7 @@ class Generation:
         return self.num_cached_tokens if self.leg is None else self.leg.usage_cached_tokens(self.num_cached_tokens)
 
     async def pieces(self) -> AsyncIterator[Piece]:
-        detokenizer = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids)
+        detokenizer = make_detokenizer(self.tokenizer, self.prompt_token_ids)
         matcher = StopStringMatcher(self.stop_strings) if self.stop_strings else None
         want_logprobs = self.params.logprobs is not None
         # Tokens whose text is still held back travel with the next piece.

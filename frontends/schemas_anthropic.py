@@ -120,6 +120,7 @@ class MessagesRequest(msgspec.Struct, frozen=True):
     tool_choice: Any = None  # {"type": "auto" | "any" | "tool" | "none", ...}: frontends.anthropic_tools
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None  # structured output: frontends.structured
+    stream_interval: int | None = None  # tokens per content delta after the first (an extension; 1 to 1024)
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 

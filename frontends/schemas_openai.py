@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 SSE_DONE = b"data: [DONE]\n\n"
+_CONTENT_TAIL = b'},"logprobs":null,"finish_reason":null}]}\n\n'
 _encode = msgspec.json.encode
 
 
@@ -53,6 +54,7 @@ class SamplingControls(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     min_p: float | None = None
+    stream_interval: int | None = None  # tokens per SSE event after the first (an extension; 1 to 1024)
     logit_bias: dict[str, float] | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's; and its older guided_* fields
     guided_json: dict[str, Any] | str | None = None
@@ -224,6 +226,8 @@ class ChatChunkEncoder(_ChunkTemplates):
                 b'"finish_reason":null}]}\n\n')
 
     def content(self, text: str, logprobs: dict[str, Any] | None = None) -> bytes:
+        if logprobs is None:  # the common event: one encode, the rest preallocated
+            return self._content_head + _encode(text) + _CONTENT_TAIL
         return (self._content_head + _encode(text) + b'},"logprobs":' + _encode(logprobs)
                 + b',"finish_reason":null}]}\n\n')
 

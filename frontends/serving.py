@@ -133,6 +133,7 @@ class ServingContext:
         logit_bias: tuple[tuple[int, float], ...] = (),
         guided: GuidedDecoding | None = None,
         guided_param: str = "response_format",
+        stream_interval: int | None = None,
     ) -> SamplingParams:
         """Validated SamplingParams, or InvalidRequestError / PromptTooLongError.
 
@@ -171,6 +172,7 @@ class ServingContext:
             min_p=min_p or 0.0,
             logit_bias=logit_bias,
             guided=guided,
+            stream_interval=stream_interval,
         )
         try:
             params.validate()

@@ -155,6 +155,7 @@ def openai_controls(body: Any, vocab_size: int) -> dict[str, Any]:
         "frequency_penalty": body.frequency_penalty,
         "repetition_penalty": body.repetition_penalty,
         "min_p": body.min_p,
+        "stream_interval": body.stream_interval,
         "logit_bias": logit_bias_pairs(body.logit_bias, vocab_size),
     }
 

@@ -13,6 +13,7 @@ model's own template gives the same prompt text as ``apply_chat_template``.
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -109,6 +110,14 @@ class Tokenizer:
         eos_id = backend.token_to_id(self.eos_token) if self.eos_token else None
         self.eos_token_id: int | None = eos_id
         self.max_token_chars = _max_token_chars(backend)
+
+    @functools.cached_property
+    def token_byte_table(self) -> tuple[bytes, ...] | None:
+        """Each token id's bytes for byte-level BPE tokenizers (``frontends.byte_detokenizer``),
+        built on first use; None for other tokenizers."""
+        from frontends.byte_detokenizer import token_byte_table
+
+        return token_byte_table(self.backend)
 
     @classmethod
     def from_model_path(cls, path: str | Path) -> "Tokenizer":

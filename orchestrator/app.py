@@ -9,6 +9,8 @@ to the state owner (process 0; ``orchestrator.batches``). Every error has the AP
 (``orchestrator.clean_ends``). With ``api_key`` set, /v1/* and /workers* need
 ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise);
 /health, /cluster_info and the metrics stay open for probes and scrapers.
+The app is a ``frontends.openapi.DocumentedApp``: FastAPI's ``/openapi.json``
+and ``/docs`` (``orchestrator.openapi_routes``), Starlette's request path.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import logging
 import time
 import uuid
@@ -36,6 +39,7 @@ from frontends.admission import RETRY_AFTER_SECONDS
 from frontends.errors import anthropic_error_body, http_error, openai_error_body
 from frontends.route_errors import route_error_response
 from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
+from frontends.openapi import DocumentedApp
 from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
 from orchestrator import responses, surface
@@ -45,6 +49,7 @@ from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamRejected
 from orchestrator.flow import Flow, PerfRecord
 from orchestrator.metrics import CONTENT_TYPE, Metrics
+from orchestrator.openapi_routes import DESCRIPTION, OPEN_PATHS, ORCHESTRATOR_DOCS
 from orchestrator.prompt import parse_request
 from orchestrator.validation import RequestValidator
 from orchestrator.view import ClusterView, StateLink
@@ -69,7 +74,7 @@ class Orchestrator:
         self.view = ClusterView(process_index, config.default_block_size, config.default_hash_seed)
         # Every client body is checked whole here, by the workers' own code, before any leg.
         self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self))
-        self.link = StateLink(config.state_socket, self.view)
+        self.link = StateLink(config.state_socket, self.view, push_loads=config.processes > 1)
         self.metrics = Metrics()
         timeouts = config.timeouts
         self.legs = HttpClient(timeouts.connect_seconds, timeouts.idle_seconds)  # request legs: the hot path
@@ -78,6 +83,13 @@ class Orchestrator:
         self.flow = Flow(config, self.view, self.link, self.legs, self.metrics)
         # Stored responses (/v1/responses): one file that every process shares (orchestrator.responses).
         self.responses = LocalResponses(ResponseStore(Path(config.state_dir) / RESPONSES_FILE))
+        self._id_prefix = uuid.uuid4().hex[:16]
+        self._id_counter = itertools.count()
+
+    def new_request_id(self) -> str:
+        """Unique across processes and restarts: a random prefix per process, then a counter
+        (a uuid4 per request cost about 10 µs, as much as its metrics)."""
+        return f"req-{self._id_prefix}{next(self._id_counter):x}"
 
     async def start(self) -> None:
         self.link.start()
@@ -147,7 +159,7 @@ def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True)
 
 def _generate(api: str):
     async def handler(orch: Orchestrator, request: Request) -> Response:
-        request_id = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex}"
+        request_id = request.headers.get("x-request-id") or orch.new_request_id()
         record = PerfRecord(request_id=request_id, api=api, arrival=time.time())
         try:
             parsed = parse_request(api, await request.body(), orch.validator, request.headers.get("x-session-id"))
@@ -256,8 +268,10 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/workers/heartbeat", _endpoint(_forward("/heartbeat")), methods=["POST"]),
         Route("/workers/deregister", _endpoint(_forward("/deregister")), methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
-                    middleware=[Middleware(CleanEndsMiddleware),  # outermost: it sees every end
-                                Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
+    app = DocumentedApp(ORCHESTRATOR_DOCS, title="disagg orchestrator", version=surface.VERSION,
+                        description=DESCRIPTION, open_paths=OPEN_PATHS if orch.config.api_key else None,
+                        routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
+                        middleware=[Middleware(CleanEndsMiddleware),  # outermost: it sees every end
+                                    Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
     app.state.orchestrator = orch
     return app

@@ -152,41 +152,74 @@ class LegResponse:
         self._head: asyncio.Future[None] = self._loop.create_future()
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
+        self._paused = False  # reading from the worker, paused while MAX_BUFFERED wait unread
         self._waiter: asyncio.Future[None] | None = None
         self._error: UpstreamError | None = None
         self._done = False
         self._keep_alive = False
         self._released = False
         self.received_any = False
+        # One lazy timer per answer instead of an asyncio.timeout per wait (a streamed answer waits
+        # once per event): it fires at most every idle_timeout and fails the wait only when nothing
+        # arrived since the wait began for that long.
+        self._waiting_since: float | None = None
+        self._last_data = self._loop.time()
+        self._timer = self._loop.call_at(self._last_data + self.idle_timeout, self._check_idle)
 
     # -- from the connection ----------------------------------------------------------------
 
     def _headers_complete(self, status: int) -> None:
         self.status = status
         self.received_any = True
+        self._last_data = self._loop.time()
         if not self._head.done():
             self._head.set_result(None)
 
     def _body(self, body: bytes) -> None:
+        self._last_data = self._loop.time()
         self._chunks.append(body)
         self._buffered += len(body)
-        if self._buffered > MAX_BUFFERED:
+        if self._buffered > MAX_BUFFERED and not self._paused:
+            self._paused = True
             self._connection.set_reading(False)
         self._wake()
 
     def _complete(self, keep_alive: bool) -> None:
         self._done, self._keep_alive = True, keep_alive
+        self._timer.cancel()
         self._wake()
 
     def _fail(self, exc: UpstreamError) -> None:
-        self._error = exc
+        if self._error is None:  # the first cause stays (a timeout, then the close it caused)
+            self._error = exc
+        self._timer.cancel()
         if not self._head.done():
-            self._head.set_exception(exc)
+            self._head.set_exception(self._error)
         self._wake()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def _check_idle(self) -> None:
+        if self._released:
+            return
+        now = self._loop.time()
+        if self._waiting_since is None:  # nobody waits: look again one idle_timeout later
+            self._timer = self._loop.call_at(now + self.idle_timeout, self._check_idle)
+            return
+        due = max(self._last_data, self._waiting_since) + self.idle_timeout
+        if now < due:
+            self._timer = self._loop.call_at(due, self._check_idle)
+            return
+        where = self._connection.origin
+        self.expire(UpstreamTimeout(f"no answer from {where[0]}:{where[1]} for {self.idle_timeout:g} s"))
+
+    def expire(self, exc: UpstreamError) -> None:
+        """End the answer now with ``exc`` (a timeout): the connection closes, so the worker sees
+        the disconnect and aborts; chunks already buffered are still read before ``exc`` is raised."""
+        self._fail(exc)
+        self._connection.close()
 
     # -- for the caller ---------------------------------------------------------------------
 
@@ -194,14 +227,12 @@ class LegResponse:
         await self._idle(self._head)
 
     async def _idle(self, future: asyncio.Future[None]) -> None:
-        # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives as
-        # the future completes, and the cancelled request then ran on to raise in a task nobody awaited.
+        # Bounded by the lazy idle timer (``_check_idle``), which fails ``future`` with UpstreamTimeout.
+        self._waiting_since = self._loop.time()
         try:
-            async with asyncio.timeout(self.idle_timeout):
-                await future
-        except TimeoutError:
-            raise UpstreamTimeout(f"no answer from {self._connection.origin[0]}:{self._connection.origin[1]} "
-                                  f"for {self.idle_timeout:g} s") from None
+            await future
+        finally:
+            self._waiting_since = None
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -215,9 +246,14 @@ class LegResponse:
         try:
             while True:
                 if self._chunks:
-                    chunk = self._chunks.popleft()
+                    if len(self._chunks) == 1:
+                        chunk = self._chunks.popleft()
+                    else:  # several arrived since the last read (a busy loop): relayed as one write
+                        chunk = b"".join(self._chunks)
+                        self._chunks.clear()
                     self._buffered -= len(chunk)
-                    if self._buffered <= MAX_BUFFERED // 2:
+                    if self._paused and self._buffered <= MAX_BUFFERED // 2:
+                        self._paused = False
                         self._connection.set_reading(True)
                     yield chunk
                     continue
@@ -235,6 +271,7 @@ class LegResponse:
         if self._released:
             return
         self._released = True
+        self._timer.cancel()
         if self._done and self._keep_alive and not self._chunks:
             self._client._release(self._connection)
         else:

@@ -36,10 +36,16 @@ class ParsedRequest:
     stream: bool
     session_id: str | None
     max_tokens: int | None
+    raw: bytes = b""
+    """The client's body as it came: a leg that sends ``body`` unchanged forwards these bytes."""
 
     @property
     def path(self) -> str:
         return API_PATHS[self.api]
+
+    def encode(self, payload: dict[str, Any]) -> bytes:
+        """A leg's body as JSON bytes; the client's own bytes when ``payload`` is its body."""
+        return self.raw if payload is self.body and self.raw else msgspec.json.encode(payload)
 
 
 
@@ -62,7 +68,8 @@ def parse_request(api: str, raw: bytes, validator: RequestValidator, session_hea
         valid, _ = prepare_message_request(validator, msgspec.convert(body, MessagesRequest))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return ParsedRequest(api, body, valid.prompt_ids, bool(body.get("stream", False)),
-                         _session_id(api, body, session_header), max_tokens if isinstance(max_tokens, int) else None)
+                         _session_id(api, body, session_header), max_tokens if isinstance(max_tokens, int) else None,
+                         raw)
 
 
 def _session_id(api: str, body: dict[str, Any], header: str | None) -> str | None:

@@ -21,11 +21,32 @@ import msgspec
 
 from orchestrator.config import WORKER_ROLES, HealthConfig
 
-__all__ = ["WorkerRecord", "Registry", "RegistryError"]
+__all__ = ["WorkerRecord", "Registry", "RegistryError", "Registration", "WorkerIdBody"]
 
 
 class RegistryError(ValueError):
-    """A registration request is invalid (bad role or URL)."""
+    """A registration request is invalid (bad role or URL); ``param`` names the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class Registration(msgspec.Struct, frozen=True, kw_only=True):
+    """POST /workers/register: a worker announcing itself (it must then heartbeat within the TTL)."""
+
+    role: str
+    """ctx, gen or both."""
+    url: str
+    kv_endpoint: str | None = None
+    worker_id: str | None = None
+    """A restarted worker keeps its id."""
+
+
+class WorkerIdBody(msgspec.Struct, frozen=True):
+    """POST /workers/heartbeat and /workers/deregister."""
+
+    worker_id: str
 
 
 class WorkerRecord(msgspec.Struct, kw_only=True):
@@ -78,9 +99,9 @@ class Registry:
     def register(self, role: str, url: str, kv_endpoint: str | None = None,
                  worker_id: str | None = None) -> WorkerRecord:
         if role not in WORKER_ROLES:
-            raise RegistryError(f"role must be one of {', '.join(WORKER_ROLES)}, got {role!r}")
+            raise RegistryError(f"role must be one of {', '.join(WORKER_ROLES)}, got {role!r}", "role")
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise RegistryError(f"url must be an http(s) URL, got {url!r}")
+            raise RegistryError(f"url must be an http(s) URL, got {url!r}", "url")
         url = url.rstrip("/")
         record = self._by_url(url)
         if record is not None and (record.role != role or record.kv_endpoint != kv_endpoint):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import msgspec
 from starlette.applications import Starlette
@@ -32,9 +32,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from frontends.errors import FrontendError, InvalidRequestError, NotFoundError, http_error, openai_error_body
 from orchestrator.config import OrchestratorConfig
 from orchestrator.kv_index import KVIndex
-from orchestrator.registry import Registry, RegistryError
+from orchestrator.registry import Registration, Registry, RegistryError, WorkerIdBody
 
 __all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS"]
 
@@ -123,33 +124,43 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(payload), status_code=status, media_type="application/json")
 
 
+def _registration(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """``handler``'s refusals in the OpenAI shape, naming the field (the orchestrator relays them verbatim)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except (msgspec.DecodeError, FrontendError, RegistryError) as exc:
+            if isinstance(exc, RegistryError):
+                exc = InvalidRequestError(str(exc), param=exc.param)
+            error = http_error(exc)
+            return Response(openai_error_body(error), status_code=error.status, media_type="application/json")
+
+    return endpoint
+
+
 def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
     """The owner's Unix-socket app; ``join_perf(owner) -> list`` builds GET /perf. ``extra_routes``:
     routes that process 0 owns for all (the Message Batches, ``orchestrator.batches``)."""
 
     async def register(request: Request) -> Response:
-        body = msgspec.json.decode(await request.body())
-        try:
-            record = owner.registry.register(body.get("role"), body.get("url"), body.get("kv_endpoint"),
-                                             body.get("worker_id"))
-        except RegistryError as exc:
-            return _json({"error": str(exc)}, 400)
+        body = msgspec.json.decode(await request.body(), type=Registration)
+        record = owner.registry.register(body.role, body.url, body.kv_endpoint, body.worker_id)
         owner.notify()
         health = owner.config.health
         return _json({"worker_id": record.worker_id, "ttl_seconds": health.registration_ttl_seconds,
                       "heartbeat_seconds": health.registration_ttl_seconds / 3})
 
     async def heartbeat(request: Request) -> Response:
-        body = msgspec.json.decode(await request.body())
-        if not owner.registry.heartbeat(str(body.get("worker_id"))):
-            return _json({"error": "unknown worker id; register again"}, 404)
+        worker_id = msgspec.json.decode(await request.body(), type=WorkerIdBody).worker_id
+        if not owner.registry.heartbeat(worker_id):
+            raise NotFoundError("unknown worker id; register again", param="worker_id")
         return _json({"ok": True})
 
     async def deregister(request: Request) -> Response:
-        body = msgspec.json.decode(await request.body())
-        worker_id = str(body.get("worker_id"))
+        worker_id = msgspec.json.decode(await request.body(), type=WorkerIdBody).worker_id
         if not owner.registry.deregister(worker_id):
-            return _json({"error": "unknown worker id"}, 404)
+            raise NotFoundError("unknown worker id", param="worker_id")
         owner.forget_worker(worker_id)
         owner.notify()
         return _json({"ok": True})
@@ -173,9 +184,9 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         return _json(await owner.wait_newer(after, kv_after, SNAPSHOT_WAIT_SECONDS))
 
     return Starlette(routes=[
-        Route("/register", register, methods=["POST"]),
-        Route("/heartbeat", heartbeat, methods=["POST"]),
-        Route("/deregister", deregister, methods=["POST"]),
+        Route("/register", _registration(register), methods=["POST"]),
+        Route("/heartbeat", _registration(heartbeat), methods=["POST"]),
+        Route("/deregister", _registration(deregister), methods=["POST"]),
         Route("/load", load, methods=["POST"]),
         Route("/perf", perf_push, methods=["POST"]),
         Route("/perf", perf_get, methods=["GET"]),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from workers.sampling_params import MAX_STREAM_INTERVAL
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key."""
@@ -47,8 +49,15 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     """Token budget of one step, prefill chunks and decodes together."""
     enable_chunked_prefill: bool = True
+    stream_interval: int = 1
+    """Tokens per output of a running request (its first token always goes out at once): 1 streams
+    every token; N gathers N, fewer outputs, SSE events and messages for the same tokens (TensorRT-LLM's,
+    vLLM's and SGLang's ``stream_interval``). A request's ``SamplingParams.stream_interval`` overrides it."""
 
     def validate(self, prefix: str = "scheduler") -> None:
+        if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            raise ConfigError(f"{prefix}.stream_interval",
+                              f"must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}")
         if self.max_num_seqs < 1:
             raise ConfigError(f"{prefix}.max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:

@@ -9,6 +9,11 @@ each lane at most one ``OutputBatch`` per step. Sockets (see DESIGN.md §3):
     control.sock   bound ROUTER  health, shutdown, drains, profiler (launcher only)
     status.sock    PUSH-connect  one EngineReady / EngineFailed to the launcher
 
+A tensor-parallel engine (``EngineProcSpec.ranks``) is this process as rank 0
+plus followers (``workers.rank_follower``) on ``rank_link``: each step goes to
+them first (``LeaderExecutor``); a follower lost ends the loop with a log line
+and exit code 1, and the launcher takes the worker down.
+
 Sends never block: a lane whose queue is full (a dead or stuck frontend) has
 that step's batch dropped and all of its requests aborted, logged and counted.
 A heartbeat thread with its own sockets sends an empty batch on every lane
@@ -22,6 +27,7 @@ command line.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import shutil
@@ -36,7 +42,7 @@ from typing import Any, Callable
 import msgspec
 import zmq
 
-from workers.client_ids import lane_of
+from workers.client_ids import FRONTEND_SHIFT, lane_of
 from workers.config import EngineConfig
 from workers.ipc import (
     HEARTBEAT_SECONDS,
@@ -48,6 +54,8 @@ from workers.ipc import (
     send_nowait,
 )
 from workers.kv_transfer import DisaggEngineSpec, KVTransferAgent
+from workers.rank_env import RankEnv
+from workers.rank_link import LeaderLink, RankLost
 from workers.protocol import (
     AbortRequests,
     AddContextRequest,
@@ -81,6 +89,7 @@ log = logging.getLogger("disagg.engine")
 
 IDLE_POLL_MS = 250  # idle wake-up to notice a SIGTERM; a blocking wait, not a spin
 MAX_INPUTS_PER_LOOP = 4096  # bound one drain so a flood of requests cannot starve step()
+GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (Python's default: 700)
 
 
 class EngineProcSpec(msgspec.Struct, frozen=True):
@@ -90,6 +99,9 @@ class EngineProcSpec(msgspec.Struct, frozen=True):
     config: EngineConfig
     lane_sndhwm: int = LANE_SNDHWM
     disagg: DisaggEngineSpec | None = None  # None: no KV-transfer agent (an aggregated worker)
+    ranks: RankEnv | None = None  # rank 0 of a tensor-parallel group; None: one rank
+    rank_key_hex: str | None = None  # the followers' link key (default: the worker key)
+    rank_start_timeout: float = 600.0  # followers connected, shards loaded
 
 
 class EngineProc:
@@ -97,8 +109,9 @@ class EngineProc:
 
     def __init__(self, core: Any, paths: IpcPaths, key: bytes, num_lanes: int, ctx: zmq.Context,
                  launcher_pid: int | None = None, lane_sndhwm: int = LANE_SNDHWM,
-                 kv_agent: KVTransferAgent | None = None) -> None:
+                 kv_agent: KVTransferAgent | None = None, rank_link: LeaderLink | None = None) -> None:
         self.core = core
+        self.rank_link = rank_link
         self.kv_agent = kv_agent
         self.num_lanes = num_lanes
         self.should_stop = False
@@ -127,6 +140,9 @@ class EngineProc:
         self._poller.register(self._control, zmq.POLLIN)
         if kv_agent is not None:
             kv_agent.register(self._poller)  # KV-transfer traffic wakes the loop too
+        if rank_link is not None:  # a follower's message or lost connection wakes it too
+            self._poller.register(rank_link.sock, zmq.POLLIN)
+            self._poller.register(rank_link.monitor, zmq.POLLIN)
         self._heartbeat = _Heartbeat(ctx, paths, key, num_lanes, launcher_pid, self._on_launcher_gone)
 
     def _on_launcher_gone(self) -> None:
@@ -145,6 +161,8 @@ class EngineProc:
                 busy = bool(self._pending) or self.core.has_work()
                 busy = busy or (self.kv_agent is not None and self.kv_agent.has_work())
                 self._poll_inputs(timeout_ms=0 if busy else IDLE_POLL_MS)
+                if self.rank_link is not None:
+                    self.rank_link.check()
                 if self.kv_agent is not None:
                     self.kv_agent.tick()
                 if not self.should_stop and (self._pending or self.core.has_work()):
@@ -155,6 +173,8 @@ class EngineProc:
                 sock.close(linger=0)
             if self.kv_agent is not None:
                 self.kv_agent.close()
+            if self.rank_link is not None:
+                self.rank_link.stop()
         log.info("engine loop stopped after %d steps", self.num_steps)
         return 0
 
@@ -211,9 +231,12 @@ class EngineProc:
         if self.kv_agent is not None:
             self.kv_agent.on_outputs(outputs)
         self.num_steps += 1
-        batches: list[list[RequestOutput]] = [[] for _ in range(self.num_lanes)]
+        num_lanes = self.num_lanes
+        batches: list[list[RequestOutput]] = [[] for _ in range(num_lanes)]
         for output in outputs:
-            lane = lane_of(output.request_id, self.num_lanes)
+            lane = output.request_id >> FRONTEND_SHIFT  # workers.client_ids.lane_of, inlined: per output
+            if lane >= num_lanes:
+                lane = 0
             batches[lane].append(output)
             if output.finish_reason is not None:
                 self._live[lane].discard(output.request_id)
@@ -340,12 +363,17 @@ class _Heartbeat:
                 lane.close(linger=0)
 
 
-def build_core(config: EngineConfig) -> tuple[Any, EngineInfo]:
-    """The EngineCore for ``config`` and the handshake info frontends need."""
+def build_core(config: EngineConfig, rank_link: LeaderLink | None = None,
+               ranks: RankEnv | None = None, rank_start_timeout: float = 600.0) -> tuple[Any, EngineInfo]:
+    """The EngineCore for ``config`` and the handshake info frontends need; as rank 0 of
+    ``ranks`` once every follower is ready."""
     from workers.engine.core import EngineCore
-    from workers.engine.factory import build_executor
+    from workers.engine.factory import build_executor, build_leader_executor
 
-    executor = build_executor(config)
+    if rank_link is None or ranks is None:
+        executor = build_executor(config)
+    else:
+        executor = build_leader_executor(config, rank_link, ranks, rank_start_timeout)
     core = EngineCore(config, executor)
     info = EngineInfo(
         kind=config.kind,
@@ -371,26 +399,50 @@ def run_engine(spec: EngineProcSpec, launcher_pid: int | None = None) -> int:
     proc: EngineProc | None = None
     # Before the loop runs, SIGTERM ends the process (143: killed by SIGTERM); after, it stops the loop.
     signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "should_stop", True) if proc else sys.exit(143))
+    rank_link = None
     try:
-        core, info = build_core(spec.config.validate())
+        if spec.ranks is not None:
+            rank_key = bytes.fromhex(spec.rank_key_hex or spec.key_hex)
+            rank_link = LeaderLink(ctx, rank_key, spec.ranks.world_size, spec.ranks.master_addr,
+                                   spec.ranks.master_port)
+        core, info = build_core(spec.config.validate(), rank_link, spec.ranks, spec.rank_start_timeout)
         kv_agent = None
         if spec.disagg is not None:
             kv_agent = spec.disagg.build_agent(core, ctx)
-            info = msgspec.structs.replace(info, role=spec.disagg.role, kv_endpoint=kv_agent.endpoint)
+            kv_endpoint = kv_agent.endpoint
+            if spec.config.kind == "torch":  # pulls across tensor-parallel layouts, head by head
+                from workers.kv_rank_pulls import attach_rank_pulls
+
+                kv_endpoint = attach_rank_pulls(kv_agent, core.executor, ctx, bytes.fromhex(spec.disagg.cluster_key_hex),
+                                                spec.disagg.pull_timeout_seconds, rank_link)
+            info = msgspec.structs.replace(info, role=spec.disagg.role, kv_endpoint=kv_endpoint)
             log.info("KV-transfer agent (%s role) on %s", spec.disagg.role, kv_agent.endpoint)
-        proc = EngineProc(core, paths, key, spec.num_lanes, ctx, launcher_pid, spec.lane_sndhwm, kv_agent)
+        proc = EngineProc(core, paths, key, spec.num_lanes, ctx, launcher_pid, spec.lane_sndhwm, kv_agent,
+                          rank_link)
     except Exception as exc:
         log.exception("engine failed to start")
+        if rank_link is not None:
+            rank_link.stop()
         tail = "".join(traceback.format_exception(exc)[-3:]).strip()
         status.send_multipart(status_codec.encode(EngineFailed(tail)))
         status.close()
         ctx.term()
         return 1
+    # What exists now (the model, the block pool, the synthetic KV) lives as long as the process:
+    # out of the collector's sight, so that a full collection does not walk it again and again
+    # (vLLM does the same); the loop's garbage is short-lived and cycle-free, so collections
+    # can also be rarer.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 10, 10)
     status.send_multipart(status_codec.encode(EngineReady(info, os.getpid())))
     status.close()
     log.info("engine ready: %s", info)
     try:
         return proc.run()
+    except RankLost as exc:
+        log.error("stopping the engine: %s", exc)
+        return 1
     finally:
         ctx.term()
         if proc.launcher_gone:

@@ -44,6 +44,12 @@ _TAG_BYTES = 16
 AUTH_BYTES = _SALT_BYTES + _NONCE_BYTES + _TAG_BYTES
 
 
+# Senders' ciphers kept by the receiver, by salt (one per sending codec: a few per peer engine).
+# Deriving the subkey and building the cipher was half of a small message's decode. Bounded, so
+# messages with made-up salts cannot grow it (they are rejected by the tag check all the same).
+_MAX_CACHED_SENDERS = 256
+
+
 def _subkey(key: bytes, salt: bytes) -> bytes:
     return hmac.new(key, _LABEL + salt, hashlib.sha256).digest()  # 32 bytes: AES-256
 
@@ -74,6 +80,7 @@ class KVFrameCodec:
         self._decoder = msgspec.msgpack.Decoder(decode_type)
         self.name = name
         self.num_rejected = 0
+        self._senders: dict[bytes, algorithms.AES] = {}
 
     def encode(self, message: Any, frames: Sequence[Any] = ()) -> list[Any]:
         """Frames to send: ``[auth, header, *frames]``."""
@@ -94,7 +101,7 @@ class KVFrameCodec:
             return self._reject(f"an auth frame of {len(auth)} bytes")
         salt, nonce, tag = auth[:_SALT_BYTES], auth[_SALT_BYTES:-_TAG_BYTES], auth[-_TAG_BYTES:]
         header, payload = frames[1].buffer, [frame.buffer for frame in frames[2:]]
-        decryptor = Cipher(algorithms.AES(_subkey(self._key, salt)), modes.GCM(nonce, tag)).decryptor()
+        decryptor = Cipher(self._sender(salt), modes.GCM(nonce, tag)).decryptor()
         _authenticate(decryptor, header, payload)
         try:
             decryptor.finalize()
@@ -105,6 +112,14 @@ class KVFrameCodec:
         except msgspec.DecodeError as exc:
             return self._reject(f"undecodable header: {exc}")
         return message, payload
+
+    def _sender(self, salt: bytes) -> algorithms.AES:
+        cipher = self._senders.get(salt)
+        if cipher is None:
+            if len(self._senders) >= _MAX_CACHED_SENDERS:
+                self._senders.clear()
+            cipher = self._senders[salt] = algorithms.AES(_subkey(self._key, salt))
+        return cipher
 
     def _reject(self, why: str) -> None:
         self.num_rejected += 1

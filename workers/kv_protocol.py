@@ -40,6 +40,10 @@ class KVPullRequest(msgspec.Struct, frozen=True, array_like=True, tag="pull"):
     ctx_request_id: int
     first_block: int
     num_blocks: int
+    # Only KV heads [kv_heads_start, kv_heads_stop) of the serving rank (its own indices), for a
+    # gen rank that splits the heads otherwise (``workers.kv_layout``); 0, 0: all of them.
+    kv_heads_start: int = 0
+    kv_heads_stop: int = 0
 
 
 class KVAck(msgspec.Struct, frozen=True, array_like=True, tag="ack"):

@@ -27,7 +27,7 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import msgspec
 import zmq
@@ -95,6 +95,7 @@ class _Send:
     ctx_request_id: int
     block_ids: list[int]
     next_index: int = 0
+    heads: range | None = None  # only these KV heads of this rank (a gen rank that splits them otherwise)
 
 
 @dataclass
@@ -108,6 +109,7 @@ class _Pull:
     last_progress: float = 0.0
     num_received: int = 0
     num_bytes: int = 0
+    layout: str | None = None  # pulled by every rank from the ctx ranks (``kv_rank_pulls``)
 
 
 class KVTransferAgent:
@@ -148,6 +150,13 @@ class KVTransferAgent:
         self.num_pulls_failed = 0
         self.num_bytes_sent = 0
         self.num_bytes_received = 0
+        self.ranks: Any = None  # ``kv_rank_pulls.RankedPulls`` of a torch engine (``attach_ranks``)
+
+    def attach_ranks(self, ranks: Any) -> None:
+        """Pull from (and serve to) other tensor-parallel layouts head by head (``kv_rank_pulls``)."""
+        self.ranks = ranks
+        if self._poller is not None:
+            ranks.puller.register(self._poller)
 
     # ---- engine loop hooks -------------------------------------------------
 
@@ -155,6 +164,8 @@ class KVTransferAgent:
         """Wake the engine loop's poll on KV-transfer traffic too."""
         self._poller = poller
         poller.register(self._router, zmq.POLLIN)
+        if self.ranks is not None:
+            self.ranks.puller.register(poller)
         for sock in (*self._dealers.values(), *self._monitors.values()):
             poller.register(sock, zmq.POLLIN)
 
@@ -166,19 +177,26 @@ class KVTransferAgent:
 
     def add_remote(self, message: AddRemoteRequest) -> Any:
         request = message.request
+        endpoint, layout = message.kv_endpoint, None
+        if self.ranks is not None and self.ranks.wants(endpoint):
+            endpoint, layout = self.ranks.ack_endpoint(endpoint), endpoint  # ValueError: a bad layout
         engine_request = self.core.add_remote_request(request, [message.first_token_id])
-        self._pulls[request.request_id] = _Pull(message.kv_endpoint, message.ctx_request_id)
+        self._pulls[request.request_id] = _Pull(endpoint, message.ctx_request_id, layout=layout)
         return engine_request
 
     def abort(self, request_id: int) -> None:
         """Before ``core.abort``: a gen request's pull stops and the ctx side is released."""
         pull = self._pulls.pop(request_id, None)
+        if pull is not None and pull.layout is not None:
+            self.ranks.abort(request_id)  # before core.abort frees the blocks
         if pull is not None:
             self._send_request(pull.endpoint, KVAck(request_id, pull.ctx_request_id, completed=False))
 
     def has_work(self) -> bool:
-        """Blocks are waiting to be sent: the loop must not block in poll."""
-        return bool(self._sends)
+        """Blocks are waiting to be sent, or pulls to be requested: the loop must not block in poll.
+        (A step allocates a gen request's blocks after this tick took the pulls: without the second
+        condition the pull request waited for the loop's idle poll, 250 ms, before it was sent.)"""
+        return bool(self._sends) or self.core.has_kv_pulls()
 
     def tick(self) -> None:
         now = time.time()
@@ -191,6 +209,8 @@ class KVTransferAgent:
             self._receive_replies(dealer)
         for endpoint, monitor in list(self._monitors.items()):
             self._watch_connection(endpoint, monitor)
+        if self.ranks is not None:
+            self._finish_ranked(self.ranks.tick())
         self._check_timeouts(time.time())
 
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
@@ -214,6 +234,8 @@ class KVTransferAgent:
                 self.core.release_parked(request_id)  # EOS or a stop token: there is no gen leg
             elif self.core.parked_block_ids(request_id) is not None:
                 output.kv_parked = ParkedKV(num_prompt, time.time() + park_seconds - EXPIRY_MARGIN_SECONDS)
+                if self.ranks is not None:  # each follower serves its own heads of these blocks
+                    self.ranks.park(request_id, self.core.parked_block_ids(request_id), time.time() + park_seconds)
 
     def close(self) -> None:
         for dealer in self._dealers.values():
@@ -247,7 +269,9 @@ class KVTransferAgent:
             error = f"blocks [{pull.first_block}, {end}) are outside the {len(parked)} parked blocks"
         else:
             self.num_pulls_served += 1
-            self._sends.append(_Send(identity, pull.pull_id, pull.ctx_request_id, parked[pull.first_block:end]))
+            heads = range(pull.kv_heads_start, pull.kv_heads_stop) if pull.kv_heads_stop else None
+            self._sends.append(_Send(identity, pull.pull_id, pull.ctx_request_id, parked[pull.first_block:end],
+                                     heads=heads))
             return
         log.warning("refused a KV pull: %s", error)
         self._reply(identity, KVError(pull.pull_id, error))
@@ -255,6 +279,8 @@ class KVTransferAgent:
     def _release(self, ack: KVAck) -> None:
         self._sends = deque(s for s in self._sends if s.ctx_request_id != ack.ctx_request_id)
         self.core.release_parked(ack.ctx_request_id)
+        if self.ranks is not None:
+            self.ranks.unpark(ack.ctx_request_id)
 
     def _send_blocks(self) -> None:
         budget = self._tick_blocks
@@ -266,7 +292,9 @@ class KVTransferAgent:
                                                                   f"expired during the transfer"))
                 continue
             chunk, descending = _next_chunk(send.block_ids, send.next_index, min(budget, self._chunk_blocks))
-            frames = self.core.export_blocks(chunk[::-1] if descending else chunk)
+            ids = chunk[::-1] if descending else chunk
+            frames = (self.core.export_blocks(ids) if send.heads is None
+                      else self.core.executor.export_heads(ids, send.heads))
             self._reply(send.identity, KVBlocks(send.pull_id, send.next_index, len(chunk), descending), frames)
             self.num_bytes_sent += sum(memoryview(frame).nbytes for frame in frames)
             send.next_index += len(chunk)
@@ -288,6 +316,12 @@ class KVTransferAgent:
         pull.block_ids, pull.started, pull.last_progress = block_ids, now, now
         if not block_ids:  # every block hit this engine's prefix cache
             self._complete(request_id, pull)
+            return
+        if pull.layout is not None:
+            try:
+                self.ranks.start(request_id, pull.layout, pull.ctx_request_id, first_block, block_ids)
+            except ValueError as exc:
+                self._fail(request_id, str(exc))
             return
         self._send_request(pull.endpoint, KVPullRequest(request_id, pull.ctx_request_id, first_block,
                                                         len(block_ids)))
@@ -325,23 +359,21 @@ class KVTransferAgent:
 
     def _receive_replies(self, dealer: zmq.Socket) -> None:
         budget = self._tick_blocks  # what is left waits in the socket, which keeps the loop's poll awake
-        for _ in range(MAX_MESSAGES_PER_TICK):
-            if budget <= 0:
-                return
-            try:
-                frames = dealer.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            decoded = self._reply_codec.decode(frames)
-            if decoded is None:
-                continue
-            message, frames = decoded
+        for message, frames in authenticated_replies(dealer, self._reply_codec):
             pull = self._pulls.get(message.pull_id)
             if pull is None or pull.started is None:
                 continue  # aborted: its blocks may belong to someone else now
             if isinstance(message, KVBlocks):
                 self._receive_blocks(message, pull, frames)
                 budget -= message.num_blocks
+                if (pull.layout is None and message.pull_id in self._pulls
+                        and pull.num_received == len(pull.block_ids)):
+                    # Every block is in (chunks are checked contiguous): done now, not one more wake
+                    # later when the KVDone sent after them arrives (it then finds no pull: ignored).
+                    # A ranked pull completes when every rank has imported its heads (kv_rank_pulls).
+                    self._complete(message.pull_id, pull)
+                if budget <= 0:
+                    return
             elif isinstance(message, KVDone):
                 if pull.num_received != len(pull.block_ids) or message.num_blocks != len(pull.block_ids):
                     self._fail(message.pull_id, f"{pull.num_received} of {len(pull.block_ids)} blocks arrived")
@@ -367,6 +399,17 @@ class KVTransferAgent:
         pull.num_bytes += sum(frame.nbytes for frame in frames)
         pull.last_progress = time.time()
 
+    def _finish_ranked(self, finished: list[tuple[int, str | None, int]]) -> None:
+        for request_id, error, num_bytes in finished:
+            pull = self._pulls.get(request_id)
+            if pull is None:
+                continue
+            pull.num_received, pull.num_bytes = len(pull.block_ids), num_bytes
+            if error is None:
+                self._complete(request_id, pull)
+            else:
+                self._fail(request_id, error)
+
     def _complete(self, request_id: int, pull: _Pull) -> None:
         seconds = time.time() - (pull.started or time.time())  # the last block is in: the transfer is over
         del self._pulls[request_id]
@@ -385,11 +428,24 @@ class KVTransferAgent:
         self._errors[request_id] = f"{KV_TRANSFER_ERROR}: {why}"
 
     def _check_timeouts(self, now: float) -> None:
-        stalled = [rid for rid, p in self._pulls.items()
-                   if p.started is not None and now - p.last_progress > self.pull_timeout]
+        stalled = [rid for rid, p in self._pulls.items()  # ranked pulls: each rank's puller times out
+                   if p.started is not None and p.layout is None and now - p.last_progress > self.pull_timeout]
         for request_id in stalled:
             self._fail(request_id, f"no KV arrived from {self._pulls[request_id].endpoint} "
                                    f"for {self.pull_timeout:g} s")
+
+
+def authenticated_replies(dealer: zmq.Socket, codec: KVFrameCodec) -> Iterator[tuple[Any, list[memoryview]]]:
+    """The (message, frames) waiting on ``dealer``, at most MAX_MESSAGES_PER_TICK; a message that
+    fails its check is dropped (counted by ``codec``). Receives lazily: stop iterating to stop."""
+    for _ in range(MAX_MESSAGES_PER_TICK):
+        try:
+            frames = dealer.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        decoded = codec.decode(frames)
+        if decoded is not None:
+            yield decoded
 
 
 def blocks_within(budget_bytes: int, bytes_per_block: int) -> int:

@@ -6,9 +6,14 @@ attached frontends (the same command line re-executed with an attach file),
 their readiness, and the one shutdown path. It never imports ``frontends``:
 the frontend side is handed the attach info and reports on status.sock.
 
+A tensor-parallel engine (``tensor_parallel_size`` > 1) is rank 0 plus
+followers that the group spawns too, unless an ``srun`` step started them
+(``rank_group.plan_ranks``); a follower that exits during the start fails it.
+
 Shutdown order (``shutdown``): attached frontends get SIGTERM and drain within
 the grace period (SIGKILL after it), then the engine is told to stop (control
-message, SIGTERM, SIGKILL, each after a wait), then the directory with the
+message, SIGTERM, SIGKILL, each after a wait), then the followers (SIGTERM,
+SIGKILL), then the directory with the
 sockets and attach files is removed. Every path, including a failed start,
 goes through it.
 """
@@ -31,11 +36,13 @@ import msgspec
 import zmq
 
 from workers.attach import ATTACH_FILE_ENV, AttachInfo, write_attach_file
-from workers.config import EngineConfig
+from workers.config import ConfigError, EngineConfig
 from workers.engine_proc import EngineProcSpec
 from workers.kv_transfer import DisaggEngineSpec
 from workers.ipc import ENGINE_WEDGED_SECONDS, LANE_SNDHWM, FrameCodec, make_ipc_dir, new_key, write_private_file
 from workers.ipc_dir_owners import record_owner, sweep_stale_ipc_dirs
+from workers.rank_env import RANK_VARS, RankEnv
+from workers.rank_group import LocalFollowers, plan_ranks
 from workers.protocol import (
     ControlReply,
     ControlRequest,
@@ -58,6 +65,7 @@ log = logging.getLogger("disagg.launcher")
 RANK_ENV_VARS = (
     "PMI_RANK", "PMI_SIZE", "PMI_LOCAL_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "MPI_LOCALRANKID",
+    *RANK_VARS,
 )
 _TAIL_LINES = 40
 # A crashed attached frontend is respawned in its slot, unless it crashed this often
@@ -133,10 +141,14 @@ class WorkerGroup:
     def __init__(self, engine_config: EngineConfig, num_frontends: int, host: str, port: int,
                  *, grace_seconds: float = 30.0, lane_sndhwm: int = LANE_SNDHWM, log_level: str = "info",
                  disagg: DisaggEngineSpec | None = None,
-                 engine_wedged_seconds: float = ENGINE_WEDGED_SECONDS) -> None:
+                 engine_wedged_seconds: float = ENGINE_WEDGED_SECONDS,
+                 tensor_parallel_size: int = 1, rank_env: RankEnv | None = None) -> None:
         if num_frontends < 1:
             raise LaunchError(f"num_frontends must be >= 1, got {num_frontends}")
         self.engine_config = engine_config
+        self.tensor_parallel_size = tensor_parallel_size
+        self.rank_env = rank_env  # this launcher is rank 0 of ranks started externally (srun)
+        self.followers: LocalFollowers | None = None
         self.disagg = disagg  # the engine's KV-transfer agent (role, cluster key); None: aggregated
         self.num_frontends = num_frontends
         self.host, self.port = host, port
@@ -177,17 +189,28 @@ class WorkerGroup:
     # --- start -----------------------------------------------------------------
 
     def start_engine(self, timeout: float = 600.0) -> EngineInfo:
+        cluster_key = bytes.fromhex(self.disagg.cluster_key_hex) if self.disagg is not None else None
+        try:
+            plan = plan_ranks(self.tensor_parallel_size, self.rank_env, self.key, cluster_key)
+        except ConfigError as exc:
+            raise LaunchError(str(exc)) from None
         spec = EngineProcSpec(str(self.paths.dir), self.key.hex(), self.num_frontends, self.engine_config,
-                              self.lane_sndhwm, self.disagg)
+                              self.lane_sndhwm, self.disagg, ranks=None if plan is None else plan.ranks,
+                              rank_key_hex=None if plan is None else plan.key.hex(), rank_start_timeout=timeout)
         write_private_file(self.paths.engine_spec_file, msgspec.json.encode(spec))
         argv = [sys.executable, "-m", "workers.engine_proc", "--spec", str(self.paths.engine_spec_file),
                 "--launcher-pid", str(os.getpid()), "--log-level", self.log_level.upper()]
         self.engine = _Child("the engine", argv)
         record_owner(self.paths.dir, self.engine.popen.pid)  # it outlives us for a moment if we are killed
+        if plan is not None and plan.spawn_followers:
+            self.followers = LocalFollowers(plan, self.engine_config, self.paths.dir, os.getpid(), self.log_level,
+                                            _Child, self.disagg)
         deadline = time.monotonic() + timeout
         while self.engine_info is None:
             if self.engine.popen.poll() is not None:
                 raise LaunchError(f"the engine failed to start: {self.engine.describe_exit()}")
+            if self.followers is not None and self.followers.exited():
+                raise LaunchError(f"the engine failed to start: {self.followers.exited()[0]}")
             if time.monotonic() > deadline:
                 raise LaunchError(f"the engine was not ready within {timeout:g} s")
             self._receive_status(timeout_ms=100)
@@ -310,6 +333,8 @@ class WorkerGroup:
             if self.engine is not None:
                 self._stop_engine()
         finally:
+            if self.followers is not None:  # after rank 0, which tells them to stop
+                self.followers.stop()
             self._status.close(linger=0)
             self._ctx.term()
             shutil.rmtree(self.paths.dir, ignore_errors=True)

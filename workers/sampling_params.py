@@ -8,6 +8,8 @@ from __future__ import annotations
 import msgspec
 
 GUIDED_KINDS = ("json_schema", "lark", "regex")
+MAX_STREAM_INTERVAL = 1024
+"""The most tokens one streamed output may gather (``SamplingParams.stream_interval``)."""
 
 
 class GuidedDecoding(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -48,6 +50,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, array_like
     min_p: float = 0.0  # drop tokens whose probability is below min_p x the top token's
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), bias in [-100, 100]
     guided: GuidedDecoding | None = None  # structured output / forced tool calls
+    stream_interval: int | None = None  # tokens per output after the first; None: the engine's stream_interval
 
     @property
     def is_greedy(self) -> bool:
@@ -80,5 +83,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, array_like
         for token_id, bias in self.logit_bias:
             if token_id < 0 or not -100.0 <= bias <= 100.0:
                 raise ValueError(f"logit_bias must map token ids >= 0 to values in [-100, 100], got {token_id}: {bias}")
+        if self.stream_interval is not None and not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            raise ValueError(f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}")
         if self.guided is not None and self.guided.kind not in GUIDED_KINDS:
             raise ValueError(f"guided.kind must be one of {GUIDED_KINDS}, got {self.guided.kind!r}")

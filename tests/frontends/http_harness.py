@@ -1,9 +1,10 @@
-"""The frontend HTTP test harness: the app over an in-process synthetic engine."""
+"""The frontend HTTP test harness: the app over an in-process synthetic engine; the worker apps to inspect."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -14,9 +15,11 @@ import uvicorn
 from frontends.app import build_app
 from frontends.serving import FrontendConfig
 from frontends.tokenizer import Tokenizer
+from frontends.worker_app import make_attached_app, make_launcher_app
 from inproc_engine import InprocEngineClient, make_synthetic_core
+from workers.attach import AttachInfo
 from workers.engine.core import EngineCore
-from workers.protocol import EngineRequest
+from workers.protocol import EngineInfo, EngineRequest
 from workers.sampling_params import SamplingParams
 
 MAX_MODEL_LEN = 256
@@ -79,3 +82,18 @@ async def live_harness(app, h) -> AsyncIterator:
         await task
         sock.close()
         await h.client.close()
+
+
+def worker_apps(model_dir, tokenizer: Tokenizer, tmp_path) -> dict:
+    """The two apps of a worker's frontends, as ``disagg serve`` builds them, to inspect (never served:
+    no engine behind them): ``{"launcher": ..., "attached": ...}``."""
+    engine = EngineInfo("synthetic", 256, 512, [2], 16, 64)
+    attach = AttachInfo(str(tmp_path), "00" * 32, 1, 2, os.getpid(), os.getpid(), engine, "127.0.0.1", 1)
+    config = FrontendConfig.for_model_dir(model_dir)
+
+    class NoClient:
+        on_request_done = None
+
+    launcher = make_launcher_app(NoClient(), tokenizer, config, attach, control=lambda r, t: None,
+                                 config_labels={"model": "tiny"}, state_dir=tmp_path / "state")
+    return {"launcher": launcher.app, "attached": make_attached_app(NoClient(), tokenizer, config, attach)}

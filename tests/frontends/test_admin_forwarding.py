@@ -16,11 +16,8 @@ import pytest
 
 from frontends.perf_records import FLUSH_SECONDS
 from frontends.route_table import unclassified_routes
-from frontends.serving import FrontendConfig
-from frontends.worker_app import make_attached_app, make_launcher_app
+from http_harness import worker_apps
 from worker_process import start_worker, stop_worker
-from workers.attach import AttachInfo
-from workers.protocol import EngineInfo
 
 K = 4
 USER = [{"role": "user", "content": "Hello world"}]
@@ -56,23 +53,15 @@ def complete(http: httpx.Client, max_tokens: int) -> httpx.Response:
 
 
 def test_every_route_of_both_apps_is_classified(tiny_model_dir, tokenizer, tmp_path):
-    engine = EngineInfo("synthetic", 256, 512, [2], 16, 64)
-    attach = AttachInfo(str(tmp_path), "00" * 32, 1, 2, os.getpid(), os.getpid(), engine, "127.0.0.1", 1)
-    config = FrontendConfig.for_model_dir(tiny_model_dir)
-
-    class NoClient:
-        on_request_done = None
-
-    attached = make_attached_app(NoClient(), tokenizer, config, attach)
-    launcher = make_launcher_app(NoClient(), tokenizer, config, attach, control=lambda r, t: None,
-                                 config_labels={"model": "tiny"}, state_dir=tmp_path / "state")
-    for app in (attached, launcher.app):
+    apps = worker_apps(tiny_model_dir, tokenizer, tmp_path)
+    attached, launcher = apps["attached"], apps["launcher"]
+    for app in (attached, launcher):
         assert unclassified_routes(app.routes) == []
         paths = [r.path for r in app.routes]
         assert "/metrics" in paths and "/v1/completions" in paths and "/prometheus/metrics" in paths
         assert paths.index("/metrics") < paths.index("/v1/completions")  # launcher-owned first
     assert "/v1/messages/batches/{rest:path}" in [r.path for r in attached.routes]
-    assert "/v1/messages/batches/{batch_id}/results" in [r.path for r in launcher.app.routes]
+    assert "/v1/messages/batches/{batch_id}/results" in [r.path for r in launcher.routes]
 
     from starlette.routing import Route
 
@@ -195,13 +184,7 @@ def test_a_stopped_launcher_is_a_503_not_a_hang(worker):
 
 @pytest.mark.asyncio
 async def test_no_launcher_socket_is_a_503_at_once(tiny_model_dir, tokenizer, tmp_path):
-    engine = EngineInfo("synthetic", 256, 512, [2], 16, 64)
-    attach = AttachInfo(str(tmp_path), "00" * 32, 1, 2, os.getpid(), os.getpid(), engine, "127.0.0.1", 1)
-
-    class NoClient:
-        on_request_done = None
-
-    app = make_attached_app(NoClient(), tokenizer, FrontendConfig.for_model_dir(tiny_model_dir), attach)
+    app = worker_apps(tiny_model_dir, tokenizer, tmp_path)["attached"]  # no launcher listens on its socket
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://f") as http:
         started = time.monotonic()
         response = await http.get("/metrics")

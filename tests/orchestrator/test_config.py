@@ -28,6 +28,8 @@ def write(tmp_path, text: str, name: str = "dep.yaml"):
      "orchestrator.conditional.min_cached_fraction", "must be in (0, 1]"),
     ("model: tiny\norchestrator: {port: 80, porrt: 1}\n", "orchestrator.porrt", "unknown key"),
     ("engine: {}\n", "model", "is required"),
+    ("model: tiny\npools:\n  gen:\n    engine: {stream_interval: 0}\n", "pools.gen.engine.stream_interval",
+     "must be in [1, 1024], got 0"),
 ])
 def test_deploy_config_errors_name_file_and_key(tmp_path, text, key, message):
     path = write(tmp_path, text)
@@ -48,6 +50,13 @@ def test_deploy_config_defaults_overrides_and_frozen(tmp_path):
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.model = "x"  # type: ignore[misc]
     assert str(load_deploy_config(path, run_dir="/tmp/r").run_path) == "/tmp/r"
+
+
+def test_stream_interval_reaches_serve_per_pool(tmp_path):
+    path = write(tmp_path, "model: tiny\nengine: {stream_interval: 4}\npools:\n  ctx: {engine: {stream_interval: 1}}\n")
+    config = load_deploy_config(path)
+    assert config.engine_for("gen").serve_options()["--stream-interval"] == 4
+    assert config.engine_for("ctx").serve_options()["--stream-interval"] == 1
 
 
 def test_shipped_local_yaml_is_valid():

@@ -247,3 +247,93 @@ async def test_gets_over_a_unix_socket(tmp_path) -> None:
     assert server.connections == 1 and server.requests[0][0].startswith(b"GET /snapshot?after=3 HTTP/1.1\r\n")
     client.close()
     unix.close()
+
+
+def chunked_head() -> bytes:
+    return b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def test_a_body_that_goes_silent_times_out_and_a_steady_trickle_does_not() -> None:
+    """The idle timeout bounds each wait for the next byte, not the whole answer."""
+
+    async def trickle_then_silence(head, body, writer, number) -> bool:
+        writer.write(chunked_head())
+        for i in range(6):  # 0.6 s of answer: longer than the 0.3 s idle timeout, never idle that long
+            writer.write(chunk(b"%d" % i))
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(5)  # then silence
+        return False
+
+    async with Server(trickle_then_silence) as url:
+        client = HttpClient(connect_timeout=2, idle_timeout=0.3)
+        response = await client.post(url, b"x", {})
+        received = []
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(UpstreamTimeout, match="no answer"):
+            async for part in response.chunks():
+                received.append(part)
+        waited = asyncio.get_running_loop().time() - started
+        response.close()
+        client.close()
+    assert b"".join(received) == b"012345"
+    assert 0.8 <= waited < 2.0  # the trickle (0.6 s) plus one idle timeout (0.3 s), not more
+
+
+async def test_expire_ends_an_answer_after_what_was_buffered_and_closes_the_connection() -> None:
+    disconnected = asyncio.Event()
+
+    async def endless(head, body, writer, number) -> bool:
+        writer.write(chunked_head() + chunk(b"first"))
+        try:
+            while True:
+                await asyncio.sleep(0.05)
+                writer.write(chunk(b"more"))
+                await writer.drain()
+        except ConnectionError:
+            disconnected.set()
+        return False
+
+    async with Server(endless) as url:
+        client = HttpClient(connect_timeout=2, idle_timeout=5)
+        response = await client.post(url, b"x", {})
+        parts = response.chunks()
+        assert await parts.__anext__() == b"first"
+        response.expire(UpstreamTimeout("the request timed out"))
+        with pytest.raises(UpstreamTimeout, match="the request timed out"):
+            async for _ in parts:
+                pass
+        response.close()
+        client.close()
+        await asyncio.wait_for(disconnected.wait(), 5)  # the worker saw the disconnect
+
+
+async def test_chunks_that_arrived_together_are_read_as_one_and_nothing_is_lost(monkeypatch) -> None:
+    """A reader that falls behind gets what arrived meanwhile in one piece (one write to its client),
+    in order; past MAX_BUFFERED unread the worker's connection stops being read, then resumes."""
+    monkeypatch.setattr(http_client, "MAX_BUFFERED", 64 * 1024)
+    parts = [b"%06d|" % i * 200 for i in range(100)]  # 100 chunks of 1.4 KB: 140 KB in all
+
+    async def burst(head, body, writer, number) -> bool:
+        writer.write(chunked_head())
+        for part in parts:
+            writer.write(chunk(part))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async with Server(burst) as url:
+        client = HttpClient(connect_timeout=2, idle_timeout=5)
+        response = await client.post(url, b"x", {})
+        await asyncio.sleep(0.3)  # fall behind: the burst arrives (and pauses reading past 64 KB)
+        received = [piece async for piece in response.chunks()]
+        response.close()
+        assert await fetch(client, url) == b"".join(parts)  # the connection was reusable after it
+        client.close()
+    assert b"".join(received) == b"".join(parts)
+    assert len(received) < len(parts) / 4

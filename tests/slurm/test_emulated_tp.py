@@ -24,9 +24,6 @@ import pytest
 from slurm_processes import processes_mentioning
 from worker_process import start_worker, stop_worker
 
-# The torch engine's tensor parallelism (workers/rank_follower.py) comes from the `tp` branch.
-pytest.importorskip("workers.rank_follower", reason="the engine's tensor parallelism has not landed yet")
-
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(420)]
 
 REPO = Path(__file__).resolve().parents[2]

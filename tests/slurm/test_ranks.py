@@ -40,7 +40,7 @@ def test_the_port_pair_is_free() -> None:
 
 
 def test_rank_environ_is_what_workers_rank_env_reads(tmp_path: Path) -> None:
-    rank_env = pytest.importorskip("workers.rank_env", reason="workers/rank_env.py comes with the engine's TP")
+    from workers import rank_env
     rank = discover_rank(tmp_path, {**STEP, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
     assert rank_env.from_environ(rank_environ(rank)) == rank_env.RankEnv(
         rank=0, world_size=4, local_rank=0, master_addr=rank.master_addr, master_port=rank.master_port)

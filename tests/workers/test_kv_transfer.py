@@ -375,3 +375,55 @@ def test_a_pull_from_a_ctx_agent_already_gone_fails_at_once(zctx):
         gen.assert_no_blocks_in_use()
     finally:
         gen.agent.close()
+
+
+def test_a_pull_completes_on_its_last_block_without_waiting_for_the_final_message(zctx):
+    """The gen side counts contiguous blocks: once the last one is imported the pull is done (and
+    acknowledged) in the same tick; the KVDone sent after the blocks is not waited for."""
+    from workers.kv_protocol import KVAck, KVBlocks
+
+    config = _config("synthetic", None)
+    gen = Node(config, zctx, pull_timeout=0.5)
+    ctx = zctx.socket(zmq.ROUTER)  # a ctx agent that sends the blocks and never the KVDone
+    ctx.setsockopt(zmq.LINGER, 0)
+    port = ctx.bind_to_random_port("tcp://127.0.0.1")
+    requests, replies = KVFrameCodec(KEY, KVRequestMessage, "ctx"), KVFrameCodec(KEY, KVReplyMessage, "ctx")
+    prompt = list(range(10, 30))  # 5 blocks of 4 tokens
+    try:
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, prompt, GREEDY), 1, 7, f"tcp://127.0.0.1:{port}"))
+        run_until([gen], lambda: ctx.poll(0), timeout=5)
+        identity, *frames = ctx.recv_multipart(copy=False)
+        pull, _ = requests.decode(frames)
+        assert isinstance(pull, KVPullRequest) and (pull.first_block, pull.num_blocks) == (0, 5)
+        body = b"".join(t.to_bytes(8, "little") for t in prompt)  # the synthetic wire form: uint64 token ids
+        ctx.send_multipart([identity.bytes, *replies.encode(KVBlocks(pull.pull_id, 0, 5, False), [body])])
+        run_until([gen], lambda: ctx.poll(0), timeout=5)  # the ack comes back, no KVDone was sent
+        ack, _ = requests.decode(ctx.recv_multipart(copy=False)[1:])
+        assert isinstance(ack, KVAck) and ack.completed and ack.ctx_request_id == 7
+        run_until([gen], lambda: gen.finished(9), timeout=5)  # decodes: long before the 0.5 s pull timeout
+        last = gen.outputs[9][-1]
+        assert last.finish_reason == "length" and last.error is None and gen.agent.num_pulls_failed == 0
+        assert last.kv_transfer is not None and last.kv_transfer.num_blocks == 5
+        gen.assert_no_blocks_in_use()
+    finally:
+        ctx.close()
+        gen.agent.close()
+
+
+def test_the_agent_has_work_while_allocated_pulls_wait_to_be_requested(zctx):
+    """The engine loop blocks in poll (250 ms) when nothing has work: a step that allocated a gen
+    request's blocks must keep it awake until the next tick has sent the pull request."""
+    config = _config("synthetic", None)
+    with engine_pair(config, zctx) as (ctx, gen):
+        prompt = list(range(10, 30))
+        ctx.agent.add_context(AddContextRequest(EngineRequest(3, prompt, FIRST_ONLY), 60.0))
+        run_until([ctx], lambda: ctx.finished(3))
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(3, prompt, GREEDY), ctx.tokens(3)[0], 3,
+                                              ctx.agent.endpoint))
+        gen.agent.tick()
+        assert not gen.agent.has_work()
+        gen.core.step()  # allocates the blocks: a pull waits to be requested
+        assert not gen.core.has_work() and gen.agent.has_work()
+        gen.agent.tick()  # requests it
+        assert not gen.agent.has_work()
+        run_until([ctx, gen], lambda: gen.finished(3))

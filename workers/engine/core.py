@@ -100,6 +100,10 @@ class EngineCore:
         """Remote requests whose blocks were allocated since the last call: blocks to fill."""
         return self.scheduler.take_kv_pulls()
 
+    def has_kv_pulls(self) -> bool:
+        """Whether ``take_kv_pulls`` has pulls to hand out."""
+        return self.scheduler.has_kv_pulls()
+
     def finish_remote_kv(self, request_id: int) -> None:
         """The request's pulled blocks are filled (``import_blocks``): it decodes from the next step."""
         self.scheduler.finish_remote_kv(request_id)

@@ -23,7 +23,7 @@ class ScheduledRequest:
     ``token_ids`` are the tokens whose KV is computed this step, at positions
     ``[start_position, start_position + len(token_ids))``. ``block_ids`` is
     the request's whole block table (covering every position up to the end
-    of this chunk). ``sample`` is true when this chunk ends at the last known
+    of this chunk; the request's live list: read it during ``execute`` only). ``sample`` is true when this chunk ends at the last known
     token, so the step produces the request's next token; a non-final prefill
     chunk only fills the cache.
     ``num_output_tokens`` is the output position of the token to be sampled,

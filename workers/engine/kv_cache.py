@@ -122,6 +122,35 @@ class KVCache:
         for (layer, kind), frame in zip(self._frames, frames):
             self._host_rows[layer, kind][rows] = frame
 
+    def export_heads(self, block_ids: list[int], heads: range) -> list[np.ndarray]:
+        """``export_buffers`` of KV heads ``heads`` (this pool's indices) only: 2 * num_layers
+        contiguous (n, BS, len(heads), D) copies, for a peer whose ranks split the heads otherwise."""
+        self._check_ids(block_ids)
+        if heads == range(self.shape.num_kv_heads):
+            return [np.array(frame, copy=True) for frame in self.export_buffers(block_ids)]
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.storage.device)
+        slab = self.storage.index_select(2, index)[:, :, :, :, heads.start:heads.stop].contiguous()
+        host = slab.cpu().view(torch.uint8).numpy()  # (layers, 2, n, BS, heads, D * itemsize)
+        return [host[layer, kind] for layer, kind in self._frames]
+
+    def import_heads(self, block_ids: list[int], heads: range, buffers: list[Any]) -> None:
+        """Write ``export_heads`` frames of ``len(heads)`` heads into KV heads ``heads`` of ``block_ids``."""
+        self._check_ids(block_ids)
+        if len(buffers) != len(self._frames):
+            raise ValueError(f"expected {len(self._frames)} frames, got {len(buffers)}")
+        dims = (len(block_ids), self.block_size, len(heads), self.shape.head_dim)
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.storage.device)
+        with warnings.catch_warnings():  # received frames are read-only; they are only read here
+            warnings.simplefilter("ignore", UserWarning)
+            for (layer, kind), buffer in zip(self._frames, buffers):
+                frame = np.frombuffer(buffer, dtype=np.uint8)
+                if frame.nbytes != math.prod(dims) * self.shape.dtype.itemsize:
+                    raise ValueError(f"a frame of {frame.nbytes} bytes for {len(block_ids)} blocks of "
+                                     f"{len(heads)} heads")
+                values = torch.from_numpy(frame).view(self.storage.dtype).view(dims).to(self.storage.device)
+                target = self.storage[layer, kind]  # (blocks, BS, KVH, D)
+                target[:, :, heads.start:heads.stop].index_copy_(0, index, values)
+
     def _import_on_device(self, block_ids: list[int], frames: list[np.ndarray]) -> None:
         index = torch.tensor(block_ids, dtype=torch.long, device=self.storage.device)
         block_dims = (len(block_ids), self.block_size, self.shape.num_kv_heads, self.shape.head_dim)

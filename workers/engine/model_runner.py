@@ -23,6 +23,7 @@ from workers.engine.executor import ExecutorOutput, SchedulerOutput
 from workers.engine.kv_cache import KVCache, KVCacheShape, num_blocks_for
 from workers.engine.model.loader import DTYPES, load_model, resolve_device
 from workers.engine.model.packed_linear import can_pack, pack_linears
+from workers.engine.model.parallel import TensorParallel
 from workers.engine.native_attention import NativeDecodeKernel, kernel_supports, load_kernel
 from workers.engine.sampler import Sampler, SamplingRow
 
@@ -34,13 +35,18 @@ log = logging.getLogger(__name__)
 class ModelRunner:
     """Executor over a Hugging Face Llama-family checkpoint (``config.model``)."""
 
-    def __init__(self, config: EngineConfig, sampler_seed: int | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, sampler_seed: int | None = None, tp: TensorParallel | None = None
+    ) -> None:
+        """With ``tp`` this rank loads its shard and its KV cache holds only its KV heads;
+        ``compute_logits`` then returns the logits on rank 0 only (the ranks must step together)."""
         config.validate()
         self.config = config
         if config.num_threads is not None:  # before any parallel region: the native kernel shares torch's OpenMP
             torch.set_num_threads(config.num_threads)
+        self.tp = tp
         self.device = resolve_device(config.device)
-        self.model, self.model_config = load_model(config.model, config.dtype, self.device, _positions(config))
+        self.model, self.model_config = load_model(config.model, config.dtype, self.device, _positions(config), tp)
         if can_pack(self.device, DTYPES[config.dtype]):
             pack_linears(self.model)  # from here on the model only serves inference
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
@@ -50,7 +56,7 @@ class ModelRunner:
         shape = KVCacheShape(
             num_layers=self.model_config.num_layers,
             block_size=self.block_size,
-            num_kv_heads=self.model_config.num_kv_heads,
+            num_kv_heads=self.model.layers[0].self_attn.num_kv_heads,  # this rank's share under TP
             head_dim=self.model_config.head_dim,
             dtype=DTYPES[config.dtype],
         )
@@ -108,6 +114,13 @@ class ModelRunner:
 
     def import_blocks(self, block_ids: list[int], buffers: list[Any]) -> None:
         self.kv_cache.import_buffers(block_ids, buffers)
+
+    def export_heads(self, block_ids: list[int], heads: range) -> list[Any]:
+        """Only KV heads ``heads`` of this rank's pool (a peer that splits them otherwise)."""
+        return self.kv_cache.export_heads(block_ids, heads)
+
+    def import_heads(self, block_ids: list[int], heads: range, buffers: list[Any]) -> None:
+        self.kv_cache.import_heads(block_ids, heads, buffers)
 
     def start_profile(self, trace_dir: str) -> None:
         if self._profiler is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from workers.protocol import TokenLogprobs
 from workers.sampling_params import SamplingParams
 
 
@@ -60,6 +61,8 @@ class Request:
         "num_preemptions",
         "error",
         "grammar",
+        "num_unreported_tokens",
+        "unreported_logprobs",
     )
 
     def __init__(
@@ -85,6 +88,10 @@ class Request:
         # Guided decoding: the llguidance matcher, advanced past every output token
         # (so preemption by recompute keeps it valid); None when unconstrained or finished.
         self.grammar: Any = None
+        # Streaming (``stream_interval``): the last ``num_unreported_tokens`` output tokens, and their
+        # logprobs, are sampled but not yet in any output.
+        self.num_unreported_tokens = 0
+        self.unreported_logprobs: list[TokenLogprobs] = []
 
     @property
     def num_prompt_tokens(self) -> int:

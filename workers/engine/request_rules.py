@@ -44,13 +44,14 @@ def stop_status(
     params = request.sampling_params
     if request.error is not None:  # the grammar rejected the token (never when the mask was applied)
         return RequestStatus.FINISHED_ABORTED
-    if request.num_output_tokens > params.min_tokens and (
+    num_output_tokens = len(request.output_token_ids)  # not the properties: this runs per token
+    if num_output_tokens > params.min_tokens and (
         token_id in params.stop_token_ids or (not params.ignore_eos and token_id in eos_token_ids)
     ):
         return RequestStatus.FINISHED_STOPPED
     if request.grammar is not None and request.grammar.is_stopped():
         return RequestStatus.FINISHED_STOPPED  # nothing but EOS could follow: end now
-    if request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_model_len:
+    if num_output_tokens >= params.max_tokens or num_output_tokens + len(request.prompt_token_ids) >= max_model_len:
         return RequestStatus.FINISHED_LENGTH_CAPPED
     return None
 

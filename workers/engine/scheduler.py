@@ -119,6 +119,9 @@ class Scheduler:
         pulls, self._kv_pulls = self._kv_pulls, []
         return pulls
 
+    def has_kv_pulls(self) -> bool:
+        return bool(self._kv_pulls)
+
     def finish_remote_kv(self, request_id: int) -> None:
         """The pulled blocks hold the remote KV: queue the request first in line to decode."""
         request = self.requests.get(request_id)
@@ -195,11 +198,14 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         self.num_preemptions_last_step = 0
         self.block_manager.release_expired(time.time())
+        block_size = self.block_manager.block_size
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(request, num_new):
+            # Most decodes fit in the last block they hold: no allocation to ask for.
+            fits = request.num_computed_tokens + num_new <= len(request.block_ids) * block_size
+            if not fits and not self._allocate_or_preempt(request, num_new):
                 break  # the request preempted itself: it was the last running one
             self._add_to_batch(batch, request, num_new)
             budget -= num_new
@@ -276,26 +282,19 @@ class Scheduler:
         end = start + num_new
         if request.first_scheduled_time is None:
             request.first_scheduled_time = time.time()
-        if request.num_output_tokens > 0 and start == request.num_tokens - 1:
-            batch.num_decode_tokens += num_new
+        output_token_ids = request.output_token_ids
+        num_tokens = len(request.prompt_token_ids) + len(output_token_ids)
+        if end == num_tokens and start == num_tokens - 1 and output_token_ids:
+            batch.num_decode_tokens += 1
+            token_ids = [output_token_ids[-1]]  # the decode step (the hot path)
         else:
             batch.num_prefill_tokens += num_new
-        batch.requests.append(
-            ScheduledRequest(
-                request_id=request.request_id,
-                token_ids=token_slice(request, start, end),
-                start_position=start,
-                block_ids=list(request.block_ids),
-                sample=end == request.num_tokens,
-                sampling_params=request.sampling_params,
-                num_output_tokens=request.num_output_tokens,
-                # The live list, read-only for the executor: copying it every
-                # step would cost O(output length) per request per step.
-                output_token_ids=request.output_token_ids,
-                prompt_token_ids=request.prompt_token_ids,
-                grammar=request.grammar,
-            )
-        )
+            token_ids = token_slice(request, start, end)
+        # Live lists (block table, output and prompt tokens), read-only for the executor
+        # while the step runs: copying them every step would cost O(length) per request.
+        batch.requests.append(ScheduledRequest(
+            request.request_id, token_ids, start, request.block_ids, end == num_tokens, request.sampling_params,
+            len(output_token_ids), output_token_ids, request.prompt_token_ids, request.grammar))
 
     # ---- results -----------------------------------------------------------
 
@@ -303,12 +302,16 @@ class Scheduler:
         """Advance the scheduled requests by what the step computed and sampled."""
         outputs: list[RequestOutput] = []
         finished: list[Request] = []
+        default_interval = self.config.stream_interval
+        block_size = self.block_manager.block_size
         for scheduled in batch.requests:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            request.num_computed_tokens += len(scheduled.token_ids)
-            self.block_manager.cache_full_blocks(request)
+            num_new = len(scheduled.token_ids)
+            request.num_computed_tokens += num_new
+            if request.num_computed_tokens % block_size < num_new:  # a block filled up this step
+                self.block_manager.cache_full_blocks(request)
             if not scheduled.sample:
                 continue
             sampled = result.sampled[request.request_id]
@@ -322,8 +325,14 @@ class Scheduler:
             if status is not None:
                 request.status = status
                 finished.append(request)
-            logprobs = None if sampled.logprobs is None else [sampled.logprobs]
-            outputs.append(request_output(request, [sampled.token_id], is_first, logprobs))
+            request.num_unreported_tokens += 1
+            if sampled.logprobs is not None:
+                request.unreported_logprobs.append(sampled.logprobs)
+            # The first token goes out at once (time to first token), the last with the finish
+            # reason, the rest every stream_interval tokens.
+            interval = request.sampling_params.stream_interval or default_interval
+            if is_first or status is not None or request.num_unreported_tokens >= interval:
+                outputs.append(_report(request, is_first))
         for request in finished:
             request.grammar = None  # the matcher is freed now, not when the last reference goes
             park_seconds = self._park_seconds.pop(request.request_id, None)
@@ -335,3 +344,13 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
+
+
+def _report(request: Request, is_first: bool) -> RequestOutput:
+    """The output of the request's unreported tokens (and their logprobs)."""
+    new_token_ids = request.output_token_ids[-request.num_unreported_tokens:]
+    logprobs = request.unreported_logprobs or None
+    request.num_unreported_tokens = 0
+    if logprobs is not None:
+        request.unreported_logprobs = []
+    return request_output(request, new_token_ids, is_first, logprobs)

@@ -37,6 +37,7 @@ NOMINAL_KV_BYTES_PER_TOKEN = 4096
 
 _MASK = 2**64 - 1
 _GREEDY_SALT = 0x5851F42D4C957F2D
+_MAX_SALTS = 4096
 
 
 def _mix(x: int) -> int:
@@ -63,6 +64,7 @@ class SyntheticExecutor:
         self.kv_bytes_per_block = 8 * self.block_size  # export_blocks: one uint64 per slot
         self._initial_hash = _mix(synthetic.seed)
         self._kv: dict[int, list[int]] = {}  # block id -> running hash per slot, written lazily
+        self._salts: dict[int, int] = {}  # seed -> _mix(seed): the same per request and step
 
     # ---- Executor ----------------------------------------------------------
 
@@ -115,21 +117,31 @@ class SyntheticExecutor:
 
     def _fill(self, scheduled: ScheduledRequest) -> int:
         """Write the running hash of each scheduled position; the hash at the last one."""
-        bs, blocks = self.block_size, scheduled.block_ids
+        bs, blocks, kv = self.block_size, scheduled.block_ids, self._kv
         position = scheduled.start_position
         if position == 0:
             running = self._initial_hash
         else:
-            running = self._block(blocks[(position - 1) // bs])[(position - 1) % bs]
+            previous = kv.get(blocks[(position - 1) // bs]) or self._block(blocks[(position - 1) // bs])
+            running = previous[(position - 1) % bs]
         for token_id in scheduled.token_ids:
             running = _mix(running ^ (token_id * 0x100000001B3 & _MASK))
-            self._block(blocks[position // bs])[position % bs] = running
+            block = kv.get(blocks[position // bs]) or self._block(blocks[position // bs])
+            block[position % bs] = running
             position += 1
         return running
 
+    def _salt(self, seed: int) -> int:
+        salt = self._salts.get(seed)
+        if salt is None:
+            if len(self._salts) >= _MAX_SALTS:
+                self._salts.clear()
+            salt = self._salts[seed] = _mix(seed)
+        return salt
+
     def _sample(self, scheduled: ScheduledRequest, last_hash: int) -> SampledToken:
         params = scheduled.sampling_params
-        salt = _GREEDY_SALT if params.is_greedy else _mix(params.seed or 0)
+        salt = _GREEDY_SALT if params.temperature == 0.0 else self._salt(params.seed or 0)
         draw = _mix(last_hash ^ salt)
         token_id = draw % self.vocab_size
         logprobs = None

@@ -24,6 +24,8 @@ from workers.engine.model.gguf_metadata import gguf_model_config, open_gguf
 from workers.engine.model.llama import LlamaForCausalLM
 from workers.engine.model.missing_weights import MissingWeightsError
 from workers.engine.model.model_config import ModelConfig
+from workers.engine.model.parallel import TensorParallel, check_shardable
+from workers.engine.model.shard_plan import apply_cut, finish_cut, shard_cuts
 
 __all__ = ["load_gguf_model", "gguf_weight_sources", "unpermute_rotary_rows", "permute_rotary_rows"]
 
@@ -60,14 +62,22 @@ def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def load_gguf_model(
-    path: str | Path, dtype: torch.dtype, device: torch.device, max_positions: int | None = None
+    path: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int | None = None,
+    tp: TensorParallel | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """The model in eval mode on ``device``; RoPE covers ``max_positions`` (default: the model's)."""
+    """The model in eval mode on ``device``; RoPE covers ``max_positions`` (default: the model's).
+    With ``tp``, each tensor is dequantized, then cut to this rank's shard."""
     reader = open_gguf(path)
     config = gguf_model_config(reader)
+    if tp is not None:
+        check_shardable(config.num_heads, config.num_kv_heads, config.intermediate_size, tp.size)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_positions or config.max_position_embeddings, device)
+        model = LlamaForCausalLM(config, max_positions or config.max_position_embeddings, device, tp)
     sources = gguf_weight_sources(config)
+    cuts = shard_cuts(config, tp, sources) if tp is not None else {}
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     missing = sorted({name for names in sources.values() for name in names if name not in tensors})
     if missing:
@@ -89,7 +99,11 @@ def load_gguf_model(
     state = {}
     for ours, names in sources.items():
         # One tensor at a time in the target dtype: peak memory is the model plus one float32 tensor.
-        parts = [torch.from_numpy(read(name)).to(device=device, dtype=dtype) for name in names]
+        parts = [
+            finish_cut(torch.from_numpy(np.ascontiguousarray(apply_cut(read(name), cuts.get(name)))).to(device=device, dtype=dtype),
+                       cuts.get(name))
+            for name in names
+        ]
         state[ours] = parts[0] if len(parts) == 1 else torch.cat(parts)
         for name in names:
             if name != "token_embd.weight":

@@ -20,6 +20,8 @@ from workers.engine.model.gguf_metadata import is_gguf_file
 from workers.engine.model.llama import LlamaForCausalLM
 from workers.engine.model.missing_weights import MissingWeightsError
 from workers.engine.model.model_config import ModelConfig, load_model_config, read_json_file
+from workers.engine.model.parallel import TensorParallel, check_shardable
+from workers.engine.model.shard_plan import Cut, apply_cut, finish_cut, shard_cuts
 
 __all__ = ["DTYPES", "MissingWeightsError", "resolve_device", "load_model", "hf_weight_sources"]
 
@@ -57,24 +59,32 @@ def hf_weight_sources(config: ModelConfig) -> dict[str, list[str]]:
 
 
 def load_model(
-    model_dir: str | Path, dtype: str, device: torch.device, max_positions: int | None = None
+    model_dir: str | Path,
+    dtype: str,
+    device: torch.device,
+    max_positions: int | None = None,
+    tp: TensorParallel | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """The model in eval mode on ``device``; RoPE covers ``max_positions`` (default: the model's).
-    ``model_dir`` is a Hugging Face model directory or a ``.gguf`` file."""
+    ``model_dir`` is a Hugging Face model directory or a ``.gguf`` file. With ``tp``, only
+    this rank's shard is read and built (``shard_plan``)."""
     model_dir = Path(model_dir)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if is_gguf_file(model_dir):
-        return load_gguf_model(model_dir, DTYPES[dtype], device, max_positions)
+        return load_gguf_model(model_dir, DTYPES[dtype], device, max_positions, tp)
     config = load_model_config(model_dir)
+    if tp is not None:
+        check_shardable(config.num_heads, config.num_kv_heads, config.intermediate_size, tp.size)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_positions or config.max_position_embeddings, device)
+        model = LlamaForCausalLM(config, max_positions or config.max_position_embeddings, device, tp)
     sources = hf_weight_sources(config)
     files = _tensor_files(model_dir)
     missing = sorted({name for names in sources.values() for name in names if name not in files})
     if missing:
         raise MissingWeightsError(model_dir, missing)
-    hf_tensors = _read_tensors(model_dir, files, {name for names in sources.values() for name in names})
+    cuts = shard_cuts(config, tp, sources) if tp is not None else {}
+    hf_tensors = _read_tensors(model_dir, files, {name for names in sources.values() for name in names}, cuts)
     state = {
         ours: torch.cat([hf_tensors[name] for name in names]).to(device=device, dtype=DTYPES[dtype])
         for ours, names in sources.items()
@@ -98,7 +108,9 @@ def _tensor_files(model_dir: Path) -> dict[str, str]:
         return {name: "model.safetensors" for name in f.keys()}
 
 
-def _read_tensors(model_dir: Path, files: dict[str, str], names: set[str]) -> dict[str, torch.Tensor]:
+def _read_tensors(
+    model_dir: Path, files: dict[str, str], names: set[str], cuts: dict[str, Cut]
+) -> dict[str, torch.Tensor]:
     by_file: dict[str, list[str]] = {}
     for name in sorted(names):
         by_file.setdefault(files[name], []).append(name)
@@ -109,5 +121,8 @@ def _read_tensors(model_dir: Path, files: dict[str, str], names: set[str]) -> di
             raise FileNotFoundError(f"{file_name} (named by model.safetensors.index.json) not found in {model_dir}")
         with safe_open(path, framework="pt") as f:
             for name in file_names:
-                tensors[name] = f.get_tensor(name)
+                if name in cuts:  # a TP shard: only its rows/columns are read
+                    tensors[name] = finish_cut(apply_cut(f.get_slice(name), cuts[name]), cuts[name])
+                else:
+                    tensors[name] = f.get_tensor(name)
     return tensors

@@ -39,6 +39,8 @@ class TinySize:
 TINY_SIZES: dict[str, TinySize] = {
     "test": TinySize(512, 64, 2, 4, 2, 128),
     "bench": TinySize(2048, 256, 4, 8, 4, 688),
+    # Heads, KV heads and MLP split over 2 and 3 tensor-parallel ranks (the vocabulary over 3 does not).
+    "tp": TinySize(512, 192, 2, 12, 6, 384),
 }
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}

@@ -1,0 +1,221 @@
+"""The Python share of the hot paths, in one process: CPU-seconds (process_time) per request.
+
+``benchmarks/hot_paths.py`` measures the real processes; on a shared 2-core
+machine their figures move by tens of percent from run to run. This script
+runs the same Python code without processes, sockets or HTTP server, so its
+figures are steady enough to tell one commit from the next (run it with
+PYTHONPATH on each tree):
+
+  - engine: ``EngineCore.step`` (synthetic, zero step cost) with ``concurrency``
+    requests of 16 tokens in flight over 4 lanes, each step's outputs batched
+    per lane and encoded as ``engine_proc`` does (a new request for each that
+    finishes);
+  - frontend: the worker's ASGI app (``frontends.app.build_app``) called
+    directly for streamed chat completions, 64 at a time, fed by a stand-in
+    engine client that delivers one token per request per step through the
+    real ``OutputCollector``; ``send`` only counts the body writes. Per write
+    beyond the first: 16 tokens against 1.
+
+    python benchmarks/inproc_paths.py [--concurrency 512] [--skip engine,frontend]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LANES = 4
+_GC_DEFAULTS = gc.get_threshold()
+PROMPT = list(range(1, 30))
+
+
+def engine_ms_per_request(concurrency: int, num_requests: int) -> float:
+    from workers import engine_proc
+    from workers.config import CacheConfig, EngineConfig, SchedulerConfig, SyntheticConfig
+    from workers.engine.core import EngineCore
+    from workers.ipc import FrameCodec
+    from workers.protocol import EngineRequest, OutputBatch
+    from workers.sampling_params import SamplingParams
+
+    core = EngineCore(EngineConfig(kind="synthetic", cache=CacheConfig(block_size=16, num_blocks=16 * concurrency),
+                                   scheduler=SchedulerConfig(max_num_seqs=concurrency,
+                                                             max_num_batched_tokens=64 * concurrency),
+                                   synthetic=SyntheticConfig(vocab_size=512)))
+    codec = FrameCodec(b"k" * 32, OutputBatch, "bench")
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    added = finished = 0
+
+    def add() -> None:
+        nonlocal added
+        core.add_request(EngineRequest(((added % LANES) << 48) | added, PROMPT, params, time.time()))
+        added += 1
+
+    def run(until: int) -> None:
+        nonlocal finished
+        while finished < until:
+            batches: list[list] = [[] for _ in range(LANES)]
+            for output in core.step():
+                batches[output.request_id >> 48].append(output)
+                if output.finish_reason is not None:
+                    finished += 1
+                    add()
+            now = time.time()
+            for batch in batches:
+                if batch:
+                    codec.encode(OutputBatch(batch, now))
+
+    threshold = getattr(engine_proc, "GC_GEN0_THRESHOLD", None)
+    if threshold is not None:  # as the engine process sets the collector at ready (older trees: the defaults)
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(threshold, 10, 10)
+    try:
+        for _ in range(concurrency):
+            add()
+        run(num_requests // 5)  # warm-up
+        started, first = time.process_time(), finished
+        run(finished + num_requests)
+        return (time.process_time() - started) / (finished - first) * 1e3
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*_GC_DEFAULTS)
+
+
+class _SteppedClient:
+    """An engine client whose ``step()`` gives every open request its next token."""
+
+    max_model_len, vocab_size, eos_token_ids, is_healthy = 2048, 512, (), True
+
+    def __init__(self) -> None:
+        self.active: dict[int, list] = {}
+        self.next_id = 0
+
+    def unavailable_error(self) -> Exception:
+        return RuntimeError("never")
+
+    async def abort(self, request_id: int) -> None:
+        pass
+
+    async def generate(self, prompt_token_ids, params, arrival_time=None, make_message=None):
+        from frontends.engine_client import OutputCollector
+
+        request_id, self.next_id = self.next_id, self.next_id + 1
+        collector = OutputCollector()
+        self.active[request_id] = [collector, params.max_tokens, 0]
+        try:
+            while True:
+                output = await collector.get()
+                yield output
+                if output.finish_reason is not None:
+                    return
+        finally:
+            self.active.pop(request_id, None)
+
+    def step(self) -> None:
+        from workers.protocol import RequestOutput
+
+        for request_id, state in list(self.active.items()):
+            collector, max_tokens, done = state
+            state[2] = done = done + 1
+            token = (request_id * 7 + done * 13) % 400 + 50  # ids whose bytes split characters, as models do
+            collector.put_nowait(RequestOutput(request_id, [token], "length" if done >= max_tokens else None,
+                                               num_prompt_tokens=len(PROMPT) if done == 1 else 0))
+
+
+async def _frontend_run(model_dir: Path, max_tokens: int, num_requests: int, concurrency: int = 64
+                        ) -> tuple[float, float]:
+    from frontends.app import build_app
+    from frontends.serving import FrontendConfig
+    from frontends.tokenizer import Tokenizer
+
+    client = _SteppedClient()
+    app = build_app(client, Tokenizer.from_model_path(model_dir), FrontendConfig.for_model_dir(model_dir))
+    body = json.dumps({"model": model_dir.name, "messages": [{"role": "user", "content": "Tell me a story."}],
+                       "max_tokens": max_tokens, "stream": True, "ignore_eos": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    never = asyncio.Event()
+    done = writes = 0
+
+    async def one_request() -> None:
+        nonlocal done
+        sent = False
+
+        async def receive() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await never.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            nonlocal writes
+            writes += message["type"] == "http.response.body" and bool(message.get("body"))
+
+        await app(dict(scope), receive, send)
+        done += 1
+
+    async def connection() -> None:
+        while True:
+            await one_request()
+
+    async def engine() -> None:
+        while True:
+            client.step()
+            await asyncio.sleep(0)
+
+    tasks = [asyncio.create_task(engine())] + [asyncio.create_task(connection()) for _ in range(concurrency)]
+    while done < num_requests // 5:  # warm-up
+        await asyncio.sleep(0.01)
+    started, first, first_writes = time.process_time(), done, writes
+    while done < first + num_requests:
+        await asyncio.sleep(0.01)
+    cpu, requests = time.process_time() - started, done - first
+    for task in tasks:
+        task.cancel()
+    return cpu / requests * 1e3, (writes - first_writes) / requests
+
+
+def frontend_figures(num_requests: int) -> dict:
+    from frontends.server import run_event_loop  # uvloop, as a frontend runs
+    from workers.engine.model.tiny import make_tiny_model
+
+    with tempfile.TemporaryDirectory(prefix="inproc-paths-") as tmp:
+        model_dir = Path(tmp) / "tiny-test"
+        make_tiny_model(model_dir, size="test")
+        ms16, writes16 = run_event_loop(_frontend_run(model_dir, 16, num_requests))
+        ms1, writes1 = run_event_loop(_frontend_run(model_dir, 1, 2 * num_requests))
+    return {"ms_per_request_16": round(ms16, 4), "writes_per_request_16": round(writes16, 2),
+            "ms_per_request_1": round(ms1, 4), "us_per_write": round((ms16 - ms1) / (writes16 - writes1) * 1e3, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--concurrency", type=lambda t: [int(x) for x in t.split(",")], default=[64, 512])
+    parser.add_argument("--requests", type=int, default=10_000, help="engine requests measured per concurrency")
+    parser.add_argument("--frontend-requests", type=int, default=2_000)
+    parser.add_argument("--skip", type=lambda t: t.split(","), default=[], help="engine, frontend")
+    args = parser.parse_args(argv)
+    if "engine" not in args.skip:
+        for concurrency in args.concurrency:
+            ms = engine_ms_per_request(concurrency, args.requests)
+            print(f"engine (in process, {LANES} lanes) c={concurrency}: {ms:.4f} ms CPU per request", flush=True)
+    if "frontend" not in args.skip:
+        figures = frontend_figures(args.frontend_requests)
+        print(f"frontend (in process, c=64): {figures['ms_per_request_16']:.4f} ms CPU per 16-token request "
+              f"({figures['writes_per_request_16']} writes), {figures['ms_per_request_1']:.4f} ms at 1 token, "
+              f"{figures['us_per_write']:.2f} us per write beyond the first")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""What each of the orchestrator's routes takes and answers: the ``RouteDoc`` table of its ``/openapi.json``.
+
+The client surface is the workers' own entries (``frontends.openapi_routes``):
+the orchestrator answers the same requests with the same bodies. The rest is
+the cluster's: health, routing state, metrics and worker registration, whose
+answers (written as dicts by their handlers) the Structs below describe.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from frontends.openapi import RouteDoc
+from frontends.openapi_routes import BATCH_DOCS, GENERATION_DOCS, PROMETHEUS_DOC, SURFACE_DOCS
+from orchestrator.registry import Registration, WorkerIdBody
+
+__all__ = ["ORCHESTRATOR_DOCS", "DESCRIPTION", "OPEN_PATHS"]
+
+DESCRIPTION = ("The one URL of a disagg deployment: OpenAI, Anthropic and Responses APIs over context and "
+               "generation workers.")
+# With an API key configured, what needs none (probes and scrapers; ``orchestrator.app``'s protected=False).
+OPEN_PATHS = frozenset({"/health", "/version", "/cluster_info", "/prometheus/metrics", "/perf_metrics"})
+
+
+class OrchestratorHealth(msgspec.Struct):
+    status: Literal["ok"]
+    process_index: int
+    """Which of the orchestrator's processes answered."""
+    processes: int
+
+
+class ClusterInfo(msgspec.Struct, kw_only=True):
+    model: str
+    process_index: int
+    processes: int
+    state_version: int
+    ctx_router: dict[str, Any]
+    gen_router: dict[str, Any]
+    conditional: dict[str, Any]
+    workers: list[dict[str, Any]]
+    """Each worker's record (``orchestrator.registry.WorkerRecord``) with its load and cached blocks."""
+
+
+class JoinedPerfRecords(msgspec.Struct):
+    records: list[dict[str, Any]]
+    """Each request's orchestrator timings with its ctx and gen workers' records on one clock."""
+
+
+class WorkerList(msgspec.Struct):
+    workers: list[dict[str, Any]]
+    """Each worker's record (``orchestrator.registry.WorkerRecord``)."""
+
+
+class RegistrationAck(msgspec.Struct):
+    worker_id: str
+    ttl_seconds: float
+    heartbeat_seconds: float
+
+
+class Ok(msgspec.Struct):
+    ok: bool
+
+
+_CLUSTER, _WORKERS = "Cluster", "Workers"
+ORCHESTRATOR_DOCS: tuple[RouteDoc, ...] = (
+    *GENERATION_DOCS, *SURFACE_DOCS, *BATCH_DOCS, PROMETHEUS_DOC,
+    RouteDoc("GET", "/health", "200 once every process has a healthy ctx and gen worker, 503 before", _CLUSTER,
+             response=OrchestratorHealth),
+    RouteDoc("GET", "/cluster_info", "Workers, their load and the routers' settings, as this process sees them",
+             _CLUSTER, response=ClusterInfo),
+    RouteDoc("GET", "/perf_metrics", "Per-request timing records, joined with the workers' (drained)", _CLUSTER,
+             response=JoinedPerfRecords),
+    RouteDoc("GET", "/workers", "The registered and static workers", _WORKERS, response=WorkerList),
+    RouteDoc("POST", "/workers/register", "Register a worker (then heartbeat within the TTL)", _WORKERS,
+             Registration, RegistrationAck),
+    RouteDoc("POST", "/workers/heartbeat", "Keep a registered worker in the rotation (404: register again)",
+             _WORKERS, WorkerIdBody, Ok),
+    RouteDoc("POST", "/workers/deregister", "Take a registered worker out of the rotation", _WORKERS,
+             WorkerIdBody, Ok),
+)

@@ -1,0 +1,72 @@
+"""One rank of a tensor-parallel forward, run as its own process by test_tp_model.py.
+
+``python tests/workers/tp_forward.py MODEL RANK SIZE PORT OUT`` loads rank
+RANK's shard (SIZE 1: the whole model, no process group), prefills the
+prompts of ``tp_prompts()`` in one batch, then decodes greedily for
+``NUM_DECODE`` steps. Rank 0 samples and broadcasts each step's tokens as a
+tensor; rank 0 writes the prefill logits and the tokens to OUT (.npz).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from workers.config import CacheConfig, EngineConfig
+from workers.engine.executor import ScheduledRequest, SchedulerOutput
+from workers.engine.model.parallel import init_process_group, tcp_store
+from workers.engine.model_runner import ModelRunner
+from workers.sampling_params import SamplingParams
+
+NUM_PROMPTS = 20
+NUM_DECODE = 8
+BLOCK_SIZE = 16
+BLOCKS_PER_PROMPT = 4
+
+
+def tp_prompts(vocab_size: int = 512) -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    return [rng.integers(0, vocab_size, size=int(rng.integers(3, 40))).tolist() for _ in range(NUM_PROMPTS)]
+
+
+def main(model: str, rank: int, size: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    tp = None
+    if size > 1:
+        store = tcp_store("127.0.0.1", port, size, rank == 0, 30.0)
+        tp = init_process_group(rank, size, store, torch.device("cpu"), 30.0)
+    config = EngineConfig(model=model, device="cpu", cache=CacheConfig(block_size=BLOCK_SIZE,
+                                                                       num_blocks=NUM_PROMPTS * BLOCKS_PER_PROMPT))
+    runner = ModelRunner(config, tp=tp)
+    prompts = tp_prompts(runner.vocab_size)
+    tables = [list(range(i * BLOCKS_PER_PROMPT, (i + 1) * BLOCKS_PER_PROMPT)) for i in range(NUM_PROMPTS)]
+    params = SamplingParams(temperature=0.0)
+
+    def request(i: int, tokens: list[int], start: int) -> ScheduledRequest:
+        return ScheduledRequest(i, tokens, start, tables[i], True, params, 0)
+
+    batch = [request(i, p, 0) for i, p in enumerate(prompts)]
+    prefill_logits = runner.compute_logits(SchedulerOutput(batch))
+    generated: list[list[int]] = [[] for _ in prompts]
+    logits = prefill_logits
+    for step in range(NUM_DECODE + 1):
+        tokens = logits.argmax(dim=-1) if rank == 0 else torch.empty(NUM_PROMPTS, dtype=torch.long)
+        if tp is not None:
+            dist.broadcast(tokens, src=0)
+        for i, token in enumerate(tokens.tolist()):
+            generated[i].append(token)
+        if step == NUM_DECODE:
+            break
+        batch = [request(i, [generated[i][-1]], len(p) + step) for i, p in enumerate(prompts)]
+        logits = runner.compute_logits(SchedulerOutput(batch))
+    if rank == 0:
+        np.savez(out, prefill_logits=prefill_logits.numpy(), tokens=np.array(generated))
+    if tp is not None:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
