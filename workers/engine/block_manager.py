@@ -111,7 +111,7 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self._free)
 
-    def cached_block_hashes(self) -> list[BlockHash]:
+    def cached_block_hashes(self) -> list[int]:  # plain ints: they go on the wire (KVCacheSnapshot)
         """Every hash a prefix lookup can hit now (what the KV events have published, net)."""
         return list(self._cached)
 
