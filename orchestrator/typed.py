@@ -71,7 +71,7 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(key, f"must be a list, got {type(value).__name__}")
         return tuple(_convert(item, v, f"{key}[{i}]") for i, v in enumerate(value))
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return from_mapping(hint, value, key)
     if hint is bool:
         if not isinstance(value, bool):

@@ -78,5 +78,5 @@ class RequestValidator(ServingContext):
         # which only detects it from the template, knows none: then the workers decide.
         return None if self.tool_syntax is None else super().forced_tool_guided(policy)
 
-    def start_generation(self, *args, **kwargs):  # type: ignore[override]
+    def start_generation(self, *args, **kwargs):
         raise AssertionError("the orchestrator validates requests; workers generate")
