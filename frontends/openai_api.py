@@ -18,7 +18,7 @@ from starlette.types import Receive
 
 from frontends import disaggregation
 from frontends.errors import ApiError, InvalidRequestError, openai_error_body
-from frontends.generation import Generation, Piece, stream_events
+from frontends.generation import Generation, Piece, StreamEncoder, stream_events
 from frontends.schemas_openai import (
     SSE_DONE,
     ChatChunkEncoder,
@@ -229,7 +229,7 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = ChatChunkEncoder(response_id, created, ctx.model_name)
-        encoder = _ChatStream(chunks, ctx.tokenizer, include_usage)
+        encoder: StreamEncoder = _ChatStream(chunks, ctx.tokenizer, include_usage)
         if parser is not None:
             encoder = ToolCallChatStream(encoder, chunks, parser)
         return EventStreamResponse(stream_events(generation, encoder))

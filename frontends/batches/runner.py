@@ -30,6 +30,7 @@ Policies (documented once, here):
 
 from __future__ import annotations
 
+import functools
 import asyncio
 import logging
 import time
@@ -153,7 +154,7 @@ class BatchRunner:
                 break
             task = asyncio.create_task(self._run_request(batch_id, idx), name=f"{batch_id}[{idx}]")
             running[idx] = task
-            task.add_done_callback(lambda done, idx=idx: self._request_done(batch_id, idx, done))
+            task.add_done_callback(functools.partial(self._request_done, batch_id, idx))
         self._dispatched.add(batch_id)
         if not running:
             await self._finish(batch_id)
