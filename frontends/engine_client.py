@@ -98,9 +98,8 @@ class EngineClient:
         self._lane.bind(paths.lane(self.frontend_id))
         # A plain (blocking-API) socket used only with NOBLOCK: sends complete at
         # once, even from a finally block or a generator finalizer.
-        # pyzmq's stub types socket_class as returning the context's own (asyncio) socket class, though
-        # pyzmq documents any Socket class there (this very use: a blocking socket on an asyncio context).
-        self._ingress = self._ctx.socket(zmq.PUSH, socket_class=zmq.Socket)  # type: ignore[arg-type]
+        # pyzmq documents any Socket class for socket_class; its stub admits only the context's own.
+        self._ingress = self._ctx.socket(zmq.PUSH, socket_class=zmq.Socket)  # type: ignore[arg-type]  # stub
         configure_frontend_push(self._ingress)
         self._ingress.connect(paths.ingress)
         send_nowait(self._ingress, self._ingress_codec, FrontendHello(self.frontend_id))

@@ -44,9 +44,11 @@ logger = logging.getLogger(__name__)
 class EngineClientLike(Protocol):
     """What the frontends need of ``frontends.engine_client.EngineClient``."""
 
-    max_model_len: int
-    vocab_size: int
-
+    # Read-only: an attribute or a property both do (the orchestrator's validator computes them).
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
     @property
     def eos_token_ids(self) -> Sequence[int]: ...  # read-only: a tuple or a list both do
 

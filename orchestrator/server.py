@@ -91,8 +91,8 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     server = FrontendServer(uvicorn.Config(
         build_app(orch), log_level=config.log_level, access_log=_access_log(args, config),
         log_config=None,  # uvicorn's lines (the access log too) through the root logger: stderr, our format
-        # uvicorn annotates timeout_graceful_shutdown as int but hands it to asyncio.wait_for: seconds as a float.
-        lifespan="on", timeout_graceful_shutdown=config.grace_seconds,  # type: ignore[arg-type]
+        lifespan="on",
+        timeout_graceful_shutdown=config.grace_seconds,  # type: ignore[arg-type]  # stub says int; wait_for takes float
         http=http_protocol(), **h11_head_limit()))
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()

@@ -95,7 +95,8 @@ class KVCache:
         span = _as_slice(block_ids)
         if span is not None and span.step is None:  # ascending: a contiguous slice of every layer's K and V
             # numpy's stub gives ndarray __buffer__ only for Python >= 3.12; 3.11's buffer protocol is the same.
-            return [memoryview(self._host[layer, kind, span]) for layer, kind in self._frames]  # type: ignore[arg-type]
+            return [memoryview(self._host[layer, kind, span])  # type: ignore[arg-type]  # numpy stub, see above
+                    for layer, kind in self._frames]
         # numpy's single-threaded take, not torch's index_select: that runs on torch's OpenMP
         # threads, which then spin-wait on the cores ZeroMQ's I/O threads need for the wire.
         rows = np.asarray(block_ids)
