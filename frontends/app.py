@@ -188,7 +188,7 @@ class _Endpoint:
             return await self.handler(request.app.state.serving, request)
         except ClientDisconnected:
             return Response(status_code=_CLIENT_CLOSED_REQUEST)
-        except Exception as exc:  # noqa: BLE001 - the catch-all: always the API's error shape
+        except Exception as exc:  # the catch-all: always the API's error shape
             error = http_error(exc)
             if error.status >= 500 and not isinstance(exc, EngineDeadError):
                 logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)

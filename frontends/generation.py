@@ -232,7 +232,7 @@ async def stream_events(generation: Generation, encoder: StreamEncoder) -> Async
                 yield frame
         assert last is not None
         frames = encoder.finish(generation, last)
-    except Exception as exc:  # noqa: BLE001 - reported to the client in the stream
+    except Exception as exc:  # reported to the client in the stream
         error = http_error(exc)
         if error.status >= 500:
             logger.error("stream failed", exc_info=exc)

@@ -151,7 +151,7 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
             owner_stop.set()
             try:
                 await asyncio.wait_for(owner_task, OWNER_STOP_SECONDS)
-            except Exception:  # noqa: BLE001 - a failed or slow owner must not stop the cleanup
+            except Exception:  # a failed or slow owner must not stop the cleanup
                 log.warning("the state owner did not stop cleanly", exc_info=True)
             shutil.rmtree(Path(config.state_dir) / "prometheus", ignore_errors=True)
             if targets is not None:

@@ -199,7 +199,7 @@ def run_rank_follower(spec: FollowerSpec, launcher_pid: int | None = None) -> in
     except RankLost as exc:
         log.error("tensor-parallel rank %d stops: %s", rank.rank, exc)
         return 1
-    except Exception as exc:  # a failed collective (a peer died), a bad shard, ...
+    except Exception as exc:  # noqa: BLE001 - a failed collective (a peer died), a bad shard, ...
         log.error("tensor-parallel rank %d failed: %s: %s", rank.rank, type(exc).__name__, exc)
         tail = "".join(traceback.format_exception(exc)[-3:]).strip()
         try:

@@ -128,7 +128,7 @@ class BatchRunner:
                             await self._dispatch_batch(batch_id)
                         finally:
                             self._current = None
-            except Exception:  # noqa: BLE001 - a dead dispatcher would stall every batch in silence
+            except Exception:  # a dead dispatcher would stall every batch in silence
                 logger.exception("batch dispatch failed; retrying in %.1f s", DISPATCH_RETRY_SECONDS)
                 await asyncio.sleep(DISPATCH_RETRY_SECONDS)
                 continue
