@@ -49,6 +49,12 @@ def _deployment(args: argparse.Namespace) -> int:
     return run_deployment_command(args)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from disagg.bench.cli import run_bench_command
+
+    return run_bench_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="disagg", description="disagg: disaggregated prefill/decode LLM serving")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -86,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_render_arguments(render)
     render.set_defaults(func=_render)
+    bench = sub.add_parser("bench", help="benchmark a server with agentic multi-turn sessions (JSON + plots); "
+                                         "`bench compare A.json B.json`")
+    from disagg.bench.cli import add_bench_arguments
+
+    add_bench_arguments(bench)
+    bench.set_defaults(func=_bench)
     return parser
 
 

@@ -11,7 +11,7 @@
     tool_call_parser: null          # hermes | llama3_json; default: detected from the chat template
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
              max_num_batched_tokens, stream_interval, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
-             synthetic_prefill_seconds_per_token, decode_attention}
+             synthetic_prefill_seconds_per_token, decode_attention, threads}
     orchestrator: {host, port, processes, ctx_router, gen_router, conditional, health,
                    timeouts, max_retries, api_key}      # see orchestrator.config
     pools:
@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from disagg.core_partition import validate_threads
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from orchestrator.config import (
@@ -92,7 +93,13 @@ class EngineSettings:
     """An engine silent this long is dead and its worker stops (serve's --engine-wedged-seconds, default
     300); a shorter silence only makes the worker's /health answer 503 until the engine answers again."""
 
+    threads: int | str | None = None
+    """torch intra-op threads per engine: auto (the default: the machine's cores shared out between
+    the deployment's torch engines), torch (torch's default, every core) or an integer
+    (``disagg.core_partition``)."""
+
     def validate(self, prefix: str) -> None:
+        validate_threads(self.threads, f"{prefix}.threads")
         for name in ("synthetic_decode_step_seconds", "synthetic_prefill_seconds_per_token"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -139,7 +146,8 @@ class EngineSettings:
                 "--engine-wedged-seconds": self.wedged_seconds,
                 "--max-request-bytes": self.max_request_bytes,
                 "--max-concurrent-requests": self.max_concurrent_requests,
-                "--max-perf-records": self.max_perf_records, "--perf-record-seconds": self.perf_record_seconds}
+                "--max-perf-records": self.max_perf_records, "--perf-record-seconds": self.perf_record_seconds,
+                "--engine-threads": self.threads if isinstance(self.threads, int) else None}
 
     def merged(self, overrides: "EngineSettings") -> "EngineSettings":
         changes = {f.name: getattr(overrides, f.name) for f in dataclasses.fields(overrides)

@@ -275,7 +275,8 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_dir: Path) -> tuple[str, list[str]]:
+def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_dir: Path,
+                 threads: int | None = None) -> tuple[str, list[str]]:
     from disagg.deploy_config import render_flags
 
     pool = config.pools.ctx if role == "ctx" else config.pools.gen
@@ -283,7 +284,7 @@ def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_d
     engine = config.engine_for(role)
     argv = [sys.executable, "-m", "disagg.cli", "serve", str(model), "--role", pool.role or role, "--host", pool.host,
             "--port", str(port), "--num-frontends", str(pool.frontends), "--log-level", "info"]
-    options = {**engine.serve_options(), "--cluster-key-file": str(run_dir / KEY_FILE),
+    options = {**engine.serve_options(), "--engine-threads": threads, "--cluster-key-file": str(run_dir / KEY_FILE),
                "--state-dir": str(run_dir / "worker-state" / f"{role}-{index}"),
                "--kv-host": pool.host, "--kv-port": 0,
                "--tensor-parallel-size": pool.tensor_parallel_size,
@@ -294,6 +295,7 @@ def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_d
 
 def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]], str]:
     """The processes to run (name, argv, log) and the orchestrator URL; writes key and config files."""
+    from disagg.core_partition import available_cores, engine_threads
     from disagg.deploy_config import resolve_deploy_model
     from disagg.orchestrator_plan import ORCHESTRATOR_CONFIG_FILE, orchestrator_config, write_orchestrator_config
     from orchestrator.config import StaticWorker
@@ -304,10 +306,11 @@ def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]],
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
     processes, workers = [], []
+    threads = engine_threads(config, available_cores())
     for role in ("ctx", "gen"):
         pool = config.pools.ctx if role == "ctx" else config.pools.gen
         for index in range(pool.instances):
-            url, argv = _worker_argv(config, role, index, model, run_dir)
+            url, argv = _worker_argv(config, role, index, model, run_dir, threads[f"{role}-{index}"])
             processes.append({"name": f"{role}-{index}", "argv": argv, "url": url})
             workers.append(StaticWorker(pool.role or role, url))
     settings = config.orchestrator

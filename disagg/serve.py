@@ -80,6 +80,9 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--grace-seconds", dict(type=float, default=30.0, help="how long in-flight requests may finish at shutdown")),
     ("--decode-attention", dict(default="auto", choices=DECODE_ATTENTION_MODES,
                                 help="torch engine: native C kernel over the paged KV, or gather + SDPA")),
+    ("--engine-threads", dict(type=int, default=None,
+                              help="torch engine: intra-op threads (default: torch's, one per available core; "
+                                   "`disagg up` gives engines sharing a machine a share each)")),
     ("--profile-dir", dict(default=None, help="where POST /start_profile writes the engine's torch traces")),
     ("--state-dir", dict(default=None, help="the launcher's persistent state, e.g. the Message Batches database "
                                             "(default: ~/.cache/disagg/HOST-PORT)")),
@@ -158,6 +161,7 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
         synthetic=synthetic,
         profile_dir=args.profile_dir,
         decode_attention=args.decode_attention,
+        num_threads=args.engine_threads,
     ).validate()
 
 

@@ -116,6 +116,11 @@ class EngineConfig:
     pool in place, built with the system C compiler on first use; float32 on the
     CPU only), ``sdpa`` (gather each group's KV, then torch's SDPA), or ``auto``
     (native where it applies and builds, else sdpa)."""
+    num_threads: int | None = None
+    """torch intra-op threads of the engine process; None: torch's default, one per core the
+    process may run on. Engines sharing a machine each take a share (``disagg up`` computes it
+    from ``engine.threads``): two engines each spinning a thread per core on the same cores
+    slow each other's every step."""
 
     def validate(self) -> "EngineConfig":
         if self.kind not in ("torch", "synthetic"):
@@ -129,6 +134,8 @@ class EngineConfig:
         if self.decode_attention not in DECODE_ATTENTION_MODES:
             raise ConfigError("engine.decode_attention",
                               f"must be auto, native or sdpa, got {self.decode_attention!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError("engine.num_threads", f"must be >= 1, got {self.num_threads}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("engine.max_model_len", f"must be >= 2, got {self.max_model_len}")
         self.cache.validate("engine.cache")

@@ -42,6 +42,8 @@ class ModelRunner:
         ``compute_logits`` then returns the logits on rank 0 only (the ranks must step together)."""
         config.validate()
         self.config = config
+        if config.num_threads is not None:  # before any parallel region: the native kernel shares torch's OpenMP
+            torch.set_num_threads(config.num_threads)
         self.tp = tp
         self.device = resolve_device(config.device)
         if config.model is None:  # validate() refuses a torch engine without one

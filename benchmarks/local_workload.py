@@ -1,0 +1,195 @@
+"""The real workload on the local deployment (issue 17 item 9): sequential vs concurrency 4.
+
+Brings up ``configs/local.yaml`` (SmolLM2-135M on the torch engine: a ctx worker, a gen worker,
+a 2-process orchestrator) on free ports in a temporary run dir, then runs ``disagg bench``'s
+library against it in one run: single-turn chat, streaming, 200-token prompts, 24 output tokens
+(ignore_eos), first sequentially then at concurrency 4, 40 requests each after a warm-up, the
+same workload as ``aiperf profile --endpoint-type chat --streaming --concurrency 4
+--request-count 40 --isl 200 --osl 24``. Targets, against the sequential figures of the same run:
+
+  * concurrency 4: ITL p50 <= 2x and TTFT p50 <= 2x sequential,
+  * output tokens/s at concurrency 4 >= 3x sequential.
+
+Prints the figures with PASS/FAIL lines and the load average (the machine is shared), writes JSON.
+
+    python benchmarks/local_workload.py [--config configs/local.yaml] [--engine-threads auto|none|N]
+        [--num-requests 40] [--aiperf PATH/TO/aiperf] [--out benchmarks/results/local_workload.json]
+
+``--engine-threads`` sets the YAML's ``engine.threads`` (torch: leave each engine torch's default,
+the behaviour before core partitioning, to measure the difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from disagg.bench import BenchPlan, WorkloadConfig, run_bench  # noqa: E402
+from disagg.bench.api_clients import OpenAIChat  # noqa: E402
+from disagg.bench.lengths import LengthDist  # noqa: E402
+from disagg.bench.progress import PlainProgress  # noqa: E402
+from disagg.bench.report import summary_lines  # noqa: E402
+
+
+def _deploy_config(source: Path, run_dir: Path, engine_threads: str) -> Path:
+    data = yaml.safe_load(source.read_text())
+    data["run_dir"] = str(run_dir)
+    data["orchestrator"]["port"] = 0  # free ports: never collide with another deployment on the machine
+    for pool in data["pools"].values():
+        pool["base_port"] = 0
+    if engine_threads != "default":
+        value = engine_threads if engine_threads in ("auto", "torch") else int(engine_threads)
+        data.setdefault("engine", {})["threads"] = value
+    path = run_dir.parent / "local_workload.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _disagg(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "disagg.cli", *argv], capture_output=True, text=True)
+
+
+def _engine_pids(state: dict) -> dict[str, int]:
+    """Each worker's engine process: the launcher's child running ``workers.engine_proc``."""
+    engines = {}
+    for process in state["processes"]:
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and _stat(int(entry.name))[1] == str(process["pid"]) and \
+                        b"workers.engine_proc" in (entry / "cmdline").read_bytes():
+                    engines[process["name"]] = int(entry.name)
+            except (OSError, TypeError):
+                continue
+    return engines
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _cpu_seconds(pid: int) -> float:
+    stat = _stat(pid)  # fields after the name: [11] utime, [12] stime, every thread included
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") if stat else 0.0
+
+
+class _EngineCpu(PlainProgress):
+    """Plain progress lines, and the engines' CPU seconds over each level (from /proc)."""
+
+    def __init__(self, engines: dict[str, int]) -> None:
+        super().__init__(sys.stderr)
+        self.engines, self.start, self.used = engines, {}, []
+
+    def start_level(self, label: str, total: int | None, duration: float | None) -> None:
+        self.start = {name: _cpu_seconds(pid) for name, pid in self.engines.items()}
+        super().start_level(label, total, duration)
+
+    def end_level(self, summary) -> None:
+        self.used.append({name: _cpu_seconds(pid) - self.start[name] for name, pid in self.engines.items()})
+        super().end_level(summary)
+
+
+def _measure(url: str, model: str, num_requests: int, engines: dict[str, int]) -> list:
+    """Sequential, then concurrency 4; each level draws prompts of its own (no level finds the
+    previous one's prompts in the prefix cache)."""
+    workload = WorkloadConfig(system_tokens=0, isl=LengthDist(200), osl=LengthDist(24), turns=LengthDist(1))
+    plan = BenchPlan(url=url, api=OpenAIChat(model, ignore_eos=True), workload=workload, concurrencies=(1, 4),
+                     num_requests=num_requests, warmup=4)
+    progress = _EngineCpu(engines)
+    levels, _ = asyncio.run(run_bench(plan, progress))
+    runs = [level.summary.to_dict() for level in levels]
+    for run, used in zip(runs, progress.used):
+        tokens = run["output_tokens"]["mean"] * run["num_ok"] if run["num_ok"] else 0
+        run["engine_cpu_seconds"] = used
+        run["engine_cpu_ms_per_output_token"] = 1e3 * sum(used.values()) / tokens if tokens else None
+    return runs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
+    parser.add_argument("--engine-threads", default="default", help="auto, torch or N (default: the file's)")
+    parser.add_argument("--num-requests", type=int, default=40)
+    parser.add_argument("--aiperf", default=None, help="also run aiperf (this executable) at c=4: the cross-check")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/local_workload.json"))
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still takes its deployment down
+    with tempfile.TemporaryDirectory(prefix="disagg-lw-") as tmp:
+        run_dir = Path(tmp) / "run"
+        config = _deploy_config(args.config, run_dir, args.engine_threads)
+        up = _disagg("up", str(config))
+        if up.returncode != 0:
+            print(f"disagg up failed:\n{up.stdout}\n{up.stderr}")
+            return 1
+        try:
+            state = json.loads((run_dir / "state.json").read_text())
+            model = yaml.safe_load(config.read_text())["model"]
+            load_before = os.getloadavg()
+            started = time.time()
+            sequential, concurrent = _measure(state["url"], model, args.num_requests, _engine_pids(state))
+            load_after, elapsed = os.getloadavg(), time.time() - started
+            aiperf = _aiperf(args, state["url"], model, Path(tmp)) if args.aiperf else None
+            threads = {p["name"]: p["argv"][p["argv"].index("--engine-threads") + 1]
+                       for p in state["processes"] if "--engine-threads" in p["argv"]}
+        finally:
+            _disagg("down", "--run-dir", str(run_dir))
+    if aiperf:
+        print(f"aiperf at c=4 (cross-check): TTFT p50 {aiperf['ttft_p50_ms']:.1f} ms, ITL p50 {aiperf['itl_p50_ms']:.1f} "
+              f"ms (disagg bench: TTFT p50 {concurrent['ttft']['p50'] * 1e3:.1f} ms, TPOT p50 "
+              f"{concurrent['tpot']['p50'] * 1e3:.1f} ms), {aiperf['output_tokens_per_s']:.1f} output tok/s")
+    return _report(args, sequential, concurrent, threads, load_before, load_after, elapsed, aiperf)
+
+
+def _aiperf(args: argparse.Namespace, url: str, model: str, tmp: Path) -> dict:
+    from aiperf_crosscheck import export_gguf_tokenizer, run_aiperf
+
+    tokenizer = export_gguf_tokenizer(model, tmp / "tokenizer")
+    options = argparse.Namespace(aiperf=args.aiperf, model=model, url=url, concurrency=4,
+                                 request_count=args.num_requests, isl=200, osl=24, tokenizer=tokenizer)
+    return run_aiperf(options, tmp / "aiperf")
+
+
+def _report(args: argparse.Namespace, seq: dict, c4: dict, threads: dict, load_before: tuple, load_after: tuple,
+            elapsed: float, aiperf: dict | None) -> int:
+    print(f"engine threads per worker: {threads or 'torch default'}; cpus {os.cpu_count()}; load average "
+          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after ({elapsed:.0f} s)")
+    for run in (seq, c4):
+        print("\n".join(summary_lines(run)))
+        cpu = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in run["engine_cpu_seconds"].items())
+        per_token = run["engine_cpu_ms_per_output_token"]
+        print(f"  engine CPU (/proc): {cpu}; {per_token or 0:.1f} ms per output token")
+    targets = [
+        ("c=4 ITL p50 <= 2x sequential", c4["itl"]["p50"] / seq["itl"]["p50"], 2.0, "<="),
+        ("c=4 TTFT p50 <= 2x sequential", c4["ttft"]["p50"] / seq["ttft"]["p50"], 2.0, "<="),
+        ("c=4 output tok/s >= 3x sequential", c4["output_tokens_per_s"] / seq["output_tokens_per_s"], 3.0, ">="),
+    ]
+    results = []
+    for name, ratio, bound, op in targets:
+        ok = ratio <= bound if op == "<=" else ratio >= bound
+        results.append({"target": name, "ratio": ratio, "pass": ok})
+        print(f"{'PASS' if ok else 'FAIL'}: {name}: {ratio:.2f}x")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"config": str(args.config), "engine_threads": threads,
+                                    "load_average": {"before": load_before, "after": load_after},
+                                    "cpus": os.cpu_count(), "sequential": seq, "concurrency_4": c4, "aiperf_c4": aiperf,
+                                    "targets": results}, indent=1))
+    print(f"wrote {args.out}")
+    return 0 if all(r["pass"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

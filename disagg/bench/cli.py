@@ -1,0 +1,172 @@
+"""``disagg bench URL`` and ``disagg bench compare A.json B.json``: argument parsing and the run.
+
+Argument errors print one ``disagg bench: ...`` line and exit 2; a server that cannot be reached
+exits 1. matplotlib and rich come with the ``bench`` extra; without them the command says how to
+install them (exit 2) before doing anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_bench_arguments", "run_bench_command", "build_plan"]
+
+INSTALL_HINT = "disagg bench: needs matplotlib and rich: pip install 'disagg[bench]' (or `make setup`)"
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="the server's base URL (http://HOST:PORT), or `compare`")
+    parser.add_argument("files", nargs="*", help="compare: the two results files A.json B.json")
+    parser.add_argument("--api", choices=("openai", "anthropic", "responses"), default="openai",
+                        help="/v1/chat/completions, /v1/messages or /v1/responses (default openai)")
+    parser.add_argument("--model", default=None, help="default: the first model of GET /v1/models")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--concurrency", default=None, help="closed-loop sessions in flight, e.g. 1,4,16")
+    parser.add_argument("--rate", default=None, help="open-loop Poisson session arrivals per second, e.g. 0.5,2")
+    parser.add_argument("--num-requests", type=int, default=None, help="requests per level (default 100 "
+                                                                         "unless --duration)")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per level")
+    parser.add_argument("--warmup", type=int, default=2, help="unrecorded requests before the first level")
+    parser.add_argument("--system-tokens", type=int, default=1000, help="the shared system prompt + tools")
+    parser.add_argument("--isl", default="200", help="tokens per user turn: MEAN or MEAN:STDDEV")
+    parser.add_argument("--osl", default="64", help="max_tokens per request: MEAN or MEAN:STDDEV")
+    parser.add_argument("--turns", default="4", help="turns per session: MEAN or MEAN:STDDEV (1: single-turn)")
+    parser.add_argument("--single-turn-fraction", type=float, default=0.0, help="sessions that are one turn")
+    parser.add_argument("--tool-turn-fraction", type=float, default=0.0,
+                        help="turns preceded by a tool call and its result in the history")
+    parser.add_argument("--tool-result-tokens", type=int, default=100)
+    parser.add_argument("--ignore-eos", action="store_true", help="openai: generate max_tokens every time")
+    parser.add_argument("--slo", default=None, help="goodput bounds, e.g. ttft=2s,itl=50ms,e2e=10s")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument("--out", default=".", help="directory for the JSON and PNG files (default: cwd)")
+    parser.add_argument("--name", default=None, help="file stem (default bench-<api>-<UTC time>)")
+    parser.add_argument("--no-plots", action="store_true")
+
+
+def _numbers(text: str | None, kind: type, option: str) -> tuple[Any, ...]:
+    if text is None:
+        return ()
+    try:
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"{option}: expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise ValueError(f"{option}: every value must be > 0, got {text!r}")
+    return values
+
+
+def build_plan(args: argparse.Namespace, model: str) -> Any:
+    """The run the arguments ask for; ValueError naming the option when they are wrong."""
+    from disagg.bench.api_clients import API_CLIENTS
+    from disagg.bench.lengths import parse_length
+    from disagg.bench.metrics import parse_slo
+    from disagg.bench.runner import BenchPlan
+    from disagg.bench.workload import WorkloadConfig
+
+    workload = WorkloadConfig(system_tokens=args.system_tokens, isl=parse_length(args.isl, "--isl"),
+                              osl=parse_length(args.osl, "--osl"), turns=parse_length(args.turns, "--turns"),
+                              single_turn_fraction=args.single_turn_fraction,
+                              tool_turn_fraction=args.tool_turn_fraction,
+                              tool_result_tokens=args.tool_result_tokens, seed=args.seed)
+    workload.validate()
+    num_requests = args.num_requests if args.num_requests is not None else (None if args.duration else 100)
+    return BenchPlan(url=args.url.rstrip("/"), api=API_CLIENTS[args.api](model, args.ignore_eos, args.api_key),
+                     workload=workload, concurrencies=_numbers(args.concurrency, int, "--concurrency"),
+                     rates=_numbers(args.rate, float, "--rate"), num_requests=num_requests,
+                     duration=args.duration, warmup=args.warmup, timeout=args.timeout, slo=parse_slo(args.slo))
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if not args.url.startswith(("http://", "https://")):
+        raise ValueError(f"URL: expected http://HOST:PORT or `compare`, got {args.url!r}")
+    if args.files:
+        raise ValueError(f"unexpected arguments after the URL: {' '.join(args.files)}")
+    if args.concurrency is None and args.rate is None:
+        args.concurrency = "1"
+    for name in ("num_requests", "duration", "timeout"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {value:g}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup: must be >= 0, got {args.warmup}")
+
+
+def _served_model(url: str, api_key: str | None) -> str:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    response = httpx.get(f"{url.rstrip('/')}/v1/models", headers=headers, timeout=10.0)
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from disagg.bench.compare import compare_lines, compare_stem
+    from disagg.bench.plots import plot_compare
+    from disagg.bench.report import load_result
+
+    if len(args.files) != 2:
+        print("disagg bench compare: expected two results files, A.json B.json", file=sys.stderr)
+        return 2
+    try:
+        a, b = (load_result(f) for f in args.files)
+    except ValueError as exc:
+        print(f"disagg bench compare: {exc}", file=sys.stderr)
+        return 2
+    names = (Path(args.files[0]).stem, Path(args.files[1]).stem)
+    print("\n".join(compare_lines(a, b, names)))
+    if not args.no_plots:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"plot: {plot_compare(a, b, names, out / (compare_stem(*args.files) + '.png'))}")
+    return 0
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401
+        import rich  # noqa: F401
+    except ImportError:
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    if args.url == "compare":
+        return _compare(args)
+    try:
+        _check_args(args)
+        build_plan(args, "check")  # argument errors before any request
+    except ValueError as exc:
+        print(f"disagg bench: {exc}", file=sys.stderr)
+        return 2
+    try:
+        model = args.model or _served_model(args.url, args.api_key)
+    except Exception as exc:  # noqa: BLE001 - any failure here means: no usable server at URL
+        print(f"disagg bench: cannot list the models of {args.url} ({exc}); is it up? (or pass --model)",
+              file=sys.stderr)
+        return 1
+    return _run(args, build_plan(args, model))
+
+
+def _run(args: argparse.Namespace, plan: Any) -> int:
+    from disagg.bench.plots import write_plots
+    from disagg.bench.progress import make_progress
+    from disagg.bench.report import build_result, summary_lines, write_result
+    from disagg.bench.runner import run_bench
+
+    results, text = asyncio.run(run_bench(plan, make_progress()))
+    result = build_result(plan, results, text)
+    out = Path(args.out)
+    stem = args.name or f"bench-{plan.api.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    path = write_result(result, out / f"{stem}.json")
+    for run in result["runs"]:
+        print("\n".join(summary_lines(run)))
+    print(f"results: {path}")
+    if not args.no_plots:
+        for plot in write_plots(result, out, stem):
+            print(f"plot: {plot}")
+    return 0 if all(r.summary.num_ok for r in results) else 1

@@ -1,0 +1,93 @@
+"""``disagg bench`` against a real worker (synthetic engine, free port): JSON, plots, compare, all three APIs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from disagg.bench import BenchPlan, WorkloadConfig, run_bench
+from disagg.bench.api_clients import API_CLIENTS
+from disagg.bench.lengths import LengthDist
+from tests.worker_process import start_worker, stop_worker
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+RUN_FIELDS = {"mode", "level", "num_requests", "num_ok", "errors_by_kind", "duration_s", "requests_per_s",
+              "output_tokens_per_s", "goodput_requests_per_s", "ttft", "itl", "tpot", "e2e", "prompt_tokens",
+              "output_tokens", "cached_tokens", "ttft_p50_by_turn", "records"}
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_model_dir):
+    url, proc = start_worker(tiny_model_dir, num_frontends=1,
+                             extra_args=["--synthetic-decode-step-seconds", "0.002", "--max-model-len", "8192"])
+    yield url
+    assert stop_worker(proc) == 0
+
+
+def bench(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "disagg.cli", "bench", *argv], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def test_bench_writes_json_and_plots(worker, tmp_path):
+    out = tmp_path / "results"
+    done = bench(worker, "--concurrency", "1,3", "--rate", "20", "--num-requests", "9", "--turns", "3",
+                 "--isl", "20", "--osl", "8", "--system-tokens", "0", "--tool-turn-fraction", "0.5",
+                 "--slo", "ttft=5s,itl=1s", "--out", str(out), "--name", "run", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "disagg bench: concurrency 1: started" in done.stderr  # plain progress lines: not a terminal
+    result = json.loads((out / "run.json").read_text())
+    assert result["format"] == "disagg-bench/1" and result["api"] == "openai"
+    assert result["tokenizer"] == "deployment"  # token counts calibrated through the worker's /tokenize
+    assert [(r["mode"], r["level"]) for r in result["runs"]] == [("concurrency", 1), ("concurrency", 3), ("rate", 20)]
+    for run in result["runs"]:
+        assert RUN_FIELDS <= set(run)
+        assert run["num_requests"] == 9 and run["num_ok"] == 9, run["errors_by_kind"]
+        assert run["output_tokens_per_s"] > 0 and run["goodput_requests_per_s"] > 0
+        assert 0 < run["ttft"]["p50"] <= run["ttft"]["p99"] and run["itl"]["count"] > 0
+        assert {r["turn"] for r in run["records"]} >= {0, 1}
+        assert all(r["output_tokens"] == 8 and r["prompt_tokens"] > 0 for r in run["records"])
+    # turn 1 carries turn 0's prompt and answer: the context grows along a session
+    records = result["runs"][0]["records"]
+    first = {r["session_id"]: r["prompt_tokens"] for r in records if r["turn"] == 0}
+    assert all(r["prompt_tokens"] > first[r["session_id"]] for r in records if r["turn"] == 1)
+    for suffix in ("latency-cdf", "sweep", "turns"):
+        png = (out / f"run-{suffix}.png").read_bytes()
+        assert png.startswith(PNG_MAGIC) and len(png) > 5000
+
+    again = bench(worker, "--concurrency", "1,3", "--num-requests", "4", "--turns", "1", "--osl", "4",
+                  "--no-plots", "--out", str(out), "--name", "other", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    compared = bench("compare", str(out / "run.json"), str(out / "other.json"), "--out", str(out), cwd=tmp_path)
+    assert compared.returncode == 0, compared.stderr
+    assert "concurrency 3:" in compared.stdout and "B/A" in compared.stdout
+    assert "rate 20: only in A" in compared.stdout
+    assert (out / "compare-run-vs-other.png").read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize("api", ["anthropic", "responses"])
+def test_other_apis_multi_turn_with_tool_exchanges(worker, api):
+    workload = WorkloadConfig(system_tokens=0, isl=LengthDist(20), osl=LengthDist(6), turns=LengthDist(3),
+                              tool_turn_fraction=1.0)
+    plan = BenchPlan(url=worker, api=API_CLIENTS[api]("tiny-test", ignore_eos=False), workload=workload,
+                     concurrencies=(2,), num_requests=6, warmup=1)
+    (level,), _ = asyncio.run(run_bench(plan))
+    assert level.summary.num_ok == 6, [r.error for r in level.records]
+    assert all(r.output_tokens > 0 and r.prompt_tokens for r in level.records)
+    assert level.summary.ttft.count == 6 and level.summary.tpot.p50 is not None
+    if api == "anthropic":  # the shared system prompt is a prefix-cache hit, reported in usage
+        assert any(r.cached_tokens for r in level.records)
+
+
+def test_errors_are_counted_by_kind(worker):
+    # prompts longer than the tiny model's context: every request is a 400 from the server, none a crash
+    workload = WorkloadConfig(system_tokens=0, isl=LengthDist(12000), osl=LengthDist(4), turns=LengthDist(1))
+    plan = BenchPlan(url=worker, api=API_CLIENTS["openai"]("tiny-test"), workload=workload, concurrencies=(2,),
+                     num_requests=3)
+    (level,), _ = asyncio.run(run_bench(plan))
+    assert level.summary.errors_by_kind == {"http_400": 3} and level.summary.num_ok == 0
