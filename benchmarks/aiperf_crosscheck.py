@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from disagg.bench import BenchPlan, WorkloadConfig, run_bench  # noqa: E402
-from disagg.bench.api_clients import OpenAIChat  # noqa: E402
-from disagg.bench.lengths import LengthDist  # noqa: E402
+from disagg.bench import BenchPlan, WorkloadConfig, run_bench
+from disagg.bench.api_clients import OpenAIChat
+from disagg.bench.lengths import LengthDist
 
 TOLERANCE = 0.10
 
@@ -99,7 +99,9 @@ def main() -> int:
         for i in range(args.repeats):
             rounds.append({"aiperf": run_aiperf(args, Path(tmp) / f"r{i}"), "disagg_bench": run_ours(args, seed=i + 1)})
             load.append(os.getloadavg()[0])
-    med = lambda tool, key: statistics.median(r[tool][key] for r in rounds)  # noqa: E731
+    def med(tool, key):
+        return statistics.median(r[tool][key] for r in rounds)
+
     checks = [("TTFT p50", med("aiperf", "ttft_p50_ms"), med("disagg_bench", "ttft_p50_ms")),
               ("ITL p50 (aiperf) vs TPOT p50", med("aiperf", "itl_p50_ms"), med("disagg_bench", "tpot_p50_ms")),
               ("ITL p50 (aiperf) vs chunk ITL p50", med("aiperf", "itl_p50_ms"), med("disagg_bench", "itl_p50_ms"))]

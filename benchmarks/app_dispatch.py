@@ -40,18 +40,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "frontends"))
 
-from fastapi import FastAPI  # noqa: E402
-from starlette.applications import Starlette  # noqa: E402
-from starlette.exceptions import HTTPException  # noqa: E402
+from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 
-from frontends.app import build_app  # noqa: E402
-from frontends.serving import FrontendConfig  # noqa: E402
-from frontends.tokenizer import Tokenizer  # noqa: E402
-from inproc_engine import InprocEngineClient, make_synthetic_core  # noqa: E402
-from orchestrator.app import Orchestrator  # noqa: E402
-from orchestrator.app import build_app as build_orchestrator_app  # noqa: E402
-from orchestrator.config import OrchestratorConfig  # noqa: E402
-from workers.engine.model.tiny import make_tiny_model  # noqa: E402
+from frontends.app import build_app
+from frontends.serving import FrontendConfig
+from frontends.tokenizer import Tokenizer
+from inproc_engine import InprocEngineClient, make_synthetic_core
+from orchestrator.app import Orchestrator
+from orchestrator.app import build_app as build_orchestrator_app
+from orchestrator.config import OrchestratorConfig
+from workers.engine.model.tiny import make_tiny_model
 
 LIMIT = 1.05
 CHAT = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,

@@ -48,8 +48,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontend_scaling import Server  # noqa: E402
-from orchestrator_overhead import HOST, free_port, report_targets, start_orchestrator  # noqa: E402
+from frontend_scaling import Server
+from orchestrator_overhead import HOST, free_port, report_targets, start_orchestrator
 
 WORKER_READY = "disagg serve: ready on"
 RATIO_TARGET, SLACK_MS, SUM_TOLERANCE_MS = 1.1, 3.0, 1.0
@@ -201,7 +201,8 @@ def targets_of(rows: list[dict]) -> list[dict]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+    def ints(text):
+        return [int(x) for x in text.split(",")]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=ints, default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--concurrency", type=ints, default=[1, 8])

@@ -124,7 +124,7 @@ def measure_engine_lanes(num_lanes: int = 4, concurrency: int = 512, max_tokens:
     group = WorkerGroup(config, num_lanes, "127.0.0.1", 1, grace_seconds=1.0, log_level="warning")
     try:
         group.start_engine(timeout=60.0)
-        engine_pid = group.engine.popen.pid  # type: ignore[union-attr]
+        engine_pid = group.engine.popen.pid
         lanes = _Lanes(group, num_lanes, ctx, params)
         time.sleep(0.2)  # the hellos' replies: lanes connected both ways
         for number in range(concurrency):

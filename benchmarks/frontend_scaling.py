@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_loadgen import LoadResult, LoadSpec, run_in_own_process  # noqa: E402  (the sibling script)
+from http_loadgen import LoadResult, LoadSpec, run_in_own_process
 
 READY_LINE = "disagg serve: ready on"  # disagg.serve.READY_MESSAGE, not imported: it pulls in the worker
 BARE_READY_LINE = "bare app: ready"  # bare_app.READY_LINE
@@ -132,7 +132,7 @@ class Server:
         ready = threading.Event()
 
         def read_stdout() -> None:
-            for line in self.popen.stdout:  # type: ignore[union-attr]
+            for line in self.popen.stdout:
                 if line.startswith(ready_line) and self.ready_at is None:
                     self.ready_at = time.time()
                     ready.set()
@@ -223,7 +223,8 @@ def run_record(server: str, k: int | None, concurrency: int, repeat: int, result
     n = max(result.requests, 1)
     frontend_cpu = sum(result.server_cpu_s.get("frontend", []))
     engine_cpu = sum(result.server_cpu_s.get("engine", []))
-    ms = lambda s: None if s is None else round(s * 1e3, 3)  # noqa: E731
+    def ms(s):
+        return None if s is None else round(s * 1e3, 3)
     return {
         "server": server, "num_frontends": k, "concurrency": concurrency, "repeat": repeat,
         "window_s": round(result.window_s, 3), "requests": result.requests, "errors": result.errors,
@@ -247,9 +248,9 @@ def measure_worker(args: argparse.Namespace, model_dir: Path, k: int, repeat: in
                    report: dict) -> None:
     server = start_worker(args, model_dir, k, log_dir)
     try:
-        attached_ready = [round(server.ready_at - start_wall_time(p), 3) for p in server.attached_pids]  # type: ignore[operator]
+        attached_ready = [round(server.ready_at - start_wall_time(p), 3) for p in server.attached_pids]
         report["startup"].append({"num_frontends": k, "repeat": repeat,
-                                  "spawn_to_ready_s": round(server.ready_at - server.spawned_at, 3),  # type: ignore[operator]
+                                  "spawn_to_ready_s": round(server.ready_at - server.spawned_at, 3),
                                   "attached_spawn_to_ready_s": attached_ready})
         check_worker(args.port, model_dir.name, args.max_tokens)
         request = raw_request(chat_body(model_dir.name, args.max_tokens), args.port)
@@ -324,7 +325,8 @@ def target(name: str, value: float | None, limit: float, higher_is_better: bool 
 
 def evaluate_targets(args: argparse.Namespace, report: dict) -> list[dict]:
     s, cores, targets = report["summary"], report["config"]["cores"], []
-    med = lambda key, metric: s.get(key, {}).get(metric, {}).get("median")  # noqa: E731
+    def med(key, metric):
+        return s.get(key, {}).get(metric, {}).get("median")
     for kind in args.bare_apps:
         for k in args.num_frontends:
             for c in args.concurrency:
@@ -393,7 +395,8 @@ def default_num_frontends() -> list[int]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+    def ints(text):
+        return [int(x) for x in text.split(",")]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=ints, default=[64, 512], help="comma-separated (default 64,512)")
     parser.add_argument("--num-frontends", type=ints, default=None,

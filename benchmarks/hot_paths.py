@@ -45,10 +45,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontend_scaling import (  # noqa: E402
+from frontend_scaling import (
     HOST, READY_LINE, Server, check_worker, free_port, raw_request, start_bare_app, write_report)
-from engine_lanes import measure_engine_lanes  # noqa: E402
-from http_loadgen import LoadResult, LoadSpec, run_in_own_process  # noqa: E402
+from engine_lanes import measure_engine_lanes
+from http_loadgen import LoadResult, LoadSpec, run_in_own_process
 
 FRONTEND_MS_TARGET = 0.15
 EVENT_US_TARGET = 6.0

@@ -100,7 +100,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -111,7 +111,7 @@ class _Connection(asyncio.Protocol):
         self.buffer.clear()
         self.body_start, self.content_length, self.first_content_at = -1, None, None
         self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(request)  # type: ignore[union-attr]
+        self.transport.write(request)
         return self.waiter
 
     def data_received(self, data: bytes) -> None:
@@ -211,7 +211,7 @@ async def run_load(spec: LoadSpec) -> LoadResult:
     for task in pending:  # a stuck answer must not hang the benchmark
         task.cancel()
     await asyncio.gather(*loops, return_exceptions=True)
-    t0, t1 = run.window  # type: ignore[misc]
+    t0, t1 = run.window
     done = [r for r in run.records if t0 <= r[2] <= t1]
     ok = [r for r in done if r[3]]
     started = sorted(r[1] for r in run.records if r[3] and t0 <= r[0] <= t1)

@@ -69,7 +69,7 @@ class TransferStamps:
 
     def __init__(self, core: EngineCore, agent: KVTransferAgent) -> None:
         self.times: dict[str, float] = {}
-        import_blocks, send_request = core.import_blocks, agent._send_request  # noqa: SLF001
+        import_blocks, send_request = core.import_blocks, agent._send_request
 
         def stamped_import(block_ids, frames):
             result = import_blocks(block_ids, frames)
@@ -82,8 +82,8 @@ class TransferStamps:
             send_request(endpoint, message)
             self.times.setdefault(type(message).__name__, time.perf_counter())
 
-        core.import_blocks = stamped_import  # type: ignore[method-assign]
-        agent._send_request = stamped_send  # type: ignore[method-assign]  # noqa: SLF001
+        core.import_blocks = stamped_import
+        agent._send_request = stamped_send
 
     def reset(self) -> None:
         self.times.clear()
@@ -171,7 +171,7 @@ def agent_transfer(ctx_conn, ctx_endpoint: str, gen: tuple[EngineCore, KVTransfe
     while gen_agent.num_pulls_completed + gen_agent.num_pulls_failed == ended:
         poller.poll(100)
         gen_agent.tick()
-    stats = gen_agent._stats.pop(request_id, None)  # noqa: SLF001 - what the finishing output would carry
+    stats = gen_agent._stats.pop(request_id, None)  # what the finishing output would carry
     if stats is None:
         raise RuntimeError(f"the pull of {num_tokens} tokens failed")
     gen_core.abort(request_id)

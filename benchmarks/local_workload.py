@@ -36,11 +36,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from disagg.bench import BenchPlan, WorkloadConfig, run_bench  # noqa: E402
-from disagg.bench.api_clients import OpenAIChat  # noqa: E402
-from disagg.bench.lengths import LengthDist  # noqa: E402
-from disagg.bench.progress import PlainProgress  # noqa: E402
-from disagg.bench.report import summary_lines  # noqa: E402
+from disagg.bench import BenchPlan, WorkloadConfig, run_bench
+from disagg.bench.api_clients import OpenAIChat
+from disagg.bench.lengths import LengthDist
+from disagg.bench.progress import PlainProgress
+from disagg.bench.report import summary_lines
 
 
 def _deploy_config(source: Path, run_dir: Path, engine_threads: str) -> Path:

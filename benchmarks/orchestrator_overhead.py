@@ -48,8 +48,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontend_scaling import Server, children, free_port  # noqa: E402  (the sibling script: processes, ports)
-from http_loadgen import LoadResult, LoadSpec, run_in_own_process  # noqa: E402
+from frontend_scaling import Server, children, free_port
+from http_loadgen import LoadResult, LoadSpec, run_in_own_process
 
 HOST = "127.0.0.1"
 WORKER_READY = "disagg serve: ready on"  # not imported: disagg.serve pulls in the worker
@@ -172,7 +172,8 @@ def run_load(args: argparse.Namespace, scenario: str, port: int, concurrency: in
 
 
 def record(scenario: str, path: str, processes: int, concurrency: int, repeat: int, result: LoadResult) -> dict:
-    ms = lambda s: None if s is None else round(s * 1e3, 3)  # noqa: E731
+    def ms(s):
+        return None if s is None else round(s * 1e3, 3)
     n = max(result.requests, 1)
     proxy_cpu = result.server_cpu_s.get("proxy", [])
     return {"scenario": scenario, "path": path, "orchestrator_processes": processes, "concurrency": concurrency,
@@ -281,8 +282,10 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> tuple[list[dict], l
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-    names = lambda text: [x for x in text.split(",") if x]  # noqa: E731
+    def ints(text):
+        return [int(x) for x in text.split(",")]
+    def names(text):
+        return [x for x in text.split(",") if x]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scenarios", type=names, default=list(SCENARIOS))
     parser.add_argument("--concurrency", type=ints, default=[32, 256])

@@ -48,7 +48,7 @@ from workers.protocol import EngineRequest
 from workers.sampling_params import GuidedDecoding, SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from json_schemas import ORDER_SCHEMA, SCHEMAS, schema_text  # noqa: E402
+from json_schemas import ORDER_SCHEMA, SCHEMAS, schema_text
 
 TARGET_RATIO = 0.85
 TARGET_CACHED_MS = 1.0

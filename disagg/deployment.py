@@ -343,7 +343,7 @@ def _supervise(config: DeployConfig) -> int:
         signal.signal(sig, lambda signum, frame: stopping.append(signum))
     processes, url = _prepare(config, run_dir)
     children: dict[str, subprocess.Popen] = {}
-    state = {"config": config.source, "url": url, "supervisor_pid": os.getpid(),
+    state: dict[str, Any] = {"config": config.source, "url": url, "supervisor_pid": os.getpid(),
              "supervisor_start_time": process_start_time(os.getpid()), "processes": processes,
              "started_at": time.time(),
              "orchestrator_stop_seconds": orchestrator_stop_seconds(config.orchestrator.grace_seconds)}

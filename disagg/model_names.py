@@ -52,7 +52,7 @@ def shipped_model_path(model: ShippedModel) -> Path:
     except importlib.metadata.PackageNotFoundError:
         raise ModelNotFoundError(f"model {model.name!r} is shipped by the Python package {model.distribution}, "
                                  f"which is not installed: {model.install_command}") from None
-    path = Path(distribution.locate_file(model.file))
+    path = Path(str(distribution.locate_file(model.file)))  # a pathlib.Path, typed as a SimplePath protocol
     if not path.is_file():
         raise ModelNotFoundError(f"model {model.name!r}: {model.distribution} {distribution.version} is installed but "
                                  f"lacks {model.file}: {model.install_command}")

@@ -30,7 +30,7 @@ from frontends.anthropic_tools import stop_reason as _stop_reason
 from frontends.schemas_anthropic import CountTokensRequest, MessageEventEncoder, MessagesRequest
 from frontends.request_limits import check_messages, check_tools, stop_strings
 from frontends.serving import ServingContext, ValidRequest
-from frontends.tool_prompt import adapt_conversation
+from frontends.tool_prompt import PromptSource, adapt_conversation
 from frontends.structured import anthropic_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
@@ -41,7 +41,7 @@ __all__ = ["create_message", "count_message_tokens", "prepare_message", "prepare
            "generate_message"]
 
 
-def message_prompt_ids(ctx: ServingContext, body: MessagesRequest | CountTokensRequest,
+def message_prompt_ids(ctx: PromptSource, body: MessagesRequest | CountTokensRequest,
                        max_tokens: int | None = None) -> list[int]:
     """The prompt of a conversation; one that ends with an assistant's text continues that turn (prefill).
     Over ``max_tokens`` by its length alone: ``PromptTooLongError`` before tokenizing."""

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from frontends import anthropic_api, disaggregation, openai_api, responses, tokenize_api
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
@@ -54,6 +54,8 @@ _CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobod
 
 Handler = Callable[[ServingContext, Request], Awaitable[Response]]
 Lifespan = Callable[[Starlette], AsyncContextManager[None]]
+# An HTTP error handler (Starlette's ExceptionHandler also admits websocket ones, which this app has none of).
+ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
 
 
 class FrontendHeaderMiddleware:
@@ -68,8 +70,8 @@ class FrontendHeaderMiddleware:
     when nothing was sent yet, and is re-raised, as ServerErrorMiddleware does.
     """
 
-    def __init__(self, app: ASGIApp, frontend_id: int, http_exception: ExceptionHandler,
-                 unhandled: ExceptionHandler, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    def __init__(self, app: ASGIApp, frontend_id: int, http_exception: ErrorHandler,
+                 unhandled: ErrorHandler, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  admission: AdmissionGate | None = None) -> None:
         self.app = app
         self.max_request_bytes = max_request_bytes
@@ -78,7 +80,8 @@ class FrontendHeaderMiddleware:
         self.http_exception = http_exception
         self.unhandled = unhandled
         # What ExceptionMiddleware puts in the scope for request_response routes' own wrapper.
-        self.scope_handlers = ({HTTPException: http_exception}, {})
+        self.scope_handlers: tuple[dict[type[Exception], ErrorHandler], dict[int, ErrorHandler]] = (
+            {HTTPException: http_exception}, {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -185,7 +188,7 @@ class _Endpoint:
             return await self.handler(request.app.state.serving, request)
         except ClientDisconnected:
             return Response(status_code=_CLIENT_CLOSED_REQUEST)
-        except Exception as exc:  # noqa: BLE001 - the catch-all: always the API's error shape
+        except Exception as exc:  # the catch-all: always the API's error shape
             error = http_error(exc)
             if error.status >= 500 and not isinstance(exc, EngineDeadError):
                 logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)

@@ -104,8 +104,15 @@ class DisaggLeg:
     def message(self, request: EngineRequest) -> IngressMessage:
         if self.is_context:
             return AddContextRequest(request, self.config.kv_park_seconds)
+        first_token_id, ctx_request_id, kv_endpoint = self.kv_source()
+        return AddRemoteRequest(request, first_token_id, int(ctx_request_id), kv_endpoint)
+
+    def kv_source(self) -> tuple[int, str, str]:
+        """A gen leg's first token id, ctx request id and KV endpoint: start_leg verified them set."""
         params = self.params
-        return AddRemoteRequest(request, params.first_token_id, int(params.ctx_request_id), params.kv_endpoint)
+        if params.first_token_id is None or params.ctx_request_id is None or params.kv_endpoint is None:
+            raise AssertionError("a generation_only leg is used before verify_params checked it")
+        return params.first_token_id, params.ctx_request_id, params.kv_endpoint
 
     def on_output(self, output: RequestOutput) -> RequestOutput:
         """Called on every output before the generation reads it."""
@@ -182,7 +189,7 @@ def start_leg(ctx: "ServingContext", params: DisaggParams | None, stream: bool) 
 def prompt_ids(ctx: "ServingContext", leg: DisaggLeg) -> list[int]:
     """A gen leg's prompt: the signed ids (checked against the vocabulary), never re-tokenized."""
     ids = list(leg.params.prompt_token_ids or ())
-    ctx.check_prompt_token_ids(ids + [leg.params.first_token_id], "disaggregated_params.prompt_token_ids")
+    ctx.check_prompt_token_ids(ids + [leg.kv_source()[0]], "disaggregated_params.prompt_token_ids")
     return ids
 
 

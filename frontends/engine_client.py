@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import AsyncGenerator, Callable
 
 import msgspec
 import zmq
@@ -98,7 +98,8 @@ class EngineClient:
         self._lane.bind(paths.lane(self.frontend_id))
         # A plain (blocking-API) socket used only with NOBLOCK: sends complete at
         # once, even from a finally block or a generator finalizer.
-        self._ingress = self._ctx.socket(zmq.PUSH, socket_class=zmq.Socket)
+        # pyzmq documents any Socket class for socket_class; its stub admits only the context's own.
+        self._ingress = self._ctx.socket(zmq.PUSH, socket_class=zmq.Socket)  # type: ignore[arg-type]  # stub
         configure_frontend_push(self._ingress)
         self._ingress.connect(paths.ingress)
         send_nowait(self._ingress, self._ingress_codec, FrontendHello(self.frontend_id))
@@ -147,7 +148,7 @@ class EngineClient:
         params: SamplingParams,
         arrival_time: float | None = None,
         make_message: Callable[[EngineRequest], IngressMessage] | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """The request's outputs in order; stops after the one with a finish reason.
 
         ``make_message``: the ingress message for the request (a disaggregated
@@ -197,7 +198,7 @@ class EngineClient:
     async def _run_output_handler(self) -> None:
         # Batched reads: after each awaited message, what else the lane holds is read at once
         # through a blocking-API view of the same socket (no future and no wake-up per message).
-        lane = zmq.Socket.shadow(self._lane.underlying)
+        lane: zmq.Socket[bytes] = zmq.Socket.shadow(self._lane.underlying)
         try:
             while True:
                 self._deliver(await self._lane.recv_multipart())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import aclosing
-from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator, Callable, Protocol
+from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator, Callable, Protocol, Sequence
 
 from frontends.detokenizer import StopStringMatcher, make_detokenizer
 from frontends.errors import ApiError, FrontendError, InvalidRequestError, http_error
@@ -44,9 +44,13 @@ logger = logging.getLogger(__name__)
 class EngineClientLike(Protocol):
     """What the frontends need of ``frontends.engine_client.EngineClient``."""
 
-    max_model_len: int
-    vocab_size: int
-    eos_token_ids: tuple[int, ...] | list[int]
+    # Read-only: an attribute or a property both do (the orchestrator's validator computes them).
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def eos_token_ids(self) -> Sequence[int]: ...  # read-only: a tuple or a list both do
 
     @property
     def is_healthy(self) -> bool: ...
@@ -56,7 +60,7 @@ class EngineClientLike(Protocol):
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
         make_message: Callable[[EngineRequest], IngressMessage] | None = None,
-    ) -> AsyncIterator[RequestOutput]: ...
+    ) -> AsyncGenerator[RequestOutput, None]: ...
 
     async def abort(self, request_id: int) -> None: ...
 
@@ -142,7 +146,7 @@ class Generation:
                 self.num_output_tokens += len(output.new_token_ids)
                 self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
                 pending_ids.extend(output.new_token_ids)
-                if want_logprobs and output.new_logprobs:
+                if pending_logprobs is not None and output.new_logprobs:
                     pending_logprobs.extend(output.new_logprobs)
                 finished = output.finish_reason is not None
                 text = detokenizer.add(output.new_token_ids)
@@ -228,7 +232,7 @@ async def stream_events(generation: Generation, encoder: StreamEncoder) -> Async
                 yield frame
         assert last is not None
         frames = encoder.finish(generation, last)
-    except Exception as exc:  # noqa: BLE001 - reported to the client in the stream
+    except Exception as exc:  # reported to the client in the stream
         error = http_error(exc)
         if error.status >= 500:
             logger.error("stream failed", exc_info=exc)

@@ -184,7 +184,7 @@ def _endpoint(state: LauncherState, path: str, handler: Handler) -> Callable[[Re
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(state, request)
-        except Exception as exc:  # noqa: BLE001 - always an API-shaped error
+        except Exception as exc:  # always an API-shaped error
             error = http_error(exc)
             if not isinstance(exc, FrontendError):
                 log.error("%s %s failed", request.method, path, exc_info=exc)

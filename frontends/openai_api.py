@@ -18,7 +18,7 @@ from starlette.types import Receive
 
 from frontends import disaggregation
 from frontends.errors import ApiError, InvalidRequestError, openai_error_body
-from frontends.generation import Generation, Piece, stream_events
+from frontends.generation import Generation, Piece, StreamEncoder, stream_events
 from frontends.schemas_openai import (
     SSE_DONE,
     ChatChunkEncoder,
@@ -34,7 +34,7 @@ from frontends.openai_tools import ToolCallChatStream, ToolPolicy, chat_message,
     template_messages
 from frontends.request_limits import check_chat_contents, check_messages, check_tools, stop_strings
 from frontends.serving import ServingContext, ValidRequest
-from frontends.tool_prompt import adapt_conversation
+from frontends.tool_prompt import PromptSource, adapt_conversation
 from frontends.structured import openai_controls, openai_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer, too_long_error
@@ -164,7 +164,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     return _json_response(payload)
 
 
-def chat_prompt_ids(ctx: ServingContext, body: ChatCompletionRequest, max_tokens: int | None = None) -> list[int]:
+def chat_prompt_ids(ctx: PromptSource, body: ChatCompletionRequest, max_tokens: int | None = None) -> list[int]:
     """The conversation's prompt ids; over ``max_tokens`` by its length alone: ``PromptTooLongError``
     before tokenizing (``Tokenizer.encode_chat``)."""
     check_messages(len(body.messages))
@@ -229,7 +229,7 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = ChatChunkEncoder(response_id, created, ctx.model_name)
-        encoder = _ChatStream(chunks, ctx.tokenizer, include_usage)
+        encoder: StreamEncoder = _ChatStream(chunks, ctx.tokenizer, include_usage)
         if parser is not None:
             encoder = ToolCallChatStream(encoder, chunks, parser)
         return EventStreamResponse(stream_events(generation, encoder))

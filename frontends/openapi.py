@@ -30,6 +30,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Match, Route, Router
+from starlette.types import ASGIApp
 
 from frontends.openapi_types import AnthropicError, EmptyBody, OpenAIError
 from frontends.route_table import ADMIN_ONLY_PREFIXES
@@ -84,7 +85,7 @@ def openapi_document(title: str, version: str, description: str, docs: Sequence[
         operation = paths.setdefault(doc.path, {})[doc.method.lower()] = _operation(doc, schema_of)
         if open_paths is not None and doc.path not in open_paths:
             operation["security"] = [{name: []} for name in _API_KEY_SCHEMES]
-    document = {"openapi": "3.1.0", "info": {"title": title, "version": version, "description": description},
+    document: dict[str, Any] = {"openapi": "3.1.0", "info": {"title": title, "version": version, "description": description},
                 "paths": paths, "components": {"schemas": components}}
     if open_paths is not None:
         document["components"]["securitySchemes"] = _API_KEY_SCHEMES
@@ -143,7 +144,7 @@ class DocumentedApp(FastAPI):
     # FastAPI's __call__ asks OpenTelemetry on every request whether tracing is configured.
     __call__ = Starlette.__call__
 
-    def build_middleware_stack(self):  # type: ignore[no-untyped-def]
+    def build_middleware_stack(self) -> ASGIApp:
         # Starlette's stack (FastAPI's adds three layers per request for features raw routes never use).
         return Starlette.build_middleware_stack(self)
 

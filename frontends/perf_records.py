@@ -172,7 +172,7 @@ class PerfSender:
             self.num_dropped += len(records)  # not open, or the launcher is not reading: best effort
 
     def close(self) -> None:
-        if self._ctx is not None:
+        if self._ctx is not None and self._sock is not None:  # open() sets both
             self._sock.close()
             self._ctx.term()
             self._ctx = self._sock = None

@@ -164,7 +164,7 @@ class MessageEventEncoder:
         self.model = model
 
     def message_start(self, input_tokens: int, cached_tokens: int = 0) -> bytes:
-        message = {
+        message: dict[str, Any] = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",

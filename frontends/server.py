@@ -20,7 +20,7 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Coroutine, Iterator, TypeVar
 
 import uvicorn
 
@@ -30,6 +30,8 @@ from frontends.watchdog import Watchdog, frontend_probes
 from workers.attach import AttachInfo
 
 __all__ = ["make_listen_socket", "make_unix_listen_socket", "FrontendServer", "ServeOptions", "serve_frontend", "run_event_loop"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("disagg.frontend")
 
@@ -99,7 +101,7 @@ async def serve_frontend(
     config = uvicorn.Config(
         make_app(client), log_level=options.log_level, access_log=options.access_log,
         log_config=None,  # uvicorn's lines (the access log too) through the root logger: stderr, our format
-        timeout_graceful_shutdown=options.grace_seconds,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=options.grace_seconds,  # type: ignore[arg-type]  # stub says int; wait_for takes float
         http=http_protocol(), lifespan="auto", **h11_head_limit(),
     )
     server = FrontendServer(config)
@@ -149,11 +151,11 @@ async def serve_frontend(
     return exit_code
 
 
-def run_event_loop(main: Awaitable[int]) -> int:
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
     """Run ``main`` on uvloop when it is installed, else on asyncio's default loop."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(main)  # type: ignore[arg-type]
+        return asyncio.run(main)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)  # type: ignore[arg-type]
+        return runner.run(main)

@@ -67,7 +67,7 @@ class EventStreamResponse(Response):
                 raise
         except OSError:
             pass
-        except Exception as exc:  # noqa: BLE001 - the status line is out: nothing else to tell the client
+        except Exception as exc:  # the status line is out: nothing else to tell the client
             logger.error("event stream failed", exc_info=exc)
         finally:
             watch.stop()

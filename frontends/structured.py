@@ -139,7 +139,7 @@ def _vllm_guided(name: str, value: Any, param: str) -> GuidedDecoding:
         return GuidedDecoding("lark", "start: " + " | ".join(json.dumps(choice) for choice in value))
     try:  # grammar: Lark, or llama.cpp's GBNF (converted)
         return GuidedDecoding("lark", any_to_lark(value))
-    except Exception as exc:  # the converter raises plain exceptions on syntax errors
+    except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions on syntax errors
         raise InvalidRequestError(f"{param} is neither a Lark nor a GBNF grammar: {exc}", param=param) from None
 
 

@@ -76,7 +76,7 @@ def _prompt_ids(surface: TokenizerSurface, body: TokenizeRequest, raw: bytes) ->
                                   "the special tokens itself", param="add_special_tokens")
     # The whole body as a chat request: tools, chat_template_kwargs, ... render as they would there.
     chat = msgspec.convert({**msgspec.json.decode(raw), "model": surface.model_name}, ChatCompletionRequest)
-    return chat_prompt_ids(PromptContext.for_tokenizer(surface.tokenizer), chat)  # type: ignore[arg-type]
+    return chat_prompt_ids(PromptContext.for_tokenizer(surface.tokenizer), chat)
 
 
 def tokenize(surface: TokenizerSurface, raw: bytes) -> dict[str, Any]:

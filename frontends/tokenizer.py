@@ -215,7 +215,7 @@ class Tokenizer:
             rendered = template.render(**context)
         except ChatTemplateError:
             raise
-        except Exception as exc:  # noqa: BLE001 - e.g. ``'...' + None`` on a null content: the conversation's fault
+        except Exception as exc:  # e.g. ``'...' + None`` on a null content: the conversation's fault
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
         return _cut_after_final_message(rendered, messages[-1]) if continue_final_message else rendered
 

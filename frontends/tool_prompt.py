@@ -17,12 +17,22 @@ so both sides see the same prompt.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from frontends.tokenizer import Tokenizer
 from frontends.tool_parsers import CallSyntax, detect_tool_syntax
 
-__all__ = ["adapt_conversation", "PromptContext"]
+__all__ = ["adapt_conversation", "PromptContext", "PromptSource"]
+
+
+class PromptSource(Protocol):
+    """What the prompt functions (``chat_prompt_ids``, ``message_prompt_ids``) read: a
+    ``ServingContext`` or, in the orchestrator, a ``PromptContext``."""
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def tool_syntax(self) -> CallSyntax | None: ...
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def _safe(observe: Callable[[Any], None]) -> Callable[[Any], None]:
     def call(record: Any) -> None:
         try:
             observe(record)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - metrics are best effort: never fail the request's bookkeeping
             log.warning("could not record request metrics: %s", exc)
 
     return call

@@ -149,7 +149,7 @@ def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True)
             return Response(status_code=_CLIENT_CLOSED_REQUEST)
         except UpstreamRejected as exc:
             return Response(exc.body, status_code=exc.status, media_type="application/json")
-        except Exception as exc:  # noqa: BLE001 - always the API's error shape
+        except Exception as exc:  # always the API's error shape
             if http_error(exc).status == 500:
                 log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
             return _error(exc, anthropic)

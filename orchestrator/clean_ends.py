@@ -57,7 +57,7 @@ class CleanEndsMiddleware:
         except asyncio.CancelledError:
             await response.end(anthropic, _SHUTTING_DOWN)
             raise
-        except Exception as exc:  # noqa: BLE001 - logged here; the client gets JSON, not uvicorn's text
+        except Exception as exc:  # logged here; the client gets JSON, not uvicorn's text
             log.error("%s %s failed outside its handler", scope.get("method"), scope.get("path"), exc_info=exc)
             await response.end(anthropic, _INTERNAL)
             return

@@ -44,7 +44,7 @@ class HealthChecker:
         while True:
             try:
                 await self.check_all()
-            except Exception:  # noqa: BLE001 - one bad round must not end health checking
+            except Exception:  # one bad round must not end health checking
                 log.exception("health round failed")
             await asyncio.sleep(self.owner.config.health.interval_seconds)
 

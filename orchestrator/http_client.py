@@ -25,6 +25,7 @@ worker is slow, not gone).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import deque
 from functools import lru_cache
@@ -81,7 +82,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # create_connection's: a stream Transport
 
     def data_received(self, data: bytes) -> None:
         if self._response is None:  # bytes nobody asked for: the connection is not usable
@@ -349,7 +350,7 @@ class HttpClient:
 
     async def _connect(self, host: str, port: int) -> _Connection:
         loop = asyncio.get_running_loop()
-        factory = lambda: _Connection((host, port))  # noqa: E731
+        factory = functools.partial(_Connection, (host, port))
         connecting = (loop.create_unix_connection(factory, self.uds) if self.uds is not None
                       else loop.create_connection(factory, host, port))
         try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Protocol
 from urllib.parse import urlsplit
 
 import msgspec
@@ -57,6 +57,17 @@ def _advertised_host(host: str) -> str:
     return socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
 
 
+class ScrapedWorker(Protocol):
+    """What a target file needs of a worker: orchestrator.registry's records have it."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+
+
 class TargetFiles:
     """The two target files under ``targets_dir``; ``update`` is cheap when nothing changed."""
 
@@ -66,7 +77,7 @@ class TargetFiles:
         self.orchestrator_url = f"http://{_advertised_host(orchestrator_host)}:{orchestrator_port}"
         self._written: dict[str, bytes] = {}
 
-    def update(self, workers: Iterable[object]) -> None:
+    def update(self, workers: Iterable[ScrapedWorker]) -> None:
         """``workers``: registry records (``worker_id``, ``role``, ``url``)."""
         target, labels = _target(self.orchestrator_url)
         self._write("orchestrator.json", [TargetGroup([target], {"role": "orchestrator", **labels})])

@@ -91,7 +91,9 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     server = FrontendServer(uvicorn.Config(
         build_app(orch), log_level=config.log_level, access_log=_access_log(args, config),
         log_config=None,  # uvicorn's lines (the access log too) through the root logger: stderr, our format
-        lifespan="on", timeout_graceful_shutdown=config.grace_seconds, http=http_protocol(), **h11_head_limit()))
+        lifespan="on",
+        timeout_graceful_shutdown=config.grace_seconds,  # type: ignore[arg-type]  # stub says int; wait_for takes float
+        http=http_protocol(), **h11_head_limit()))
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -126,7 +128,7 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
         await asyncio.wait_for(orch.link.first_snapshot.wait(), START_TIMEOUT_SECONDS)
         (Path(config.state_dir) / f"ready-{index}").touch()
         if group is not None:
-            await _wait_ready(config, list(group.children.values()))
+            await _wait_ready(config, group.children)
             group_watch = asyncio.create_task(group.watch())
             print(f"{READY_MESSAGE} http://{config.host}:{port} ({config.processes} processes)", flush=True)
         await asyncio.wait([serving, asyncio.create_task(stopping.wait())], return_when=asyncio.FIRST_COMPLETED)
@@ -149,7 +151,7 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
             owner_stop.set()
             try:
                 await asyncio.wait_for(owner_task, OWNER_STOP_SECONDS)
-            except Exception:  # noqa: BLE001 - a failed or slow owner must not stop the cleanup
+            except Exception:  # a failed or slow owner must not stop the cleanup
                 log.warning("the state owner did not stop cleanly", exc_info=True)
             shutil.rmtree(Path(config.state_dir) / "prometheus", ignore_errors=True)
             if targets is not None:
@@ -212,13 +214,14 @@ async def _run_owner(config: OrchestratorConfig, owner: StateOwner, stop: asynci
         path.unlink(missing_ok=True)
 
 
-async def _wait_ready(config: OrchestratorConfig, children: list[subprocess.Popen]) -> None:
+async def _wait_ready(config: OrchestratorConfig, children: dict[int, subprocess.Popen]) -> None:
+    """``children``: the processes by index (ProcessGroup.children)."""
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     ready = [Path(config.state_dir) / f"ready-{i}" for i in range(config.processes)]
     while not all(path.exists() for path in ready):
-        dead = [c for c in children if c.poll() is not None]
+        dead = [index for index, child in children.items() if child.poll() is not None]
         if dead or time.monotonic() > deadline:
-            raise RuntimeError(f"orchestrator processes did not start (exited: {[c.args[-3] for c in dead]})")
+            raise RuntimeError(f"orchestrator processes did not start (exited: {dead})")
         await asyncio.sleep(0.05)
 
 

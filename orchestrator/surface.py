@@ -59,7 +59,7 @@ def _surface(orch: "Orchestrator") -> TokenizerSurface:
 async def count_tokens(orch: "Orchestrator", request: Request) -> Response:
     body = msgspec.json.decode(await request.body(), type=CountTokensRequest)
     _surface(orch).check_model(body.model)
-    ids = message_prompt_ids(PromptContext.for_tokenizer(orch.tokenizer), body)  # type: ignore[arg-type]
+    ids = message_prompt_ids(PromptContext.for_tokenizer(orch.tokenizer), body)
     return _json({"input_tokens": len(ids)})
 
 

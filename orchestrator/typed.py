@@ -13,13 +13,16 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from workers.config import ConfigError
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance  # a stub-only protocol: what dataclasses.fields() takes
+
 __all__ = ["from_mapping", "to_mapping", "ConfigError"]
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def from_mapping(cls: type[T], data: Any, prefix: str) -> T:
@@ -28,7 +31,7 @@ def from_mapping(cls: type[T], data: Any, prefix: str) -> T:
     if not isinstance(data, dict):
         raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(f"{prefix}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(known))})")
@@ -71,7 +74,7 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(key, f"must be a list, got {type(value).__name__}")
         return tuple(_convert(item, v, f"{key}[{i}]") for i, v in enumerate(value))
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return from_mapping(hint, value, key)
     if hint is bool:
         if not isinstance(value, bool):

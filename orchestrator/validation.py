@@ -18,12 +18,13 @@ ids are checked against the tokenizer's vocabulary.
 from __future__ import annotations
 
 import sys
-from typing import Protocol
+from typing import AsyncGenerator, Callable, Protocol
 
 from frontends.serving import FrontendConfig, ServingContext
 from frontends.tokenizer import Tokenizer
 from frontends.tool_calls import ToolPolicy
-from workers.sampling_params import GuidedDecoding
+from workers.protocol import EngineRequest, IngressMessage, RequestOutput
+from workers.sampling_params import GuidedDecoding, SamplingParams
 
 __all__ = ["RequestValidator", "WorkerLimitsSource"]
 
@@ -64,13 +65,22 @@ class _WorkerLimits:
     def unavailable_error(self) -> Exception:  # pragma: no cover - never unhealthy
         raise AssertionError("validation has no engine")
 
+    # The rest of EngineClientLike: never called, RequestValidator.start_generation refuses first.
+    def generate(self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
+                 make_message: Callable[[EngineRequest], IngressMessage] | None = None,
+                 ) -> AsyncGenerator[RequestOutput, None]:  # pragma: no cover
+        raise AssertionError("validation has no engine")
+
+    async def abort(self, request_id: int) -> None:  # pragma: no cover
+        raise AssertionError("validation has no engine")
+
 
 class RequestValidator(ServingContext):
     """A ``ServingContext`` without an engine: checks bodies, never starts a generation."""
 
     def __init__(self, tokenizer: Tokenizer, model_name: str, limits: "WorkerLimitsSource") -> None:
         vocab_size = tokenizer.backend.get_vocab_size(with_added_tokens=True)
-        super().__init__(_WorkerLimits(limits, vocab_size), tokenizer,  # type: ignore[arg-type]
+        super().__init__(_WorkerLimits(limits, vocab_size), tokenizer,
                          FrontendConfig(served_model_name=model_name))
 
     def forced_tool_guided(self, policy: ToolPolicy) -> GuidedDecoding | None:
@@ -78,5 +88,5 @@ class RequestValidator(ServingContext):
         # which only detects it from the template, knows none: then the workers decide.
         return None if self.tool_syntax is None else super().forced_tool_guided(policy)
 
-    def start_generation(self, *args, **kwargs):  # type: ignore[override]
+    def start_generation(self, *args, **kwargs):
         raise AssertionError("the orchestrator validates requests; workers generate")

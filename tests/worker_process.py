@@ -62,16 +62,16 @@ def spawn_worker(model_dir: str | Path, num_frontends: int, engine: str = "synth
     env = {**os.environ, "TMPDIR": ipc_root}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, text=True)
     log.close()
-    proc.port, proc.ipc_root, proc.log_path = port, str(ipc_root), log.name  # type: ignore[attr-defined]
+    proc.port, proc.ipc_root, proc.log_path = port, str(ipc_root), log.name
     weakref.finalize(proc, shutil.rmtree, base, True)  # the log and TMPDIR go when the test drops proc
-    proc.stdout_lines = []  # type: ignore[attr-defined]
-    proc.ready = threading.Event()  # type: ignore[attr-defined]
+    proc.stdout_lines = []
+    proc.ready = threading.Event()
 
     def read_stdout() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            proc.stdout_lines.append(line)  # type: ignore[attr-defined]
+        for line in proc.stdout:
+            proc.stdout_lines.append(line)
             if line.startswith(READY_MESSAGE):
-                proc.ready.set()  # type: ignore[attr-defined]
+                proc.ready.set()
 
     threading.Thread(target=read_stdout, daemon=True).start()
     return proc
@@ -82,15 +82,15 @@ def start_worker(model_dir: str | Path, num_frontends: int, engine: str = "synth
     """Start a worker and wait until it printed its URL (every frontend ready)."""
     proc = spawn_worker(model_dir, num_frontends, engine, port, extra_args)
     deadline = time.monotonic() + timeout
-    while not proc.ready.wait(0.1):  # type: ignore[attr-defined]
+    while not proc.ready.wait(0.1):
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_worker(proc)
             raise RuntimeError(f"worker did not start (exit code {proc.returncode}):\n{worker_log(proc)}")
-    return f"http://127.0.0.1:{proc.port}", proc  # type: ignore[attr-defined]
+    return f"http://127.0.0.1:{proc.port}", proc
 
 
 def worker_log(proc: subprocess.Popen) -> str:
-    return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
+    return Path(proc.log_path).read_text(errors="replace")
 
 
 def stop_worker(proc: subprocess.Popen, timeout: float = 30.0) -> int:

@@ -104,21 +104,23 @@ def signed_params(key: bytes, ctx_request_id: str, kv_endpoint: str, num_tokens:
 
 def verify_params(key: bytes, params: DisaggParams, now: float | None = None) -> list[int]:
     """Check a ``generation_only`` request's params; its prompt ids. Raises DisaggParamsError."""
-    missing = [name for name in ("ctx_request_id", "kv_endpoint", "num_tokens", "first_token_id", "expires_at",
-                                 "signature", "prompt_token_ids") if getattr(params, name) is None]
-    if missing:
-        raise DisaggParamsError(f"disaggregated_params for generation_only lack {', '.join(missing)}")
+    ctx_request_id, kv_endpoint, num_tokens = params.ctx_request_id, params.kv_endpoint, params.num_tokens
+    first_token_id, expires_at, signature = params.first_token_id, params.expires_at, params.signature
     prompt = params.prompt_token_ids
-    expected = sign_params(key, params.ctx_request_id, params.kv_endpoint, params.num_tokens,
-                           params.first_token_id, params.expires_at, prompt)
-    if not hmac.compare_digest(expected, params.signature):
+    if (ctx_request_id is None or kv_endpoint is None or num_tokens is None or first_token_id is None
+            or expires_at is None or signature is None or prompt is None):
+        missing = [name for name in ("ctx_request_id", "kv_endpoint", "num_tokens", "first_token_id", "expires_at",
+                                     "signature", "prompt_token_ids") if getattr(params, name) is None]
+        raise DisaggParamsError(f"disaggregated_params for generation_only lack {', '.join(missing)}")
+    expected = sign_params(key, ctx_request_id, kv_endpoint, num_tokens, first_token_id, expires_at, prompt)
+    if not hmac.compare_digest(expected, signature):
         raise DisaggParamsError("disaggregated_params.signature does not check under the cluster key")
-    if not params.ctx_request_id.isdigit() or not params.kv_endpoint.startswith("tcp://"):
+    if not ctx_request_id.isdigit() or not kv_endpoint.startswith("tcp://"):
         raise DisaggParamsError("disaggregated_params name an invalid ctx request id or KV endpoint")
-    if params.num_tokens != len(prompt):
+    if num_tokens != len(prompt):
         raise DisaggParamsError(
-            f"disaggregated_params.num_tokens is {params.num_tokens} but the prompt has {len(prompt)} tokens")
-    if params.expires_at <= (time.time() if now is None else now):
+            f"disaggregated_params.num_tokens is {num_tokens} but the prompt has {len(prompt)} tokens")
+    if expires_at <= (time.time() if now is None else now):
         raise DisaggParamsError("disaggregated_params expired: the ctx worker has freed that KV")
     return prompt
 

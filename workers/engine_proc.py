@@ -208,7 +208,7 @@ class EngineProc:
             arrival = time.time()
             try:
                 engine_request = self._add_to_core(message)
-            except Exception as exc:  # a bad request must not take the engine down
+            except Exception as exc:  # noqa: BLE001 - a bad request must not take the engine down
                 log.warning("rejected request %d: %s", request.request_id, exc)
                 self._pending.append(RequestOutput(request.request_id, [], "abort", error=str(exc),
                                                    timing=EngineTiming(arrival, None, None, time.time())))
@@ -306,7 +306,7 @@ class EngineProc:
             elif isinstance(request, StopProfile):
                 trace = self.core.stop_profile()
                 return ControlAck(detail=None if trace is None else str(trace))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - answered in the ControlAck, never an engine crash
             log.warning("control request %s failed: %s: %s", type(request).__name__, type(exc).__name__, exc)
             return ControlAck(error=f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
         return ControlAck()

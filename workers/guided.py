@@ -25,16 +25,20 @@ import json
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import llguidance
 import tokenizers
 
 from workers.sampling_params import GuidedDecoding
 
+if TYPE_CHECKING:  # a TypedDict of llguidance's stub only: the extension module does not export it
+    from llguidance._lib import JsonCompileOptions
+
 __all__ = ["GrammarError", "GrammarCompiler", "grammar_text", "lark_json", "load_tokenizer", "JSON_OBJECT_SCHEMA"]
 
 JSON_OBJECT_SCHEMA = '{"type": "object"}'  # OpenAI json_object: any JSON object
-_JSON_OPTIONS = {"whitespace_flexible": False}
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 _DEFAULT_CACHE_SIZE = 256
 
 

@@ -96,10 +96,12 @@ class FrameCodec(Generic[T]):
     def decode(self, frames: list[bytes] | list[zmq.Frame]) -> T | None:
         """The message, or None when it was dropped (bad MAC, bad frames, bad payload)."""
         if len(frames) != 2:
-            return self._reject(f"{len(frames)} frames instead of 2")
+            self._reject(f"{len(frames)} frames instead of 2")
+            return None
         mac, payload = (f.bytes if isinstance(f, zmq.Frame) else f for f in frames)
         if not hmac.compare_digest(mac, self.mac(payload)):
-            return self._reject("HMAC check failed")
+            self._reject("HMAC check failed")
+            return None
         try:
             return self._decoder.decode(payload)
         except msgspec.DecodeError as exc:

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+from typing import Any
 import tempfile
 from pathlib import Path
 
@@ -41,7 +42,9 @@ def record_owner(ipc_dir: Path, pid: int) -> None:
     tmp.replace(path)
 
 
-def _read_owners(path: Path) -> list[list[int]] | None:
+# [[pid, start time or null], ...] as record_owner wrote it; JSON from disk, so the items stay unchecked
+# (Any) and the sweep converts them.
+def _read_owners(path: Path) -> list[list[Any]] | None:
     try:
         owners = json.loads(path.read_text())
     except (OSError, ValueError):

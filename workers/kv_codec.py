@@ -95,10 +95,12 @@ class KVFrameCodec:
     def decode(self, frames: list[zmq.Frame]) -> tuple[Any, list[memoryview]] | None:
         """(message, payload buffers), or None when the message was dropped."""
         if len(frames) < 2:
-            return self._reject(f"{len(frames)} frames")
+            self._reject(f"{len(frames)} frames")
+            return None
         auth = frames[0].bytes
         if len(auth) != AUTH_BYTES:
-            return self._reject(f"an auth frame of {len(auth)} bytes")
+            self._reject(f"an auth frame of {len(auth)} bytes")
+            return None
         salt, nonce, tag = auth[:_SALT_BYTES], auth[_SALT_BYTES:-_TAG_BYTES], auth[-_TAG_BYTES:]
         header, payload = frames[1].buffer, [frame.buffer for frame in frames[2:]]
         decryptor = Cipher(self._sender(salt), modes.GCM(nonce, tag)).decryptor()
@@ -106,11 +108,13 @@ class KVFrameCodec:
         try:
             decryptor.finalize()
         except InvalidTag:
-            return self._reject("MAC check failed")
+            self._reject("MAC check failed")
+            return None
         try:
             message = self._decoder.decode(header)
         except msgspec.DecodeError as exc:
-            return self._reject(f"undecodable header: {exc}")
+            self._reject(f"undecodable header: {exc}")
+            return None
         return message, payload
 
     def _sender(self, salt: bytes) -> algorithms.AES:

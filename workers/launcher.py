@@ -302,7 +302,7 @@ class WorkerGroup:
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.connect(self.paths.control)
             dealer.send_multipart(codec.encode(request))
-            if not dealer.poll(timeout * 1000):
+            if not dealer.poll(int(timeout * 1000)):
                 raise TimeoutError(f"the engine did not answer {type(request).__name__} within {timeout:g} s")
             reply = self._control_codec.decode(dealer.recv_multipart())
         if reply is None:

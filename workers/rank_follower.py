@@ -116,7 +116,7 @@ class _Follower:
             self.runner = build_rank_runner(self.spec.config, rank, self.spec.collective_timeout_seconds, store)
             model_config = self.runner.model_config
             kv_heads = self.runner.tp.heads(model_config.num_heads, model_config.num_kv_heads).kv_heads
-        kv_endpoint = self._start_kv() if self.runner is not None and self.spec.disagg is not None else None
+        kv_endpoint = self._start_kv(self.spec.disagg) if self.runner is not None and self.spec.disagg is not None else None
         self.link.send(RankReady(rank.rank, kv_heads.start, kv_heads.stop, kv_endpoint))
         log.info("tensor-parallel rank %d of %d ready (%s engine)", rank.rank, rank.world_size, self.spec.config.kind)
 
@@ -131,11 +131,10 @@ class _Follower:
                 raise RankLost("rank 0 stopped before the group formed")
         raise RankLost(f"rank 0 did not form the group within {START_TIMEOUT_SECONDS:g} s")
 
-    def _start_kv(self) -> str:
+    def _start_kv(self, disagg: DisaggEngineSpec) -> str:
         from workers.kv_rank_pulls import FollowerKVStore, KVHeadPuller
         from workers.kv_transfer import KVTransferAgent
 
-        disagg = self.spec.disagg
         key = bytes.fromhex(disagg.cluster_key_hex)
         self.kv_store = FollowerKVStore(self.runner)
         self.kv_agent = KVTransferAgent(self.kv_store, key, self.ctx, disagg.kv_host, 0, disagg.kv_advertise_host,
@@ -200,7 +199,7 @@ def run_rank_follower(spec: FollowerSpec, launcher_pid: int | None = None) -> in
     except RankLost as exc:
         log.error("tensor-parallel rank %d stops: %s", rank.rank, exc)
         return 1
-    except Exception as exc:  # a failed collective (a peer died), a bad shard, ...
+    except Exception as exc:  # noqa: BLE001 - a failed collective (a peer died), a bad shard, ...
         log.error("tensor-parallel rank %d failed: %s: %s", rank.rank, type(exc).__name__, exc)
         tail = "".join(traceback.format_exception(exc)[-3:]).strip()
         try:

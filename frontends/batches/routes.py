@@ -176,7 +176,7 @@ def _endpoint(runner: BatchRunner, handler: Handler) -> Callable[[Request], Awai
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(runner, request)
-        except Exception as exc:  # noqa: BLE001 - always the Anthropic error shape
+        except Exception as exc:  # always the Anthropic error shape
             error = http_error(exc)
             if error.status >= 500:
                 logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)

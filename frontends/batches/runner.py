@@ -30,6 +30,7 @@ Policies (documented once, here):
 
 from __future__ import annotations
 
+import functools
 import asyncio
 import logging
 import time
@@ -127,7 +128,7 @@ class BatchRunner:
                             await self._dispatch_batch(batch_id)
                         finally:
                             self._current = None
-            except Exception:  # noqa: BLE001 - a dead dispatcher would stall every batch in silence
+            except Exception:  # a dead dispatcher would stall every batch in silence
                 logger.exception("batch dispatch failed; retrying in %.1f s", DISPATCH_RETRY_SECONDS)
                 await asyncio.sleep(DISPATCH_RETRY_SECONDS)
                 continue
@@ -153,7 +154,7 @@ class BatchRunner:
                 break
             task = asyncio.create_task(self._run_request(batch_id, idx), name=f"{batch_id}[{idx}]")
             running[idx] = task
-            task.add_done_callback(lambda done, idx=idx: self._request_done(batch_id, idx, done))
+            task.add_done_callback(functools.partial(self._request_done, batch_id, idx))
         self._dispatched.add(batch_id)
         if not running:
             await self._finish(batch_id)

@@ -9,7 +9,7 @@ are RFC 3339 strings; the store keeps epoch seconds.
 from __future__ import annotations
 
 import datetime
-from typing import Literal
+from typing import Literal, overload
 
 import msgspec
 
@@ -72,6 +72,12 @@ class DeletedBatch(msgspec.Struct, frozen=True):
     type: Literal["message_batch_deleted"] = "message_batch_deleted"
 
 
+@overload
+def rfc3339(epoch_seconds: float) -> str: ...
+@overload
+def rfc3339(epoch_seconds: None) -> None: ...
+@overload
+def rfc3339(epoch_seconds: float | None) -> str | None: ...
 def rfc3339(epoch_seconds: float | None) -> str | None:
     if epoch_seconds is None:
         return None

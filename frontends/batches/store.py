@@ -15,6 +15,7 @@ lifetime (one worker per state directory); WAL with small transactions.
 
 from __future__ import annotations
 
+import builtins  # the method BatchStore.list shadows the builtin in annotations after it
 import secrets
 import sqlite3
 import threading
@@ -81,8 +82,9 @@ class BatchRecord:
 
     @classmethod
     def from_row(cls, row: tuple) -> "BatchRecord":
-        counts = RequestCounts(*row[7:12])
-        return cls(*row[:7], request_counts=counts)
+        batch_id, status, created_at, expires_at, ended_at, cancel_initiated_at, archived_at = row[:7]
+        return cls(batch_id, status, created_at, expires_at, ended_at, cancel_initiated_at, archived_at,
+                   RequestCounts(*row[7:12]))
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,9 @@ class BatchStore:
             conn.executemany(
                 "INSERT INTO requests (batch_id, idx, custom_id, params, state) VALUES (?, ?, ?, ?, 'pending')",
                 ((batch_id, idx, custom_id, params) for idx, (custom_id, params) in enumerate(items)))
-            return self._get(conn, batch_id)
+            record = self._get(conn, batch_id)
+        assert record is not None  # inserted above, in the same transaction
+        return record
 
     def get(self, batch_id: str) -> BatchRecord | None:
         with self._transaction() as conn:
@@ -178,7 +182,7 @@ class BatchStore:
             conn.execute("DELETE FROM requests WHERE batch_id = ?", (batch_id,))
             return conn.execute("DELETE FROM batches WHERE id = ?", (batch_id,)).rowcount == 1
 
-    def open_batch_ids(self) -> list[str]:
+    def open_batch_ids(self) -> builtins.list[str]:
         """Batches not yet ended, oldest first (the order the runner serves them in)."""
         with self._transaction() as conn:
             rows = conn.execute("SELECT id FROM batches WHERE processing_status != 'ended' ORDER BY seq").fetchall()
@@ -209,7 +213,7 @@ class BatchStore:
 
     # -- requests ------------------------------------------------------------------------------------
 
-    def pending_indices(self, batch_id: str) -> list[int]:
+    def pending_indices(self, batch_id: str) -> builtins.list[int]:
         with self._transaction() as conn:
             rows = conn.execute("SELECT idx FROM requests WHERE batch_id = ? AND state = 'pending' ORDER BY idx",
                                 (batch_id,)).fetchall()
@@ -251,7 +255,7 @@ class BatchStore:
                      (changed, changed, batch_id))
         return changed
 
-    def results(self, batch_id: str, after_idx: int | None, limit: int) -> list[ResultRow]:
+    def results(self, batch_id: str, after_idx: int | None, limit: int) -> builtins.list[ResultRow]:
         """Finished requests' result lines in request order, a page at a time."""
         start = -1 if after_idx is None else after_idx
         with self._transaction() as conn:

@@ -22,7 +22,7 @@ re-framed on blank lines first.
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 import msgspec
 
@@ -150,7 +150,7 @@ class ResponseEventStream:
         self.sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + head + b',"response":' + response_json + b"}\n\n"
 
-    async def run(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async def run(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
         """The whole event stream; closing it closes ``chunks`` (and so aborts the request)."""
         started = _encode(self.turn.response("in_progress", []))
         yield self._lifecycle("response.created", started) + self._lifecycle("response.in_progress", started)

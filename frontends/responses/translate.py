@@ -15,7 +15,7 @@ As in the reference, ``instructions`` are not carried over by
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 
@@ -54,7 +54,7 @@ def parse_input(value: str | list[Any]) -> list[Item]:
         if isinstance(raw, dict) and "type" not in raw and "role" in raw:
             raw = {**raw, "type": "message"}  # the reference's "easy input message" has no type
         try:
-            items.append(msgspec.convert(raw, Item))  # type: ignore[arg-type]
+            items.append(msgspec.convert(raw, Item))
         except msgspec.ValidationError as exc:
             text = str(exc)
             where = text.rsplit("at `$", 1)[1].rstrip("`") if "at `$" in text else ""
@@ -63,7 +63,7 @@ def parse_input(value: str | list[Any]) -> list[Item]:
     return items
 
 
-def validate_request(body: ResponsesRequest, items: list[Item], history: list[Item] = ()) -> None:
+def validate_request(body: ResponsesRequest, items: list[Item], history: Sequence[Item] = ()) -> None:
     """What the chat path cannot check (it validates tools and tool_choice itself, and its errors
     are renamed into Responses terms: ``rename_param``)."""
     if not items:

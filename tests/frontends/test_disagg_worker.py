@@ -299,7 +299,7 @@ def test_worker_registers_heartbeats_and_deregisters(tiny_model_dir, key_file):
     received: list[tuple[str, dict]] = []
 
     class Stub(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's naming
+        def do_POST(self):  # http.server's naming
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             received.append((self.path, body))
             answer = {"worker_id": "w-1", "heartbeat_seconds": 0.2} if self.path.endswith("/register") else {}

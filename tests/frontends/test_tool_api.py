@@ -143,7 +143,7 @@ async def test_openai_history_with_tool_calls_and_tool_results(harness):
 async def test_anthropic_prefill_continues_the_assistant_turn(harness):
     prefilled = USER + [{"role": "assistant", "content": "The weather in Paris is"}]
     body = msgspec.convert({"model": harness.model, "messages": prefilled, "max_tokens": 4}, MessagesRequest)
-    ids = message_prompt_ids(PromptContext.for_tokenizer(harness.tokenizer), body)  # type: ignore[arg-type]
+    ids = message_prompt_ids(PromptContext.for_tokenizer(harness.tokenizer), body)
     text = harness.tokenizer.decode(ids, skip_special_tokens=False)
     assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\nThe weather in Paris is")
     response = await messages(harness, messages=prefilled)

@@ -27,7 +27,7 @@ def parser(stream_arguments: bool = False) -> ToolCallParser:
 
 
 def run_stream(encoder, finish_reason: str = "stop", chunk: int = 3) -> list[bytes]:
-    generation = Generation(None, None, [1, 2, 3], SamplingParams())  # type: ignore[arg-type]
+    generation = Generation(None, None, [1, 2, 3], SamplingParams())
     frames = list(encoder.start(generation))
     pieces = [ANSWER[i:i + chunk] for i in range(0, len(ANSWER), chunk)]
     last = None
@@ -51,7 +51,7 @@ STREAMING = pytest.mark.parametrize("stream_arguments", [False, True], ids=["who
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
 def test_openai_stream(chunk, stream_arguments):
     chunks = ChatChunkEncoder("chatcmpl-1", 0, "m")
-    stream = ToolCallChatStream(_ChatStream(chunks, None, False), chunks,  # type: ignore[arg-type]
+    stream = ToolCallChatStream(_ChatStream(chunks, None, False), chunks,
                                 parser(stream_arguments))
     deltas = [p["choices"][0] for p in sse_payloads(run_stream(stream, chunk=chunk))]
     assert deltas[0]["delta"] == {"role": "assistant", "content": ""}
@@ -76,8 +76,8 @@ def test_openai_stream(chunk, stream_arguments):
 
 def test_openai_stream_cut_by_max_tokens_reports_length_and_the_partial_call_as_text():
     chunks = ChatChunkEncoder("chatcmpl-1", 0, "m")
-    stream = ToolCallChatStream(_ChatStream(chunks, None, False), chunks, parser())  # type: ignore[arg-type]
-    generation = Generation(None, None, [1], SamplingParams())  # type: ignore[arg-type]
+    stream = ToolCallChatStream(_ChatStream(chunks, None, False), chunks, parser())
+    generation = Generation(None, None, [1], SamplingParams())
     frames = [stream.piece(Piece('<tool_call>{"name": "get_time", "argu', [], None))]
     assert frames == [None]
     frames = stream.finish(generation, Piece("", [], None, "length"))
@@ -130,7 +130,7 @@ def test_anthropic_stream(chunk, stream_arguments):
 
 def test_anthropic_stream_without_calls_is_one_text_block_ending_the_turn():
     stream = ToolUseMessageStream(MessageEventEncoder("msg_1", "m"), parser())
-    generation = Generation(None, None, [1], SamplingParams())  # type: ignore[arg-type]
+    generation = Generation(None, None, [1], SamplingParams())
     frames = stream.start(generation) + [stream.piece(Piece("Hello", [], None))]
     events = sse_payloads(frames + stream.finish(generation, Piece("", [], None, "stop")))
     assert [e["type"] for e in events] == ["message_start", "ping", "content_block_start", "content_block_delta",
@@ -147,7 +147,7 @@ def test_anthropic_content():
 
 def test_anthropic_streamed_call_cut_short_still_closes_its_block():
     stream = ToolUseMessageStream(MessageEventEncoder("msg_1", "m"), parser(stream_arguments=True))
-    generation = Generation(None, None, [1], SamplingParams())  # type: ignore[arg-type]
+    generation = Generation(None, None, [1], SamplingParams())
     frames = stream.start(generation) + [stream.piece(Piece('<tool_call>\n{"name": "get_time", "arguments": {"tz',
                                                             [], None))]
     events = sse_payloads(frames + stream.finish(generation, Piece("", [], None, "length")))

@@ -38,12 +38,12 @@ def start_orchestrator(tmp_path: Path, model_dir: str | Path, workers: list[tupl
     log = open(Path(tmp_path) / f"orchestrator-{port}.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "disagg.cli", "orchestrator", "--config", str(path)],
                             stdout=subprocess.PIPE, stderr=log, text=True)
-    proc.log_path = log.name  # type: ignore[attr-defined]
+    proc.log_path = log.name
     log.close()
     ready = threading.Event()
 
     def read() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
+        for line in proc.stdout:
             if line.startswith(READY_MESSAGE):
                 ready.set()
 
@@ -61,7 +61,7 @@ def start_orchestrator(tmp_path: Path, model_dir: str | Path, workers: list[tupl
 
 
 def orchestrator_log(proc: subprocess.Popen) -> str:
-    return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
+    return Path(proc.log_path).read_text(errors="replace")
 
 
 def stop_orchestrator(proc: subprocess.Popen, timeout: float = 20.0) -> int:

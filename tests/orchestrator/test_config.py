@@ -52,7 +52,7 @@ def test_deploy_config_defaults_overrides_and_frozen(tmp_path):
     assert config.engine_for("ctx").block_size == 8
     assert config.pools.gen.instances == 2 and config.pools.ctx.instances == 1
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.model = "x"  # type: ignore[misc]
+        config.model = "x"
     assert str(load_deploy_config(path, run_dir="/tmp/r").run_path) == "/tmp/r"
 
 

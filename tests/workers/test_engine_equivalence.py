@@ -6,11 +6,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine_runs import run, tokens  # noqa: E402
-from workers.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
-from workers.engine.core import EngineCore  # noqa: E402
-from workers.protocol import EngineRequest  # noqa: E402
-from workers.sampling_params import SamplingParams  # noqa: E402
+from engine_runs import run, tokens
+from workers.config import CacheConfig, EngineConfig, SchedulerConfig
+from workers.engine.core import EngineCore
+from workers.protocol import EngineRequest
+from workers.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
 

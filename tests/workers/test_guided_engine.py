@@ -10,14 +10,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-import jsonschema  # noqa: E402
-import tokenizers  # noqa: E402
-from engine_runs import run, tokens  # noqa: E402
-from json_schemas import SCHEMAS, schema_text  # noqa: E402
-from test_engine_equivalence import make_core, mixed_requests  # noqa: E402
-from workers.guided import lark_json  # noqa: E402
-from workers.protocol import EngineRequest  # noqa: E402
-from workers.sampling_params import GuidedDecoding, SamplingParams  # noqa: E402
+import jsonschema
+import tokenizers
+from engine_runs import run, tokens
+from json_schemas import SCHEMAS, schema_text
+from test_engine_equivalence import make_core, mixed_requests
+from workers.guided import lark_json
+from workers.protocol import EngineRequest
+from workers.sampling_params import GuidedDecoding, SamplingParams
 
 MAX_TOKENS = 200
 

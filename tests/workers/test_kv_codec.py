@@ -30,7 +30,7 @@ def test_messages_verify_from_many_senders_and_made_up_salts_do_not_grow_the_rec
         auth, header, payload = senders[0].encode(KVDone(1, 1), [b"payload"])
         forged = os.urandom(16) + auth[16:]
         assert receiver.decode(frames_of([forged, header, payload])) is None
-        assert len(receiver._senders) <= 4  # noqa: SLF001
+        assert len(receiver._senders) <= 4
     tampered = senders[1].encode(KVDone(1, 1), [b"payload"])
     assert receiver.decode(frames_of([tampered[0], tampered[1], b"pay1oad"])) is None
     assert receiver.decode(frames_of(senders[1].encode(KVDone(2, 2)))) is not None  # still verifies

@@ -13,15 +13,15 @@ from safetensors.numpy import load_file, save_file
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it; nothing may be downloaded
 
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM
 
-from workers.config import CacheConfig, ConfigError, EngineConfig  # noqa: E402
-from workers.engine.attention import SequenceSlice, build_attention_metadata  # noqa: E402
-from workers.engine.executor import ScheduledRequest, SchedulerOutput  # noqa: E402
-from workers.engine.model.loader import MissingWeightsError, load_model  # noqa: E402
-from workers.engine.model.tiny import make_tiny_model  # noqa: E402
-from workers.engine.model_runner import ModelRunner  # noqa: E402
-from workers.sampling_params import SamplingParams  # noqa: E402
+from workers.config import CacheConfig, ConfigError, EngineConfig
+from workers.engine.attention import SequenceSlice, build_attention_metadata
+from workers.engine.executor import ScheduledRequest, SchedulerOutput
+from workers.engine.model.loader import MissingWeightsError, load_model
+from workers.engine.model.tiny import make_tiny_model
+from workers.engine.model_runner import ModelRunner
+from workers.sampling_params import SamplingParams
 
 TOLERANCE = 1e-4
 BLOCK_SIZE = 4

@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine_runs import run, tokens  # noqa: E402
-from test_engine_equivalence import make_core, make_request  # noqa: E402
+from engine_runs import run, tokens
+from test_engine_equivalence import make_core, make_request
 
 PROMPT = [(11 * k) % 500 + 5 for k in range(12)]
 

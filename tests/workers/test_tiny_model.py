@@ -10,9 +10,9 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it; nothing may be downloaded
 
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workers.engine.model.tiny import TINY_SIZES, make_tiny_model  # noqa: E402
+from workers.engine.model.tiny import TINY_SIZES, make_tiny_model
 
 
 def _file_bytes(model_dir: Path) -> dict[str, bytes]:

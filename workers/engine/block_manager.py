@@ -111,7 +111,7 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self._free)
 
-    def cached_block_hashes(self) -> list[BlockHash]:
+    def cached_block_hashes(self) -> list[int]:  # plain ints: they go on the wire (KVCacheSnapshot)
         """Every hash a prefix lookup can hit now (what the KV events have published, net)."""
         return list(self._cached)
 
@@ -185,7 +185,7 @@ class BlockManager:
         for block_id in computed_blocks:
             self._touch(block_id)
             request.block_ids.append(block_id)
-            table.hashes.append(self._blocks[block_id].block_hash)  # type: ignore[arg-type]
+            table.hashes.append(self._blocks[block_id].block_hash)  # type: ignore[arg-type]  # a hit: hashed
         evicted: list[int] = []
         for _ in range(num_new_blocks):
             request.block_ids.append(self._take_block(evicted))
@@ -336,8 +336,8 @@ class BlockManager:
             block = self._blocks[self._free.popleft()]
         else:
             block = self._blocks[self._evictable.popitem(last=False)[0]]
-            evicted.append(block.block_hash)  # type: ignore[arg-type]
-            del self._cached[block.block_hash]  # type: ignore[arg-type]
+            evicted.append(block.block_hash)  # type: ignore[arg-type]  # evictable means cached: hashed
+            del self._cached[block.block_hash]  # type: ignore[arg-type]  # (as above)
             block.block_hash = block.parent_hash = block.token_ids = None
         block.ref_count = 1
         return block.block_id

@@ -155,7 +155,7 @@ class EngineCore:
         blocks = self.block_manager
         return KVCacheSnapshot(self.kv_events.next_event_id, blocks.cached_block_hashes(), blocks.num_blocks)
 
-    def export_blocks(self, block_ids: list[int]) -> list[bytes]:
+    def export_blocks(self, block_ids: list[int]) -> Sequence[bytes | memoryview]:
         return self.executor.export_blocks(block_ids)
 
     def import_blocks(self, block_ids: list[int], buffers: list[bytes]) -> None:

@@ -10,7 +10,7 @@ Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 from workers.protocol import TokenLogprobs
 from workers.sampling_params import SamplingParams
@@ -84,7 +84,7 @@ class Executor(Protocol):
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput: ...
 
-    def export_blocks(self, block_ids: list[int]) -> list[bytes]:
+    def export_blocks(self, block_ids: list[int]) -> Sequence[bytes | memoryview]:
         """The KV of ``block_ids`` (all layers, K and V) as the executor's wire frames.
 
         The frames' number and layout are the executor's own; they may be

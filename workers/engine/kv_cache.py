@@ -94,7 +94,9 @@ class KVCache:
             return [memoryview(slab[layer, kind]) for layer, kind in self._frames]
         span = _as_slice(block_ids)
         if span is not None and span.step is None:  # ascending: a contiguous slice of every layer's K and V
-            return [memoryview(self._host[layer, kind, span]) for layer, kind in self._frames]
+            # numpy's stub gives ndarray __buffer__ only for Python >= 3.12; 3.11's buffer protocol is the same.
+            return [memoryview(self._host[layer, kind, span])  # type: ignore[arg-type]  # numpy stub, see above
+                    for layer, kind in self._frames]
         # numpy's single-threaded take, not torch's index_select: that runs on torch's OpenMP
         # threads, which then spin-wait on the cores ZeroMQ's I/O threads need for the wire.
         rows = np.asarray(block_ids)
@@ -113,7 +115,7 @@ class KVCache:
             if frame.nbytes != expected:
                 raise ValueError(f"a frame of {frame.nbytes} bytes for {len(block_ids)} blocks, expected {expected}")
             frames.append(frame.reshape(len(block_ids), -1))  # (n, bytes per block of one layer's K or V)
-        if self._host is None:
+        if self._host_rows is None:  # a device pool (no host view)
             self._import_on_device(block_ids, frames)
             return
         # Plain single-threaded copies: ZeroMQ's I/O thread is receiving the next chunks meanwhile,

@@ -11,7 +11,7 @@ engine never builds this wrapper. Torch-free.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from workers.engine.executor import Executor, ExecutorOutput, SchedulerOutput
 from workers.rank_link import LeaderLink, RankLost
@@ -50,7 +50,7 @@ class LeaderExecutor:
             self.link.wait_done(self.num_steps, SYNTHETIC_ACK_SECONDS)
         return output
 
-    def export_blocks(self, block_ids: list[int]) -> list[Any]:
+    def export_blocks(self, block_ids: list[int]) -> Sequence[bytes | memoryview]:
         return self.inner.export_blocks(block_ids)
 
     def import_blocks(self, block_ids: list[int], buffers: list[Any]) -> None:

@@ -46,6 +46,8 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads)
         self.tp = tp
         self.device = resolve_device(config.device)
+        if config.model is None:  # validate() refuses a torch engine without one
+            raise ConfigError("engine.model", "a model directory is required for the torch engine")
         self.model, self.model_config = load_model(config.model, config.dtype, self.device, _positions(config), tp)
         if can_pack(self.device, DTYPES[config.dtype]):
             pack_linears(self.model)  # from here on the model only serves inference
@@ -56,7 +58,7 @@ class ModelRunner:
         shape = KVCacheShape(
             num_layers=self.model_config.num_layers,
             block_size=self.block_size,
-            num_kv_heads=self.model.layers[0].self_attn.num_kv_heads,  # this rank's share under TP
+            num_kv_heads=self.model.num_kv_heads,  # this rank's share under TP
             head_dim=self.model_config.head_dim,
             dtype=DTYPES[config.dtype],
         )

@@ -43,7 +43,7 @@ LANES = 16  # as in paged_decode.c
 
 # Tensors pass as their data pointers (float32 or int64 as the C signature says; checked in __call__).
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-_ARGTYPES = [
+_ARGTYPES = (
     _PTR, _I64,  # query, its row stride
     _PTR, _I64,  # out, its row stride
     _PTR,  # rows
@@ -52,7 +52,7 @@ _ARGTYPES = [
     _PTR,  # context lengths
     _I64, _I64, _I64, _I64, _I64,  # decodes, heads, kv heads, head dim, block size
     ctypes.c_float,  # scale
-]
+)
 
 
 def kernel_supports(head_dim: int, block_size: int) -> bool:

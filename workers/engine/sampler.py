@@ -138,10 +138,13 @@ class Sampler:
             return [SampledToken(token_id) for token_id in token_list]
         logprobs = torch.log_softmax(logits, dim=-1)  # (S, V)
         max_n = max(n for n in wanted if n is not None)
-        top_values, top_ids = logprobs.topk(max_n, dim=-1) if max_n else (None, None)
+        # (S, max_n) each; with max_n 0 no row asks for alternatives and none reads them.
+        top_values: list[list[float]] = []
+        top_ids: list[list[int]] = []
+        if max_n:
+            top_value_tensor, top_id_tensor = logprobs.topk(max_n, dim=-1)
+            top_values, top_ids = top_value_tensor.tolist(), top_id_tensor.tolist()
         chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
-        top_values = top_values.tolist() if top_values is not None else None
-        top_ids = top_ids.tolist() if top_ids is not None else None
         sampled = []
         for i, (token_id, n) in enumerate(zip(token_list, wanted)):
             if n is None:

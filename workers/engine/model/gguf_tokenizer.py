@@ -74,6 +74,14 @@ def tokenizer_from_gguf(path: str | Path) -> tuple[tokenizers.Tokenizer, dict[st
     return backend, config
 
 
+def _merge_pair(merge: str) -> tuple[str, str]:
+    """A GGUF merge ``"left right"`` as the pair tokenizers' BPE takes (byte-level tokens hold no space)."""
+    parts = merge.split(" ")
+    if len(parts) != 2:
+        raise ValueError(f"a GGUF merge must be two tokens separated by a space, got {merge!r}")
+    return parts[0], parts[1]
+
+
 def _byte_level_bpe(tokens: list[str], merges: list[str], token_types: list[int]) -> tokenizers.Tokenizer:
     alphabet = _byte_alphabet()
     spelled = set(alphabet.values())
@@ -81,7 +89,7 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], token_types: list[int]
     vocab = {token if set(token) <= spelled else "".join(alphabet[b] for b in token.encode("utf-8")): index
              for index, token in enumerate(tokens)}
     backend = tokenizers.Tokenizer(models.BPE(
-        vocab=vocab, merges=[tuple(merge.split(" ")) for merge in merges], dropout=None,
+        vocab=vocab, merges=[_merge_pair(merge) for merge in merges], dropout=None,
         continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()

@@ -90,7 +90,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.tp = tp
         if tp is None:
-            self.embed_tokens: nn.Module = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.embed_tokens: nn.Embedding | VocabParallelEmbedding = nn.Embedding(config.vocab_size, config.hidden_size)
             vocab_rows = config.vocab_size
         else:
             self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
@@ -101,6 +101,13 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, vocab_rows, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    @property
+    def num_kv_heads(self) -> int:
+        """This rank's KV heads (all of them without TP): the width of its KV cache."""
+        layer = self.layers[0]
+        assert isinstance(layer, LlamaDecoderLayer)  # nn.ModuleList types its items as bare Modules
+        return layer.self_attn.num_kv_heads
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache, metadata: AttentionMetadata

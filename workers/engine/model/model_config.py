@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from workers.config import ConfigError
 
@@ -21,6 +22,8 @@ SUPPORTED_MODEL_TYPES = {
     "qwen2": "Qwen2ForCausalLM",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ def _parse_rope(raw: dict) -> tuple[float, RopeScaling | None]:
     )
 
 
-def _require(raw: dict, name: str, kind: type) -> object:
+def _require(raw: dict, name: str, kind: type[_T]) -> _T:
     if name not in raw:
         raise ConfigError(f"config.json:{name}", "missing")
     value = raw[name]

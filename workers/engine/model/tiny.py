@@ -157,7 +157,7 @@ def _random_weights(dims: TinySize, arch: str, tied: bool, seed: int) -> dict[st
         tensors[prefix + "mlp.down_proj.weight"] = linear(dims.hidden_size, dims.intermediate_size)
     tensors["model.norm.weight"] = norm()
     if not tied:
-        tensors["lm_head.weight"] = 2.0 * linear(dims.vocab_size, dims.hidden_size)
+        tensors["lm_head.weight"] = np.float32(2.0) * linear(dims.vocab_size, dims.hidden_size)
     return tensors
 
 

@@ -224,13 +224,20 @@ def write_tokenizer(model_dir: Path, vocab_size: int, max_model_len: int) -> dic
     text = json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n"
     (model_dir / "tokenizer_config.json").write_text(text, encoding="utf-8")
     return {
-        "bos": tokenizer.token_to_id(BOS_TOKEN),
-        "eos": tokenizer.token_to_id(EOS_TOKEN),
-        "eot": tokenizer.token_to_id(EOT_TOKEN),
+        "bos": _token_id(tokenizer, BOS_TOKEN),
+        "eos": _token_id(tokenizer, EOS_TOKEN),
+        "eot": _token_id(tokenizer, EOT_TOKEN),
     }
+
+
+def _token_id(tokenizer: Tokenizer, token: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:  # the trainer was given every special token: a bug if one is missing
+        raise RuntimeError(f"the trained tokenizer lacks the special token {token!r}")
+    return token_id
 
 
 def _special_tokens(tokenizer: Tokenizer) -> list[str]:
     vocab_size = tokenizer.get_vocab_size()
     reserved = [tokenizer.id_to_token(i) for i in range(vocab_size)]
-    return list(SPECIAL_TOKENS) + [t for t in reserved if t.startswith("<|reserved_special_token_")]
+    return list(SPECIAL_TOKENS) + [t for t in reserved if t is not None and t.startswith("<|reserved_special_token_")]
