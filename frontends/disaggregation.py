@@ -37,6 +37,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from frontends.error_codes import KV_TRANSFER_FAILED
 from frontends.errors import FrontendError, InvalidRequestError
 from workers.disagg_params import (
     CONTEXT_ONLY,
@@ -84,7 +85,7 @@ class KVTransferError(FrontendError):
     status = 502
     openai_type = "kv_transfer_error"
     anthropic_type = "api_error"
-    code = "kv_transfer_failed"
+    code = KV_TRANSFER_FAILED
 
 
 class DisaggLeg:

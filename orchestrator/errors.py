@@ -75,9 +75,16 @@ class LegFailed(Exception):
     to that same worker.
 
     ``refused``: the worker answered 429 (at its concurrent-request limit): it is busy, not
-    failing, so it is not suspected, and when every worker tried refused the client gets 429."""
+    failing, so it is not suspected, and when every worker tried refused the client gets 429.
 
-    def __init__(self, message: str, kv_source_lost: bool = False, refused: bool = False) -> None:
+    ``unanswered``: no answer came (no connection, timeout, connection lost): the worker is suspect.
+    ``connection_lost``: of those, a connection lost after it was made (one frontend process died,
+    perhaps not the worker): the same worker may be tried once more."""
+
+    def __init__(self, message: str, kv_source_lost: bool = False, refused: bool = False,
+                 unanswered: bool = False, connection_lost: bool = False) -> None:
         super().__init__(message)
         self.kv_source_lost = kv_source_lost
         self.refused = refused
+        self.unanswered = unanswered
+        self.connection_lost = connection_lost

@@ -42,7 +42,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 import logging
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, NoReturn, TypeVar
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
 
 import msgspec
 from starlette.responses import Response
@@ -51,6 +51,7 @@ from starlette.types import Receive
 from frontends.admission import RETRY_AFTER_SECONDS, OverloadedError
 from frontends.errors import ApiError, http_error
 from frontends.streaming import EventStreamResponse, run_until_disconnect
+from orchestrator.attempts import Attempts, kv_source_lost
 from orchestrator.clean_ends import stream_error_frame
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
@@ -66,11 +67,6 @@ __all__ = ["Flow", "PerfRecord", "within"]
 log = logging.getLogger("disagg.orchestrator.flow")
 
 T = TypeVar("T")
-
-# The error code of a gen leg whose KV pull failed (frontends.disaggregation.KVTransferError):
-# the ctx engine died or dropped the parked KV, the gen worker is fine.
-KV_SOURCE_LOST = b'"kv_transfer_failed"'
-
 
 @dataclass
 class PerfRecord:
@@ -193,23 +189,50 @@ class Flow:
         self.metrics.phase("e2e").observe(record.end - record.arrival)
         self.link.perf_queue.append(msgspec.to_builtins(record.__dict__))
 
-    def next_gen(self, request: ParsedRequest, tried: set[str], failed: WorkerRecord,
-                 exc: BaseException) -> WorkerRecord | None:
-        """Where a failed gen leg goes again, as a normal request: another gen worker; the same
-        one when only the ctx engine's KV was lost (the gen worker itself answered fine)."""
-        worker = self.pick("gen", request, tried)
-        if worker is None and isinstance(exc, LegFailed) and exc.kv_source_lost:
+    # -- the one retry loop -----------------------------------------------------------------
+
+    async def attempt(self, phase: str, request: ParsedRequest, first: WorkerRecord, record: PerfRecord,
+                      leg: Callable[[WorkerRecord, bool], Awaitable[T]]) -> tuple[T, WorkerRecord]:
+        """``leg(worker, replay)`` until one succeeds, on the worker ``decide`` names after each
+        failure; ``replay``: after a failure a gen leg goes as a normal request (the parked KV may
+        be gone). Any exception but LegFailed (a 4xx, the deadline, a disconnect) ends it at once."""
+        attempts = Attempts(phase, self.config.max_retries)
+        worker: WorkerRecord | None = first
+        replay = False
+        while worker is not None:
+            attempts.start(worker)
+            try:
+                return await leg(worker, replay), worker
+            except LegFailed as exc:
+                worker = self.decide(request, attempts, worker, exc, record)
+                replay = True
+        if phase == "gen" and attempts.all_refused():  # busy, not broken
+            self.metrics.errors.labels("gen", "overloaded").inc()
+            raise OverloadedError(f"every generation worker is at its concurrent-request limit "
+                                  f"({len(attempts.tried)} tried); retry after {RETRY_AFTER_SECONDS} s")
+        self.metrics.errors.labels(phase, "upstream").inc()
+        name = "context" if phase == "ctx" else "generation"
+        raise UpstreamFailedError(f"every {name} worker failed ({len(attempts.tried)} tried)")
+
+    def decide(self, request: ParsedRequest, attempts: Attempts, failed: WorkerRecord, exc: LegFailed,
+               record: PerfRecord) -> WorkerRecord | None:
+        """Where a failed leg goes next (None: nowhere): the same worker once after a lost connection;
+        else another worker of the phase; for a gen leg whose KV pull alone failed (the gen worker
+        answered fine), that same worker when no other is left."""
+        suspect, again = attempts.failed(failed, exc)
+        if suspect:
+            self.view.suspect(failed.worker_id)
+        record.legs.append({"phase": attempts.phase, "worker_id": failed.worker_id, "error": str(exc)})
+        if not attempts.may_retry():
+            return None
+        self.metrics.retries.labels(attempts.phase).inc()
+        record.retries += 1
+        if again:
+            return failed
+        worker = self.pick(attempts.phase, request, attempts.tried)
+        if worker is None and attempts.phase == "gen" and exc.kv_source_lost:
             return failed
         return worker
-
-    def _retrying(self, phase: str, worker: WorkerRecord, error: str, tried: set[str], record: PerfRecord) -> bool:
-        """Record a failed leg; whether it may go again (``max_retries`` not spent yet), counted if so."""
-        record.legs.append({"phase": phase, "worker_id": worker.worker_id, "error": error})
-        if len(tried) > self.config.max_retries:
-            return False
-        self.metrics.retries.labels(phase).inc()
-        record.retries += 1
-        return True
 
     # -- legs -------------------------------------------------------------------------------
 
@@ -222,80 +245,57 @@ class Flow:
                 "POST", worker.url + path, body,
                 {"x-request-id": request_id, "content-type": "application/json"})
         except UpstreamError as exc:
-            self.view.suspect(worker.worker_id)
-            raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}") from exc
+            raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}", unanswered=True) from exc
         finally:
             self.view.release(worker.worker_id, tokens)
         if status == 429:
             raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)", refused=True)
         if status >= 500:
-            raise LegFailed(f"{worker.worker_id} answered {status}", kv_source_lost=KV_SOURCE_LOST in content)
+            raise LegFailed(f"{worker.worker_id} answered {status}", kv_source_lost=kv_source_lost(content))
         if status != 200:
             raise UpstreamRejected(status, content)
         return content
 
     async def run_ctx(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
                       record: PerfRecord) -> tuple[dict[str, Any], WorkerRecord]:
-        worker: WorkerRecord | None = first
-        tried: set[str] = set()
         body = msgspec.json.encode(ctx_body(request))
-        while worker is not None:
-            tried.add(worker.worker_id)
+
+        async def leg(worker: WorkerRecord, replay: bool) -> dict[str, Any]:
             start = time.time()
-            try:
-                raw = await self._post("ctx", worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids))
-            except LegFailed as exc:
-                if not self._retrying("ctx", worker, str(exc), tried, record):
-                    break
-                worker = self.pick("ctx", request, tried)
-                continue
+            raw = await self._post("ctx", worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids))
             record.ctx = {"worker_id": worker.worker_id, "start": start, "end": time.time()}
             self.metrics.phase("ctx").observe(record.ctx["end"] - start)
-            return msgspec.json.decode(raw), worker
-        self.metrics.errors.labels("ctx", "upstream").inc()
-        raise UpstreamFailedError(f"every context worker failed ({len(tried)} tried)")
+            return msgspec.json.decode(raw)
+
+        return await self.attempt("ctx", request, first, record, leg)
 
     async def run_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
                       payload: dict[str, Any], record: PerfRecord) -> tuple[bytes, WorkerRecord]:
-        worker: WorkerRecord | None = first
-        tried: set[str] = set()
-        refusals = 0
-        while worker is not None:
-            tried.add(worker.worker_id)
+        async def leg(worker: WorkerRecord, replay: bool) -> bytes:
             start = time.time()
-            try:
-                raw = await self._post("gen", worker, request.path, request.encode(payload), f"{request_id}-gen",
-                                       len(request.prompt_ids))
-            except LegFailed as exc:
-                refusals += exc.refused
-                if not self._retrying("gen", worker, str(exc), tried, record):
-                    break
-                payload = request.body  # a normal request: the parked KV may be gone
-                worker = self.next_gen(request, tried, worker, exc)
-                continue
+            raw = await self._post("gen", worker, request.path, request.encode(request.body if replay else payload),
+                                   f"{request_id}-gen", len(request.prompt_ids))
             end = time.time()
             record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": end, "end": end}
             self.metrics.phase("gen").observe(end - start)
-            return raw, worker
-        self._gen_failed(tried, refusals)
+            return raw
+
+        return await self.attempt("gen", request, first, record, leg)
 
     async def stream_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
                          payload: dict[str, Any], record: PerfRecord, headers: dict[str, str],
                          deadline: float) -> Response:
-        worker: WorkerRecord | None = first
-        tried: set[str] = set()
-        lost_once: set[str] = set()  # workers whose connection was lost once before anything was relayed
-        refusals = 0
-        while worker is not None:
-            tried.add(worker.worker_id)
+        tokens = len(request.prompt_ids)
+
+        async def leg(worker: WorkerRecord, replay: bool) -> tuple[LegResponse, AsyncIterator[bytes], bytes]:
+            body = request.body if replay else payload
             start = time.time()
-            tokens = len(request.prompt_ids)
             self.metrics.leg("gen").inc()
             self.view.acquire(worker.worker_id, tokens)
             upstream = None
             try:
                 upstream = await self._within(deadline, self.upstream.post(
-                    worker.url + request.path, request.encode(payload),
+                    worker.url + request.path, request.encode(body),
                     {"x-request-id": f"{request_id}-gen", "content-type": "application/json"}))
                 if upstream.status == 429:
                     raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)",
@@ -303,56 +303,33 @@ class Flow:
                 if upstream.status >= 500:
                     raise LegFailed(f"{worker.worker_id} answered {upstream.status}")
                 if upstream.status != 200:
-                    body = await upstream.read()
-                    raise UpstreamRejected(upstream.status, body)
+                    raise UpstreamRejected(upstream.status, await upstream.read())
                 chunks = upstream.chunks()
                 first_chunk = await self._within(deadline, chunks.__anext__())  # still retryable until here
-                if payload is not request.body and KV_SOURCE_LOST in first_chunk:  # the pull failed in band
+                if body is not request.body and kv_source_lost(first_chunk):  # the pull failed in band
                     raise LegFailed(f"{worker.worker_id}: the KV pull failed", kv_source_lost=True)
-            except (LegFailed, UpstreamError, StopAsyncIteration) as exc:
+            except BaseException as exc:
                 self.view.release(worker.worker_id, tokens)
                 if upstream is not None:
                     upstream.close()
-                # A connection lost before anything reached the client is, the first time, one lost
-                # frontend process (killed mid-answer), not a lost worker: the same worker once more
-                # (the next connection reaches another of its frontends), not suspected.
-                lost = isinstance(exc, UpstreamError) and not isinstance(exc, (UpstreamTimeout, UpstreamUnreachable))
-                again = lost and worker.worker_id not in lost_once
-                if isinstance(exc, UpstreamError) and not again:
-                    self.view.suspect(worker.worker_id)
-                refusals += isinstance(exc, LegFailed) and exc.refused
-                error = str(exc) if isinstance(exc, LegFailed) else f"{worker.worker_id}: {type(exc).__name__}: {exc}"
-                if not self._retrying("gen", worker, error, tried, record):
-                    break
-                payload = request.body
-                if again:
-                    lost_once.add(worker.worker_id)
-                    continue
-                worker = self.next_gen(request, tried, worker, exc)
-                continue
-            except BaseException:
-                self.view.release(worker.worker_id, tokens)
-                if upstream is not None:
-                    upstream.close()
+                if isinstance(exc, (UpstreamError, StopAsyncIteration)):
+                    # A lost connection (not a timeout, not unreachable) may be one lost frontend process.
+                    lost = isinstance(exc, UpstreamError) and not isinstance(exc, (UpstreamTimeout,
+                                                                                   UpstreamUnreachable))
+                    raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}",
+                                    unanswered=isinstance(exc, UpstreamError), connection_lost=lost) from exc
                 raise
             record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": time.time()}
             self.metrics.phase("gen_first_byte").observe(record.gen["first_byte"] - start)
             self.metrics.phase("ttft").observe(record.gen["first_byte"] - record.arrival)
-            relay = self._relay(request, upstream, chunks, first_chunk, worker, tokens, record, deadline)
-            response = EventStreamResponse(relay)
-            response.raw_headers += [(k.encode(), v.encode()) for k, v in
-                                     {**headers, "x-disagg-gen-worker": worker.worker_id}.items()]
-            return response
-        self._gen_failed(tried, refusals)
+            return upstream, chunks, first_chunk
 
-    def _gen_failed(self, tried: set[str], refusals: int) -> NoReturn:
-        """No gen leg succeeded: 429 when every worker tried was at its limit (busy, not broken), else 502."""
-        if refusals == len(tried):
-            self.metrics.errors.labels("gen", "overloaded").inc()
-            raise OverloadedError(f"every generation worker is at its concurrent-request limit ({len(tried)} "
-                                  f"tried); retry after {RETRY_AFTER_SECONDS} s")
-        self.metrics.errors.labels("gen", "upstream").inc()
-        raise UpstreamFailedError(f"every generation worker failed ({len(tried)} tried)")
+        (upstream, chunks, first_chunk), worker = await self.attempt("gen", request, first, record, leg)
+        relay = self._relay(request, upstream, chunks, first_chunk, worker, tokens, record, deadline)
+        response = EventStreamResponse(relay)
+        response.raw_headers += [(k.encode(), v.encode()) for k, v in
+                                 {**headers, "x-disagg-gen-worker": worker.worker_id}.items()]
+        return response
 
     async def _relay(self, request: ParsedRequest, upstream: LegResponse, chunks: AsyncIterator[bytes],
                      first_chunk: bytes, worker: WorkerRecord, tokens: int, record: PerfRecord,

@@ -1,0 +1,86 @@
+"""One request phase's attempts: what failed, whether to try again, and where.
+
+Every leg (ctx, gen, streaming gen) goes through ``Flow.attempt`` with one of these: the
+workers tried so far (excluded from routing; ``max_retries`` counts them), the failures
+counted, the 429s, and the workers whose connection was lost once before anything was
+relayed. With ``Flow.decide`` it is the whole retry policy, in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from frontends.error_codes import KV_TRANSFER_FAILED
+from orchestrator.errors import LegFailed
+
+if TYPE_CHECKING:
+    from orchestrator.registry import WorkerRecord
+
+__all__ = ["Attempts", "error_code", "kv_source_lost"]
+
+
+class _ErrorDetail(msgspec.Struct):
+    code: str | None = None
+
+
+class _ErrorBody(msgspec.Struct):
+    """The part of an OpenAI (``{"error": {..., "code"}}``) or Anthropic error body the retry reads."""
+
+    error: _ErrorDetail | None = None
+
+
+_DECODER = msgspec.json.Decoder(_ErrorBody)
+
+
+def error_code(content: bytes) -> str | None:
+    """The ``code`` of an API error: a JSON body, or any ``data:`` event of an SSE chunk."""
+    lines = [line[5:] for line in content.split(b"\n") if line.startswith(b"data:")] or [content]
+    for data in lines:
+        try:
+            body = _DECODER.decode(data)
+        except msgspec.DecodeError:  # not an error body (a chunk, [DONE], a cut frame)
+            continue
+        if body.error is not None and body.error.code is not None:
+            return body.error.code
+    return None
+
+
+def kv_source_lost(content: bytes) -> bool:
+    """Only the KV pull failed (the ctx engine's KV is gone): the gen worker itself is fine."""
+    return error_code(content) == KV_TRANSFER_FAILED
+
+
+@dataclass
+class Attempts:
+    phase: str
+    max_retries: int
+    tried: set[str] = field(default_factory=set)
+    lost_once: set[str] = field(default_factory=set)  # connection lost once before anything was relayed
+    refusals: int = 0
+    failures: int = 0
+
+    def start(self, worker: WorkerRecord) -> None:
+        self.tried.add(worker.worker_id)
+
+    def failed(self, worker: WorkerRecord, exc: LegFailed) -> tuple[bool, bool]:
+        """Book a failed attempt: (suspect the worker, try it again once). A connection lost before
+        anything reached the client is, the first time, one lost frontend process (killed
+        mid-answer), not a lost worker: the same worker once more (the next connection reaches
+        another of its frontends), not suspected."""
+        self.failures += 1
+        self.refusals += exc.refused
+        again = exc.connection_lost and worker.worker_id not in self.lost_once
+        if again:
+            self.lost_once.add(worker.worker_id)
+        return exc.unanswered and not again, again
+
+    def may_retry(self) -> bool:
+        """``max_retries`` counts the workers tried, not a same-worker repeat."""
+        return len(self.tried) <= self.max_retries
+
+    def all_refused(self) -> bool:
+        """Every worker tried answered 429: busy, not broken."""
+        return self.refusals == len(self.tried)
