@@ -3,7 +3,9 @@
 Every leg (ctx, gen, streaming gen) goes through ``Flow.attempt`` with one of these: the
 workers tried so far (excluded from routing; ``max_retries`` counts them), the failures
 counted, the 429s, and the workers whose connection was lost once before anything was
-relayed. With ``Flow.decide`` it is the whole retry policy, in one place.
+relayed. With ``Flow.decide`` it is the whole retry policy, in one place. The error body
+is read as a typed struct (``orchestrator.errors.error_detail``), its ``code`` compared with
+the frontends' own constant.
 """
 
 from __future__ import annotations
@@ -11,10 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from frontends.error_codes import KV_TRANSFER_FAILED
-from orchestrator.errors import LegFailed
+from orchestrator.errors import LegFailed, error_detail
 
 if TYPE_CHECKING:
     from orchestrator.registry import WorkerRecord
@@ -22,29 +22,13 @@ if TYPE_CHECKING:
 __all__ = ["Attempts", "error_code", "kv_source_lost"]
 
 
-class _ErrorDetail(msgspec.Struct):
-    code: str | None = None
-
-
-class _ErrorBody(msgspec.Struct):
-    """The part of an OpenAI (``{"error": {..., "code"}}``) or Anthropic error body the retry reads."""
-
-    error: _ErrorDetail | None = None
-
-
-_DECODER = msgspec.json.Decoder(_ErrorBody)
-
-
 def error_code(content: bytes) -> str | None:
     """The ``code`` of an API error: a JSON body, or any ``data:`` event of an SSE chunk."""
     lines = [line[5:] for line in content.split(b"\n") if line.startswith(b"data:")] or [content]
-    for data in lines:
-        try:
-            body = _DECODER.decode(data)
-        except msgspec.DecodeError:  # not an error body (a chunk, [DONE], a cut frame)
-            continue
-        if body.error is not None and body.error.code is not None:
-            return body.error.code
+    for data in lines:  # most are no error body: chunks, [DONE], a cut frame
+        detail = error_detail(data)
+        if detail is not None and detail.code is not None:
+            return detail.code
     return None
 
 
@@ -59,8 +43,7 @@ class Attempts:
     max_retries: int
     tried: set[str] = field(default_factory=set)
     lost_once: set[str] = field(default_factory=set)  # connection lost once before anything was relayed
-    refusals: int = 0
-    failures: int = 0
+    refusals: int = 0  # 429s: every worker tried busy is a 429 to the client, not a 502
 
     def start(self, worker: WorkerRecord) -> None:
         self.tried.add(worker.worker_id)
@@ -70,7 +53,6 @@ class Attempts:
         anything reached the client is, the first time, one lost frontend process (killed
         mid-answer), not a lost worker: the same worker once more (the next connection reaches
         another of its frontends), not suspected."""
-        self.failures += 1
         self.refusals += exc.refused
         again = exc.connection_lost and worker.worker_id not in self.lost_once
         if again:

@@ -16,7 +16,7 @@ import msgspec
 from frontends.errors import FrontendError
 
 __all__ = ["NoWorkerError", "UpstreamFailedError", "RequestTimeoutError", "UnauthorizedError",
-           "UpstreamRejected", "LegFailed"]
+           "UpstreamRejected", "LegFailed", "WorkerErrorDetail", "error_detail"]
 
 
 class NoWorkerError(FrontendError):
@@ -60,11 +60,31 @@ class UpstreamRejected(Exception):
         """The worker cannot run a disaggregated leg (no cluster key, wrong role): the 400 names
         ``disaggregated_params``, which only the orchestrator sets (a client's is refused up front),
         so it is about the worker, not the client's request."""
-        try:
-            error = msgspec.json.decode(self.body).get("error")
-        except (msgspec.DecodeError, AttributeError):
-            return False
-        return self.status == 400 and isinstance(error, dict) and error.get("param") == "disaggregated_params"
+        detail = error_detail(self.body)
+        return self.status == 400 and detail is not None and detail.param == "disaggregated_params"
+
+
+class WorkerErrorDetail(msgspec.Struct):
+    param: str | None = None
+    code: str | None = None
+
+
+class _WorkerErrorBody(msgspec.Struct):
+    """What the orchestrator reads of a worker's error body, OpenAI's ``{"error": {..., "param",
+    "code"}}`` or Anthropic's ``{"type": "error", "error": {"type", "message"}}`` (no code)."""
+
+    error: WorkerErrorDetail | None = None
+
+
+_ERROR_BODY = msgspec.json.Decoder(_WorkerErrorBody)
+
+
+def error_detail(content: bytes) -> WorkerErrorDetail | None:
+    """The ``error`` object of a worker's error body; None for anything else (not JSON, not that shape)."""
+    try:
+        return _ERROR_BODY.decode(content).error
+    except msgspec.DecodeError:  # ValidationError included
+        return None
 
 
 class LegFailed(Exception):
