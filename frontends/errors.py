@@ -15,10 +15,14 @@ Exception hierarchy (what a handler or the engine client may raise)::
     ├── LauncherUnavailableError  503: a launcher-owned route, and the launcher does not answer
     └── NotSupportedError         501: the engine cannot do this (e.g. profile the synthetic engine)
 
-``http_error(exc)`` maps any exception to (status, ApiError): msgspec decode
-and validation errors and ``ValueError`` (e.g. ``SamplingParams.validate``)
-are 400s; anything else is a bug and becomes a 500 that still has the API's
-error shape (and is logged with its traceback by the app). Bodies are
+    ParamError (workers.sampling_params, a ValueError)  400: a sampling parameter out of range, naming it
+
+``http_error(exc)`` maps any exception to (status, ApiError): the classes
+above, msgspec decode and validation errors and ``ParamError`` (raised by
+``SamplingParams.validate``) are 4xx; anything else, a bare ``ValueError``
+included (an engine invariant such as the scheduler's or block manager's),
+is a bug and becomes a 500 that still has the API's error shape (and is
+logged with its traceback by the app). Bodies are
 rendered per API: OpenAI ``{"error": {"message", "type", "param", "code"}}``,
 Anthropic ``{"type": "error", "error": {"type", "message"}}``.
 """
@@ -26,6 +30,8 @@ Anthropic ``{"type": "error", "error": {"type", "message"}}``.
 from __future__ import annotations
 
 import msgspec
+
+from workers.sampling_params import ParamError
 
 __all__ = [
     "FrontendError",
@@ -130,8 +136,8 @@ def http_error(exc: BaseException) -> ApiError:
                         _param_of(exc))
     if isinstance(exc, msgspec.DecodeError):
         return ApiError(400, f"malformed JSON body: {exc}", "invalid_request_error", "invalid_request_error")
-    if isinstance(exc, ValueError):
-        return ApiError(400, str(exc), "invalid_request_error", "invalid_request_error")
+    if isinstance(exc, ParamError):
+        return ApiError(400, str(exc), "invalid_request_error", "invalid_request_error", exc.param)
     return ApiError(500, f"internal error: {type(exc).__name__}", "internal_error", "api_error")
 
 
