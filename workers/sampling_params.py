@@ -90,13 +90,16 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, array_like
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise ParamError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}", "frequency_penalty")
         if not 0.0 < self.repetition_penalty <= 2.0:
-            raise ParamError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}", "repetition_penalty")
+            raise ParamError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}",
+                             "repetition_penalty")
         if not 0.0 <= self.min_p <= 1.0:
             raise ParamError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
         for token_id, bias in self.logit_bias:
             if token_id < 0 or not -100.0 <= bias <= 100.0:
-                raise ParamError(f"logit_bias must map token ids >= 0 to values in [-100, 100], got {token_id}: {bias}", "logit_bias")
+                raise ParamError(f"logit_bias must map token ids >= 0 to values in [-100, 100], got {token_id}: {bias}",
+                                 "logit_bias")
         if self.stream_interval is not None and not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
-            raise ParamError(f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}", "stream_interval")
+            raise ParamError(f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}",
+                             "stream_interval")
         if self.guided is not None and self.guided.kind not in GUIDED_KINDS:
             raise ParamError(f"guided.kind must be one of {GUIDED_KINDS}, got {self.guided.kind!r}", "guided.kind")
