@@ -7,13 +7,15 @@ the request.
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import anthropic
 import openai
 import pytest
 
-from frontends.errors import http_error
+import frontends.errors
+from frontends.errors import FrontendError, http_error
 from workers.protocol import EngineRequest
 from workers.sampling_params import ParamError, SamplingParams
 
@@ -90,3 +92,20 @@ async def test_engine_value_error_is_a_logged_500_sdks(broken_server, caplog):
     assert_logged(caplog)
     await oai.close()
     await ant.close()
+
+
+# Every module that defines a FrontendError subclass: imported so that __subclasses__ sees them all.
+ERROR_MODULES = ("frontends.admission", "frontends.disaggregation", "frontends.generation", "frontends.header_limit",
+                 "frontends.responses.api", "orchestrator.errors")
+
+
+def test_the_error_tree_docstring_lists_every_class():
+    for name in ERROR_MODULES:
+        importlib.import_module(name)
+
+    def subclasses(cls: type) -> set[type]:
+        return {cls, *(sub for direct in cls.__subclasses__() for sub in subclasses(direct))}
+
+    doc = frontends.errors.__doc__ or ""
+    missing = sorted(cls.__name__ for cls in subclasses(FrontendError) | {ParamError} if f" {cls.__name__} " not in doc)
+    assert not missing, f"frontends/errors.py's docstring does not list {missing}"
