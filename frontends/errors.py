@@ -4,7 +4,9 @@ Exception hierarchy (what a handler or the engine client may raise)::
 
     FrontendError                 any error with an HTTP status and an API type
     ├── InvalidRequestError       400: malformed JSON, wrong type, out-of-range value
-    │   └── PromptTooLongError    400: prompt tokens + max_tokens > max_model_len
+    │   ├── PromptTooLongError    400: prompt tokens + max_tokens > max_model_len
+    │   └── PreviousResponseNotFoundError  400: unknown previous_response_id (frontends.responses.api)
+    ├── UnauthorizedError         401: no or a wrong API key (orchestrator.errors)
     ├── RequestTooLargeError      413: the request body is over the server's limit
     ├── RequestHeadTooLargeError  431: the request line and headers are over 64 KiB (frontends.header_limit)
     ├── OverloadedError           429: at the concurrent-request limit, with Retry-After (frontends.admission)
@@ -12,13 +14,22 @@ Exception hierarchy (what a handler or the engine client may raise)::
     ├── NotFoundError             404: unknown route
     ├── EngineDeadError           503: the engine process is gone, or wedged past its limit
     │   └── EngineUnresponsiveError  503: alive but silent for a few heartbeats (slow, not dead)
+    ├── RequestAbortedError       503: the engine ended the request without an answer (frontends.generation)
     ├── LauncherUnavailableError  503: a launcher-owned route, and the launcher does not answer
+    ├── NoWorkerError             503: the orchestrator has no healthy worker for the leg (orchestrator.errors)
+    ├── KVTransferError           502: the gen engine could not pull the KV (frontends.disaggregation)
+    ├── UpstreamFailedError       502: a worker failed the orchestrator's leg (orchestrator.errors)
+    ├── RequestTimeoutError       504: the orchestrator's request deadline passed (orchestrator.errors)
     └── NotSupportedError         501: the engine cannot do this (e.g. profile the synthetic engine)
 
-``http_error(exc)`` maps any exception to (status, ApiError): msgspec decode
-and validation errors and ``ValueError`` (e.g. ``SamplingParams.validate``)
-are 400s; anything else is a bug and becomes a 500 that still has the API's
-error shape (and is logged with its traceback by the app). Bodies are
+    ParamError (workers.sampling_params, a ValueError)  400: a sampling parameter out of range, naming it
+
+``http_error(exc)`` maps any exception to (status, ApiError): the classes
+above, msgspec decode and validation errors and ``ParamError`` (raised by
+``SamplingParams.validate``) are 4xx; anything else, a bare ``ValueError``
+included (an engine invariant such as the scheduler's or block manager's),
+is a bug and becomes a 500 that still has the API's error shape (and is
+logged with its traceback by the app). Bodies are
 rendered per API: OpenAI ``{"error": {"message", "type", "param", "code"}}``,
 Anthropic ``{"type": "error", "error": {"type", "message"}}``.
 """
@@ -26,6 +37,8 @@ Anthropic ``{"type": "error", "error": {"type", "message"}}``.
 from __future__ import annotations
 
 import msgspec
+
+from workers.sampling_params import ParamError
 
 __all__ = [
     "FrontendError",
@@ -130,8 +143,8 @@ def http_error(exc: BaseException) -> ApiError:
                         _param_of(exc))
     if isinstance(exc, msgspec.DecodeError):
         return ApiError(400, f"malformed JSON body: {exc}", "invalid_request_error", "invalid_request_error")
-    if isinstance(exc, ValueError):
-        return ApiError(400, str(exc), "invalid_request_error", "invalid_request_error")
+    if isinstance(exc, ParamError):
+        return ApiError(400, str(exc), "invalid_request_error", "invalid_request_error", exc.param)
     return ApiError(500, f"internal error: {type(exc).__name__}", "internal_error", "api_error")
 
 

@@ -23,7 +23,7 @@ from frontends.generation import EngineClientLike, Generation
 from frontends.structured import GrammarChecker
 from frontends.tokenizer import Tokenizer
 from frontends.tool_parsers import CallSyntax, detect_tool_syntax, tool_syntax
-from workers.sampling_params import GuidedDecoding, SamplingParams
+from workers.sampling_params import GuidedDecoding, ParamError, SamplingParams
 
 if TYPE_CHECKING:
     from frontends.tool_calls import ToolPolicy
@@ -179,8 +179,8 @@ class ServingContext:
         )
         try:
             params.validate()
-        except ValueError as exc:
-            raise InvalidRequestError(str(exc), param=str(exc).split(" ", 1)[0]) from exc
+        except ParamError as exc:
+            raise InvalidRequestError(str(exc), param=exc.param) from exc
         for token_id in params.stop_token_ids:
             if not 0 <= token_id < self.client.vocab_size:
                 raise InvalidRequestError(f"stop token id {token_id} is outside the vocabulary", param="stop_token_ids")

@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from frontends.body_limit import BodyLimitMiddleware
 from frontends.admission import RETRY_AFTER_SECONDS, AdmissionGate, AdmissionMiddleware
-from frontends.errors import anthropic_error_body, http_error, openai_error_body
+from frontends.errors import InvalidRequestError, anthropic_error_body, http_error, openai_error_body
 from frontends.route_errors import route_error_response
 from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
 from frontends.openapi import DocumentedApp
@@ -217,7 +217,7 @@ def _forward(path: str):
         try:
             msgspec.json.decode(body) if body else None
         except msgspec.DecodeError as exc:
-            raise ValueError(f"malformed JSON body: {exc}") from None
+            raise InvalidRequestError(f"malformed JSON body: {exc}") from None
         response = await orch.link.forward(request.method, path, body)
         return Response(response.content, status_code=response.status_code, media_type="application/json")
 

@@ -20,6 +20,7 @@ from frontends.openai_api import prepare_chat, prepare_completion
 from frontends.schemas_anthropic import MessagesRequest
 from frontends.schemas_openai import ChatCompletionRequest, CompletionRequest
 from orchestrator.validation import RequestValidator
+from workers.disagg_params import CONTEXT_ONLY, GENERATION_ONLY
 
 __all__ = ["ParsedRequest", "parse_request", "ctx_body", "gen_body", "client_answer", "API_PATHS"]
 
@@ -90,7 +91,7 @@ def ctx_body(request: ParsedRequest) -> dict[str, Any]:
     body["stream"] = False
     if request.api == "completions":
         body["prompt"] = request.prompt_ids
-    body["disaggregated_params"] = {"request_type": "context_only"}
+    body["disaggregated_params"] = {"request_type": CONTEXT_ONLY}
     return body
 
 
@@ -101,7 +102,7 @@ def gen_body(request: ParsedRequest, ctx_answer: dict[str, Any]) -> dict[str, An
     if not isinstance(params, dict) or not isinstance(prompt_ids, list):
         return None
     body = dict(request.body)
-    body["disaggregated_params"] = {**params, "request_type": "generation_only", "prompt_token_ids": prompt_ids}
+    body["disaggregated_params"] = {**params, "request_type": GENERATION_ONLY, "prompt_token_ids": prompt_ids}
     return body
 
 

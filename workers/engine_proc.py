@@ -37,7 +37,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import msgspec
 import zmq
@@ -84,6 +84,10 @@ from workers.protocol import (
     StopProfile,
 )
 
+if TYPE_CHECKING:  # the core's modules load in ``build_core``, after the shell has started
+    from workers.engine.core import EngineCore
+    from workers.engine.request import Request
+
 __all__ = ["EngineProcSpec", "EngineProc", "run_engine", "main"]
 
 log = logging.getLogger("disagg.engine")
@@ -108,7 +112,7 @@ class EngineProcSpec(msgspec.Struct, frozen=True):
 class EngineProc:
     """The busy loop. Owns the core and the engine's sockets."""
 
-    def __init__(self, core: Any, paths: IpcPaths, key: bytes, num_lanes: int, ctx: zmq.Context,
+    def __init__(self, core: EngineCore, paths: IpcPaths, key: bytes, num_lanes: int, ctx: zmq.Context,
                  launcher_pid: int | None = None, lane_sndhwm: int = LANE_SNDHWM,
                  kv_agent: KVTransferAgent | None = None, rank_link: LeaderLink | None = None) -> None:
         self.core = core
@@ -134,7 +138,7 @@ class EngineProc:
         self._lanes = [_connect_lane(ctx, paths, i, lane_sndhwm) for i in range(num_lanes)]
         self._live: list[set[int]] = [set() for _ in range(num_lanes)]  # unfinished ids per lane
         # request id -> (engine-side Request, arrival time): the finishing output carries its timing
-        self._timings: dict[int, tuple[Any, float]] = {}
+        self._timings: dict[int, tuple[Request, float]] = {}
         self._pending: list[RequestOutput] = []  # rejections to send with the next batch
         self._poller = zmq.Poller()
         self._poller.register(self._ingress, zmq.POLLIN)
@@ -247,7 +251,7 @@ class EngineProc:
             if batch and not send_nowait(self._lanes[lane], self._lane_codec, OutputBatch(batch, now)):
                 self._drop_lane(lane, len(batch))
 
-    def _add_to_core(self, message: AddRequest | AddContextRequest | AddRemoteRequest) -> Any:
+    def _add_to_core(self, message: AddRequest | AddContextRequest | AddRemoteRequest) -> Request:
         if isinstance(message, AddRequest):
             return self.core.add_request(message.request)
         if self.kv_agent is None:
@@ -261,8 +265,7 @@ class EngineProc:
         entry = self._timings.pop(output.request_id, None)
         if entry is not None and output.timing is None:
             request, arrival = entry
-            output.timing = EngineTiming(arrival, getattr(request, "first_scheduled_time", None),
-                                         getattr(request, "first_token_time", None), time.time())
+            output.timing = self.core.timing(request, arrival)
 
     def _abort_lane(self, lane: int) -> None:
         """A (re)started frontend said hello: whatever its lane still runs belongs to a
@@ -312,15 +315,12 @@ class EngineProc:
         return ControlAck()
 
     def _health(self) -> EngineHealth:
-        scheduler = getattr(self.core, "scheduler", None)
-        blocks = getattr(self.core, "block_manager", None)
+        load = self.core.load()
         return EngineHealth(
             sum(len(s) for s in self._live), self.num_steps, self.num_rejected_frames,
             self.num_lane_drops, self.num_lane_aborts, time.time(),
-            num_running=int(getattr(scheduler, "num_running", 0)),
-            num_waiting=int(getattr(scheduler, "num_waiting", 0)),
-            kv_blocks_used=int(getattr(blocks, "num_used_blocks", 0)),
-            kv_blocks_total=int(getattr(blocks, "num_blocks", 0)),
+            num_running=load.num_running, num_waiting=load.num_waiting,
+            kv_blocks_used=load.kv_blocks_used, kv_blocks_total=load.kv_blocks_total,
         )
 
 
@@ -367,7 +367,7 @@ class _Heartbeat:
 
 
 def build_core(config: EngineConfig, rank_link: LeaderLink | None = None,
-               ranks: RankEnv | None = None, rank_start_timeout: float = 600.0) -> tuple[Any, EngineInfo]:
+               ranks: RankEnv | None = None, rank_start_timeout: float = 600.0) -> tuple[EngineCore, EngineInfo]:
     """The EngineCore for ``config`` and the handshake info frontends need; as rank 0 of
     ``ranks`` once every follower is ready."""
     from workers.engine.core import EngineCore

@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 import zmq
 
@@ -29,6 +30,11 @@ from workers.kv_layout import PullSource, is_single_rank, parse_layout, plan_pul
 from workers.kv_protocol import KVBlocks, KVDone, KVPullRequest, KVReplyMessage, KVRequestMessage
 from workers.kv_transfer import authenticated_replies
 from workers.rank_protocol import PullPiece, RankAbortPull, RankPark, RankPull, RankUnpark
+
+if TYPE_CHECKING:
+    from workers.engine.request import Request
+    from workers.engine.scheduler import KVPull
+    from workers.protocol import EngineRequest
 
 __all__ = ["KVHeadPuller", "RankedPulls", "FollowerKVStore"]
 
@@ -232,36 +238,66 @@ class RankedPulls:
 
 
 class FollowerKVStore:
-    """What a follower's ``KVTransferAgent`` reads instead of an ``EngineCore``: the parked
-    tables rank 0 sent, and the rank's own pool. It serves pulls, never starts one."""
+    """What a follower's ``KVTransferAgent`` reads instead of an ``EngineCore`` (``kv_core.KVCore``):
+    the parked tables rank 0 sent, and the rank's own pool. It serves pulls, never starts one."""
 
     def __init__(self, runner: Any) -> None:
         self.executor = runner
-        self.block_manager = self  # release_expired
         self._parked: dict[int, tuple[list[int], float]] = {}
 
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return int(self.executor.kv_bytes_per_block)
+
     def park(self, message: RankPark) -> None:
+        # ``expires_at`` is rank 0's own deadline (``EngineCore.parked_deadline``): one owner.
         self._parked[message.ctx_request_id] = (message.block_ids, message.expires_at)
 
-    def release_parked(self, ctx_request_id: int) -> None:
-        self._parked.pop(ctx_request_id, None)
+    def release_parked(self, ctx_request_id: int) -> bool:
+        return self._parked.pop(ctx_request_id, None) is not None
 
     def parked_block_ids(self, ctx_request_id: int) -> list[int] | None:
         entry = self._parked.get(ctx_request_id)
         return None if entry is None else entry[0]
 
-    def release_expired(self, now: float) -> None:
-        for request_id in [r for r, (_, expires) in self._parked.items() if expires <= now]:
+    def parked_deadline(self, ctx_request_id: int) -> float | None:
+        entry = self._parked.get(ctx_request_id)
+        return None if entry is None else entry[1]
+
+    def release_expired(self, now: float) -> list[int]:
+        expired = [r for r, (_, expires) in self._parked.items() if expires <= now]
+        for request_id in expired:
             del self._parked[request_id]
+        return expired
 
     def export_blocks(self, block_ids: list[int]) -> list[Any]:
-        return self.executor.export_blocks(block_ids)
+        return list(self.executor.export_blocks(block_ids))
 
-    def take_kv_pulls(self) -> list[Any]:
+    def export_heads(self, block_ids: list[int], heads: range) -> list[Any]:
+        return list(self.executor.export_heads(block_ids, heads))
+
+    def take_kv_pulls(self) -> list[KVPull]:
         return []
 
     def has_kv_pulls(self) -> bool:
         return False  # a follower serves pulls; rank 0 starts every one
+
+    # The gen side: rank 0 adds every request and starts every pull, so a follower's agent never
+    # calls these; they fail loudly rather than pretend.
+    def add_request(self, engine_request: EngineRequest, park_kv_seconds: float | None = None) -> Request:
+        raise RuntimeError("a follower rank's KV store takes no requests")
+
+    def add_remote_request(self, engine_request: EngineRequest, output_token_ids: Sequence[int] = ()) -> Request:
+        raise RuntimeError("a follower rank's KV store takes no requests")
+
+    def import_blocks(self, block_ids: list[int], buffers: list[Any]) -> None:
+        raise RuntimeError("a follower rank's KV agent starts no pulls")
+
+    def finish_remote_kv(self, request_id: int) -> None:
+        raise RuntimeError("a follower rank's KV agent starts no pulls")
+
+    def abort(self, request_id: int) -> None:
+        pass  # nothing of a request lives here but its parked table, which rank 0 releases
 
 
 def attach_rank_pulls(agent: Any, executor: Any, ctx: zmq.Context, key: bytes, pull_timeout: float,

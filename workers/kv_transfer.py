@@ -26,6 +26,7 @@ import logging
 import socket
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -33,6 +34,7 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from workers.kv_core import KVCore
 from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import (
     KV_TRANSFER_ERROR,
@@ -81,7 +83,7 @@ class DisaggEngineSpec(msgspec.Struct, frozen=True):
     kv_advertise_host: str | None = None  # the host in kv_endpoint (None: kv_host, or the FQDN for 0.0.0.0)
     pull_timeout_seconds: float = 30.0  # a pull with no progress for this long fails its request
 
-    def build_agent(self, core: Any, ctx: zmq.Context) -> "KVTransferAgent":
+    def build_agent(self, core: KVCore, ctx: zmq.Context) -> "KVTransferAgent":
         return KVTransferAgent(core, bytes.fromhex(self.cluster_key_hex), ctx, self.kv_host, self.kv_port,
                                self.kv_advertise_host, self.pull_timeout_seconds)
 
@@ -115,12 +117,12 @@ class _Pull:
 class KVTransferAgent:
     """One engine's KV-transfer endpoint; every method is called from the engine loop."""
 
-    def __init__(self, core: Any, key: bytes, ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, core: KVCore, key: bytes, ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
                  advertise_host: str | None = None, pull_timeout: float = 30.0) -> None:
         self.core = core
         self.pull_timeout = pull_timeout
-        self._chunk_blocks = blocks_within(CHUNK_BYTES, core.executor.kv_bytes_per_block)
-        self._tick_blocks = blocks_within(TICK_BYTES, core.executor.kv_bytes_per_block)
+        self._chunk_blocks = blocks_within(CHUNK_BYTES, core.kv_bytes_per_block)
+        self._tick_blocks = blocks_within(TICK_BYTES, core.kv_bytes_per_block)
         self._ctx = ctx
         self._request_codec = KVFrameCodec(key, KVRequestMessage, "kv server")
         self._reply_codec = KVFrameCodec(key, KVReplyMessage, "kv puller")
@@ -140,7 +142,7 @@ class KVTransferAgent:
         # would never be sent the blocks of the old one.
         self._monitors: dict[str, zmq.Socket] = {}
         self._sends: deque[_Send] = deque()
-        self._ctx_requests: dict[int, tuple[int, float]] = {}  # live ctx request id -> (prompt tokens, park s)
+        self._ctx_requests: dict[int, int] = {}  # live ctx request id -> its prompt tokens
         self._pulls: dict[int, _Pull] = {}  # gen request id -> its pull
         self._errors: dict[int, str] = {}  # gen request id -> why its pull failed (put on its output)
         self._stats: dict[int, KVTransferStats] = {}  # gen request id -> its transfer (finishing output)
@@ -172,7 +174,7 @@ class KVTransferAgent:
     def add_context(self, message: AddContextRequest) -> Any:
         request = message.request
         engine_request = self.core.add_request(request, park_kv_seconds=message.park_kv_seconds)
-        self._ctx_requests[request.request_id] = (len(request.prompt_token_ids), message.park_kv_seconds)
+        self._ctx_requests[request.request_id] = len(request.prompt_token_ids)
         return engine_request
 
     def add_remote(self, message: AddRemoteRequest) -> Any:
@@ -200,7 +202,7 @@ class KVTransferAgent:
 
     def tick(self) -> None:
         now = time.time()
-        self.core.block_manager.release_expired(now)  # also while no step runs
+        self.core.release_expired(now)  # also while no step runs
         self._serve_requests()
         self._send_blocks()
         for pull in self.core.take_kv_pulls():
@@ -226,16 +228,18 @@ class KVTransferAgent:
             if error is not None:
                 output.error = error
             self._pulls.pop(request_id, None)
-            ctx_request = self._ctx_requests.pop(request_id, None)
-            if ctx_request is None:
+            num_prompt = self._ctx_requests.pop(request_id, None)
+            if num_prompt is None:
                 continue
-            num_prompt, park_seconds = ctx_request
             if output.finish_reason == "stop":
                 self.core.release_parked(request_id)  # EOS or a stop token: there is no gen leg
-            elif self.core.parked_block_ids(request_id) is not None:
-                output.kv_parked = ParkedKV(num_prompt, time.time() + park_seconds - EXPIRY_MARGIN_SECONDS)
+                continue
+            # The deadline is the one the scheduler set when it parked the blocks (its only owner).
+            block_ids, deadline = self.core.parked_block_ids(request_id), self.core.parked_deadline(request_id)
+            if block_ids is not None and deadline is not None:
+                output.kv_parked = ParkedKV(num_prompt, deadline - EXPIRY_MARGIN_SECONDS)
                 if self.ranks is not None:  # each follower serves its own heads of these blocks
-                    self.ranks.park(request_id, self.core.parked_block_ids(request_id), time.time() + park_seconds)
+                    self.ranks.park(request_id, block_ids, deadline)
 
     def close(self) -> None:
         for dealer in self._dealers.values():
@@ -294,7 +298,7 @@ class KVTransferAgent:
             chunk, descending = _next_chunk(send.block_ids, send.next_index, min(budget, self._chunk_blocks))
             ids = chunk[::-1] if descending else chunk
             frames = (self.core.export_blocks(ids) if send.heads is None
-                      else self.core.executor.export_heads(ids, send.heads))
+                      else self.core.export_heads(ids, send.heads))
             self._reply(send.identity, KVBlocks(send.pull_id, send.next_index, len(chunk), descending), frames)
             self.num_bytes_sent += sum(memoryview(frame).nbytes for frame in frames)
             send.next_index += len(chunk)
@@ -303,7 +307,7 @@ class KVTransferAgent:
                 self._sends.popleft()
                 self._reply(send.identity, KVDone(send.pull_id, len(send.block_ids)))
 
-    def _reply(self, identity: bytes, message: KVReplyMessage, frames: list[Any] | tuple[()] = ()) -> None:
+    def _reply(self, identity: bytes, message: KVReplyMessage, frames: Sequence[Any] = ()) -> None:
         self._router.send_multipart([identity, *self._reply_codec.encode(message, frames)], flags=zmq.NOBLOCK,
                                     copy=False)
 

@@ -136,8 +136,9 @@ class _Follower:
         from workers.kv_transfer import KVTransferAgent
 
         key = bytes.fromhex(disagg.cluster_key_hex)
-        self.kv_store = FollowerKVStore(self.runner)
-        self.kv_agent = KVTransferAgent(self.kv_store, key, self.ctx, disagg.kv_host, 0, disagg.kv_advertise_host,
+        store = FollowerKVStore(self.runner)  # typed here: mypy checks it against ``kv_core.KVCore``
+        self.kv_store = store
+        self.kv_agent = KVTransferAgent(store, key, self.ctx, disagg.kv_host, 0, disagg.kv_advertise_host,
                                         disagg.pull_timeout_seconds)
         self.kv_agent.register(self._poller)
         self.puller = KVHeadPuller(self.ctx, key, self.runner.import_heads, disagg.pull_timeout_seconds)

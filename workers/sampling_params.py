@@ -12,6 +12,19 @@ MAX_STREAM_INTERVAL = 1024
 """The most tokens one streamed output may gather (``SamplingParams.stream_interval``)."""
 
 
+class ParamError(ValueError):
+    """A sampling parameter is out of range; ``param`` names it for the API's error body.
+
+    A ``ValueError`` so the engine's own admission check still catches it, but a
+    distinct type so the frontends answer only this with a 400: any other
+    ``ValueError`` is a bug and must surface as a logged 500.
+    """
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class GuidedDecoding(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """A grammar that the sampler enforces token by token (llguidance).
 
@@ -57,33 +70,36 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, array_like
         return self.temperature == 0.0
 
     def validate(self) -> None:
-        """Raise ValueError naming the field when a value is out of range."""
+        """Raise ParamError naming the field when a value is out of range."""
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise ParamError(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
         if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+            raise ParamError(f"temperature must be in [0, 100], got {self.temperature}", "temperature")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ParamError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+            raise ParamError(f"top_k must be >= 1, got {self.top_k}", "top_k")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+            raise ParamError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}", "min_tokens")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+            raise ParamError(f"logprobs must be in [0, 20], got {self.logprobs}", "logprobs")
         if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+            raise ParamError(f"seed must be in [0, 2**63), got {self.seed}", "seed")
         if not -2.0 <= self.presence_penalty <= 2.0:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+            raise ParamError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}", "presence_penalty")
         if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+            raise ParamError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}", "frequency_penalty")
         if not 0.0 < self.repetition_penalty <= 2.0:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+            raise ParamError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}",
+                             "repetition_penalty")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise ParamError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
         for token_id, bias in self.logit_bias:
             if token_id < 0 or not -100.0 <= bias <= 100.0:
-                raise ValueError(f"logit_bias must map token ids >= 0 to values in [-100, 100], got {token_id}: {bias}")
+                raise ParamError(f"logit_bias must map token ids >= 0 to values in [-100, 100], got {token_id}: {bias}",
+                                 "logit_bias")
         if self.stream_interval is not None and not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
-            raise ValueError(f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}")
+            raise ParamError(f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}",
+                             "stream_interval")
         if self.guided is not None and self.guided.kind not in GUIDED_KINDS:
-            raise ValueError(f"guided.kind must be one of {GUIDED_KINDS}, got {self.guided.kind!r}")
+            raise ParamError(f"guided.kind must be one of {GUIDED_KINDS}, got {self.guided.kind!r}", "guided.kind")

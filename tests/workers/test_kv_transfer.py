@@ -24,6 +24,7 @@ from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import KVPullRequest, KVReplyMessage, KVRequestMessage
 from workers.kv_transfer import (
     CHUNK_BYTES,
+    EXPIRY_MARGIN_SECONDS,
     KV_TRANSFER_ERROR,
     MIN_VIEW_RUN,
     KVTransferAgent,
@@ -265,6 +266,26 @@ def test_expired_park_fails_the_gen_request_clearly(zctx):
     finally:
         ctx.agent.close()
         gen.agent.close()
+
+
+def test_the_advertised_park_expiry_is_the_schedulers_deadline(zctx):
+    """One owner per fact: the agent advertises the deadline the scheduler set when it parked
+    the blocks (less the margin), not one of its own."""
+    config = _config("synthetic", None)
+    ctx = Node(config, zctx)
+    try:
+        before = time.time()
+        ctx.agent.add_context(AddContextRequest(EngineRequest(7, list(range(10, 30)), FIRST_ONLY), 30.0))
+        run_until([ctx], lambda: ctx.finished(7))
+        deadline = ctx.core.parked_deadline(7)
+        assert deadline is not None and before + 30.0 <= deadline <= time.time() + 30.0
+        parked = ctx.outputs[7][-1].kv_parked
+        assert parked is not None and parked.expires_at == deadline - EXPIRY_MARGIN_SECONDS
+        assert ctx.core.release_expired(deadline - 1.0) == [] and ctx.core.release_expired(deadline) == [7]
+        assert ctx.core.parked_deadline(7) is None
+        ctx.assert_no_blocks_in_use()
+    finally:
+        ctx.agent.close()
 
 
 def test_stop_on_first_token_parks_nothing(zctx):

@@ -237,6 +237,12 @@ class BlockManager:
         parked = self._parked.get(request_id)
         return None if parked is None else list(parked.block_ids)
 
+    def parked_deadline(self, request_id: int) -> float | None:
+        """When a parked table is released unless acknowledged first (``time.time()`` seconds);
+        None when nothing is parked under that id or it never expires."""
+        parked = self._parked.get(request_id)
+        return None if parked is None else parked.deadline
+
     def release(self, request_id: int) -> bool:
         """Free a parked request's blocks; False when nothing was parked under that id."""
         parked = self._parked.pop(request_id, None)

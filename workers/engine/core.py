@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from workers.config import EngineConfig
 from workers.engine.block_manager import BlockManager
@@ -29,11 +30,18 @@ from workers.engine.request import Request
 from workers.engine.scheduler import KVPull, Scheduler
 from workers.engine.stats import IterationStats, StatsQueue
 from workers.guided import GrammarCompiler, GrammarError, load_tokenizer
-from workers.protocol import EngineRequest, RequestOutput
+from workers.protocol import EngineRequest, EngineTiming, RequestOutput
 
 __all__ = ["EngineCore", "KVPull", "ProfilingUnsupported"]
 
 log = logging.getLogger(__name__)
+
+
+class CoreLoad(NamedTuple):
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
 
 
 class EngineCore:
@@ -112,6 +120,14 @@ class EngineCore:
         """Block table of a finished request parked with ``park_kv_seconds``; None when not parked."""
         return self.block_manager.parked_block_ids(request_id)
 
+    def parked_deadline(self, request_id: int) -> float | None:
+        """When the parked table expires: the scheduler set it at finish, the one owner of that fact."""
+        return self.block_manager.parked_deadline(request_id)
+
+    def release_expired(self, now: float) -> list[int]:
+        """Release parked tables past their deadline (also while no step runs); their request ids."""
+        return self.block_manager.release_expired(now)
+
     def release_parked(self, request_id: int) -> bool:
         """Free a parked request's blocks (transfer acknowledged); False when none were parked."""
         return self.block_manager.release(request_id)
@@ -119,6 +135,17 @@ class EngineCore:
     def abort(self, request_id: int) -> None:
         """Finish a request in any state, freeing its blocks now; unknown ids are ignored."""
         self.scheduler.abort(request_id)
+
+    @staticmethod
+    def timing(request: Request, arrival: float) -> EngineTiming:
+        """The finishing output's engine-side times of ``request`` (``add_request``'s return),
+        stamped now; ``arrival`` is when the shell took it off ingress."""
+        return EngineTiming(arrival, request.first_scheduled_time, request.first_token_time, time.time())
+
+    def load(self) -> CoreLoad:
+        """The queue and KV-pool figures a health reply carries."""
+        return CoreLoad(self.scheduler.num_running, self.scheduler.num_waiting,
+                        self.block_manager.num_used_blocks, self.block_manager.num_blocks)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -157,6 +184,20 @@ class EngineCore:
 
     def export_blocks(self, block_ids: list[int]) -> Sequence[bytes | memoryview]:
         return self.executor.export_blocks(block_ids)
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return self.executor.kv_bytes_per_block
+
+    def export_heads(self, block_ids: list[int], heads: range) -> Sequence[Any]:
+        """Some KV heads of blocks, for a gen engine of another tensor-parallel layout."""
+        # An optional capability of the torch executors (``model_runner``, ``leader_executor``),
+        # not of the ``Executor`` protocol: the synthetic engine has one layout.
+        export_heads = getattr(self.executor, "export_heads", None)
+        if export_heads is None:
+            raise ValueError(f"{type(self.executor).__name__} cannot export KV heads")
+        result: Sequence[Any] = export_heads(block_ids, heads)
+        return result
 
     def import_blocks(self, block_ids: list[int], buffers: list[bytes]) -> None:
         self.executor.import_blocks(block_ids, buffers)
