@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -35,7 +36,8 @@ RANKS_DIR = "ranks"
 <run dir>/ranks/<job>.<step>.addr: rank 0's address for ranks that have no MPI."""
 _POLL_SECONDS = 0.1
 _ADDRESS_TIMEOUT = 120.0
-_MPI_TIMEOUT = 120.0
+_MPI_TIMEOUT = 60.0
+_ALARM_MARGIN = 5.0
 """A rank whose MPI start and two collectives take longer exits (and srun --kill-on-bad-exit ends
 the step): a worker that cannot form its group fails with a log line instead of hanging."""
 # The Open MPI wheel's PMIx has neither Slurm's munge security module nor its ds12/ds21 stores:
@@ -101,9 +103,16 @@ def _from_mpi(environ: Mapping[str, str]) -> TaskRank:
     watchdog = threading.Timer(_MPI_TIMEOUT, _give_up, args=(environ, phase))
     watchdog.daemon = True
     watchdog.start()
+    # MPI_Init can hold the GIL while it waits in a PMIx fence, so the thread above never runs:
+    # SIGALRM at its default action ends the task from the kernel, a little later.
+    print(f"slurm.ranks: task {environ.get('SLURM_PROCID', '?')} on {_node(environ)}: in MPI rank discovery "
+          f"(a hang past {_MPI_TIMEOUT + _ALARM_MARGIN:.0f} s ends this task)", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(int(_MPI_TIMEOUT + _ALARM_MARGIN))
     try:
         return _mpi_rank(environ, phase)
     finally:
+        signal.alarm(0)
         watchdog.cancel()
 
 

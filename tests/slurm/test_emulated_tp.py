@@ -56,8 +56,15 @@ def reference(deployment: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def deployment(emulated_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    run_dir = tmp_path_factory.mktemp("tp-emulated")
-    up = _disagg(emulated_cluster, "up", str(CONFIG), "--run-dir", str(run_dir))
+    # One more try when a step's MPI_Init hangs in a cross-node PMIx fence of the emulated cluster
+    # (seen about once in ten runs: every emulated node's slurmstepd on one host; the rank
+    # watchdog ends such a step). Two failures in a row fail the test.
+    for attempt in range(2):
+        run_dir = tmp_path_factory.mktemp("tp-emulated")
+        up = _disagg(emulated_cluster, "up", str(CONFIG), "--run-dir", str(run_dir))
+        if up.returncode == 0 or attempt == 1 or "in MPI rank discovery" not in up.stdout + up.stderr:
+            break
+        _disagg(emulated_cluster, "down", "--run-dir", str(run_dir))
     assert up.returncode == 0, up.stdout + up.stderr
     yield run_dir
     _disagg(emulated_cluster, "down", "--run-dir", str(run_dir))
