@@ -134,6 +134,13 @@ async def _body(request: Request, body: type[S]) -> S:
     return _DECODERS[body].decode(await request.body())
 
 
+def _query_int(request: Request, name: str) -> int:
+    try:
+        return int(request.query_params.get(name, "-1"))
+    except ValueError:
+        raise InvalidRequestError(f"{name} must be an integer", param=name) from None
+
+
 def _field_of(exc: msgspec.ValidationError) -> str | None:
     """The field msgspec's message names: "... - at `$.records[0]`", and for a missing one
     "Object missing required field `url`" (which has no path of its own at the top level)."""
@@ -204,8 +211,7 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         return Response(_ENCODER.encode({"records": await join_perf(owner)}), media_type="application/json")
 
     async def snapshot(request: Request) -> Response:
-        after = int(request.query_params.get("after", "-1"))
-        kv_after = int(request.query_params.get("kv_after", "-1"))
+        after, kv_after = (_query_int(request, name) for name in ("after", "kv_after"))
         return _json(await owner.wait_newer(after, kv_after, SNAPSHOT_WAIT_SECONDS))
 
     return Starlette(routes=[
@@ -215,7 +221,7 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         Route("/load", _typed(load), methods=["POST"]),
         Route("/perf", _typed(perf_push), methods=["POST"]),
         Route("/perf", perf_get, methods=["GET"]),
-        Route("/snapshot", snapshot, methods=["GET"]),
+        Route("/snapshot", _typed(snapshot), methods=["GET"]),
         *extra_routes,
     ])
 

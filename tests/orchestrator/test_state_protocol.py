@@ -43,6 +43,12 @@ def test_a_malformed_state_body_is_a_400_naming_the_field(orchestrator, path, bo
     _refused(state.post(path, content=msgspec.json.encode(body)), param)
 
 
+def test_a_malformed_snapshot_query_is_a_400_naming_it(orchestrator):
+    _, state = orchestrator
+    _refused(state.get("/snapshot?after=soon"), "after")
+    _refused(state.get("/snapshot?after=1&kv_after=x"), "kv_after")
+
+
 def test_a_malformed_registration_through_the_public_port_is_a_400(orchestrator):
     url, _ = orchestrator
     _refused(httpx.post(f"{url}/workers/register", json={"role": "gen"}), "url")
