@@ -5,6 +5,7 @@ Modules (one concept each):
 - ``config``      the frozen, typed OrchestratorConfig (``typed`` builds it from YAML/JSON)
 - ``server``      ``disagg orchestrator``: K_o processes on one port; process 0 owns the state
 - ``state``       process 0's state owner and its Unix-socket app (registry, KV index, loads, perf)
+- ``state_protocol`` the typed messages of the state socket and of worker registration
 - ``health``      process 0's loop: health checks, /worker_info, KV-event drains, TTL expiry
 - ``view``        each process's view of the cluster (snapshots + own load) and its link to the owner
 - ``registry``    workers: static and registered, TTL, health thresholds

@@ -47,7 +47,8 @@ from orchestrator.batches import batch_forward
 from orchestrator.clean_ends import CleanEndsMiddleware
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamRejected
-from orchestrator.flow import Flow, PerfRecord
+from orchestrator.flow import Flow
+from orchestrator.state_protocol import RequestTrace
 from orchestrator.metrics import CONTENT_TYPE, Metrics
 from orchestrator.openapi_routes import DESCRIPTION, OPEN_PATHS, ORCHESTRATOR_DOCS
 from orchestrator.prompt import parse_request
@@ -160,7 +161,7 @@ def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True)
 def _generate(api: str):
     async def handler(orch: Orchestrator, request: Request) -> Response:
         request_id = request.headers.get("x-request-id") or orch.new_request_id()
-        record = PerfRecord(request_id=request_id, api=api, arrival=time.time())
+        record = RequestTrace(request_id=request_id, api=api, arrival=time.time())
         try:
             parsed = parse_request(api, await request.body(), orch.validator, request.headers.get("x-session-id"))
             record.tokenized = time.time()
@@ -173,7 +174,7 @@ def _generate(api: str):
         except Exception as exc:
             orch.metrics.errors.labels("request", type(exc).__name__).inc()
             record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
-            orch.link.perf_queue.append(msgspec.to_builtins(record.__dict__))
+            orch.link.perf_queue.append(record)
             raise
 
     return handler

@@ -37,7 +37,7 @@ from frontends.batches.executor import Outcome, batch_body, errored, errored_by,
 from frontends.errors import NotFoundError
 from frontends.perf_records import X_REQUEST_ID
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
-from orchestrator.flow import PerfRecord
+from orchestrator.state_protocol import RequestTrace
 from orchestrator.http_client import UpstreamError
 from orchestrator.prompt import parse_request
 
@@ -77,7 +77,7 @@ class FlowBatchExecutor:
         request_id = X_REQUEST_ID.get() or "batch"  # the runner's "<batch id>[<index>]"
         failures = 0
         while True:
-            record = PerfRecord(request_id=request_id, api="messages", arrival=time.time())
+            record = RequestTrace(request_id=request_id, api="messages", arrival=time.time())
             try:
                 response = await orch.flow.handle(parsed, request_id, _never_disconnects, record)
                 return succeeded(bytes(response.body))

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 import logging
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -60,28 +59,14 @@ from orchestrator.prompt import ParsedRequest, client_answer, ctx_body, gen_body
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
 from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from orchestrator.state_protocol import RequestTrace
 from orchestrator.view import ClusterView, StateLink
 
-__all__ = ["Flow", "PerfRecord", "within"]
+__all__ = ["Flow", "within"]
 
 log = logging.getLogger("disagg.orchestrator.flow")
 
 T = TypeVar("T")
-
-@dataclass
-class PerfRecord:
-    request_id: str
-    api: str
-    arrival: float
-    num_prompt_tokens: int = 0
-    mode: str = "disagg"
-    tokenized: float | None = None
-    ctx: dict[str, Any] | None = None
-    gen: dict[str, Any] | None = None
-    end: float | None = None
-    retries: int = 0
-    error: str | None = None
-    legs: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Flow:
@@ -126,7 +111,7 @@ class Flow:
 
     # -- the request ------------------------------------------------------------------------
 
-    async def handle(self, request: ParsedRequest, request_id: str, receive: Receive, record: PerfRecord) -> Response:
+    async def handle(self, request: ParsedRequest, request_id: str, receive: Receive, record: RequestTrace) -> Response:
         record.num_prompt_tokens = len(request.prompt_ids)
         deadline = time.monotonic() + self.config.timeouts.request_seconds
         gen, ctx = self.plan(request)
@@ -157,7 +142,7 @@ class Flow:
         self._finish(record, request)
         return Response(answer, media_type="application/json", headers=headers)
 
-    async def ctx_phase(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, record: PerfRecord,
+    async def ctx_phase(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, record: RequestTrace,
                         receive: Receive, deadline: float) -> dict[str, Any] | None:
         """The ctx answer, or None when the gen worker should serve the request alone."""
         try:
@@ -183,15 +168,15 @@ class Flow:
     async def _within(self, deadline: float, work):
         return await within(deadline, work, self.config.timeouts.request_seconds)
 
-    def _finish(self, record: PerfRecord, request: ParsedRequest) -> None:
+    def _finish(self, record: RequestTrace, request: ParsedRequest) -> None:
         record.end = time.time()
         self.metrics.served(request.api, record.mode).inc()
         self.metrics.phase("e2e").observe(record.end - record.arrival)
-        self.link.perf_queue.append(msgspec.to_builtins(record.__dict__))
+        self.link.perf_queue.append(record)
 
     # -- the one retry loop -----------------------------------------------------------------
 
-    async def attempt(self, phase: str, request: ParsedRequest, first: WorkerRecord, record: PerfRecord,
+    async def attempt(self, phase: str, request: ParsedRequest, first: WorkerRecord, record: RequestTrace,
                       leg: Callable[[WorkerRecord, bool], Awaitable[T]]) -> tuple[T, WorkerRecord]:
         """``leg(worker, replay)`` until one succeeds, on the worker ``decide`` names after each
         failure; ``replay``: after a failure a gen leg goes as a normal request (the parked KV may
@@ -215,7 +200,7 @@ class Flow:
         raise UpstreamFailedError(f"every {name} worker failed ({len(attempts.tried)} tried)")
 
     def decide(self, request: ParsedRequest, attempts: Attempts, failed: WorkerRecord, exc: LegFailed,
-               record: PerfRecord) -> WorkerRecord | None:
+               record: RequestTrace) -> WorkerRecord | None:
         """Where a failed leg goes next (None: nowhere): the same worker once after a lost connection;
         else another worker of the phase; for a gen leg whose KV pull alone failed (the gen worker
         answered fine), that same worker when no other is left."""
@@ -257,7 +242,7 @@ class Flow:
         return content
 
     async def run_ctx(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
-                      record: PerfRecord) -> tuple[dict[str, Any], WorkerRecord]:
+                      record: RequestTrace) -> tuple[dict[str, Any], WorkerRecord]:
         body = msgspec.json.encode(ctx_body(request))
 
         async def leg(worker: WorkerRecord, replay: bool) -> dict[str, Any]:
@@ -270,7 +255,7 @@ class Flow:
         return await self.attempt("ctx", request, first, record, leg)
 
     async def run_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
-                      payload: dict[str, Any], record: PerfRecord) -> tuple[bytes, WorkerRecord]:
+                      payload: dict[str, Any], record: RequestTrace) -> tuple[bytes, WorkerRecord]:
         async def leg(worker: WorkerRecord, replay: bool) -> bytes:
             start = time.time()
             raw = await self._post("gen", worker, request.path, request.encode(request.body if replay else payload),
@@ -283,7 +268,7 @@ class Flow:
         return await self.attempt("gen", request, first, record, leg)
 
     async def stream_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
-                         payload: dict[str, Any], record: PerfRecord, headers: dict[str, str],
+                         payload: dict[str, Any], record: RequestTrace, headers: dict[str, str],
                          deadline: float) -> Response:
         tokens = len(request.prompt_ids)
 
@@ -332,7 +317,7 @@ class Flow:
         return response
 
     async def _relay(self, request: ParsedRequest, upstream: LegResponse, chunks: AsyncIterator[bytes],
-                     first_chunk: bytes, worker: WorkerRecord, tokens: int, record: PerfRecord,
+                     first_chunk: bytes, worker: WorkerRecord, tokens: int, record: RequestTrace,
                      deadline: float) -> AsyncGenerator[bytes, None]:
         gen = record.gen or {}
         last = first_chunk

@@ -14,7 +14,7 @@ import msgspec
 
 from frontends.openapi import RouteDoc
 from frontends.openapi_routes import BATCH_DOCS, GENERATION_DOCS, PROMETHEUS_DOC, SURFACE_DOCS
-from orchestrator.registry import Registration, WorkerIdBody
+from orchestrator.state_protocol import Ok, Registration, RegistrationAck, WorkerIdBody
 
 __all__ = ["ORCHESTRATOR_DOCS", "DESCRIPTION", "OPEN_PATHS"]
 
@@ -51,16 +51,6 @@ class JoinedPerfRecords(msgspec.Struct):
 class WorkerList(msgspec.Struct):
     workers: list[dict[str, Any]]
     """Each worker's record (``orchestrator.registry.WorkerRecord``)."""
-
-
-class RegistrationAck(msgspec.Struct):
-    worker_id: str
-    ttl_seconds: float
-    heartbeat_seconds: float
-
-
-class Ok(msgspec.Struct):
-    ok: bool
 
 
 _CLUSTER, _WORKERS = "Cluster", "Workers"

@@ -21,7 +21,7 @@ import msgspec
 
 from orchestrator.config import WORKER_ROLES, HealthConfig
 
-__all__ = ["WorkerRecord", "Registry", "RegistryError", "Registration", "WorkerIdBody"]
+__all__ = ["WorkerRecord", "Registry", "RegistryError"]
 
 
 MAX_WORKERS = 4096
@@ -33,23 +33,6 @@ class RegistryError(ValueError):
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
         self.param = param
-
-
-class Registration(msgspec.Struct, frozen=True, kw_only=True):
-    """POST /workers/register: a worker announcing itself (it must then heartbeat within the TTL)."""
-
-    role: str
-    """ctx, gen or both."""
-    url: str
-    kv_endpoint: str | None = None
-    worker_id: str | None = None
-    """A restarted worker keeps its id."""
-
-
-class WorkerIdBody(msgspec.Struct, frozen=True):
-    """POST /workers/heartbeat and /workers/deregister."""
-
-    worker_id: str
 
 
 class WorkerRecord(msgspec.Struct, kw_only=True):

@@ -33,7 +33,7 @@ from frontends.responses.schemas import Item
 from frontends.responses.translate import rename_fields, rename_param, responses_param
 from frontends.streaming import EventStreamResponse
 from orchestrator.errors import UpstreamRejected
-from orchestrator.flow import PerfRecord
+from orchestrator.state_protocol import RequestTrace
 from orchestrator.prompt import parse_request
 
 __all__ = ["create_response", "retrieve_response", "list_input_items", "delete_response"]
@@ -55,7 +55,7 @@ def _renamed(exc: UpstreamRejected) -> UpstreamRejected:
 
 async def create_response(orch, request: Request) -> Response:
     request_id = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex}"
-    record = PerfRecord(request_id=request_id, api="responses", arrival=time.time())
+    record = RequestTrace(request_id=request_id, api="responses", arrival=time.time())
     store = orch.responses
     try:
         turn = await begin_turn(await request.body(), store)
@@ -72,7 +72,7 @@ async def create_response(orch, request: Request) -> Response:
     except Exception as exc:
         orch.metrics.errors.labels("request", type(exc).__name__).inc()
         record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
-        orch.link.perf_queue.append(msgspec.to_builtins(record.__dict__))
+        orch.link.perf_queue.append(record)
         raise
     if isinstance(answer, EventStreamResponse):  # its headers (x-disagg-*) stay
 

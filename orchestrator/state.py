@@ -6,8 +6,8 @@ in-flight load that every process reports, and the perf records. It serves
 them on a Unix socket (``<state_dir>/state.sock``) with ``state_app``:
 
     POST /register /heartbeat /deregister   registration, forwarded verbatim by any process
-    POST /load        {"process": i, "loads": {worker_id: [requests, tokens]}}
-    POST /perf        {"records": [...]}       finished requests' orchestrator timings
+    POST /load        this process's in-flight load, {worker_id: [requests, tokens]}
+    POST /perf        finished requests' orchestrator timings
     GET  /perf        the records joined with the workers' timings (``orchestrator.perf``)
     GET  /snapshot?after=V&kv_after=K   long poll: the state once its version exceeds V (or
                       after 5 s); the KV index only if its own version exceeds K (else null),
@@ -18,13 +18,15 @@ Every process, process 0 included, learns the state the same way: a
 ``StateLink`` long-polls ``/snapshot`` (see ``orchestrator.view``).
 So a registration made through any process is visible to all of them
 within one round trip, and the KV index is published, never drained twice.
+Every body is a Struct of ``orchestrator.state_protocol``, decoded with its
+type: a malformed one is a 400 naming the field.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -35,11 +37,18 @@ from starlette.routing import BaseRoute, Route
 from frontends.errors import FrontendError, InvalidRequestError, NotFoundError, http_error, openai_error_body
 from orchestrator.config import OrchestratorConfig
 from orchestrator.kv_index import KVIndex
-from orchestrator.registry import Registration, Registry, RegistryError, WorkerIdBody
+from orchestrator.registry import Registry, RegistryError
+from orchestrator.state_protocol import (LoadPush, Ok, PerfPush, Registration, RegistrationAck, Snapshot,
+                                         WorkerIdBody)
 
 __all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS"]
 
 SNAPSHOT_WAIT_SECONDS = 5.0
+
+S = TypeVar("S")
+_ENCODER = msgspec.json.Encoder()
+_DECODERS: dict[type, msgspec.json.Decoder] = {
+    body: msgspec.json.Decoder(body) for body in (Registration, WorkerIdBody, LoadPush, PerfPush)}
 
 
 class StateOwner:
@@ -93,18 +102,14 @@ class StateOwner:
         self._load_version += 1
         self.notify()
 
-    def snapshot(self, kv_after: int = -1) -> dict[str, Any]:
+    def snapshot(self, kv_after: int = -1) -> Snapshot:
         """The state; the KV index (the large part) only when it changed after ``kv_after``."""
         kv_changed = self._kv_version > kv_after
-        return {
-            "version": self.version,
-            "kv_version": self._kv_version,
-            "workers": msgspec.to_builtins(self.registry.snapshot()),
-            "kv": self.kv_index.export() if kv_changed else None,
-            "loads": {str(p): loads for p, loads in self.loads.items()},
-        }
+        return Snapshot(version=self.version, kv_version=self._kv_version, workers=self.registry.snapshot(),
+                        kv=self.kv_index.export() if kv_changed else None,
+                        loads={str(p): loads for p, loads in self.loads.items()})
 
-    async def wait_newer(self, after: int, kv_after: int, timeout: float) -> dict[str, Any]:
+    async def wait_newer(self, after: int, kv_after: int, timeout: float) -> Snapshot:
         if self.version <= after and not self.closing:
             changed = self._changed
             try:
@@ -120,12 +125,36 @@ class StateOwner:
             loads.pop(worker_id, None)
 
 
-def _json(payload: Any, status: int = 200) -> Response:
-    return Response(msgspec.json.encode(payload), status_code=status, media_type="application/json")
+def _json(payload: msgspec.Struct, status: int = 200) -> Response:
+    return Response(_ENCODER.encode(payload), status_code=status, media_type="application/json")
 
 
-def _registration(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """``handler``'s refusals in the OpenAI shape, naming the field (the orchestrator relays them verbatim)."""
+async def _body(request: Request, body: type[S]) -> S:
+    """The request's body as ``body``; a malformed one raises msgspec's error, which names the field."""
+    return _DECODERS[body].decode(await request.body())
+
+
+def _query_int(request: Request, name: str) -> int:
+    try:
+        return int(request.query_params.get(name, "-1"))
+    except ValueError:
+        raise InvalidRequestError(f"{name} must be an integer", param=name) from None
+
+
+def _field_of(exc: msgspec.ValidationError) -> str | None:
+    """The field msgspec's message names: "... - at `$.records[0]`", and for a missing one
+    "Object missing required field `url`" (which has no path of its own at the top level)."""
+    text = str(exc)
+    path = text.rsplit(" - at `$.", 1)[1].rstrip("`") if " - at `$." in text else None
+    if "missing required field `" in text:
+        name = text.split("missing required field `", 1)[1].split("`", 1)[0]
+        return f"{path}.{name}" if path else name
+    return path
+
+
+def _typed(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """``handler``'s refusals (a malformed body among them) in the OpenAI shape, naming the field (the
+    orchestrator relays a registration's verbatim)."""
 
     async def endpoint(request: Request) -> Response:
         try:
@@ -133,6 +162,8 @@ def _registration(handler: Callable[[Request], Awaitable[Response]]) -> Callable
         except (msgspec.DecodeError, FrontendError, RegistryError) as exc:
             if isinstance(exc, RegistryError):
                 exc = InvalidRequestError(str(exc), param=exc.param)
+            elif isinstance(exc, msgspec.ValidationError):
+                exc = InvalidRequestError(f"invalid request body: {exc}", param=_field_of(exc))
             error = http_error(exc)
             return Response(openai_error_body(error), status_code=error.status, media_type="application/json")
 
@@ -144,53 +175,53 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
     routes that process 0 owns for all (the Message Batches, ``orchestrator.batches``)."""
 
     async def register(request: Request) -> Response:
-        body = msgspec.json.decode(await request.body(), type=Registration)
+        body = await _body(request, Registration)
         record = owner.registry.register(body.role, body.url, body.kv_endpoint, body.worker_id)
         owner.notify()
         health = owner.config.health
-        return _json({"worker_id": record.worker_id, "ttl_seconds": health.registration_ttl_seconds,
-                      "heartbeat_seconds": health.registration_ttl_seconds / 3})
+        return _json(RegistrationAck(record.worker_id, health.registration_ttl_seconds,
+                                     health.registration_ttl_seconds / 3))
 
     async def heartbeat(request: Request) -> Response:
-        worker_id = msgspec.json.decode(await request.body(), type=WorkerIdBody).worker_id
+        worker_id = (await _body(request, WorkerIdBody)).worker_id
         if not owner.registry.heartbeat(worker_id):
             raise NotFoundError("unknown worker id; register again", param="worker_id")
-        return _json({"ok": True})
+        return _json(Ok())
 
     async def deregister(request: Request) -> Response:
-        worker_id = msgspec.json.decode(await request.body(), type=WorkerIdBody).worker_id
+        worker_id = (await _body(request, WorkerIdBody)).worker_id
         if not owner.registry.deregister(worker_id):
             raise NotFoundError("unknown worker id", param="worker_id")
         owner.forget_worker(worker_id)
         owner.notify()
-        return _json({"ok": True})
+        return _json(Ok())
 
     async def load(request: Request) -> Response:
-        body = msgspec.json.decode(await request.body())
-        owner.set_loads(int(body["process"]), body["loads"])
-        return _json({"ok": True})
+        body = await _body(request, LoadPush)
+        owner.set_loads(body.process, body.loads)
+        return _json(Ok())
 
     async def perf_push(request: Request) -> Response:
-        body = msgspec.json.decode(await request.body())
-        owner.perf_records.extend(body["records"])
-        return _json({"ok": True})
+        body = await _body(request, PerfPush)
+        # Kept as plain mappings: ``orchestrator.perf`` joins them with the workers' records.
+        owner.perf_records.extend(msgspec.to_builtins(body.records))
+        return _json(Ok())
 
     async def perf_get(request: Request) -> Response:
-        return _json({"records": await join_perf(owner)})
+        return Response(_ENCODER.encode({"records": await join_perf(owner)}), media_type="application/json")
 
     async def snapshot(request: Request) -> Response:
-        after = int(request.query_params.get("after", "-1"))
-        kv_after = int(request.query_params.get("kv_after", "-1"))
+        after, kv_after = (_query_int(request, name) for name in ("after", "kv_after"))
         return _json(await owner.wait_newer(after, kv_after, SNAPSHOT_WAIT_SECONDS))
 
     return Starlette(routes=[
-        Route("/register", _registration(register), methods=["POST"]),
-        Route("/heartbeat", _registration(heartbeat), methods=["POST"]),
-        Route("/deregister", _registration(deregister), methods=["POST"]),
-        Route("/load", load, methods=["POST"]),
-        Route("/perf", perf_push, methods=["POST"]),
+        Route("/register", _typed(register), methods=["POST"]),
+        Route("/heartbeat", _typed(heartbeat), methods=["POST"]),
+        Route("/deregister", _typed(deregister), methods=["POST"]),
+        Route("/load", _typed(load), methods=["POST"]),
+        Route("/perf", _typed(perf_push), methods=["POST"]),
         Route("/perf", perf_get, methods=["GET"]),
-        Route("/snapshot", snapshot, methods=["GET"]),
+        Route("/snapshot", _typed(snapshot), methods=["GET"]),
         *extra_routes,
     ])
 

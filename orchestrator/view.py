@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import httpx
 import msgspec
@@ -23,6 +23,7 @@ from orchestrator.http_client import HttpClient, UpstreamError
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate
+from orchestrator.state_protocol import LoadPush, PerfPush, RequestTrace, Snapshot
 from workers.engine.block_hash import compute_block_hashes
 
 __all__ = ["ClusterView", "StateLink", "LOAD_PUSH_SECONDS"]
@@ -32,6 +33,9 @@ log = logging.getLogger("disagg.orchestrator.view")
 LOAD_PUSH_SECONDS = 0.02
 SUSPECT_SECONDS = 2.0
 """How long a worker that just failed a request is avoided by this process."""
+
+_ENCODER = msgspec.json.Encoder()
+_SNAPSHOT = msgspec.json.Decoder(Snapshot)
 
 
 class ClusterView:
@@ -48,14 +52,14 @@ class ClusterView:
         self.suspects: dict[str, float] = {}
         self.load_dirty = asyncio.Event()
 
-    def apply(self, snapshot: dict[str, Any]) -> None:
-        self.version = snapshot["version"]
-        self.workers = {w["worker_id"]: msgspec.convert(w, WorkerRecord) for w in snapshot["workers"]}
-        if snapshot["kv"] is not None:
-            self.kv.replace(snapshot["kv"])
-            self.kv_version = snapshot["kv_version"]
+    def apply(self, snapshot: Snapshot) -> None:
+        self.version = snapshot.version
+        self.workers = {w.worker_id: w for w in snapshot.workers}
+        if snapshot.kv is not None:
+            self.kv.replace(snapshot.kv)
+            self.kv_version = snapshot.kv_version
         others: dict[str, list[int]] = {}
-        for process, loads in snapshot["loads"].items():
+        for process, loads in snapshot.loads.items():
             if int(process) == self.process_index:
                 continue
             for worker_id, (requests, tokens) in loads.items():
@@ -129,7 +133,7 @@ class StateLink:
         # The snapshot long poll and the load pushes: tens of calls a second, on the lean client
         # (on httpx they were ~15% of a busy orchestrator's CPU).
         self.fast = HttpClient(connect_timeout=10.0, idle_timeout=30.0, uds=socket_path)
-        self.perf_queue: list[dict[str, Any]] = []
+        self.perf_queue: list[RequestTrace] = []
         self.first_snapshot = asyncio.Event()
         self.tasks: list[asyncio.Task] = []
 
@@ -150,7 +154,7 @@ class StateLink:
             try:
                 snapshot = await self._call("GET", f"/snapshot?after={self.view.version}"
                                                    f"&kv_after={self.view.kv_version}")
-                self.view.apply(msgspec.json.decode(snapshot))
+                self.view.apply(_SNAPSHOT.decode(snapshot))
                 self.first_snapshot.set()
             except UpstreamError as exc:
                 log.debug("state owner not reachable: %s", exc)
@@ -160,9 +164,9 @@ class StateLink:
         while True:
             await self.view.load_dirty.wait()
             self.view.load_dirty.clear()
-            body = {"process": self.view.process_index, "loads": self.view.local_load}
+            body = LoadPush(self.view.process_index, self.view.local_load)
             try:
-                await self._call("POST", "/load", msgspec.json.encode(body))
+                await self._call("POST", "/load", _ENCODER.encode(body))
             except UpstreamError:
                 self.view.load_dirty.set()
             await asyncio.sleep(LOAD_PUSH_SECONDS)
@@ -180,7 +184,7 @@ class StateLink:
                 continue
             records, self.perf_queue = self.perf_queue, []
             try:
-                await self.client.post("/perf", content=msgspec.json.encode({"records": records}))
+                await self.client.post("/perf", content=_ENCODER.encode(PerfPush(records)))
             except httpx.HTTPError:
                 self.perf_queue[:0] = records[-1000:]
 
@@ -190,4 +194,4 @@ class StateLink:
     async def flush_perf(self) -> None:
         if self.perf_queue:
             records, self.perf_queue = self.perf_queue, []
-            await self.client.post("/perf", content=msgspec.json.encode({"records": records}))
+            await self.client.post("/perf", content=_ENCODER.encode(PerfPush(records)))

@@ -88,7 +88,7 @@ def test_live_answers_fit_their_schemas(orchestrator):
     call_checked(http, doc, "POST", "/workers/deregister", json={"worker_id": ack["worker_id"]})
     # Its errors, relayed from process 0, are in the OpenAI shape too, naming the field.
     for body, param in [({"role": "boss", "url": "http://127.0.0.1:9"}, "role"), ({"role": "gen", "url": 9}, "url"),
-                        ({"role": "gen"}, None), ([], None)]:
+                        ({"role": "gen"}, "url"), ([], None)]:
         refused = call_checked(http, doc, "POST", "/workers/register", json=body)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
     gone = call_checked(http, doc, "POST", "/workers/heartbeat", json={"worker_id": ack["worker_id"]})

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from orchestrator.config import ConditionalDisaggConfig, RouterConfig
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
+from orchestrator.state_protocol import Snapshot
 from orchestrator.view import ClusterView
 from workers.engine.block_hash import compute_block_hashes
 
@@ -103,7 +106,7 @@ def test_kv_index_follows_events_and_matches_chains():
 def test_view_routes_kv_aware_with_each_workers_block_size_and_seed():
     prompt = list(range(1, 41))
     view = ClusterView(0, default_block_size=16, default_hash_seed=0)
-    view.apply({"version": 1, "kv_version": 1, "loads": {"1": {"w-b": [1, 0]}}, "kv": {
+    view.apply(msgspec.convert({"version": 1, "kv_version": 1, "loads": {"1": {"w-b": [1, 0]}}, "kv": {
         "w-a": list(compute_block_hashes(prompt, 8, 3))[:2],
         "w-b": list(compute_block_hashes(prompt, 4, 0))[:9],
         "w-c": list(compute_block_hashes(prompt, 8, 0))[:5],  # wrong seed for w-c's config: no match
@@ -115,7 +118,7 @@ def test_view_routes_kv_aware_with_each_workers_block_size_and_seed():
         {"worker_id": "w-c", "role": "gen", "url": "http://c", "static": True, "healthy": True, "block_size": 8,
          "hash_seed": 1},
         {"worker_id": "w-d", "role": "ctx", "url": "http://d", "static": True, "healthy": True},
-    ]})
+    ]}, Snapshot))
     rows_ = view.candidates("gen", prompt, set())
     assert [(c.worker_id, c.matched_blocks, c.load_requests) for c in rows_] == [
         ("w-a", 2, 0), ("w-b", 9, 1), ("w-c", 0, 0)]

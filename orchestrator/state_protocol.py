@@ -1,0 +1,96 @@
+"""Every message between the orchestrator's processes, its state owner and registering workers.
+
+The state owner's Unix-socket app (``orchestrator.state``), the processes'
+``StateLink`` (``orchestrator.view``) and a worker's registration loop
+(``disagg.worker_registration``) encode and decode these Structs only, each
+with ``msgspec.json.Decoder(type=...)``, so a malformed body is refused with a
+400 that names the field (``state.typed_route``), never a 500.
+
+    POST /register      Registration       -> RegistrationAck
+    POST /heartbeat     WorkerIdBody       -> Ok   (404: register again)
+    POST /deregister    WorkerIdBody       -> Ok
+    POST /load          LoadPush           -> Ok
+    POST /perf          PerfPush           -> Ok
+    GET  /snapshot      -> Snapshot
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from orchestrator.registry import WorkerRecord
+
+__all__ = ["Registration", "WorkerIdBody", "RegistrationAck", "Ok", "LoadPush", "RequestTrace", "PerfPush",
+           "Snapshot"]
+
+
+class Registration(msgspec.Struct, frozen=True, kw_only=True):
+    """POST /workers/register: a worker announcing itself (it must then heartbeat within the TTL)."""
+
+    role: str
+    """ctx, gen or both."""
+    url: str
+    kv_endpoint: str | None = None
+    worker_id: str | None = None
+    """A restarted worker keeps its id."""
+
+
+class WorkerIdBody(msgspec.Struct, frozen=True):
+    """POST /workers/heartbeat and /workers/deregister."""
+
+    worker_id: str
+
+
+class RegistrationAck(msgspec.Struct, frozen=True):
+    worker_id: str
+    ttl_seconds: float
+    heartbeat_seconds: float
+
+
+class Ok(msgspec.Struct, frozen=True):
+    ok: bool = True
+
+
+class LoadPush(msgspec.Struct, frozen=True):
+    """POST /load: one process's in-flight load, ``worker_id -> [requests, tokens]``."""
+
+    process: int
+    loads: dict[str, list[int]]
+
+
+class RequestTrace(msgspec.Struct, kw_only=True):
+    """One request's orchestrator timings (filled in as it goes), joined by ``orchestrator.perf``
+    with the workers' ``workers.protocol.PerfRecord``s for GET /perf_metrics."""
+
+    request_id: str
+    api: str
+    arrival: float
+    num_prompt_tokens: int = 0
+    mode: str = "disagg"
+    tokenized: float | None = None
+    ctx: dict[str, Any] | None = None
+    gen: dict[str, Any] | None = None
+    end: float | None = None
+    retries: int = 0
+    error: str | None = None
+    legs: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+
+class PerfPush(msgspec.Struct, frozen=True):
+    """POST /perf: finished requests' traces."""
+
+    records: list[RequestTrace]
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """GET /snapshot: the state once newer than the caller's version (a long poll)."""
+
+    version: int
+    kv_version: int
+    workers: list[WorkerRecord]
+    kv: dict[str, list[int]] | None
+    """The KV index (``KVIndex.export``), only when it changed after the caller's ``kv_after``."""
+    loads: dict[str, dict[str, list[int]]]
+    """Each process's pushed load by its index (a string: a JSON object key)."""
