@@ -14,7 +14,7 @@ import typing
 
 from workers.config import ConfigError
 
-__all__ = ["ServeSettings"]
+__all__ = ["ServeSettings", "render_flags"]
 
 # The fields the attached frontends are not given as flags: the positional argument, and the
 # command they run itself.
@@ -89,17 +89,22 @@ class ServeSettings:
     def argv(self, prefix: list[str], num_frontends: int) -> list[str]:
         """An attached frontend's command line: ``prefix`` (the interpreter and the CLI module),
         ``serve``, the model and every flag that has a value, ``--num-frontends`` as resolved."""
-        argv = [*prefix, "serve", self.model_dir]
-        for field in dataclasses.fields(self):
-            if field.name in _NOT_FLAGS:
-                continue
-            flag = "--" + field.name.replace("_", "-")
-            value = num_frontends if field.name == "num_frontends" else getattr(self, field.name)
-            if isinstance(value, bool):
-                argv.append(flag if value else f"--no-{flag[2:]}")
-            elif value is not None:
-                argv += [flag, str(value)]
-        return argv
+        flags: dict[str, object] = {"--" + field.name.replace("_", "-"): getattr(self, field.name)
+                                    for field in dataclasses.fields(self) if field.name not in _NOT_FLAGS}
+        flags["--num-frontends"] = num_frontends
+        return [*prefix, "serve", self.model_dir, *render_flags(flags)]
+
+
+def render_flags(options: dict[str, object]) -> list[str]:
+    """``disagg serve`` flags from a mapping: None is left out, True is the bare flag, False
+    ``--no-FLAG``, anything else ``FLAG VALUE``."""
+    argv: list[str] = []
+    for flag, value in options.items():
+        if isinstance(value, bool):
+            argv.append(flag if value else f"--no-{flag[2:]}")
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
 
 
 def _is_instance(value: object, hint: object) -> bool:

@@ -39,3 +39,9 @@ def test_a_missing_or_mistyped_flag_is_named():
     del args.max_num_seqs
     with pytest.raises(ConfigError, match="--max-num-seqs.*missing"):
         ServeSettings.from_args(args)
+
+
+def test_every_flag_is_a_setting():
+    """A flag missing here would silently not reach the attached frontends."""
+    dests = {action.dest for action in _parser()._actions if action.dest != "help"}
+    assert dests == {field.name for field in dataclasses.fields(ServeSettings)}
