@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from disagg.core_partition import validate_threads
+from disagg.serve_settings import render_flags
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from orchestrator.config import (
@@ -328,18 +329,6 @@ class DeployConfig:
                                  reserved_ports={"orchestrator.port": self.orchestrator.port})
         except ConfigError as exc:
             raise ConfigError(f"{self.source}: {exc.key}", str(exc)[len(exc.key) + 2:]) from None
-
-
-def render_flags(options: dict[str, object]) -> list[str]:
-    """``disagg serve`` flags from a mapping: None is left out, True is the bare flag, False
-    ``--no-FLAG``, anything else ``FLAG VALUE``."""
-    argv: list[str] = []
-    for flag, value in options.items():
-        if isinstance(value, bool):
-            argv.append(flag if value else f"--no-{flag[2:]}")
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv
 
 
 def resolve_deploy_model(config: DeployConfig, run_dir: Path) -> Path:

@@ -8,12 +8,14 @@ the key never appears on a command line.
 
 from __future__ import annotations
 
-import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workers.config import ConfigError
 from workers.disagg_params import CLUSTER_KEY_FILE_ENV, ClusterKeyError, load_cluster_key
+
+if TYPE_CHECKING:
+    from disagg.serve_settings import ServeSettings
 
 __all__ = ["DISAGG_OPTIONS", "cluster_key", "engine_disagg_spec", "frontend_disagg_config", "start_registration"]
 
@@ -34,7 +36,7 @@ DISAGG_OPTIONS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def cluster_key(args: argparse.Namespace) -> bytes | None:
+def cluster_key(args: ServeSettings) -> bytes | None:
     """The key from --cluster-key-file or the environment; None when neither is set.
     Raises ConfigError for a bad file, or a ctx/gen role without a key."""
     path = args.cluster_key_file or os.environ.get(CLUSTER_KEY_FILE_ENV) or None
@@ -49,7 +51,7 @@ def cluster_key(args: argparse.Namespace) -> bytes | None:
         raise ConfigError("cluster_key_file", str(exc)) from exc
 
 
-def engine_disagg_spec(args: argparse.Namespace) -> Any:
+def engine_disagg_spec(args: ServeSettings) -> Any:
     """The engine's ``DisaggEngineSpec``, or None for an aggregated worker without a key."""
     from workers.kv_transfer import DisaggEngineSpec
 
@@ -64,7 +66,7 @@ def engine_disagg_spec(args: argparse.Namespace) -> Any:
                             kv_advertise_host=args.kv_advertise_host, pull_timeout_seconds=args.kv_pull_timeout)
 
 
-def frontend_disagg_config(args: argparse.Namespace, engine_info: Any) -> Any:
+def frontend_disagg_config(args: ServeSettings, engine_info: Any) -> Any:
     """A frontend's ``DisaggConfig`` (role, key, KV endpoint from the engine handshake)."""
     from frontends.disaggregation import DisaggConfig
 
@@ -73,7 +75,7 @@ def frontend_disagg_config(args: argparse.Namespace, engine_info: Any) -> Any:
                         hash_seed=engine_info.hash_seed)
 
 
-def start_registration(args: argparse.Namespace, engine_info: Any) -> Any:
+def start_registration(args: ServeSettings, engine_info: Any) -> Any:
     """The launcher's registration task (None without --register-url); cancelled at shutdown."""
     import asyncio
 

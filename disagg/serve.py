@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from disagg.disagg_options import DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, start_registration
 from disagg.model_names import ModelNotFoundError, default_served_name, resolve_model
+from disagg.serve_settings import ServeSettings
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from workers.attach import attach_file_from_env, read_attach_file
@@ -121,17 +122,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, **kwargs)
 
 
-def _serve_argv(args: argparse.Namespace, num_frontends: int) -> list[str]:
-    """The command an attached frontend runs: the same options, re-rendered."""
+def _serve_argv(args: ServeSettings, num_frontends: int) -> list[str]:
+    """The command an attached frontend runs: the same settings, rendered as flags."""
     prefix = shlex.split(args.frontend_command) if args.frontend_command else [sys.executable, "-m", "disagg.cli"]
-    argv = [*prefix, "serve", str(args.model_dir)]
-    for flag, _ in _OPTIONS:
-        value = num_frontends if flag == "--num-frontends" else getattr(args, flag[2:].replace("-", "_"))
-        if isinstance(value, bool):
-            argv.append(flag if value else f"--no-{flag[2:]}")
-        elif value is not None and flag != "--frontend-command":
-            argv += [flag, str(value)]
-    return argv
+    return args.argv(prefix, num_frontends)
 
 
 def resolve_num_frontends(requested: int | None) -> int:
@@ -142,7 +136,7 @@ def resolve_num_frontends(requested: int | None) -> int:
     return max(1, min(MAX_AUTO_FRONTENDS, len(os.sched_getaffinity(0))))
 
 
-def build_engine_config(args: argparse.Namespace) -> EngineConfig:
+def build_engine_config(args: ServeSettings) -> EngineConfig:
     model_dir = Path(args.model_dir)
     synthetic = SyntheticConfig(decode_step_base_seconds=args.synthetic_decode_step_seconds,
                                 prefill_seconds_per_token=args.synthetic_prefill_seconds_per_token)
@@ -181,7 +175,7 @@ def _synthetic_model_shape(model: Path, synthetic: SyntheticConfig) -> Synthetic
                                max_model_len=int(hf.get("max_position_embeddings", synthetic.max_model_len)))
 
 
-def _frontend_config(args: argparse.Namespace, frontend_id: int, engine_info: Any = None):
+def _frontend_config(args: ServeSettings, frontend_id: int, engine_info: Any = None):
     from frontends.admission import default_max_concurrent_requests, per_frontend_limit
     from frontends.app import FrontendConfig
     from frontends.tokenizer import Tokenizer
@@ -199,7 +193,7 @@ def _frontend_config(args: argparse.Namespace, frontend_id: int, engine_info: An
     return Tokenizer.from_model_path(args.model_dir), config
 
 
-def _make_launcher_app_factory(args: argparse.Namespace, group: Any):
+def _make_launcher_app_factory(args: ServeSettings, group: Any):
     from frontends.worker_app import make_launcher_app
 
     info = group.engine_info
@@ -212,7 +206,7 @@ def _make_launcher_app_factory(args: argparse.Namespace, group: Any):
                                             state_dir)
 
 
-def resolve_state_dir(args: argparse.Namespace) -> Path:
+def resolve_state_dir(args: ServeSettings) -> Path:
     """Where the launcher keeps what must survive a restart (the Message Batches database).
     The default names host and port: two workers on one shared home never collide."""
     if args.state_dir:
@@ -220,14 +214,14 @@ def resolve_state_dir(args: argparse.Namespace) -> Path:
     return Path.home() / ".cache" / "disagg" / f"{socket.gethostname()}-{args.port}"
 
 
-def _make_attached_app_factory(args: argparse.Namespace, attach: Any):
+def _make_attached_app_factory(args: ServeSettings, attach: Any):
     from frontends.worker_app import make_attached_app
 
     tokenizer, config = _frontend_config(args, attach.frontend_id, attach.engine)
     return lambda client: make_attached_app(client, tokenizer, config, attach, admin_timeout=args.admin_timeout)
 
 
-def _serve_options(args: argparse.Namespace):
+def _serve_options(args: ServeSettings):
     from frontends.server import ServeOptions
 
     return ServeOptions(grace_seconds=args.grace_seconds, log_level=args.log_level, access_log=args.access_log)
@@ -241,7 +235,12 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated(signal.Signals(signum).name)
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def run_serve(parsed: argparse.Namespace) -> int:
+    try:  # once: everything below gets the typed settings, never the namespace
+        args = ServeSettings.from_args(parsed)
+    except ConfigError as exc:
+        print(f"disagg serve: {exc}", file=sys.stderr)
+        return 2
     attach_file = attach_file_from_env()
     try:  # an attached frontend never is a rank: its launcher removed the variables
         rank_env = from_environ() if attach_file is None else None
@@ -259,8 +258,8 @@ def run_serve(args: argparse.Namespace) -> int:
         return _run_attached(args, attach_file)
     try:
         # Once, here: the attached frontends get the resolved path and the id back as flags.
-        args.served_model_name = args.served_model_name or default_served_name(args.model_dir)
-        args.model_dir = str(resolve_model(args.model_dir))
+        args = dataclasses.replace(args, served_model_name=args.served_model_name or default_served_name(args.model_dir),
+                                   model_dir=str(resolve_model(args.model_dir)))
     except ModelNotFoundError as exc:
         print(f"disagg serve: {exc}", file=sys.stderr)
         return 2
@@ -269,7 +268,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return _run_launcher(args, rank_env)
 
 
-def _run_follower(args: argparse.Namespace, rank_env: Any) -> int:
+def _run_follower(args: ServeSettings, rank_env: Any) -> int:
     """Ranks > 0 of an externally started group: the engine follower only (no launcher, no HTTP)."""
     from disagg.disagg_options import cluster_key
     from workers.rank_follower import FollowerSpec, run_rank_follower
@@ -291,7 +290,7 @@ def _run_follower(args: argparse.Namespace, rank_env: Any) -> int:
     return run_rank_follower(spec)
 
 
-def _run_launcher(args: argparse.Namespace, rank_env: Any = None) -> int:
+def _run_launcher(args: ServeSettings, rank_env: Any = None) -> int:
     from workers.launcher import LaunchError, WorkerGroup, check_port_free
 
     try:
@@ -337,7 +336,7 @@ def _run_launcher(args: argparse.Namespace, rank_env: Any = None) -> int:
         group.shutdown()
 
 
-def _check_limits(args: argparse.Namespace) -> None:
+def _check_limits(args: ServeSettings) -> None:
     if args.max_concurrent_requests is not None and args.max_concurrent_requests < 0:
         raise ConfigError("max_concurrent_requests", f"must be >= 0 (0: no limit), got {args.max_concurrent_requests}")
     if args.max_perf_records is not None and args.max_perf_records < 1:
@@ -346,7 +345,7 @@ def _check_limits(args: argparse.Namespace) -> None:
         raise ConfigError("perf_record_seconds", f"must be > 0, got {args.perf_record_seconds}")
 
 
-def _serve_launcher(args: argparse.Namespace, group: Any, make_app: Any) -> int:
+def _serve_launcher(args: ServeSettings, group: Any, make_app: Any) -> int:
     from frontends.server import run_event_loop, serve_frontend
 
     clients: list[Any] = []  # frontend 0's engine client: its verdict on the engine gates respawns
@@ -381,7 +380,7 @@ async def _watch_frontends(group: Any, engine_alive: Callable[[], bool]) -> None
         await asyncio.sleep(FRONTEND_WATCH_SECONDS)
 
 
-def _run_attached(args: argparse.Namespace, attach_file: str) -> int:
+def _run_attached(args: ServeSettings, attach_file: str) -> int:
     import zmq
 
     from frontends.engine_client import process_alive

@@ -119,12 +119,13 @@ def prepare_message_request(ctx: ServingContext, body: MessagesRequest) -> tuple
     return ValidRequest(prompt_ids, params, stops, leg), tool_policy
 
 
-def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: float | None = None
-                    ) -> tuple[Generation, MessageEventEncoder, ToolCallParser | None]:
+def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: float | None = None,
+                    x_request_id: str | None = None) -> tuple[Generation, MessageEventEncoder, ToolCallParser | None]:
     """A validated /v1/messages body as an engine generation, its encoder and its tool-call parser
-    (None: the answer is text) (raises the API's errors)."""
+    (None: the answer is text) (raises the API's errors); ``x_request_id`` goes on its perf record."""
     valid, tool_policy = prepare_message_request(ctx, body)
-    generation = ctx.start_generation(valid.prompt_ids, valid.params, valid.stop_strings, arrival_time, valid.leg)
+    generation = ctx.start_generation(valid.prompt_ids, valid.params, valid.stop_strings, arrival_time, valid.leg,
+                                      x_request_id)
     encoder = MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)
     return generation, encoder, tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
 
@@ -143,16 +144,17 @@ def encode_message(generation: Generation, encoder: MessageEventEncoder, result:
                            generation.num_output_tokens, cached, content=content)
 
 
-async def generate_message(ctx: ServingContext, body: MessagesRequest) -> bytes:
-    """Run one non-streaming /v1/messages body to its ``message`` JSON (the batch runner's path)."""
-    generation, encoder, parser = prepare_message(ctx, body, time.time())
+async def generate_message(ctx: ServingContext, body: MessagesRequest, request_id: str) -> bytes:
+    """Run one non-streaming /v1/messages body to its ``message`` JSON (the batch runner's path;
+    ``request_id``: its perf record's x-request-id)."""
+    generation, encoder, parser = prepare_message(ctx, body, time.time(), request_id)
     return encode_message(generation, encoder, await generation.collect(), parser)
 
 
 async def create_message(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=MessagesRequest)
-    generation, encoder, parser = prepare_message(ctx, body, arrival_time)
+    generation, encoder, parser = prepare_message(ctx, body, arrival_time, request.headers.get("x-request-id"))
     if body.stream:
         stream = _MessageStream(encoder) if parser is None else ToolUseMessageStream(encoder, parser)
         return EventStreamResponse(stream_events(generation, stream))

@@ -36,7 +36,6 @@ from frontends.errors import (
     openai_error_body,
 )
 from frontends.generation import EngineClientLike
-from frontends.perf_records import note_x_request_id
 from frontends.admission import RETRY_AFTER_SECONDS, AdmissionGate
 from frontends.openapi import DocumentedApp
 from frontends.openapi_routes import WORKER_DOCS
@@ -88,7 +87,6 @@ class FrontendHeaderMiddleware:
             await self.app(scope, receive, send)
             return
         scope["starlette.exception_handlers"] = self.scope_handlers
-        note_x_request_id(scope["headers"])  # the perf record joins the orchestrator's on it
         receive = limit_body(receive, scope["headers"], self.max_request_bytes)
         header = self.header
         started = False

@@ -148,11 +148,13 @@ class EngineClient:
         params: SamplingParams,
         arrival_time: float | None = None,
         make_message: Callable[[EngineRequest], IngressMessage] | None = None,
+        x_request_id: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """The request's outputs in order; stops after the one with a finish reason.
 
         ``make_message``: the ingress message for the request (a disaggregated
-        leg: ``AddContextRequest`` / ``AddRemoteRequest``); default ``AddRequest``."""
+        leg: ``AddContextRequest`` / ``AddRemoteRequest``); default ``AddRequest``.
+        ``x_request_id``: the HTTP request's x-request-id, for its perf record."""
         if not self.is_healthy:
             raise self.unavailable_error()
         request_id = self._ids.next_id()
@@ -188,7 +190,7 @@ class EngineClient:
             if self.on_request_done is not None:
                 self.on_request_done(build_record(
                     request_id, self.frontend_id, arrival_time, tokenized, len(prompt_token_ids),
-                    num_output_tokens, last_token_time, last, num_cached_tokens))
+                    num_output_tokens, last_token_time, last, num_cached_tokens, x_request_id))
 
     async def abort(self, request_id: int) -> None:
         """Abort a request; its generate() then ends with a finish reason ``abort``."""

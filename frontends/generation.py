@@ -59,7 +59,7 @@ class EngineClientLike(Protocol):
 
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
-        make_message: Callable[[EngineRequest], IngressMessage] | None = None,
+        make_message: Callable[[EngineRequest], IngressMessage] | None = None, x_request_id: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]: ...
 
     async def abort(self, request_id: int) -> None: ...
@@ -107,6 +107,7 @@ class Generation:
         stop_strings: tuple[str, ...] = (),
         arrival_time: float | None = None,
         leg: DisaggLeg | None = None,
+        x_request_id: str | None = None,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
@@ -118,6 +119,7 @@ class Generation:
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
         self.leg = leg
+        self.x_request_id = x_request_id  # the HTTP request's header (or a batch request's id): its perf record's
 
     @property
     def num_usage_cached_tokens(self) -> int:
@@ -131,10 +133,9 @@ class Generation:
         # Tokens whose text is still held back travel with the next piece.
         pending_ids: list[int] = []
         pending_logprobs: list[TokenLogprobs] | None = [] if want_logprobs else None
-        if self.leg is None:
-            outputs = self.client.generate(self.prompt_token_ids, self.params, self.arrival_time)
-        else:  # a disaggregated leg (frontends.disaggregation)
-            outputs = self.client.generate(self.prompt_token_ids, self.params, self.arrival_time, self.leg.message)
+        make_message = None if self.leg is None else self.leg.message  # a disaggregated leg (frontends.disaggregation)
+        outputs = self.client.generate(self.prompt_token_ids, self.params, self.arrival_time, make_message,
+                                       x_request_id=self.x_request_id)
         async with aclosing(outputs) as stream:
             async for output in stream:
                 if self.leg is not None:

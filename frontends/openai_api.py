@@ -145,7 +145,8 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     body = msgspec.json.decode(await request.body(), type=CompletionRequest)
     valid = prepare_completion(ctx, body)
     leg, prompt_ids = valid.leg, valid.prompt_ids
-    generation = ctx.start_generation(prompt_ids, valid.params, valid.stop_strings, arrival_time, leg)
+    generation = ctx.start_generation(prompt_ids, valid.params, valid.stop_strings, arrival_time, leg,
+                                      request.headers.get("x-request-id"))
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -215,15 +216,17 @@ def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> tuple[Vali
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=ChatCompletionRequest)
-    return await serve_chat_completion(ctx, body, request.receive, arrival_time)
+    return await serve_chat_completion(ctx, body, request.receive, arrival_time, request.headers.get("x-request-id"))
 
 
 async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, receive: Receive,
-                                arrival_time: float) -> Response:
-    """A decoded chat request to its answer (the Responses API runs through here too)."""
+                                arrival_time: float, x_request_id: str | None = None) -> Response:
+    """A decoded chat request to its answer (the Responses API runs through here too);
+    ``x_request_id``: the HTTP request's header, for its perf record."""
     valid, tool_policy = prepare_chat(ctx, body)
     leg, prompt_ids = valid.leg, valid.prompt_ids
-    generation = ctx.start_generation(prompt_ids, valid.params, valid.stop_strings, arrival_time, leg)
+    generation = ctx.start_generation(prompt_ids, valid.params, valid.stop_strings, arrival_time, leg,
+                                      x_request_id)
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     parser = tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
     if body.stream:

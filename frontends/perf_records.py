@@ -18,7 +18,6 @@ them instead of growing for hours.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from collections import deque
@@ -31,8 +30,7 @@ import zmq.asyncio
 from workers.ipc import FrameCodec, send_nowait
 from workers.protocol import PerfRecord, PerfRecordBatch, RequestOutput
 
-__all__ = ["build_record", "record_to_dict", "PerfRecorder", "PerfStore", "PerfSender", "PerfReceiver",
-           "X_REQUEST_ID", "note_x_request_id"]
+__all__ = ["build_record", "record_to_dict", "PerfRecorder", "PerfStore", "PerfSender", "PerfReceiver"]
 
 log = logging.getLogger("disagg.perf")
 
@@ -41,25 +39,12 @@ MAX_BATCH = 256
 MAX_STORED_RECORDS = 10_000  # ~3 MB of records; a reader polling every minute keeps up with 150 requests/s
 MAX_RECORD_AGE_SECONDS = 600.0  # a record nobody read in ten minutes has no reader
 
-# The x-request-id header of the HTTP request being served: set per request (each runs in its
-# own task) by ``note_x_request_id`` in the app's middleware, read when its record is built.
-X_REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("x_request_id", default=None)
-
-
-def note_x_request_id(headers: list[tuple[bytes, bytes]]) -> None:
-    """Remember the request's x-request-id (an ASGI scope's raw headers) for its perf record."""
-    for name, value in headers:
-        if name == b"x-request-id":
-            X_REQUEST_ID.set(value.decode("latin-1"))
-            return
-    X_REQUEST_ID.set(None)
-
-
 def build_record(request_id: int, frontend_id: int, arrival: float, tokenized: float, num_prompt_tokens: int,
                  num_output_tokens: int, last_token: float | None, last: RequestOutput | None,
-                 num_cached_tokens: int = 0) -> PerfRecord:
+                 num_cached_tokens: int = 0, x_request_id: str | None = None) -> PerfRecord:
     """The record of a request that just ended; ``last`` is the last output received (None: none).
-    ``num_cached_tokens``: the prefix-cache hits, which the engine reports on the first output only."""
+    ``num_cached_tokens``: the prefix-cache hits, which the engine reports on the first output only.
+    ``x_request_id``: the request's x-request-id header (the orchestrator joins its record on it)."""
     timing = last.timing if last is not None else None
     kv = last.kv_transfer if last is not None else None
     return PerfRecord(
@@ -80,7 +65,7 @@ def build_record(request_id: int, frontend_id: int, arrival: float, tokenized: f
         kv_transfer_bytes=kv.num_bytes if kv else 0,
         kv_transfer_blocks=kv.num_blocks if kv else 0,
         kv_transfer_bytes_per_second=kv.bytes_per_second if kv else None,
-        x_request_id=X_REQUEST_ID.get(),
+        x_request_id=x_request_id,
     )
 
 

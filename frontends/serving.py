@@ -97,13 +97,15 @@ class ServingContext:
             raise self.client.unavailable_error()
 
     def start_generation(self, prompt_ids: list[int], params: SamplingParams, stop_strings: tuple[str, ...],
-                         arrival_time: float | None, leg: DisaggLeg | None) -> Generation:
+                         arrival_time: float | None, leg: DisaggLeg | None,
+                         x_request_id: str | None = None) -> Generation:
         """The one way every API starts a request: the disaggregated leg's params applied,
         the engine checked alive."""
         if leg is not None:
             params = engine_params(leg, params)
         self.check_engine()
-        return Generation(self.client, self.tokenizer, prompt_ids, params, stop_strings, arrival_time, leg)
+        return Generation(self.client, self.tokenizer, prompt_ids, params, stop_strings, arrival_time, leg,
+                          x_request_id)
 
     def check_prompt_token_ids(self, token_ids: list[int], param: str) -> None:
         if not token_ids:

@@ -35,7 +35,6 @@ from starlette.responses import Response
 from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore
 from frontends.batches.executor import Outcome, batch_body, errored, errored_by, succeeded
 from frontends.errors import NotFoundError
-from frontends.perf_records import X_REQUEST_ID
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.state_protocol import RequestTrace
 from orchestrator.http_client import UpstreamError
@@ -67,14 +66,13 @@ class FlowBatchExecutor:
     def is_ready(self) -> bool:
         return self.orch.view.has_healthy("gen")
 
-    async def execute(self, params: bytes) -> Outcome | None:
+    async def execute(self, params: bytes, request_id: str) -> Outcome | None:
         orch = self.orch
         try:
             batch_body(params)  # the batch's own rule (no streaming) before the API's
             parsed = parse_request("messages", params, orch.validator, None)
         except Exception as exc:  # noqa: BLE001 - the 400 /v1/messages would answer
             return errored_by(exc)
-        request_id = X_REQUEST_ID.get() or "batch"  # the runner's "<batch id>[<index>]"
         failures = 0
         while True:
             record = RequestTrace(request_id=request_id, api="messages", arrival=time.time())

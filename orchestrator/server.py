@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -55,9 +56,31 @@ def add_orchestrator_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
 
 
-def run_orchestrator(args: argparse.Namespace) -> int:
+@dataclasses.dataclass(frozen=True)
+class OrchestratorSettings:
+    """``disagg orchestrator``'s flags, typed, built once from the parsed arguments."""
+
+    config: str
+    port: int | None
+    access_log: bool | None
+    process_index: int
+    parent_pid: int | None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> OrchestratorSettings:
+        return cls(config=args.config, port=args.port, access_log=args.access_log, process_index=args.process_index,
+                   parent_pid=args.parent_pid)
+
+    def child_overrides(self) -> list[str]:
+        """The command-line overrides process 0 passes on to the other processes."""
+        return [] if self.access_log is None else ["--access-log" if self.access_log else "--no-access-log"]
+
+
+def run_orchestrator(parsed: argparse.Namespace) -> int:
     from frontends.server import make_listen_socket, run_event_loop
     from orchestrator.config import load_orchestrator_config
+
+    args = OrchestratorSettings.from_args(parsed)
 
     config = load_orchestrator_config(args.config)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -77,7 +100,7 @@ def run_orchestrator(args: argparse.Namespace) -> int:
     return run_event_loop(_serve(config, args, sock, port))
 
 
-async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: socket.socket, port: int) -> int:
+async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: socket.socket, port: int) -> int:
     import uvicorn
 
     from frontends.server import FrontendServer
@@ -115,8 +138,7 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
         group = ProcessGroup(args.config, port, range(1, config.processes),
                              lambda: RestartBudget(config.max_process_restarts, config.process_restart_window_seconds),
                              on_exit=lambda i: owner.set_loads(i, {}),
-                             extra_argv=[] if args.access_log is None else
-                             ["--access-log" if args.access_log else "--no-access-log"])
+                             extra_argv=args.child_overrides())
     else:
         # Held, and cancelled at exit: the loop keeps only a weak reference to a task.
         parent_watch = asyncio.create_task(_watch_parent(args.parent_pid, stopping))
@@ -162,7 +184,7 @@ async def _serve(config: OrchestratorConfig, args: argparse.Namespace, sock: soc
     return 0
 
 
-def _access_log(args: argparse.Namespace, config: OrchestratorConfig) -> bool:
+def _access_log(args: OrchestratorSettings, config: OrchestratorConfig) -> bool:
     return config.access_log if args.access_log is None else args.access_log
 
 

@@ -68,7 +68,7 @@ class _WorkerLimits:
     # The rest of EngineClientLike: never called, RequestValidator.start_generation refuses first.
     def generate(self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
                  make_message: Callable[[EngineRequest], IngressMessage] | None = None,
-                 ) -> AsyncGenerator[RequestOutput, None]:  # pragma: no cover
+                 x_request_id: str | None = None) -> AsyncGenerator[RequestOutput, None]:  # pragma: no cover
         raise AssertionError("validation has no engine")
 
     async def abort(self, request_id: int) -> None:  # pragma: no cover

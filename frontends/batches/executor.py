@@ -32,8 +32,9 @@ class BatchExecutor(Protocol):
         """Whether a request could run now (the runner waits, starting nothing, while not)."""
         ...
 
-    async def execute(self, params: bytes) -> Outcome | None:
-        """One request's outcome; None leaves it pending, to run again after a restart."""
+    async def execute(self, params: bytes, request_id: str) -> Outcome | None:
+        """One request's outcome; None leaves it pending, to run again after a restart.
+        ``request_id``: the runner's ``<batch id>[<index>]``, the x-request-id of its perf records."""
         ...
 
 
@@ -70,9 +71,9 @@ class EngineBatchExecutor:
     def is_ready(self) -> bool:
         return self.ctx.client.is_healthy
 
-    async def execute(self, params: bytes) -> Outcome | None:
+    async def execute(self, params: bytes, request_id: str) -> Outcome | None:
         try:
-            message = await generate_message(self.ctx, batch_body(params))
+            message = await generate_message(self.ctx, batch_body(params), request_id)
         except EngineDeadError:
             logger.warning("batch request left pending: the engine is not running")
             return None

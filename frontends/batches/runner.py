@@ -38,7 +38,6 @@ from typing import Any, Callable
 
 from frontends.batches.executor import BatchExecutor
 from frontends.batches.store import DEFAULT_TTL_SECONDS, BatchRecord, BatchStore
-from frontends.perf_records import X_REQUEST_ID
 
 __all__ = ["BatchRunner", "DEFAULT_MAX_IN_FLIGHT"]
 
@@ -179,11 +178,8 @@ class BatchRunner:
     # -- one request ---------------------------------------------------------------------------------
 
     async def _run_request(self, batch_id: str, idx: int) -> None:
-        # This task was created inside the HTTP request that created or polled the batch and copied
-        # its context: without this its perf record would carry that request's x-request-id.
-        X_REQUEST_ID.set(f"{batch_id}[{idx}]")
         params = await asyncio.to_thread(self.store.request_params, batch_id, idx)
-        outcome = await self.executor.execute(params)
+        outcome = await self.executor.execute(params, f"{batch_id}[{idx}]")
         if outcome is None:
             return  # left pending: it runs again after a restart
         state, result = outcome

@@ -76,7 +76,7 @@ async def create_response(ctx: ServingContext, request: Request) -> Response:
     turn = await begin_turn(await request.body(), store)
     chat = msgspec.convert(turn.chat_body(), ChatCompletionRequest)
     try:
-        answer = await serve_chat_completion(ctx, chat, request.receive, arrival_time)
+        answer = await serve_chat_completion(ctx, chat, request.receive, arrival_time, request.headers.get("x-request-id"))
     except FrontendError as exc:
         raise rename_param(exc) from None
     if isinstance(answer, EventStreamResponse):

@@ -81,7 +81,8 @@ class InprocEngineClient:
             await asyncio.sleep(0)  # let handlers run between steps
 
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
+        self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
+        make_message: object = None, x_request_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         if not self.healthy:
             raise EngineDeadError("the in-process engine is marked dead")

@@ -34,8 +34,8 @@ class PeakCountingClient(InprocEngineClient):
 
     peak_in_flight = 0
 
-    async def generate(self, prompt_token_ids, params, arrival_time=None):
-        async for output in super().generate(prompt_token_ids, params, arrival_time):
+    async def generate(self, prompt_token_ids, params, arrival_time=None, make_message=None, x_request_id=None):
+        async for output in super().generate(prompt_token_ids, params, arrival_time, make_message, x_request_id):
             self.peak_in_flight = max(self.peak_in_flight, self.num_in_flight)
             yield output
 

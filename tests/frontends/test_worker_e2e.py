@@ -8,6 +8,7 @@ frontend answers) must show zero blocks in use once a last request has run.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import anthropic
 import httpx
@@ -103,3 +104,25 @@ async def test_fifty_disconnects_leave_the_block_pool_free(worker):
     assert last_stats["kv_blocks_used"] == 0, last_stats
     assert (last_stats["num_running"], last_stats["num_waiting"]) == (0, 0)
     assert last_stats["kv_blocks_total"] == NUM_BLOCKS
+
+
+def test_each_api_puts_the_request_x_request_id_on_its_perf_record(worker):
+    """The handler hands the header to the engine client explicitly: every generation route's record
+    carries its own request's id, whichever frontend served it."""
+    ids = {api: f"explicit-{api}" for api in ("completions", "chat", "responses", "messages")}
+    oai = openai.OpenAI(base_url=f"{worker}/v1", api_key="unused")
+    oai.completions.create(model="tiny", prompt="Hi", max_tokens=3,
+                           extra_headers={"x-request-id": ids["completions"]})
+    oai.chat.completions.create(model="tiny", messages=USER, max_tokens=3,
+                                extra_headers={"x-request-id": ids["chat"]})
+    oai.responses.create(model="tiny", input="Hi", max_output_tokens=3, store=False,
+                         extra_headers={"x-request-id": ids["responses"]})
+    anthropic.Anthropic(base_url=worker, api_key="unused").messages.create(
+        model="tiny", messages=USER, max_tokens=3, extra_headers={"x-request-id": ids["messages"]})
+    seen: set[str] = set()
+    for _ in range(50):  # attached frontends ship their records within FLUSH_SECONDS
+        seen |= {r["x_request_id"] for r in httpx.get(f"{worker}/perf_metrics").json()}
+        if set(ids.values()) <= seen:
+            break
+        time.sleep(0.05)
+    assert set(ids.values()) <= seen
