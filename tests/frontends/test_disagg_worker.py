@@ -302,7 +302,7 @@ def test_worker_registers_heartbeats_and_deregisters(tiny_model_dir, key_file):
         def do_POST(self):  # http.server's naming
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             received.append((self.path, body))
-            answer = {"worker_id": "w-1", "heartbeat_seconds": 0.2} if self.path.endswith("/register") else {}
+            answer = {"worker_id": "w-1", "ttl_seconds": 1.0, "heartbeat_seconds": 0.2} if self.path.endswith("/register") else {}
             data = json.dumps(answer).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
