@@ -109,6 +109,9 @@ class KVIndex:
         if self.over_capacity(worker_id):
             self.num_overflows += 1
             self.stale.add(worker_id)
+            # The invariant holds at once, not only after the next snapshot: until it comes, an
+            # underestimate costs a prefix hit, an overestimate routes to blocks that are gone.
+            self.clear_worker(worker_id)
 
     def over_capacity(self, worker_id: str) -> bool:
         capacity = self.capacity.get(worker_id)
