@@ -37,6 +37,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` in MiB, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -11,25 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from tests.worker_procs import wait_until
-from tests.worker_process import start_worker, stop_worker
+from tests.worker_process import rss_mb, start_worker, stop_worker
 
 LIMIT = 64
 STEP_SECONDS = 0.05
 MAX_TOKENS = 40  # ~2 s per admitted request: all 200 arrive while the first 64 still run
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 @pytest.fixture(scope="module")

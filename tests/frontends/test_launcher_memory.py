@@ -4,23 +4,15 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.worker_process import start_worker, stop_worker
+from tests.worker_process import rss_mb, start_worker, stop_worker
 
 MAX_RECORDS = 300
 NUM_REQUESTS = 1500
 CONCURRENCY = 16
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 async def _load(url: str, count: int) -> None:

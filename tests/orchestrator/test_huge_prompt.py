@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
 import msgspec
@@ -12,16 +11,9 @@ import pytest
 
 from frontends.tokenizer import Tokenizer
 from orchestrator_process import start_orchestrator, stop_orchestrator
-from worker_process import start_worker, stop_worker
+from worker_process import rss_mb, start_worker, stop_worker
 
 TEN_MB = "word " * (2 * 1024 * 1024)
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 @pytest.fixture(scope="module")
