@@ -117,10 +117,8 @@ class MessagesApi:
 
     def sampling_params(self, ctx: ServingContext, num_prompt_tokens: int) -> SamplingParams:
         body = self.body
-        guided, guided_param = anthropic_guided(body.output_config), "output_config.format"
-        tool_guided = ctx.forced_tool_guided(self.tool_policy)
-        if tool_guided is not None:  # a forced call: the answer is the call, the output format does not apply to it
-            guided, guided_param = tool_guided, "tool_choice"
+        guided, guided_param = ctx.answer_grammar(self.tool_policy, anthropic_guided(body.output_config),
+                                                  "output_config.format")
         return ctx.sampling_params(
             num_prompt_tokens, body.max_tokens, prompt_param="messages",
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, guided=guided,

@@ -211,10 +211,7 @@ class ChatApi:
         body = self.body
         max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        guided, guided_param = openai_guided(body)
-        tool_guided = ctx.forced_tool_guided(self.tool_policy)
-        if tool_guided is not None:  # a forced call: the answer is the call, response_format does not apply to it
-            guided, guided_param = tool_guided, "tool_choice"
+        guided, guided_param = ctx.answer_grammar(self.tool_policy, *openai_guided(body))
         return ctx.sampling_params(
             num_prompt_tokens, max_tokens, max_tokens_param=max_tokens_param, prompt_param="messages",
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,

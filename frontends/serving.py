@@ -82,6 +82,13 @@ class ServingContext:
         """The grammar of a forced tool call (None when the choice is not forced)."""
         return policy.guided(self.tool_syntax)
 
+    def answer_grammar(self, policy: "ToolPolicy", guided: GuidedDecoding | None,
+                       guided_param: str) -> tuple[GuidedDecoding | None, str]:
+        """The grammar the answer follows and the parameter that asked for it: a forced tool call's
+        (the answer is the call: the body's output format does not apply to it), else the body's."""
+        tool_guided = self.forced_tool_guided(policy)
+        return (guided, guided_param) if tool_guided is None else (tool_guided, "tool_choice")
+
     def check_engine(self) -> None:
         if not self.client.is_healthy:
             raise self.client.unavailable_error()

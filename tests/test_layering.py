@@ -134,8 +134,8 @@ def test_no_import_cycle(graph):
 
 
 def test_no_import_cycle_inside_frontends(frontends_graph):
-    """No frontends module imports itself back, not even for an annotation: the request path
-    (serving -> prepare -> disaggregation / generation) is a tree, so each layer reads alone."""
+    """No frontends module imports itself back, not even for an annotation: ``prepare`` imports
+    ``serving``, ``disaggregation`` and ``generation``, none of which knows it, so each reads alone."""
     cycles = _cycles(frontends_graph)
     assert not cycles, "import cycles in frontends/:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
