@@ -29,27 +29,33 @@ def alive(pid: int) -> bool:
     return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def test_up_request_status_down(tmp_path):
-    port = free_port()
-    config = tmp_path / "tiny.yaml"
-    # A ctx and a gen worker (the pools' default roles), both legs for every request; the model dir
-    # does not exist yet, so `up` generates it.
-    config.write_text(textwrap.dedent(f"""
+def write_deployment(tmp_path, name: str = "tiny", *, port: int = 0, run_dir: bool = True, processes: int = 1,
+                     conditional: bool | None = False, gen_frontends: int = 1, engine: str = "",
+                     extra: str = "") -> str:
+    """A ctx and a gen worker (the pools' default roles) on the synthetic engine and the tiny test
+    model (its dir does not exist yet: `up` generates it); with ``conditional`` False both legs run
+    for every request. ``run_dir`` False: the default one, ./.disagg/<name>; ``engine``: more engine
+    keys (``, key: value``); ``extra``: more top-level YAML."""
+    orchestrator = f"port: {port or free_port()}, processes: {processes}, health: {{interval_seconds: 0.2}}"
+    if conditional is not None:
+        orchestrator += f", conditional: {{enabled: {str(conditional).lower()}}}"
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(textwrap.dedent(f"""\
         model: {tmp_path / "model"}
         tiny_model_size: test
-        run_dir: {tmp_path / "run"}
-        engine: {{kind: synthetic}}
-        orchestrator:
-          port: {port}
-          processes: 2
-          health: {{interval_seconds: 0.2}}
-          conditional: {{enabled: false}}
-        pools:
-          ctx: {{instances: 1, frontends: 1}}
-          gen: {{instances: 1, frontends: 2}}
+        {f"run_dir: {tmp_path / 'run'}" if run_dir else ""}
+        engine: {{kind: synthetic{engine}}}
+        orchestrator: {{{orchestrator}}}
+        pools: {{ctx: {{instances: 1, frontends: 1}}, gen: {{instances: 1, frontends: {gen_frontends}}}}}
         startup_timeout_seconds: 90
-    """))
-    up = disagg("up", str(config), cwd=tmp_path)
+    """) + textwrap.dedent(extra))
+    return str(config)
+
+
+def test_up_request_status_down(tmp_path):
+    port = free_port()
+    config = write_deployment(tmp_path, port=port, processes=2, gen_frontends=2)
+    up = disagg("up", config, cwd=tmp_path)
     run = tmp_path / "run"
     try:
         assert up.returncode == 0, up.stdout + up.stderr + (run / "up.log").read_text()
@@ -104,21 +110,10 @@ def _wait(predicate, timeout: float) -> None:
 
 def test_a_process_past_its_restart_budget_is_left_down_and_the_rest_keep_serving(tmp_path):
     port = free_port()
-    config = tmp_path / "flaky.yaml"
-    config.write_text(textwrap.dedent(f"""
-        model: {tmp_path / "model"}
-        tiny_model_size: test
-        run_dir: {tmp_path / "run"}
-        engine: {{kind: synthetic}}
-        orchestrator: {{port: {port}, health: {{interval_seconds: 0.2}}}}
-        pools:
-          ctx: {{instances: 1, frontends: 1}}
-          gen: {{instances: 1, frontends: 1}}
-        restarts: {{max_restarts: 1, window_seconds: 600}}
-        startup_timeout_seconds: 90
-    """))
+    config = write_deployment(tmp_path, "flaky", port=port, conditional=None,
+                              extra="restarts: {max_restarts: 1, window_seconds: 600}\n")
     run = tmp_path / "run"
-    up = disagg("up", str(config), cwd=tmp_path)
+    up = disagg("up", config, cwd=tmp_path)
     try:
         assert up.returncode == 0, up.stdout + up.stderr + (run / "up.log").read_text()
 

@@ -8,11 +8,10 @@ import os
 import signal
 import socket
 import subprocess
-import textwrap
 import time
 
 import openai
-from test_up import alive, disagg
+from test_up import alive, disagg, write_deployment
 from worker_process import free_port, port_is_free
 
 from workers.ipc_dir_owners import OWNERS_FILE, record_owner, sweep_stale_ipc_dirs
@@ -20,19 +19,7 @@ from workers.process_identity import process_start_time
 
 
 def _config(tmp_path, port: int) -> str:
-    config = tmp_path / "orphan.yaml"
-    config.write_text(textwrap.dedent(f"""
-        model: {tmp_path / "model"}
-        tiny_model_size: test
-        run_dir: {tmp_path / "run"}
-        engine: {{kind: synthetic}}
-        orchestrator: {{port: {port}, health: {{interval_seconds: 0.2}}, conditional: {{enabled: false}}}}
-        pools:
-          ctx: {{instances: 1, frontends: 1}}
-          gen: {{instances: 1, frontends: 1}}
-        startup_timeout_seconds: 90
-    """))
-    return str(config)
+    return write_deployment(tmp_path, "orphan", port=port)
 
 
 def _complete(port: int, model: str) -> int:

@@ -120,7 +120,7 @@ def test_pool_engine_settings_reach_that_pool_only(tmp_path: Path) -> None:
 
 
 def test_tool_call_parser_reaches_every_worker_on_both_launchers(tmp_path: Path) -> None:
-    from disagg.deployment import _worker_argv
+    from disagg.deploy_plan import local_plan
 
     path = tmp_path / "tools.yaml"
     path.write_text("model: tiny\nlauncher: slurm\ntool_call_parser: hermes\n"
@@ -128,12 +128,12 @@ def test_tool_call_parser_reaches_every_worker_on_both_launchers(tmp_path: Path)
     config = load_deploy_config(path)
     steps = [s for s in _srun_steps(render_script(build_slurm_plan(config, str(path)))) if " serve " in s]
     assert len(steps) == 2 and all(" --tool-call-parser hermes " in s for s in steps)
-    _, argv = _worker_argv(config, "gen", 0, tmp_path / "model", tmp_path)
+    argv = local_plan(config, tmp_path, tmp_path / "model").workers[1].argv
     assert argv[argv.index("--tool-call-parser") + 1] == "hermes"
 
 
 def test_kv_pull_timeout_reaches_the_gen_engine_on_both_launchers(tmp_path: Path) -> None:
-    from disagg.deployment import _worker_argv
+    from disagg.deploy_plan import local_plan
 
     path = tmp_path / "pull.yaml"
     path.write_text("model: tiny\nlauncher: slurm\nengine: {kv_pull_timeout: 4.5}\n"
@@ -141,7 +141,7 @@ def test_kv_pull_timeout_reaches_the_gen_engine_on_both_launchers(tmp_path: Path
     config = load_deploy_config(path)
     steps = [s for s in _srun_steps(render_script(build_slurm_plan(config, str(path)))) if " serve " in s]
     assert len(steps) == 2 and all(" --kv-pull-timeout 4.5 " in s for s in steps)
-    _, argv = _worker_argv(config, "gen", 0, tmp_path / "model", tmp_path)
+    argv = local_plan(config, tmp_path, tmp_path / "model").workers[1].argv
     assert argv[argv.index("--kv-pull-timeout") + 1] == "4.5"
     # serve accepts what the YAML renders
     from disagg.cli import build_parser
