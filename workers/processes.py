@@ -99,12 +99,14 @@ def stop_process(proc: subprocess.Popen, timeout: float, sig: int = signal.SIGTE
     return proc.returncode
 
 
-def stop_processes(procs: Iterable[subprocess.Popen], timeout: float) -> None:
-    """``stop_process`` for all at once: every one gets SIGTERM first, so they stop in parallel."""
+def stop_processes(procs: Iterable[subprocess.Popen], timeout: float) -> list[int]:
+    """``stop_process`` for all at once: every one gets SIGTERM first, so they stop in parallel; the
+    pids that had to be killed."""
     procs = list(procs)
-    terminate([p.pid for p in procs if p.poll() is None], timeout, alive=_child_alive(procs))
+    killed = terminate([p.pid for p in procs if p.poll() is None], timeout, alive=_child_alive(procs))
     for proc in procs:
         proc.wait()  # reaped: gone already, or SIGKILLed
+    return killed
 
 
 def _child_alive(procs: Sequence[subprocess.Popen]) -> Callable[[int], bool]:

@@ -15,18 +15,12 @@ import openai
 
 from worker_process import free_port, port_is_free
 
+from workers.processes import pid_alive
+
 
 def disagg(*args: str, cwd, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "disagg.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def write_deployment(tmp_path, name: str = "tiny", *, port: int = 0, run_dir: bool = True, processes: int = 1,
@@ -92,9 +86,9 @@ def test_up_request_status_down(tmp_path):
         down = disagg("down", "--run-dir", str(run), cwd=tmp_path)
     assert down.returncode == 0, down.stdout + down.stderr
     deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [pid for pid in pids if alive(pid)] == []
+    assert [pid for pid in pids if pid_alive(pid)] == []
     assert port_is_free(port)
     # runtime files gone; logs and the workers' persistent state (Message Batches) kept
     assert sorted(p.name for p in run.iterdir()) == ["logs", "prometheus.yml", "up.log", "worker-state"]
@@ -128,7 +122,7 @@ def test_a_process_past_its_restart_budget_is_left_down_and_the_rest_keep_servin
         _wait(lambda: b"ready on" in (run / "logs" / "ctx-0.log").read_bytes().split(b"exited")[-1], 60)
         os.kill(second, 9)  # the second exit in the window: left down
         _wait(lambda: "leaving it down" in (run / "up.log").read_text(), 10)
-        assert ctx_pid() == second and not alive(second)
+        assert ctx_pid() == second and not pid_alive(second)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         answer = client.completions.create(model=str(tmp_path / "model"), prompt="still serving", max_tokens=3)
         assert answer.usage.completion_tokens == 3  # on the gen worker alone

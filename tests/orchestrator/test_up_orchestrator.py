@@ -18,8 +18,10 @@ import time
 import httpx
 import pytest
 
-from test_up import alive, disagg, write_deployment
+from test_up import disagg, write_deployment
 from worker_process import free_port
+
+from workers.processes import pid_alive
 
 
 def _stream(url: str, model: str, results: list, started: threading.Event) -> None:
@@ -69,7 +71,7 @@ def test_down_under_load_cuts_no_stream(tmp_path):
     cut = [(status, data[-2:]) for status, data in results
            if status != 200 or data[-1:] != ["[DONE]"] or any('"error"' in d for d in data)]
     assert len(results) == 16 and not cut, cut
-    assert not [pid for pid in pids if alive(pid)]
+    assert not [pid for pid in pids if pid_alive(pid)]
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=5)
 
