@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, ClassVar, Mapping
 from disagg.serve_settings import render_flags
 from orchestrator.config import OrchestratorConfig, StaticWorker
 from orchestrator.prometheus_sd import TARGETS_DIR
+from slurm.plan import RUN_DIR as SLURM_RUN_DIR  # the job's run dir, filled in by the batch script
 
 if TYPE_CHECKING:
     from disagg.deploy_config import DeployConfig
@@ -46,8 +47,6 @@ ORCHESTRATOR_CONFIG_FILE = "orchestrator.json"
 KEY_FILE = "cluster.key"
 SLURM_PYTHON = "python"
 """The interpreter Slurm steps run: the one ``slurm.env_setup`` puts first on PATH (or the submitter's PATH)."""
-SLURM_RUN_DIR = "{run_dir}"
-"""``slurm.plan.RUN_DIR``: the job's run directory, known once the job has an id (the batch script fills it in)."""
 
 
 @dataclass(frozen=True)
