@@ -3,7 +3,7 @@
 A ``DeployPlan`` is what either launcher executes:
 
 - ``workers``: one ``WorkerLaunch`` per worker (pool, index, port, TP size,
-  the ``disagg serve`` argv, its log); the ctx pool first, then gen;
+  the ``disagg serve`` argv); the ctx pool first, then gen;
 - ``orchestrator``: its argv and its ``OrchestratorConfig`` (the YAML's
   ``orchestrator:`` section; the static workers, when the launcher knows
   their URLs up front);
@@ -54,7 +54,8 @@ class WorkerLaunch:
     """One worker (a launcher, its engine, its frontends) as the launcher starts it."""
 
     name: str
-    """``<pool>-<index>``: its log (``logs/<name>.log``), its state dir, its Slurm step."""
+    """``<pool>-<index>``: its log (``<run dir>/logs/<name>.log``, under either launcher), its state dir,
+    its Slurm step."""
     pool: str
     """ctx | gen: the YAML's pool."""
     index: int
@@ -70,12 +71,6 @@ class WorkerLaunch:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
-
-    @property
-    def log(self) -> str:
-        """Relative to the run dir."""
-        return f"logs/{self.name}.log"
-
 
 @dataclass(frozen=True)
 class OrchestratorLaunch:
