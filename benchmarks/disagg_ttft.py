@@ -31,7 +31,8 @@ Targets (PASS/FAIL): disaggregated TTFT p50 <= 1.1x aggregated + 3 ms at every
 length (sequential and at concurrency 8); |unaccounted| <= 1 ms (median).
 
     python benchmarks/disagg_ttft.py [--lengths 512,1024,2048,4096,8192] [--requests 8]
-        [--concurrency 1,8] [--out benchmarks/results/disagg_ttft.json]
+        [--concurrency 1,8] [--agg-threads N] [--ctx-threads N] [--gen-threads N]
+        [--out benchmarks/results/disagg_ttft.json]
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def start_worker(model_dir: Path, role: str, port: int, work: Path, args: argpar
             "--num-blocks", str(max(args.concurrency) * max_len // 16 + 64)]
     if key_file is not None:
         argv += ["--cluster-key-file", str(key_file), "--kv-port", "0"]
+    threads = {"both": args.agg_threads, "ctx": args.ctx_threads, "gen": args.gen_threads}[role]
+    if threads is not None:
+        argv += ["--engine-threads", str(threads)]
     return Server(argv, WORKER_READY, work, f"ttft-{role}-{port}", timeout=300)
 
 
@@ -208,6 +212,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=ints, default=[1, 8])
     parser.add_argument("--requests", type=int, default=8, help="per length and path (at least 2x concurrency)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/disagg_ttft.json"))
+    for role in ("agg", "ctx", "gen"):
+        parser.add_argument(f"--{role}-threads", type=int, default=None,
+                            help=f"torch threads of the {role} engine (default: torch's, every core)")
     return parser.parse_args(argv)
 
 
