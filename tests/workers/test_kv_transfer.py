@@ -84,6 +84,14 @@ def settle(nodes: list[Node]) -> None:
     run_until(nodes, lambda: all(n.core.block_manager.num_used_blocks == 0 for n in nodes), timeout=10)
 
 
+def park_and_pull(ctx: Node, gen: Node, request_id: int, prompt: list[int]) -> None:
+    """Prefill ``prompt`` on ``ctx`` (its KV parked), then hand the gen leg to ``gen``."""
+    ctx.agent.add_context(AddContextRequest(EngineRequest(request_id, prompt, FIRST_ONLY), 60.0))
+    run_until([ctx], lambda: ctx.finished(request_id))
+    gen.agent.add_remote(AddRemoteRequest(EngineRequest(request_id, prompt, GREEDY), ctx.tokens(request_id)[0],
+                                          request_id, ctx.agent.endpoint))
+
+
 @contextlib.contextmanager
 def engine_pair(config: EngineConfig, zctx: zmq.Context) -> Iterator[tuple[Node, Node]]:
     """A ctx and a gen node; on a clean exit both must end with no blocks in use."""
@@ -237,13 +245,9 @@ def test_the_ctx_side_serves_a_pull_while_its_engine_is_inside_a_step(zctx):
     server thread answers the pull all the same; the ack frees the blocks at its next tick."""
     config = _config("synthetic", None)
     with engine_pair(config, zctx) as (ctx, gen):
-        prompt = list(range(10, 50))
-        ctx.agent.add_context(AddContextRequest(EngineRequest(7, prompt, FIRST_ONLY), 60.0))
-        run_until([ctx], lambda: ctx.finished(7))
-        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, prompt, GREEDY), ctx.tokens(7)[0], 7,
-                                              ctx.agent.endpoint))
-        run_until([gen], lambda: gen.finished(9), timeout=10)
-        assert gen.outputs[9][-1].error is None and gen.outputs[9][-1].kv_transfer.num_blocks == 10
+        park_and_pull(ctx, gen, 7, list(range(10, 50)))
+        run_until([gen], lambda: gen.finished(7), timeout=10)
+        assert gen.outputs[7][-1].error is None and gen.outputs[7][-1].kv_transfer.num_blocks == 10
         assert ctx.agent.server.num_pulls_served == 1
         assert ctx.core.block_manager.num_parked_blocks == 10  # freed by the engine loop, not the thread
         run_until([ctx], lambda: ctx.core.block_manager.num_parked_blocks == 0, timeout=5)
@@ -453,11 +457,7 @@ def test_the_agent_has_work_while_allocated_pulls_wait_to_be_requested(zctx):
     request's blocks must keep it awake until the next tick has sent the pull request."""
     config = _config("synthetic", None)
     with engine_pair(config, zctx) as (ctx, gen):
-        prompt = list(range(10, 30))
-        ctx.agent.add_context(AddContextRequest(EngineRequest(3, prompt, FIRST_ONLY), 60.0))
-        run_until([ctx], lambda: ctx.finished(3))
-        gen.agent.add_remote(AddRemoteRequest(EngineRequest(3, prompt, GREEDY), ctx.tokens(3)[0], 3,
-                                              ctx.agent.endpoint))
+        park_and_pull(ctx, gen, 3, list(range(10, 30)))
         gen.agent.tick()
         assert not gen.agent.has_work()
         gen.core.step()  # allocates the blocks: a pull waits to be requested
