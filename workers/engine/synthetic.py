@@ -72,9 +72,16 @@ class SyntheticExecutor:
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         started = time.perf_counter()
         sampled: dict[int, SampledToken] = {}
+        vocab_size = self.vocab_size
         for scheduled in batch.requests:
             last_hash = self._fill(scheduled)
-            if scheduled.sample:
+            if not scheduled.sample:
+                continue
+            params = scheduled.sampling_params
+            if params.logprobs is None:  # the common case, inlined: one draw per request per step
+                salt = _GREEDY_SALT if params.temperature == 0.0 else self._salt(params.seed or 0)
+                sampled[scheduled.request_id] = SampledToken(hash((last_hash, salt)) % vocab_size)  # _chain
+            else:
                 sampled[scheduled.request_id] = self._sample(scheduled, last_hash)
         remaining = self.step_seconds(batch) - (time.perf_counter() - started)
         if remaining > 0:
@@ -152,9 +159,10 @@ class SyntheticExecutor:
         return salt
 
     def _sample(self, scheduled: ScheduledRequest, last_hash: int) -> SampledToken:
+        """The token after ``last_hash`` and its logprobs (``execute`` inlines the draw without them)."""
         params = scheduled.sampling_params
         salt = _GREEDY_SALT if params.temperature == 0.0 else self._salt(params.seed or 0)
-        draw = hash((last_hash, salt))  # _chain, inlined
+        draw = _chain(last_hash, salt)
         token_id = draw % self.vocab_size
         if params.logprobs is None:
             return SampledToken(token_id)
