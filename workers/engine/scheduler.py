@@ -79,6 +79,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.remote_waiting: deque[Request] = deque()  # WAITING_FOR_REMOTE_KV, no blocks yet
         self._kv_pulls: list[KVPull] = []  # allocated remote requests not yet taken
+        # Requests in WAITING_FOR_REMOTE_KV (queued or pulling): counted at the three transitions,
+        # because the per-step stats read it and a scan of every request costs O(requests) a step.
+        self._num_remote_kv = 0
         self._park_seconds: dict[int, float] = {}  # request id -> how long to park its KV at finish
         self._finished_outputs: list[RequestOutput] = []  # aborts and rejections, reported next step
         # Cumulative prefix-cache accounting, in tokens, counted at each admission.
@@ -113,6 +116,7 @@ class Scheduler:
         if not self._accept(request):
             return
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
+        self._num_remote_kv += 1
         self.remote_waiting.append(request)
 
     def take_kv_pulls(self) -> list[KVPull]:
@@ -130,6 +134,7 @@ class Scheduler:
         request.num_computed_tokens = request.num_tokens - 1
         self.block_manager.cache_full_blocks(request)
         request.status = RequestStatus.WAITING
+        self._num_remote_kv -= 1
         self.waiting.appendleft(request)  # it holds blocks: never leave it behind requests needing them
 
     def _accept(self, request: Request) -> bool:
@@ -152,6 +157,8 @@ class Scheduler:
         request = self.requests.pop(request_id, None)
         if request is None:
             return
+        if request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
+            self._num_remote_kv -= 1
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request in self.remote_waiting:
@@ -181,7 +188,7 @@ class Scheduler:
 
     @property
     def num_waiting_for_remote_kv(self) -> int:
-        return sum(1 for r in self.requests.values() if r.status == RequestStatus.WAITING_FOR_REMOTE_KV)
+        return self._num_remote_kv
 
     @property
     def num_waiting(self) -> int:
