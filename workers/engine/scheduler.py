@@ -89,6 +89,7 @@ class Scheduler:
         self.num_prefix_hits = 0
         self.num_preemptions = 0  # cumulative
         self.num_preemptions_last_step = 0
+        self.num_finished_last_step = 0  # by ``update`` (aborts and rejections are not counted)
 
     # ---- requests in and out -----------------------------------------------
 
@@ -362,6 +363,7 @@ class Scheduler:
                     outputs.append(_report(request, False))
             else:
                 request.num_unreported_tokens = num_unreported
+        self.num_finished_last_step = len(finished)
         if finished:
             self._retire(finished)
         return outputs
