@@ -46,6 +46,7 @@ class EngineLoadResult:
     engine_cpu_s: float
     driver_cpu_s: float
     outputs_per_request: float
+    outputs_per_message: float = 0.0  # RequestOutputs per lane message: the engine's batch per lane and step
 
     @property
     def engine_ms_per_request(self) -> float:
@@ -85,6 +86,7 @@ class _Lanes:
             self.ingress.append(push)
         self.finished = 0
         self.outputs = 0
+        self.messages = 0  # non-empty lane batches (heartbeats are empty)
 
     def submit(self, lane_id: int) -> None:
         self.next_local[lane_id] += 1
@@ -104,6 +106,7 @@ class _Lanes:
                     batch = self.lane_codec.decode(frames)
                     if batch is None:
                         continue
+                    self.messages += bool(batch.outputs)
                     for output in batch.outputs:
                         self.outputs += 1
                         if output.finish_reason is not None:
@@ -131,6 +134,7 @@ def measure_engine_lanes(num_lanes: int = 4, concurrency: int = 512, max_tokens:
             lanes.submit(number % num_lanes)
         lanes.pump(time.monotonic() + warmup_s)
         engine0, driver0, finished0, outputs0 = _cpu_seconds(engine_pid), _own_cpu(), lanes.finished, lanes.outputs
+        messages0 = lanes.messages
         started = time.monotonic()
         lanes.pump(started + duration_s)
         window = time.monotonic() - started
@@ -138,7 +142,7 @@ def measure_engine_lanes(num_lanes: int = 4, concurrency: int = 512, max_tokens:
         requests = lanes.finished - finished0
         outputs = lanes.outputs - outputs0
         return EngineLoadResult(num_lanes, concurrency, window, requests, engine_cpu, driver_cpu,
-                                outputs / max(requests, 1))
+                                outputs / max(requests, 1), outputs / max(lanes.messages - messages0, 1))
     finally:
         group.shutdown()
         ctx.destroy(linger=0)
