@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from frontends import disaggregation
 from frontends.errors import ApiError, InvalidRequestError, anthropic_error_body
-from frontends.generation import Completion, Generation, Piece, stream_events
+from frontends.generation import Completion, Generation, Piece
 from frontends.anthropic_tools import (
     ToolUseMessageStream,
     anthropic_tool_policy,
@@ -32,7 +32,8 @@ from frontends.request_limits import check_messages, check_tools, stop_strings
 from frontends.serving import ServingContext, ValidRequest
 from frontends.tool_prompt import PromptSource, adapt_conversation
 from frontends.structured import anthropic_guided
-from frontends.streaming import EventStreamResponse, run_until_disconnect
+from frontends.push_stream import stream_response
+from frontends.streaming import run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
 from frontends.tool_calls import ToolPolicy
 from frontends.tool_parsers import ToolCallParser
@@ -157,7 +158,7 @@ async def create_message(ctx: ServingContext, request: Request) -> Response:
     generation, encoder, parser = prepare_message(ctx, body, arrival_time, request.headers.get("x-request-id"))
     if body.stream:
         stream = _MessageStream(encoder) if parser is None else ToolUseMessageStream(encoder, parser)
-        return EventStreamResponse(stream_events(generation, stream))
+        return stream_response(generation, stream)
     result = await run_until_disconnect(request.receive, generation.collect())
     payload = encode_message(generation, encoder, result, parser)
     if generation.leg is not None:
