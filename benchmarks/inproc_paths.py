@@ -150,8 +150,12 @@ async def _frontend_run(model_dir: Path, max_tokens: int, num_requests: int, con
     from frontends.serving import FrontendConfig
     from frontends.tokenizer import Tokenizer
 
+    from frontends import server
+
     client = _SteppedClient()
     app = build_app(client, Tokenizer.from_model_path(model_dir), FrontendConfig.for_model_dir(model_dir))
+    if hasattr(server, "settle_gc"):  # as a frontend sets the collector before it serves (older trees: defaults)
+        server.settle_gc()
     body = json.dumps({"model": model_dir.name, "messages": [{"role": "user", "content": "Tell me a story."}],
                        "max_tokens": max_tokens, "stream": True, "ignore_eos": True}).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
@@ -198,6 +202,8 @@ async def _frontend_run(model_dir: Path, max_tokens: int, num_requests: int, con
     cpu, requests = time.process_time() - started, done - first
     for task in tasks:
         task.cancel()
+    gc.unfreeze()
+    gc.set_threshold(*_GC_DEFAULTS)
     return cpu / requests * 1e3, (writes - first_writes) / requests
 
 
