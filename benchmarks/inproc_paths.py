@@ -13,7 +13,8 @@ PYTHONPATH on each tree):
   - frontend: the worker's ASGI app (``frontends.app.build_app``) called
     directly for streamed chat completions, 64 at a time, fed by a stand-in
     engine client that delivers one token per request per step through the
-    real ``OutputCollector``; ``send`` only counts the body writes. Per write
+    real ``OutputCollector`` (``generate()``) or pushed as the real client's lane reader
+    does (``open_stream()``, the streamed route's path); ``send`` only counts the body writes. Per write
     beyond the first: 16 tokens against 1.
 
     python benchmarks/inproc_paths.py [--concurrency 512] [--skip engine,frontend]
@@ -87,6 +88,14 @@ def engine_ms_per_request(concurrency: int, num_requests: int) -> float:
         gc.set_threshold(*_GC_DEFAULTS)
 
 
+class _Pushed:
+    def __init__(self, active: dict, request_id: int) -> None:
+        self.active, self.request_id = active, request_id
+
+    def close(self) -> None:
+        self.active.pop(self.request_id, None)
+
+
 class _SteppedClient:
     """An engine client whose ``step()`` gives every open request its next token."""
 
@@ -102,12 +111,12 @@ class _SteppedClient:
     async def abort(self, request_id: int) -> None:
         pass
 
-    async def generate(self, prompt_token_ids, params, arrival_time=None, make_message=None):
+    async def generate(self, prompt_token_ids, params, arrival_time=None, make_message=None, x_request_id=None):
         from frontends.engine_client import OutputCollector
 
         request_id, self.next_id = self.next_id, self.next_id + 1
         collector = OutputCollector()
-        self.active[request_id] = [collector, params.max_tokens, 0]
+        self.active[request_id] = [collector.put_nowait, params.max_tokens, 0]
         try:
             while True:
                 output = await collector.get()
@@ -117,14 +126,21 @@ class _SteppedClient:
         finally:
             self.active.pop(request_id, None)
 
+    def open_stream(self, prompt_token_ids, params, on_output, arrival_time=None, make_message=None,
+                    x_request_id=None):
+        """As ``EngineClient.open_stream``: ``step()`` calls ``on_output`` itself."""
+        request_id, self.next_id = self.next_id, self.next_id + 1
+        self.active[request_id] = [on_output, params.max_tokens, 0]
+        return _Pushed(self.active, request_id)
+
     def step(self) -> None:
         from workers.protocol import RequestOutput
 
         for request_id, state in list(self.active.items()):
-            collector, max_tokens, done = state
+            sink, max_tokens, done = state
             state[2] = done = done + 1
             token = (request_id * 7 + done * 13) % 400 + 50  # ids whose bytes split characters, as models do
-            collector.put_nowait(RequestOutput(request_id, [token], "length" if done >= max_tokens else None,
+            sink(RequestOutput(request_id, [token], "length" if done >= max_tokens else None,
                                                num_prompt_tokens=len(PROMPT) if done == 1 else 0))
 
 
@@ -134,8 +150,12 @@ async def _frontend_run(model_dir: Path, max_tokens: int, num_requests: int, con
     from frontends.serving import FrontendConfig
     from frontends.tokenizer import Tokenizer
 
+    from frontends import server
+
     client = _SteppedClient()
     app = build_app(client, Tokenizer.from_model_path(model_dir), FrontendConfig.for_model_dir(model_dir))
+    if hasattr(server, "settle_gc"):  # as a frontend sets the collector before it serves (older trees: defaults)
+        server.settle_gc()
     body = json.dumps({"model": model_dir.name, "messages": [{"role": "user", "content": "Tell me a story."}],
                        "max_tokens": max_tokens, "stream": True, "ignore_eos": True}).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
@@ -182,6 +202,8 @@ async def _frontend_run(model_dir: Path, max_tokens: int, num_requests: int, con
     cpu, requests = time.process_time() - started, done - first
     for task in tasks:
         task.cancel()
+    gc.unfreeze()
+    gc.set_threshold(*_GC_DEFAULTS)
     return cpu / requests * 1e3, (writes - first_writes) / requests
 
 

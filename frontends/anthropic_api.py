@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from frontends.disaggregation import DisaggLeg
 from frontends.errors import ApiError, InvalidRequestError, anthropic_error_body
-from frontends.generation import Completion, Generation, Piece, stream_events
+from frontends.generation import Completion, Generation, Piece
 from frontends.anthropic_tools import (
     ToolUseMessageStream,
     anthropic_tool_policy,
@@ -33,7 +33,8 @@ from frontends.prepare import PreparedRequest, prepare_request
 from frontends.serving import ServingContext
 from frontends.tool_prompt import PromptSource, adapt_conversation
 from frontends.structured import anthropic_guided
-from frontends.streaming import EventStreamResponse, run_until_disconnect
+from frontends.push_stream import stream_response
+from frontends.streaming import run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
 from frontends.tool_calls import ToolPolicy
 from frontends.tool_parsers import ToolCallParser
@@ -166,7 +167,7 @@ async def create_message(ctx: ServingContext, request: Request) -> Response:
     generation = prepared.generation
     if body.stream:
         stream = _MessageStream(encoder) if parser is None else ToolUseMessageStream(encoder, parser)
-        return EventStreamResponse(stream_events(generation, stream))
+        return stream_response(generation, stream)
     result = await run_until_disconnect(request.receive, generation.collect())
     return Response(prepared.answer_json(encode_message(generation, encoder, result, parser)),
                     media_type="application/json")

@@ -1,8 +1,11 @@
 """The engine client every frontend process uses: requests out, outputs fanned in.
 
 As vLLM's ``AsyncLLM._run_output_handler``: ONE task reads this frontend's
-lane and puts each ``RequestOutput`` in its request's ``OutputCollector``;
-``generate()`` awaits it. Nobody polls the engine.
+lane and hands each ``RequestOutput`` to its request's sink: the
+``OutputCollector`` that ``generate()`` awaits, or, for a request opened with
+``open_stream()`` (a streamed HTTP answer, ``frontends.push_stream``), a
+callback that writes the SSE event there and then, with no task woken per
+output. Nobody polls the engine.
 
 Liveness tells slow from dead. A lane silent for ``ENGINE_SILENCE_LIMIT``
 heartbeats makes the engine *unresponsive*: ``is_healthy`` is False (so
@@ -14,8 +17,9 @@ then every in-flight ``generate()`` ends with ``EngineDeadError`` (never a
 hang), and the frontend's watchdog stops serving.
 
 Cancellation: leaving ``generate()`` before the finishing output (a stop
-string, ``aclose()``, a cancelled task: a client that went away) sends an
-abort for that request id. Use ``contextlib.aclosing`` to make it immediate.
+string, ``aclose()``, a cancelled task: a client that went away), or closing
+an ``open_stream()`` handle before it, sends an abort for that request id.
+Use ``contextlib.aclosing`` to make it immediate.
 """
 
 from __future__ import annotations
@@ -47,11 +51,15 @@ from workers.protocol import (
 )
 from workers.sampling_params import SamplingParams
 
-__all__ = ["EngineClient", "EngineDeadError", "OutputCollector", "merge_outputs"]
+__all__ = ["EngineClient", "EngineDeadError", "OutputCollector", "PushedRequest", "merge_outputs"]
 
 log = logging.getLogger("disagg.engine_client")
 
 WATCH_SECONDS = 0.5
+
+# Where the lane reader puts a request's outputs: an OutputCollector's put_nowait (generate())
+# or a pushed stream's callback (open_stream()).
+OutputSink = Callable[["RequestOutput | EngineDeadError"], None]
 
 
 class EngineClient:
@@ -66,7 +74,7 @@ class EngineClient:
         key = attach.key
         self._ingress_codec: FrameCodec = FrameCodec(key, IngressMessage, f"frontend {self.frontend_id} ingress")
         self._lane_codec: FrameCodec = FrameCodec(key, OutputBatch, f"frontend {self.frontend_id} lane")
-        self._queues: dict[int, OutputCollector] = {}
+        self._queues: dict[int, OutputSink] = {}  # request id -> where its outputs go
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: list[asyncio.Task] = []
         self._started = False
@@ -154,42 +162,65 @@ class EngineClient:
         ``make_message``: the ingress message for the request (a disaggregated
         leg: ``AddContextRequest`` / ``AddRemoteRequest``); default ``AddRequest``.
         ``x_request_id``: the HTTP request's x-request-id, for its perf record."""
+        queue = OutputCollector()
+        track = self._submit(queue.put_nowait, prompt_token_ids, params, arrival_time, make_message, x_request_id)
+        try:
+            while True:
+                item = await queue.get()  # every output that arrived since the last get, merged
+                track.note(item)
+                yield item
+                if track.finished:
+                    return
+        finally:
+            self._end(track)
+
+    def open_stream(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        on_output: Callable[[RequestOutput | EngineDeadError], None],
+        arrival_time: float | None = None,
+        make_message: Callable[[EngineRequest], IngressMessage] | None = None,
+        x_request_id: str | None = None,
+    ) -> PushedRequest:
+        """``generate()`` pushed: the lane reader calls ``on_output`` with each output as it
+        arrives (then an ``EngineDeadError`` if the engine dies first), no task woken per
+        output. ``on_output`` must not raise. Close the handle when done: closing it before
+        the finishing output aborts the request, as leaving ``generate()`` does."""
+        track: _RequestTrack
+        def deliver(item: RequestOutput | EngineDeadError) -> None:
+            if not isinstance(item, EngineDeadError):
+                track.note(item)
+            on_output(item)
+        track = self._submit(deliver, prompt_token_ids, params, arrival_time, make_message, x_request_id)
+        return PushedRequest(self, track)
+
+    def _submit(self, sink: OutputSink, prompt_token_ids: list[int], params: SamplingParams,
+                arrival_time: float | None, make_message: Callable[[EngineRequest], IngressMessage] | None,
+                x_request_id: str | None) -> _RequestTrack:
         if not self.is_healthy:
             raise self.unavailable_error()
-        request_id = self._ids.next_id()
-        queue = OutputCollector()
-        self._queues[request_id] = queue
-        finished = False
-        tokenized = time.time()
-        arrival_time = tokenized if arrival_time is None else arrival_time
-        last: RequestOutput | None = None  # for the perf record
-        last_token_time: float | None = None
-        num_output_tokens = 0
-        num_cached_tokens = 0  # on the first output only (the engine's rule): the last one may say 0
+        track = _RequestTrack(self._ids.next_id(), len(prompt_token_ids), arrival_time, x_request_id)
+        self._queues[track.request_id] = sink
         try:
-            request = EngineRequest(request_id, list(prompt_token_ids), params, arrival_time)
+            request = EngineRequest(track.request_id, list(prompt_token_ids), params, track.arrival_time)
             message = AddRequest(request) if make_message is None else make_message(request)
             if not send_nowait(self._ingress, self._ingress_codec, message):
                 raise EngineDeadError("the engine is not accepting requests (its input queue is full)")
-            while True:
-                item = await queue.get()  # every output that arrived since the last get, merged
-                last = item
-                if item.new_token_ids:
-                    last_token_time = time.time()
-                    num_output_tokens += len(item.new_token_ids)
-                num_cached_tokens = max(num_cached_tokens, item.num_cached_tokens)
-                finished = item.finish_reason is not None
-                yield item
-                if finished:
-                    return
-        finally:
-            del self._queues[request_id]
-            if not finished and self.dead_reason is None:
-                send_nowait(self._ingress, self._ingress_codec, AbortRequests([request_id]))
-            if self.on_request_done is not None:
-                self.on_request_done(build_record(
-                    request_id, self.frontend_id, arrival_time, tokenized, len(prompt_token_ids),
-                    num_output_tokens, last_token_time, last, num_cached_tokens, x_request_id))
+        except BaseException:
+            self._end(track)
+            raise
+        return track
+
+    def _end(self, track: _RequestTrack) -> None:
+        """A request's consumer is done with it: unregistered, aborted if unfinished, recorded."""
+        request_id = track.request_id
+        if self._queues.pop(request_id, None) is None:
+            return  # ended before
+        if not track.finished and self.dead_reason is None:
+            send_nowait(self._ingress, self._ingress_codec, AbortRequests([request_id]))
+        if self.on_request_done is not None:
+            self.on_request_done(track.record(self.frontend_id))
 
     async def abort(self, request_id: int) -> None:
         """Abort a request; its generate() then ends with a finish reason ``abort``."""
@@ -221,11 +252,11 @@ class EngineClient:
         if batch is None:
             return
         self._last_heard = time.monotonic()
-        queues = self._queues
+        sinks = self._queues
         for output in batch.outputs:
-            queue = queues.get(output.request_id)
-            if queue is not None:  # None: the caller already left (an abort is on its way)
-                queue.put_nowait(output)
+            sink = sinks.get(output.request_id)
+            if sink is not None:  # None: the caller already left (an abort is on its way)
+                sink(output)
 
 
     async def _watch_engine(self) -> None:
@@ -259,8 +290,8 @@ class EngineClient:
         self.dead_reason = reason
         if not expected or self._queues:
             log.error("engine marked dead: %s; failing %d in-flight requests", reason, len(self._queues))
-        for queue in self._queues.values():
-            queue.put_nowait(EngineDeadError(self._dead_message()))
+        for sink in list(self._queues.values()):
+            sink(EngineDeadError(self._dead_message()))
 
     def unavailable_error(self) -> EngineDeadError:
         """Why this client refuses new requests now (call when not ``is_healthy``)."""
@@ -272,6 +303,53 @@ class EngineClient:
         if not self._started and self.dead_reason is None:
             return "the engine client is not started"
         return f"the engine is not available: {self.dead_reason or self.unresponsive_reason}"
+
+
+class _RequestTrack:
+    """What one request's perf record needs, noted output by output."""
+
+    __slots__ = ("request_id", "num_prompt_tokens", "arrival_time", "tokenized", "x_request_id", "last",
+                 "last_token_time", "num_output_tokens", "num_cached_tokens", "finished")
+
+    def __init__(self, request_id: int, num_prompt_tokens: int, arrival_time: float | None,
+                 x_request_id: str | None) -> None:
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.tokenized = time.time()
+        self.arrival_time = self.tokenized if arrival_time is None else arrival_time
+        self.x_request_id = x_request_id
+        self.last: RequestOutput | None = None
+        self.last_token_time: float | None = None
+        self.num_output_tokens = 0
+        self.num_cached_tokens = 0  # on the first output only (the engine's rule): the last one may say 0
+        self.finished = False
+
+    def note(self, output: RequestOutput) -> None:
+        self.last = output
+        if output.new_token_ids:
+            self.last_token_time = time.time()
+            self.num_output_tokens += len(output.new_token_ids)
+        self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
+        self.finished = output.finish_reason is not None
+
+    def record(self, frontend_id: int) -> PerfRecord:
+        return build_record(self.request_id, frontend_id, self.arrival_time, self.tokenized, self.num_prompt_tokens,
+                            self.num_output_tokens, self.last_token_time, self.last, self.num_cached_tokens,
+                            self.x_request_id)
+
+
+class PushedRequest:
+    """A request whose outputs the lane reader pushes (``EngineClient.open_stream``)."""
+
+    __slots__ = ("_client", "_track")
+
+    def __init__(self, client: EngineClient, track: _RequestTrack) -> None:
+        self._client = client
+        self._track = track
+
+    def close(self) -> None:
+        """No more outputs; aborts the request in the engine unless it finished. Idempotent."""
+        self._client._end(self._track)
 
 
 class OutputCollector:

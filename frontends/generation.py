@@ -16,19 +16,23 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import aclosing
-from typing import AsyncGenerator, AsyncIterator, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator, Callable, Protocol, Sequence
 
 from frontends.detokenizer import StopStringMatcher, make_detokenizer
-from frontends.errors import ApiError, FrontendError, InvalidRequestError, http_error
+from frontends.errors import ApiError, EngineDeadError, FrontendError, InvalidRequestError, http_error
 from frontends.streaming import FinalFrame
 from frontends.tokenizer import Tokenizer
 from workers.protocol import EngineRequest, IngressMessage, RequestOutput, TokenLogprobs
 from workers.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from frontends.engine_client import PushedRequest
+
 __all__ = [
     "EngineClientLike",
     "OutputHook",
     "Piece",
+    "PieceCutter",
     "Generation",
     "Completion",
     "RequestAbortedError",
@@ -136,47 +140,24 @@ class Generation:
         """Cached prompt tokens as usage reports them (the hook's say, when there is one)."""
         return self.num_cached_tokens if self.hook is None else self.hook.usage_cached_tokens(self.num_cached_tokens)
 
+    def open_stream(self, on_output: Callable[[RequestOutput | EngineDeadError], None]) -> PushedRequest:
+        """Send the request with its outputs pushed to ``on_output`` (``frontends.push_stream``)."""
+        make_message = None if self.hook is None else self.hook.message
+        return self.client.open_stream(self.prompt_token_ids, self.params, on_output,  # type: ignore[attr-defined]
+                                       self.arrival_time, make_message, self.x_request_id)
+
     async def pieces(self) -> AsyncIterator[Piece]:
-        detokenizer = make_detokenizer(self.tokenizer, self.prompt_token_ids)
-        matcher = StopStringMatcher(self.stop_strings) if self.stop_strings else None
-        want_logprobs = self.params.logprobs is not None
-        # Tokens whose text is still held back travel with the next piece.
-        pending_ids: list[int] = []
-        pending_logprobs: list[TokenLogprobs] | None = [] if want_logprobs else None
+        cutter = PieceCutter(self)
         make_message = None if self.hook is None else self.hook.message
         outputs = self.client.generate(self.prompt_token_ids, self.params, self.arrival_time, make_message,
                                        x_request_id=self.x_request_id)
         async with aclosing(outputs) as stream:
             async for output in stream:
-                if self.hook is not None:
-                    output = self.hook.on_output(output)
-                if output.finish_reason == "abort":
-                    if output.error:
-                        raise InvalidRequestError(output.error)
-                    raise RequestAbortedError("the engine aborted the request")
-                self.num_output_tokens += len(output.new_token_ids)
-                self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
-                pending_ids.extend(output.new_token_ids)
-                if pending_logprobs is not None and output.new_logprobs:
-                    pending_logprobs.extend(output.new_logprobs)
-                finished = output.finish_reason is not None
-                text = detokenizer.add(output.new_token_ids)
-                if finished:
-                    text += detokenizer.flush()
-                stop_string = None
-                if matcher is not None:
-                    text, stop_string = matcher.feed(text)
-                    if finished and stop_string is None:
-                        text += matcher.flush()
-                if stop_string is not None:
-                    yield Piece(text, pending_ids, pending_logprobs, "stop", stop_string)
-                    return  # leaving aclosing aborts the request in the engine
-                if text or finished:
-                    yield Piece(text, pending_ids, pending_logprobs, output.finish_reason)
-                    if finished:
-                        return
-                    pending_ids = []
-                    pending_logprobs = [] if want_logprobs else None
+                piece = cutter.cut(output)
+                if piece is not None:
+                    yield piece
+                    if piece.finish_reason is not None:
+                        return  # a stop string: leaving aclosing aborts the request in the engine
         raise RequestAbortedError("the engine stream ended without a finished output")
 
     async def collect(self) -> "Completion":
@@ -191,6 +172,55 @@ class Generation:
             last = piece
         assert last is not None  # pieces() ends with a finishing piece or raises
         return Completion("".join(texts), logprobs, last.finish_reason, last.stop_string)
+
+
+class PieceCutter:
+    """One generation's engine outputs cut into pieces, one output at a time (synchronous:
+    ``pieces()`` and the pushed stream, ``frontends.push_stream``, both run it)."""
+
+    __slots__ = ("generation", "detokenizer", "matcher", "want_logprobs", "pending_ids", "pending_logprobs")
+
+    def __init__(self, generation: Generation) -> None:
+        self.generation = generation
+        self.detokenizer = make_detokenizer(generation.tokenizer, generation.prompt_token_ids)
+        self.matcher = StopStringMatcher(generation.stop_strings) if generation.stop_strings else None
+        self.want_logprobs = generation.params.logprobs is not None
+        # Tokens whose text is still held back travel with the next piece.
+        self.pending_ids: list[int] = []
+        self.pending_logprobs: list[TokenLogprobs] | None = [] if self.want_logprobs else None
+
+    def cut(self, output: RequestOutput) -> Piece | None:
+        """The piece this output completes (the last one has a finish reason), or None while
+        its text is held back. Raises for an output that aborted the request."""
+        generation = self.generation
+        if generation.hook is not None:
+            output = generation.hook.on_output(output)
+        if output.finish_reason == "abort":
+            if output.error:
+                raise InvalidRequestError(output.error)
+            raise RequestAbortedError("the engine aborted the request")
+        generation.num_output_tokens += len(output.new_token_ids)
+        generation.num_cached_tokens = max(generation.num_cached_tokens, output.num_cached_tokens)
+        self.pending_ids.extend(output.new_token_ids)
+        if self.pending_logprobs is not None and output.new_logprobs:
+            self.pending_logprobs.extend(output.new_logprobs)
+        finished = output.finish_reason is not None
+        text = self.detokenizer.add(output.new_token_ids)
+        if finished:
+            text += self.detokenizer.flush()
+        matcher = self.matcher
+        if matcher is not None:
+            text, stop_string = matcher.feed(text)
+            if stop_string is not None:
+                return Piece(text, self.pending_ids, self.pending_logprobs, "stop", stop_string)
+            if finished:
+                text += matcher.flush()
+        if not text and not finished:
+            return None
+        piece = Piece(text, self.pending_ids, self.pending_logprobs, output.finish_reason)
+        self.pending_ids = []
+        self.pending_logprobs = [] if self.want_logprobs else None
+        return piece
 
 
 class Completion:

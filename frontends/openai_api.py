@@ -1,7 +1,7 @@
 """OpenAI-compatible handlers: /v1/completions, /v1/chat/completions, /v1/models.
 
 Thin: decode the body, build the prompt and SamplingParams through the
-ServingContext, then either stream (``stream_events`` with an encoder from
+ServingContext, then either stream (``push_stream.stream_response`` with an encoder from
 this module) or collect the answer. Errors are raised, never rendered here.
 """
 
@@ -18,7 +18,7 @@ from starlette.types import Receive
 
 from frontends.disaggregation import DisaggLeg
 from frontends.errors import ApiError, InvalidRequestError, openai_error_body
-from frontends.generation import Generation, Piece, StreamEncoder, stream_events
+from frontends.generation import Generation, Piece, StreamEncoder
 from frontends.schemas_openai import (
     SSE_DONE,
     ChatChunkEncoder,
@@ -37,7 +37,8 @@ from frontends.prepare import prepare_request
 from frontends.serving import ServingContext
 from frontends.tool_prompt import PromptSource, adapt_conversation
 from frontends.structured import openai_controls, openai_guided
-from frontends.streaming import EventStreamResponse, run_until_disconnect
+from frontends.push_stream import stream_response
+from frontends.streaming import run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer, too_long_error
 from workers.sampling_params import SamplingParams
 
@@ -158,7 +159,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         encoder = _CompletionStream(CompletionChunkEncoder(response_id, created, ctx.model_name), ctx.tokenizer,
                                     include_usage)
-        return EventStreamResponse(stream_events(generation, encoder))
+        return stream_response(generation, encoder)
     result = await run_until_disconnect(request.receive, generation.collect())
     logprobs = completion_logprobs(ctx.tokenizer, result.logprobs, 0) if result.logprobs is not None else None
     choice = {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}
@@ -242,7 +243,7 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
         encoder: StreamEncoder = _ChatStream(chunks, ctx.tokenizer, include_usage)
         if parser is not None:
             encoder = ToolCallChatStream(encoder, chunks, parser)
-        return EventStreamResponse(stream_events(generation, encoder))
+        return stream_response(generation, encoder)
     result = await run_until_disconnect(receive, generation.collect())
     logprobs = chat_logprobs(ctx.tokenizer, result.logprobs) if result.logprobs is not None else None
     message, num_calls = ({"role": "assistant", "content": result.text}, 0) if parser is None \

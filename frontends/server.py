@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -30,13 +31,25 @@ from frontends.watchdog import Watchdog, frontend_probes
 from workers.attach import AttachInfo
 from workers.processes import pid_alive
 
-__all__ = ["make_listen_socket", "make_unix_listen_socket", "FrontendServer", "ServeOptions", "serve_frontend", "run_event_loop"]
+__all__ = ["make_listen_socket", "make_unix_listen_socket", "FrontendServer", "ServeOptions", "serve_frontend",
+           "run_event_loop", "settle_gc"]
 
 T = TypeVar("T")
 
 log = logging.getLogger("disagg.frontend")
 
 WATCH_SECONDS = 0.5
+GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (Python's default: 700)
+
+
+def settle_gc() -> None:
+    """The collector set for serving, once the app is built: what exists now (tokenizer,
+    templates, routes) is frozen out of every later collection, and young collections are
+    rarer; a request's garbage is short-lived and mostly freed by reference counting.
+    As the engine process does at ready (``workers.engine_proc``)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 10, 10)
 
 
 def make_unix_listen_socket(path: str, backlog: int = 256) -> socket.socket:
@@ -106,6 +119,7 @@ async def serve_frontend(
         http=http_protocol(), lifespan="auto", **h11_head_limit(),
     )
     server = FrontendServer(config)
+    settle_gc()
     exit_code = 0
     loop = asyncio.get_running_loop()
 

@@ -23,13 +23,14 @@ from typing import AsyncGenerator, Awaitable, TypeVar
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["EventStreamResponse", "FinalFrame", "ClientDisconnected", "run_until_disconnect"]
+__all__ = ["DisconnectWatch", "EventStreamResponse", "FinalFrame", "ClientDisconnected", "SSE_HEADERS",
+           "run_until_disconnect"]
 
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
-_SSE_HEADERS = [
+SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),  # no proxy buffering of tokens
@@ -56,10 +57,10 @@ class EventStreamResponse(Response):
         self.events = events
         self.status_code = 200
         self.background = None
-        self.raw_headers = list(_SSE_HEADERS)
+        self.raw_headers = list(SSE_HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watch = _DisconnectWatch(receive)
+        watch = DisconnectWatch(receive)
         try:
             await self._stream(send)
         except asyncio.CancelledError:
@@ -85,7 +86,7 @@ class EventStreamResponse(Response):
 
 async def run_until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
     """``await work``, cancelling it (and raising ClientDisconnected) if the client leaves."""
-    watch = _DisconnectWatch(receive)
+    watch = DisconnectWatch(receive)
     try:
         return await work
     except asyncio.CancelledError:
@@ -96,7 +97,7 @@ async def run_until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
         watch.stop()
 
 
-class _DisconnectWatch:
+class DisconnectWatch:
     """Cancels the current task when the client goes away, until ``stop()``.
 
     The work runs in the caller's task (no second task, no ``asyncio.wait``:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from frontends.errors import EngineDeadError
 from workers.config import CacheConfig, EngineConfig, SyntheticConfig
@@ -49,7 +49,7 @@ class InprocEngineClient:
         self.healthy = True
         self.num_aborts = 0
         self._ids = itertools.count(1)
-        self._queues: dict[int, asyncio.Queue[RequestOutput]] = {}
+        self._queues: dict[int, Callable[[RequestOutput], None]] = {}  # request id -> where its outputs go
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -75,9 +75,9 @@ class InprocEngineClient:
                 await self._wakeup.wait()
                 continue
             for output in self.core.step():
-                queue = self._queues.get(output.request_id)
-                if queue is not None:
-                    queue.put_nowait(output)
+                sink = self._queues.get(output.request_id)
+                if sink is not None:
+                    sink(output)
             await asyncio.sleep(0)  # let handlers run between steps
 
     async def generate(
@@ -88,7 +88,7 @@ class InprocEngineClient:
             raise EngineDeadError("the in-process engine is marked dead")
         request_id = next(self._ids)
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._queues[request_id] = queue
+        self._queues[request_id] = queue.put_nowait
         finished = False
         try:
             arrival = time.time() if arrival_time is None else arrival_time
@@ -104,6 +104,20 @@ class InprocEngineClient:
             del self._queues[request_id]
             if not finished:
                 await self.abort(request_id)
+
+    def open_stream(
+        self, prompt_token_ids: list[int], params: SamplingParams, on_output: Callable[[RequestOutput], None],
+        arrival_time: float | None = None, make_message: object = None, x_request_id: str | None = None,
+    ) -> _PushedRequest:
+        """As the real client's: ``on_output`` is called from the engine task, closing aborts."""
+        if not self.healthy:
+            raise EngineDeadError("the in-process engine is marked dead")
+        request = _PushedRequest(self, next(self._ids), on_output)
+        self._queues[request.request_id] = request.deliver
+        arrival = time.time() if arrival_time is None else arrival_time
+        self.core.add_request(EngineRequest(request.request_id, list(prompt_token_ids), params, arrival))
+        self._wakeup.set()
+        return request
 
     async def abort(self, request_id: int) -> None:
         self.num_aborts += 1
@@ -121,3 +135,21 @@ class InprocEngineClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"engine not idle: {self.core.scheduler.requests}")
             await asyncio.sleep(0.01)
+
+
+class _PushedRequest:
+    def __init__(self, client: InprocEngineClient, request_id: int, on_output: Callable[[RequestOutput], None]) -> None:
+        self.client = client
+        self.request_id = request_id
+        self.on_output = on_output
+        self.finished = False
+
+    def deliver(self, output: RequestOutput) -> None:
+        self.finished = output.finish_reason is not None
+        self.on_output(output)
+
+    def close(self) -> None:
+        if self.client._queues.pop(self.request_id, None) is not None and not self.finished:
+            self.client.num_aborts += 1
+            self.client.core.abort(self.request_id)
+            self.client._wakeup.set()

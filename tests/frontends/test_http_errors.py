@@ -193,7 +193,11 @@ async def test_unexpected_engine_failure_is_a_shaped_error_not_a_crash(harness):
         raise RuntimeError("boom")
         yield  # pragma: no cover - makes this an async generator
 
+    def broken_open_stream(*args, **kwargs):  # the streamed path (frontends.push_stream)
+        raise RuntimeError("boom")
+
     harness.client.generate = broken_generate
+    harness.client.open_stream = broken_open_stream
     response = await harness.http.post("/v1/completions", json={"model": "tiny-test", "prompt": "x"})
     error = openai_error(response, 500)
     assert error["type"] == "internal_error" and "boom" not in error["message"]
