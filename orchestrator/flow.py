@@ -45,11 +45,10 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Type
 
 import msgspec
 from starlette.responses import Response
-from starlette.types import Receive
 
 from frontends.admission import RETRY_AFTER_SECONDS, OverloadedError
 from frontends.errors import ApiError, http_error
-from frontends.streaming import EventStreamResponse, run_until_disconnect
+from orchestrator.answers import Answer, JsonAnswer, StreamAnswer, Watch, to_response
 from orchestrator.attempts import Attempts, kv_source_lost
 from orchestrator.clean_ends import stream_error_frame
 from orchestrator.config import OrchestratorConfig
@@ -111,7 +110,11 @@ class Flow:
 
     # -- the request ------------------------------------------------------------------------
 
-    async def handle(self, request: ParsedRequest, request_id: str, receive: Receive, record: RequestTrace) -> Response:
+    async def handle(self, request: ParsedRequest, request_id: str, watch: Watch, record: RequestTrace) -> Response:
+        """``answer`` as a Starlette response (the ASGI routes, batches)."""
+        return to_response(await self.answer(request, request_id, watch, record))
+
+    async def answer(self, request: ParsedRequest, request_id: str, watch: Watch, record: RequestTrace) -> Answer:
         record.num_prompt_tokens = len(request.prompt_ids)
         deadline = time.monotonic() + self.config.timeouts.request_seconds
         gen, ctx = self.plan(request)
@@ -119,15 +122,15 @@ class Flow:
         payload: dict[str, Any] = request.body
         record.mode = "aggregated" if ctx is None else "disagg"
         if ctx is not None:
-            ctx_answer = await self.ctx_phase(request, request_id, ctx, record, receive, deadline)
+            ctx_answer = await self.ctx_phase(request, request_id, ctx, record, watch, deadline)
             if record.ctx is not None:
                 headers["x-disagg-ctx-worker"] = record.ctx["worker_id"]
             params = (ctx_answer or {}).get("disaggregated_params") or {}
             if ctx_answer is not None and params.get("finished") and not request.stream:
                 record.mode = "ctx_only"
                 self._finish(record, request)
-                return Response(msgspec.json.encode(client_answer(ctx_answer)), media_type="application/json",
-                                headers={**headers, "x-disagg-mode": record.mode})
+                return JsonAnswer(msgspec.json.encode(client_answer(ctx_answer)),
+                                  {**headers, "x-disagg-mode": record.mode})
             leg = None if ctx_answer is None or params.get("finished") else gen_body(request, ctx_answer)
             if leg is None:  # no ctx answer, finished (streaming client), or a worker without disagg support
                 record.mode = "aggregated"
@@ -136,18 +139,17 @@ class Flow:
         headers["x-disagg-mode"] = record.mode
         if request.stream:
             return await self.stream_gen(request, request_id, gen, payload, record, headers, deadline)
-        answer, gen_worker = await run_until_disconnect(
-            receive, self._within(deadline, self.run_gen(request, request_id, gen, payload, record)))
+        answer, gen_worker = await watch(
+            self._within(deadline, self.run_gen(request, request_id, gen, payload, record)))
         headers["x-disagg-gen-worker"] = gen_worker.worker_id
         self._finish(record, request)
-        return Response(answer, media_type="application/json", headers=headers)
+        return JsonAnswer(answer, headers)
 
     async def ctx_phase(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, record: RequestTrace,
-                        receive: Receive, deadline: float) -> dict[str, Any] | None:
+                        watch: Watch, deadline: float) -> dict[str, Any] | None:
         """The ctx answer, or None when the gen worker should serve the request alone."""
         try:
-            answer, _ = await run_until_disconnect(
-                receive, self._within(deadline, self.run_ctx(request, request_id, ctx, record)))
+            answer, _ = await watch(self._within(deadline, self.run_ctx(request, request_id, ctx, record)))
         except UpstreamFailedError as exc:
             # Every ctx worker failed (no connection, timeout, 5xx): the gen worker can still do it all.
             log.warning("request %s: no ctx leg (%s); serving it on the gen worker alone", request_id, exc)
@@ -269,7 +271,7 @@ class Flow:
 
     async def stream_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
                          payload: dict[str, Any], record: RequestTrace, headers: dict[str, str],
-                         deadline: float) -> Response:
+                         deadline: float) -> StreamAnswer:
         tokens = len(request.prompt_ids)
 
         async def leg(worker: WorkerRecord, replay: bool) -> tuple[LegResponse, AsyncIterator[bytes], bytes]:
@@ -311,10 +313,7 @@ class Flow:
 
         (upstream, chunks, first_chunk), worker = await self.attempt("gen", request, first, record, leg)
         relay = self._relay(request, upstream, chunks, first_chunk, worker, tokens, record, deadline)
-        response = EventStreamResponse(relay)
-        response.raw_headers += [(k.encode(), v.encode()) for k, v in
-                                 {**headers, "x-disagg-gen-worker": worker.worker_id}.items()]
-        return response
+        return StreamAnswer(relay, {**headers, "x-disagg-gen-worker": worker.worker_id})
 
     async def _relay(self, request: ParsedRequest, upstream: LegResponse, chunks: AsyncIterator[bytes],
                      first_chunk: bytes, worker: WorkerRecord, tokens: int, record: RequestTrace,

@@ -33,6 +33,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from frontends.streaming import FinalFrame
+
 __all__ = ["HttpClient", "LegResponse", "UpstreamError", "UpstreamTimeout", "UpstreamUnreachable", "IDLE_SECONDS"]
 
 IDLE_SECONDS = 4.0
@@ -253,6 +255,8 @@ class LegResponse:
                         chunk = b"".join(self._chunks)
                         self._chunks.clear()
                     self._buffered -= len(chunk)
+                    if self._done and not self._chunks:  # the answer's end came with it: one write
+                        chunk = FinalFrame(chunk)
                     if self._paused and self._buffered <= MAX_BUFFERED // 2:
                         self._paused = False
                         self._connection.set_reading(True)

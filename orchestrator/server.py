@@ -105,8 +105,9 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
 
     from frontends.server import FrontendServer
     from frontends.tokenizer import Tokenizer
-    from frontends.header_limit import h11_head_limit, http_protocol
+    from frontends.header_limit import h11_head_limit
     from orchestrator.app import Orchestrator, build_app
+    from orchestrator.fast_http import fast_http_protocol
 
     index = args.process_index
     orch = Orchestrator(config, index, Tokenizer.from_model_path(config.model_dir))
@@ -116,7 +117,7 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
         log_config=None,  # uvicorn's lines (the access log too) through the root logger: stderr, our format
         lifespan="on",
         timeout_graceful_shutdown=config.grace_seconds,  # type: ignore[arg-type]  # stub says int; wait_for takes float
-        http=http_protocol(), **h11_head_limit()))
+        http=fast_http_protocol(orch), **h11_head_limit()))  # the generation routes skip ASGI
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
