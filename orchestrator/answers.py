@@ -1,7 +1,7 @@
 """What the flow answers a client request with, before any server framework sees it.
 
 ``Flow.answer`` returns a ``JsonAnswer`` (a whole body) or a ``StreamAnswer``
-(SSE frames from the relay); ``to_response`` makes a Starlette response of
+(a streamed leg's ``orchestrator.relay.Relay``); ``to_response`` makes a Starlette response of
 either for the ASGI routes, while the fast lane (``orchestrator.fast_http``)
 writes them to the client's transport itself. A ``Watch`` runs the flow's
 waits so that a client who leaves cancels them: ``disconnect_watch(receive)``
@@ -11,12 +11,15 @@ with no client (a batch).
 
 from __future__ import annotations
 
-from typing import AsyncGenerator, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
 
 from starlette.responses import Response
 from starlette.types import Receive
 
 from frontends.streaming import EventStreamResponse, run_until_disconnect
+
+if TYPE_CHECKING:
+    from orchestrator.relay import Relay
 
 __all__ = ["JsonAnswer", "StreamAnswer", "Answer", "Watch", "to_response", "disconnect_watch", "unwatched"]
 
@@ -35,10 +38,10 @@ class JsonAnswer:
 
 
 class StreamAnswer:
-    __slots__ = ("events", "headers")
+    __slots__ = ("relay", "headers")
 
-    def __init__(self, events: AsyncGenerator[bytes, None], headers: dict[str, str]) -> None:
-        self.events = events  # SSE frames; a ``FinalFrame`` is the last one
+    def __init__(self, relay: Relay, headers: dict[str, str]) -> None:
+        self.relay = relay  # drained once: ``relay.frames()`` or ``relay.pipe(sink)``
         self.headers = headers
 
 
@@ -48,7 +51,7 @@ Answer = JsonAnswer | StreamAnswer
 def to_response(answer: Answer) -> Response:
     if isinstance(answer, JsonAnswer):
         return Response(answer.body, media_type="application/json", headers=answer.headers)
-    response = EventStreamResponse(answer.events)
+    response = EventStreamResponse(answer.relay.frames())
     response.raw_headers += [(k.encode(), v.encode()) for k, v in answer.headers.items()]
     return response
 

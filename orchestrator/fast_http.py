@@ -43,6 +43,7 @@ from orchestrator.errors import UnauthorizedError
 
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator
+    from orchestrator.relay import Relay
 
 __all__ = ["fast_http_protocol", "FAST_PATHS"]
 
@@ -88,6 +89,11 @@ def fast_http_protocol(orch: Orchestrator) -> Any:
             for each in {cycle, self.fast_running}:
                 if isinstance(each, FastCycle):
                     each.client_left()
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self.fast_running is not None:
+                self.fast_running.writable()
 
         fast_running: FastCycle | None = None
 
@@ -149,6 +155,7 @@ class FastCycle:
         self._task: asyncio.Task | None = None
         self._watching = False  # the task may be cancelled when the client leaves
         self._declared: int | None = None  # the Content-Length
+        self._relay: Relay | None = None  # while a stream is relayed
         self._left = False
 
     # -- from the protocol --------------------------------------------------------------------
@@ -298,44 +305,52 @@ class FastCycle:
         self._write_json(status, body, headers)
 
     async def _stream(self, answer: StreamAnswer) -> None:
-        events = answer.events
-        pending: list[bytes] = self._head(200, answer.headers, _SSE_HEAD)  # goes out with the first event
-        flow = self.protocol.flow
+        relay = answer.relay
+        first = relay.first_chunk
+        head = self._head(200, answer.headers, _SSE_HEAD)
+        head.append(b"%x\r\n%b\r\n" % (len(first), first) if first else b"")
+        if type(first) is FinalFrame:  # the whole answer came at once
+            head.append(_END)
+            self.transport.write(b"".join(head))
+            relay.close()
+            self._complete()
+            return
+        self.transport.write(b"".join(head))
+        self._relay = relay
         self._watching = True
-        last = b"\n\n"
         try:
-            async for frame in events:
-                if frame:
-                    pending.append(b"%x\r\n%b\r\n" % (len(frame), frame))
-                    last = frame
-                if type(frame) is FinalFrame:
-                    break
-                if pending:
-                    self.transport.write(b"".join(pending) if len(pending) > 1 else pending[0])
-                    pending = []
-                if flow.write_paused:  # a slow client: wait, and the relay stops reading the worker
-                    await flow.drain()
+            await relay.pipe(self._send)  # the rest, from the worker connection's callbacks
         except asyncio.CancelledError:
             if self._gone():
                 return
-            if not self.transport.is_closing():
-                self.transport.write(b"".join(pending))
-                self._end_stream(last, SHUTTING_DOWN)
+            self._end_stream(relay.last, SHUTTING_DOWN)
             raise
         except Exception as exc:  # the status line is out: an error event ends the stream
             log.error("event stream failed", exc_info=exc)
-            if not self.transport.is_closing():
-                self.transport.write(b"".join(pending))
-                self._end_stream(last, STREAM_CUT)
+            self._end_stream(relay.last, STREAM_CUT)
             return
         finally:
             self._watching = False
-            await events.aclose()
-        pending.append(_END)
-        self.transport.write(b"".join(pending))
-        self._complete()
+            self._relay = None
+        self._complete()  # ``_send`` wrote the end
+
+    def _send(self, data: bytes, end: bool) -> None:
+        """``orchestrator.relay.Sink``: called by the worker connection's protocol."""
+        if self.transport.is_closing():  # the client left: its task is being cancelled
+            return
+        frame = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+        self.transport.write(frame + _END if end else frame)
+        if not end and self.protocol.flow.write_paused and self._relay is not None:
+            self._relay.upstream.hold(True)  # a slow client: stop reading the worker (``writable``)
+
+    def writable(self) -> None:
+        """The client's transport takes writes again."""
+        if self._relay is not None:
+            self._relay.upstream.hold(False)
 
     def _end_stream(self, last: bytes, error: ApiError) -> None:
+        if self.transport.is_closing():
+            return
         frame = (b"" if last.endswith(b"\n\n") else b"\n\n") + stream_error_frame(self.api == "messages", error)
         self.transport.write(b"%x\r\n%b\r\n%b" % (len(frame), frame, _END))
         self._complete()

@@ -41,20 +41,19 @@ from __future__ import annotations
 import asyncio
 import time
 import logging
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import msgspec
 from starlette.responses import Response
 
 from frontends.admission import RETRY_AFTER_SECONDS, OverloadedError
-from frontends.errors import ApiError, http_error
 from orchestrator.answers import Answer, JsonAnswer, StreamAnswer, Watch, to_response
 from orchestrator.attempts import Attempts, kv_source_lost
-from orchestrator.clean_ends import stream_error_frame
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.metrics import Metrics
 from orchestrator.prompt import ParsedRequest, client_answer, ctx_body, gen_body
+from orchestrator.relay import Relay
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
 from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout, UpstreamUnreachable
@@ -128,7 +127,7 @@ class Flow:
             params = (ctx_answer or {}).get("disaggregated_params") or {}
             if ctx_answer is not None and params.get("finished") and not request.stream:
                 record.mode = "ctx_only"
-                self._finish(record, request)
+                self.finish(record, request)
                 return JsonAnswer(msgspec.json.encode(client_answer(ctx_answer)),
                                   {**headers, "x-disagg-mode": record.mode})
             leg = None if ctx_answer is None or params.get("finished") else gen_body(request, ctx_answer)
@@ -142,7 +141,7 @@ class Flow:
         answer, gen_worker = await watch(
             self._within(deadline, self.run_gen(request, request_id, gen, payload, record)))
         headers["x-disagg-gen-worker"] = gen_worker.worker_id
-        self._finish(record, request)
+        self.finish(record, request)
         return JsonAnswer(answer, headers)
 
     async def ctx_phase(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, record: RequestTrace,
@@ -170,7 +169,7 @@ class Flow:
     async def _within(self, deadline: float, work):
         return await within(deadline, work, self.config.timeouts.request_seconds)
 
-    def _finish(self, record: RequestTrace, request: ParsedRequest) -> None:
+    def finish(self, record: RequestTrace, request: ParsedRequest) -> None:
         record.end = time.time()
         self.metrics.served(request.api, record.mode).inc()
         self.metrics.phase("e2e").observe(record.end - record.arrival)
@@ -312,37 +311,8 @@ class Flow:
             return upstream, chunks, first_chunk
 
         (upstream, chunks, first_chunk), worker = await self.attempt("gen", request, first, record, leg)
-        relay = self._relay(request, upstream, chunks, first_chunk, worker, tokens, record, deadline)
+        relay = Relay(self, request, upstream, chunks, first_chunk, worker, tokens, record, deadline)
         return StreamAnswer(relay, {**headers, "x-disagg-gen-worker": worker.worker_id})
-
-    async def _relay(self, request: ParsedRequest, upstream: LegResponse, chunks: AsyncIterator[bytes],
-                     first_chunk: bytes, worker: WorkerRecord, tokens: int, record: RequestTrace,
-                     deadline: float) -> AsyncGenerator[bytes, None]:
-        gen = record.gen or {}
-        last = first_chunk
-        # One timer for the request's deadline, not an asyncio.timeout per relayed event: it ends
-        # the upstream answer (closing the connection aborts the request in the worker).
-        expiry = asyncio.get_running_loop().call_later(
-            max(deadline - time.monotonic(), 0.001), upstream.expire, UpstreamTimeout("the request timed out"))
-        try:
-            yield first_chunk
-            async for chunk in chunks:
-                last = chunk
-                yield chunk
-        except (UpstreamError, asyncio.TimeoutError) as exc:
-            timed_out = isinstance(exc, (asyncio.TimeoutError, UpstreamTimeout))
-            error = http_error(RequestTimeoutError("the request timed out") if timed_out else
-                               UpstreamFailedError(f"the generation worker failed mid-stream: {type(exc).__name__}"))
-            record.error = error.message
-            self.metrics.errors.labels("gen", "timeout" if timed_out else "stream").inc()
-            yield (b"" if last.endswith(b"\n\n") else b"\n\n") + _error_event(request.api, error)
-        finally:
-            expiry.cancel()
-            gen["end"] = time.time()
-            self.metrics.phase("gen").observe(gen["end"] - gen["start"])
-            self.view.release(worker.worker_id, tokens)
-            upstream.close()  # a client that left: the worker sees the disconnect and aborts
-            self._finish(record, request)
 
 
 async def within(deadline: float, work: Awaitable[T], request_seconds: float) -> T:
@@ -375,7 +345,3 @@ async def within(deadline: float, work: Awaitable[T], request_seconds: float) ->
     if expired:  # the work absorbed our cancellation and finished anyway: take the request back
         task.uncancel()
     return result
-
-
-def _error_event(api: str, error: ApiError) -> bytes:
-    return stream_error_frame(api == "messages", error)
