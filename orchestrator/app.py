@@ -118,6 +118,7 @@ class Orchestrator:
         self.link.start()
 
     async def close(self) -> None:
+        self.metrics.flush()
         await self.link.close()
         self.legs.close()
         await self.client.aclose()

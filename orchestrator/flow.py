@@ -171,9 +171,11 @@ class Flow:
 
     def finish(self, record: RequestTrace, request: ParsedRequest) -> None:
         record.end = time.time()
-        self.metrics.served(request.api, record.mode).inc()
-        self.metrics.phase("e2e").observe(record.end - record.arrival)
+        self.metrics.count_served(request.api, record.mode)
+        self.metrics.observe("e2e", record.end - record.arrival)
         self.link.perf_queue.append(record)
+        if not self.view.local_load:  # nothing else in flight: no batch to wait for (orchestrator.metrics)
+            self.metrics.flush()
 
     # -- the one retry loop -----------------------------------------------------------------
 
@@ -224,7 +226,7 @@ class Flow:
 
     async def _post(self, phase: str, worker: WorkerRecord, path: str, body: bytes, request_id: str,
                     tokens: int) -> bytes:
-        self.metrics.leg(phase).inc()
+        self.metrics.count_leg(phase)
         self.view.acquire(worker.worker_id, tokens)
         try:
             status, content = await self.upstream.call(
@@ -250,7 +252,7 @@ class Flow:
             start = time.time()
             raw = await self._post("ctx", worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids))
             record.ctx = {"worker_id": worker.worker_id, "start": start, "end": time.time()}
-            self.metrics.phase("ctx").observe(record.ctx["end"] - start)
+            self.metrics.observe("ctx", record.ctx["end"] - start)
             return msgspec.json.decode(raw)
 
         return await self.attempt("ctx", request, first, record, leg)
@@ -263,7 +265,7 @@ class Flow:
                                    f"{request_id}-gen", len(request.prompt_ids))
             end = time.time()
             record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": end, "end": end}
-            self.metrics.phase("gen").observe(end - start)
+            self.metrics.observe("gen", end - start)
             return raw
 
         return await self.attempt("gen", request, first, record, leg)
@@ -276,7 +278,7 @@ class Flow:
         async def leg(worker: WorkerRecord, replay: bool) -> tuple[LegResponse, AsyncIterator[bytes], bytes]:
             body = request.body if replay else payload
             start = time.time()
-            self.metrics.leg("gen").inc()
+            self.metrics.count_leg("gen")
             self.view.acquire(worker.worker_id, tokens)
             upstream = None
             try:
@@ -306,8 +308,8 @@ class Flow:
                                     unanswered=isinstance(exc, UpstreamError), connection_lost=lost) from exc
                 raise
             record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": time.time()}
-            self.metrics.phase("gen_first_byte").observe(record.gen["first_byte"] - start)
-            self.metrics.phase("ttft").observe(record.gen["first_byte"] - record.arrival)
+            self.metrics.observe("gen_first_byte", record.gen["first_byte"] - start)
+            self.metrics.observe("ttft", record.gen["first_byte"] - record.arrival)
             return upstream, chunks, first_chunk
 
         (upstream, chunks, first_chunk), worker = await self.attempt("gen", request, first, record, leg)

@@ -118,7 +118,7 @@ class Relay:
         gen = self.record.gen or {}
         gen["end"] = time.time()
         flow = self.flow
-        flow.metrics.phase("gen").observe(gen["end"] - gen["start"])
+        flow.metrics.observe("gen", gen["end"] - gen["start"])
         flow.view.release(self.worker.worker_id, self.tokens)
         self.upstream.close()  # a client that left: the worker sees the disconnect and aborts
         flow.finish(self.record, self.request)
