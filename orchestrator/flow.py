@@ -81,7 +81,7 @@ class Flow:
     # -- planning ---------------------------------------------------------------------------
 
     def choose(self, phase: str, request: ParsedRequest, exclude: set[str]) -> Candidate | None:
-        candidates = self.view.candidates(phase, request.prompt_ids, exclude)
+        candidates = self.view.candidates(phase, request.prompt_ids, exclude, request.block_hashes)
         if not candidates:
             return None
         router = self.ctx_router if phase == "ctx" else self.gen_router
