@@ -11,6 +11,9 @@ to the state owner (process 0; ``orchestrator.batches``). Every error has the AP
 /health, /cluster_info and the metrics stay open for probes and scrapers.
 The app is a ``frontends.openapi.DocumentedApp``: FastAPI's ``/openapi.json``
 and ``/docs`` (``orchestrator.openapi_routes``), Starlette's request path.
+The generation routes' requests mostly never reach it: ``orchestrator.fast_http``
+serves them in the HTTP protocol itself, with the same checks (one admission
+gate, ``Orchestrator.admission``) and ``Orchestrator.generate``.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class Orchestrator:
         self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self))
         self.link = StateLink(config.state_socket, self.view, push_loads=config.processes > 1)
         self.metrics = Metrics()
+        # One count per process of the generation requests in flight, for the app and the fast lane.
+        self.admission = AdmissionGate(config.max_concurrent_requests or None, "this orchestrator process", "")
         timeouts = config.timeouts
         self.legs = HttpClient(timeouts.connect_seconds, timeouts.idle_seconds)  # request legs: the hot path
         # Health, worker info, KV events, perf: a few calls a second.
@@ -250,10 +255,6 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return route_error_response(request, exc)
 
 
-def _admission_gate(config: OrchestratorConfig) -> AdmissionGate:
-    return AdmissionGate(config.max_concurrent_requests or None, "this orchestrator process", "")
-
-
 def build_app(orch: Orchestrator) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -293,7 +294,7 @@ def build_app(orch: Orchestrator) -> Starlette:
                         description=DESCRIPTION, open_paths=OPEN_PATHS if orch.config.api_key else None,
                         routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
                         middleware=[Middleware(CleanEndsMiddleware),  # outermost: it sees every end
-                                    Middleware(AdmissionMiddleware, gate=_admission_gate(orch.config)),
+                                    Middleware(AdmissionMiddleware, gate=orch.admission),
                                     Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
     app.state.orchestrator = orch
     return app

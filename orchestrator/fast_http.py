@@ -32,7 +32,6 @@ import hmac
 import logging
 from typing import TYPE_CHECKING, Any
 
-from frontends.admission import AdmissionGate
 from frontends.errors import ApiError, RequestTooLargeError, anthropic_error_body, openai_error_body
 from frontends.header_limit import http_protocol
 from frontends.memory import large_body, release_memory_soon
@@ -106,7 +105,7 @@ class _Lane:
     def __init__(self, orch: Orchestrator) -> None:
         config = orch.config
         self.orch = orch
-        self.gate = AdmissionGate(config.max_concurrent_requests or None, "this orchestrator process", "")
+        self.gate = orch.admission  # the app's too: one count of the process's requests in flight
         self.max_bytes = config.max_request_bytes
         self.api_key = config.api_key.encode() if config.api_key is not None else None
 
