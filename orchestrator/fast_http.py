@@ -74,7 +74,8 @@ def fast_http_protocol(orch: Orchestrator) -> Any:
             self._in_head, self._raw_head_bytes = False, 0
             keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
             cycle = FastCycle(self, lane, api, keep_alive)
-            previous, self.cycle = self.cycle, cycle
+            previous = self.cycle  # type: ignore[has-type]  # uvicorn's, typed on a base mypy cannot see
+            self.cycle = cycle
             if previous is None or previous.response_complete:
                 self._start_asgi_task(cycle, None)
             else:  # pipelined behind a response still going out: uvicorn starts it after that one

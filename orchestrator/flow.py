@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import time
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncGenerator, Awaitable, Callable, TypeVar
 
 import msgspec
 from starlette.responses import Response
@@ -275,7 +275,7 @@ class Flow:
                          deadline: float) -> StreamAnswer:
         tokens = len(request.prompt_ids)
 
-        async def leg(worker: WorkerRecord, replay: bool) -> tuple[LegResponse, AsyncIterator[bytes], bytes]:
+        async def leg(worker: WorkerRecord, replay: bool) -> tuple[LegResponse, AsyncGenerator[bytes, None], bytes]:
             body = request.body if replay else payload
             start = time.time()
             self.metrics.count_leg("gen")

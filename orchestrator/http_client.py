@@ -29,7 +29,7 @@ import functools
 import time
 from collections import deque
 from functools import lru_cache
-from typing import Callable
+from typing import AsyncGenerator, Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -284,7 +284,7 @@ class LegResponse:
             parts.append(chunk)
         return b"".join(parts)
 
-    async def chunks(self):
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body as it arrives; raises ``UpstreamError`` if the connection fails before its end.
         The last chunk is a ``FinalFrame`` when the end came with it."""
         try:

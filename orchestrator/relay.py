@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncGenerator, Callable
 
 from frontends.errors import http_error
 from orchestrator.clean_ends import stream_error_frame
@@ -42,7 +42,7 @@ Sink = Callable[[bytes, bool], None]
 
 
 class Relay:
-    def __init__(self, flow: Flow, request: ParsedRequest, upstream: LegResponse, chunks: AsyncIterator[bytes],
+    def __init__(self, flow: Flow, request: ParsedRequest, upstream: LegResponse, chunks: AsyncGenerator[bytes, None],
                  first_chunk: bytes, worker: WorkerRecord, tokens: int, record: RequestTrace,
                  deadline: float) -> None:
         self.flow = flow
