@@ -258,7 +258,8 @@ class FastCycle:
             raise RequestTooLargeError(f"the request body exceeds {limit} bytes, the most this server accepts")
         if self.disconnected:
             raise ClientDisconnected()
-        return bytes(self.body)
+        body, self.body = bytes(self.body), bytearray()  # the protocol keeps the cycle until the next request
+        return body
 
     async def _watch(self, work):
         """``orchestrator.answers.Watch``: the client's leaving cancels this task (``client_left``)."""
