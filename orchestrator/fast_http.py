@@ -369,6 +369,7 @@ class FastCycle:
 
     def _complete(self) -> None:
         self.response_complete = True
+        self.body = bytearray()  # a body refused unread (401, 413, 429) is not kept either
         self.message_event.set()
         if not self.keep_alive:
             self.transport.close()
