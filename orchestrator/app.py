@@ -11,6 +11,9 @@ to the state owner (process 0; ``orchestrator.batches``). Every error has the AP
 /health, /cluster_info and the metrics stay open for probes and scrapers.
 The app is a ``frontends.openapi.DocumentedApp``: FastAPI's ``/openapi.json``
 and ``/docs`` (``orchestrator.openapi_routes``), Starlette's request path.
+The generation routes' requests mostly never reach it: ``orchestrator.fast_http``
+serves them in the HTTP protocol itself, with the same checks (one admission
+gate, ``Orchestrator.admission``) and ``Orchestrator.generate``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from frontends.openapi import DocumentedApp
 from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
 from orchestrator import responses, surface
+from orchestrator.answers import Answer, Watch, disconnect_watch, to_response
 from orchestrator.batches import batch_forward
 from orchestrator.clean_ends import CleanEndsMiddleware
 from orchestrator.config import OrchestratorConfig
@@ -56,11 +60,11 @@ from orchestrator.validation import RequestValidator
 from orchestrator.view import ClusterView, StateLink
 from orchestrator.http_client import HttpClient
 
-__all__ = ["build_app", "Orchestrator"]
+__all__ = ["build_app", "Orchestrator", "error_parts", "CLIENT_CLOSED_REQUEST"]
 
 log = logging.getLogger("disagg.orchestrator")
 
-_CLIENT_CLOSED_REQUEST = 499
+CLIENT_CLOSED_REQUEST = 499
 FIRST_SNAPSHOT_WAIT_SECONDS = 10.0
 """How long a request may wait for a fresh process's first view of the cluster (normally milliseconds)."""
 
@@ -77,6 +81,8 @@ class Orchestrator:
         self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self))
         self.link = StateLink(config.state_socket, self.view, push_loads=config.processes > 1)
         self.metrics = Metrics()
+        # One count per process of the generation requests in flight, for the app and the fast lane.
+        self.admission = AdmissionGate(config.max_concurrent_requests or None, "this orchestrator process", "")
         timeouts = config.timeouts
         self.legs = HttpClient(timeouts.connect_seconds, timeouts.idle_seconds)  # request legs: the hot path
         # Health, worker info, KV events, perf: a few calls a second.
@@ -92,10 +98,32 @@ class Orchestrator:
         (a uuid4 per request cost about 10 µs, as much as its metrics)."""
         return f"req-{self._id_prefix}{next(self._id_counter):x}"
 
+    async def generate(self, api: str, read_body: Callable[[], Awaitable[bytes]], request_id: str | None,
+                       session_header: str | None, watch: Watch) -> Answer:
+        """A client's generation request (API ``api``), read, checked, tokenized and run through the
+        flow; a failure is counted and leaves a perf record, then propagates."""
+        request_id = request_id or self.new_request_id()
+        record = RequestTrace(request_id=request_id, api=api, arrival=time.time())
+        try:
+            parsed = parse_request(api, await read_body(), self.validator, session_header)
+            record.tokenized = time.time()
+            if not self.link.first_snapshot.is_set():
+                # A process that has just (re)started shares the port before the owner's first
+                # snapshot reaches it: its view is empty, not the cluster. Wait, do not answer 503.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.link.first_snapshot.wait(), FIRST_SNAPSHOT_WAIT_SECONDS)
+            return await self.flow.answer(parsed, request_id, watch, record)
+        except Exception as exc:
+            self.metrics.errors.labels("request", type(exc).__name__).inc()
+            record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
+            self.link.perf_queue.append(record)
+            raise
+
     async def start(self) -> None:
         self.link.start()
 
     async def close(self) -> None:
+        self.metrics.flush()
         await self.link.close()
         self.legs.close()
         await self.client.aclose()
@@ -115,11 +143,19 @@ class _KnownLimits:
         return surface.vocab_size(self.orch)
 
 
-def _error(exc: BaseException, anthropic: bool) -> Response:
+def error_parts(exc: BaseException, anthropic: bool) -> tuple[int, bytes, dict[str, str]]:
+    """(status, body, headers) of the error a route answers ``exc`` with, in the API's shape;
+    a worker's own 4xx (``UpstreamRejected``) as the worker wrote it."""
+    if isinstance(exc, UpstreamRejected):
+        return exc.status, exc.body, {}
     error = http_error(exc)
     body = anthropic_error_body(error) if anthropic else openai_error_body(error)
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else None
-    return Response(body, status_code=error.status, media_type="application/json", headers=headers)
+    return error.status, body, ({"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else {})
+
+
+def _error(exc: BaseException, anthropic: bool) -> Response:
+    status, body, headers = error_parts(exc, anthropic)
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 def _json(payload, status: int = 200) -> Response:
@@ -147,11 +183,9 @@ def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True)
                 raise UnauthorizedError("a valid API key is required (Authorization: Bearer KEY or x-api-key)")
             return await handler(orch, request)
         except ClientDisconnected:
-            return Response(status_code=_CLIENT_CLOSED_REQUEST)
-        except UpstreamRejected as exc:
-            return Response(exc.body, status_code=exc.status, media_type="application/json")
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception as exc:  # always the API's error shape
-            if http_error(exc).status == 500:
+            if not isinstance(exc, UpstreamRejected) and http_error(exc).status == 500:
                 log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
             return _error(exc, anthropic)
 
@@ -160,22 +194,9 @@ def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True)
 
 def _generate(api: str):
     async def handler(orch: Orchestrator, request: Request) -> Response:
-        request_id = request.headers.get("x-request-id") or orch.new_request_id()
-        record = RequestTrace(request_id=request_id, api=api, arrival=time.time())
-        try:
-            parsed = parse_request(api, await request.body(), orch.validator, request.headers.get("x-session-id"))
-            record.tokenized = time.time()
-            if not orch.link.first_snapshot.is_set():
-                # A process that has just (re)started shares the port before the owner's first
-                # snapshot reaches it: its view is empty, not the cluster. Wait, do not answer 503.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(orch.link.first_snapshot.wait(), FIRST_SNAPSHOT_WAIT_SECONDS)
-            return await orch.flow.handle(parsed, request_id, request.receive, record)
-        except Exception as exc:
-            orch.metrics.errors.labels("request", type(exc).__name__).inc()
-            record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
-            orch.link.perf_queue.append(record)
-            raise
+        answer = await orch.generate(api, request.body, request.headers.get("x-request-id"),
+                                     request.headers.get("x-session-id"), disconnect_watch(request.receive))
+        return to_response(answer)
 
     return handler
 
@@ -234,10 +255,6 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return route_error_response(request, exc)
 
 
-def _admission_gate(config: OrchestratorConfig) -> AdmissionGate:
-    return AdmissionGate(config.max_concurrent_requests or None, "this orchestrator process", "")
-
-
 def build_app(orch: Orchestrator) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -277,7 +294,7 @@ def build_app(orch: Orchestrator) -> Starlette:
                         description=DESCRIPTION, open_paths=OPEN_PATHS if orch.config.api_key else None,
                         routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
                         middleware=[Middleware(CleanEndsMiddleware),  # outermost: it sees every end
-                                    Middleware(AdmissionMiddleware, gate=_admission_gate(orch.config)),
+                                    Middleware(AdmissionMiddleware, gate=orch.admission),
                                     Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
     app.state.orchestrator = orch
     return app

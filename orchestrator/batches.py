@@ -35,6 +35,7 @@ from starlette.responses import Response
 from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore
 from frontends.batches.executor import Outcome, batch_body, errored, errored_by, succeeded
 from frontends.errors import NotFoundError
+from orchestrator.answers import unwatched
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.state_protocol import RequestTrace
 from orchestrator.http_client import UpstreamError
@@ -50,11 +51,6 @@ log = logging.getLogger("disagg.orchestrator.batches")
 MAX_ATTEMPTS = 8
 RETRY_SECONDS = 1.0
 _TRANSIENT = (NoWorkerError, UpstreamFailedError, RequestTimeoutError, LegFailed, UpstreamError)
-
-
-async def _never_disconnects() -> dict:
-    await asyncio.Event().wait()  # a batch request has no client to lose
-    return {"type": "http.disconnect"}
 
 
 class FlowBatchExecutor:
@@ -77,7 +73,7 @@ class FlowBatchExecutor:
         while True:
             record = RequestTrace(request_id=request_id, api="messages", arrival=time.time())
             try:
-                response = await orch.flow.handle(parsed, request_id, _never_disconnects, record)
+                response = await orch.flow.handle(parsed, request_id, unwatched, record)  # no client to lose
                 return succeeded(bytes(response.body))
             except UpstreamRejected as exc:  # the worker's own Anthropic error body
                 return errored(exc.body)

@@ -25,14 +25,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from frontends.errors import ApiError, anthropic_error_body, openai_error_body
 from frontends.route_errors import is_anthropic_path
 
-__all__ = ["CleanEndsMiddleware", "stream_error_frame"]
+__all__ = ["CleanEndsMiddleware", "stream_error_frame", "SHUTTING_DOWN", "INTERNAL_ERROR", "STREAM_CUT"]
 
 log = logging.getLogger("disagg.orchestrator")
 
-_SHUTTING_DOWN = ApiError(503, "the orchestrator is shutting down; retry", "service_unavailable_error",
+SHUTTING_DOWN = ApiError(503, "the orchestrator is shutting down; retry", "service_unavailable_error",
                           "overloaded_error", code="shutting_down")
-_INTERNAL = ApiError(500, "internal error", "internal_error", "api_error")
-_CUT = ApiError(502, "the stream ended before its end", "upstream_error", "api_error", code="stream_cut")
+INTERNAL_ERROR = ApiError(500, "internal error", "internal_error", "api_error")
+STREAM_CUT = ApiError(502, "the stream ended before its end", "upstream_error", "api_error", code="stream_cut")
 
 
 def stream_error_frame(anthropic: bool, error: ApiError) -> bytes:
@@ -55,14 +55,14 @@ class CleanEndsMiddleware:
         try:
             await self.app(scope, receive, response.send)
         except asyncio.CancelledError:
-            await response.end(anthropic, _SHUTTING_DOWN)
+            await response.end(anthropic, SHUTTING_DOWN)
             raise
         except Exception as exc:  # logged here; the client gets JSON, not uvicorn's text
             log.error("%s %s failed outside its handler", scope.get("method"), scope.get("path"), exc_info=exc)
-            await response.end(anthropic, _INTERNAL)
+            await response.end(anthropic, INTERNAL_ERROR)
             return
         if response.stream_open:  # the producer stopped without ending the stream
-            await response.end(anthropic, _CUT)
+            await response.end(anthropic, STREAM_CUT)
 
 
 class _ResponseState:

@@ -41,21 +41,19 @@ from __future__ import annotations
 import asyncio
 import time
 import logging
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncGenerator, Awaitable, Callable, TypeVar
 
 import msgspec
 from starlette.responses import Response
-from starlette.types import Receive
 
 from frontends.admission import RETRY_AFTER_SECONDS, OverloadedError
-from frontends.errors import ApiError, http_error
-from frontends.streaming import EventStreamResponse, run_until_disconnect
+from orchestrator.answers import Answer, JsonAnswer, StreamAnswer, Watch, to_response
 from orchestrator.attempts import Attempts, kv_source_lost
-from orchestrator.clean_ends import stream_error_frame
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.metrics import Metrics
 from orchestrator.prompt import ParsedRequest, client_answer, ctx_body, gen_body
+from orchestrator.relay import Relay
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
 from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout, UpstreamUnreachable
@@ -83,7 +81,7 @@ class Flow:
     # -- planning ---------------------------------------------------------------------------
 
     def choose(self, phase: str, request: ParsedRequest, exclude: set[str]) -> Candidate | None:
-        candidates = self.view.candidates(phase, request.prompt_ids, exclude)
+        candidates = self.view.candidates(phase, request.prompt_ids, exclude, request.block_hashes)
         if not candidates:
             return None
         router = self.ctx_router if phase == "ctx" else self.gen_router
@@ -111,7 +109,11 @@ class Flow:
 
     # -- the request ------------------------------------------------------------------------
 
-    async def handle(self, request: ParsedRequest, request_id: str, receive: Receive, record: RequestTrace) -> Response:
+    async def handle(self, request: ParsedRequest, request_id: str, watch: Watch, record: RequestTrace) -> Response:
+        """``answer`` as a Starlette response (the ASGI routes, batches)."""
+        return to_response(await self.answer(request, request_id, watch, record))
+
+    async def answer(self, request: ParsedRequest, request_id: str, watch: Watch, record: RequestTrace) -> Answer:
         record.num_prompt_tokens = len(request.prompt_ids)
         deadline = time.monotonic() + self.config.timeouts.request_seconds
         gen, ctx = self.plan(request)
@@ -119,15 +121,15 @@ class Flow:
         payload: dict[str, Any] = request.body
         record.mode = "aggregated" if ctx is None else "disagg"
         if ctx is not None:
-            ctx_answer = await self.ctx_phase(request, request_id, ctx, record, receive, deadline)
+            ctx_answer = await self.ctx_phase(request, request_id, ctx, record, watch, deadline)
             if record.ctx is not None:
                 headers["x-disagg-ctx-worker"] = record.ctx.worker_id
             params = (ctx_answer or {}).get("disaggregated_params") or {}
             if ctx_answer is not None and params.get("finished") and not request.stream:
                 record.mode = "ctx_only"
-                self._finish(record, request)
-                return Response(msgspec.json.encode(client_answer(ctx_answer)), media_type="application/json",
-                                headers={**headers, "x-disagg-mode": record.mode})
+                self.finish(record, request)
+                return JsonAnswer(msgspec.json.encode(client_answer(ctx_answer)),
+                                  {**headers, "x-disagg-mode": record.mode})
             leg = None if ctx_answer is None or params.get("finished") else gen_body(request, ctx_answer)
             if leg is None:  # no ctx answer, finished (streaming client), or a worker without disagg support
                 record.mode = "aggregated"
@@ -136,18 +138,17 @@ class Flow:
         headers["x-disagg-mode"] = record.mode
         if request.stream:
             return await self.stream_gen(request, request_id, gen, payload, record, headers, deadline)
-        answer, gen_worker = await run_until_disconnect(
-            receive, self._within(deadline, self.run_gen(request, request_id, gen, payload, record)))
+        answer, gen_worker = await watch(
+            self._within(deadline, self.run_gen(request, request_id, gen, payload, record)))
         headers["x-disagg-gen-worker"] = gen_worker.worker_id
-        self._finish(record, request)
-        return Response(answer, media_type="application/json", headers=headers)
+        self.finish(record, request)
+        return JsonAnswer(answer, headers)
 
     async def ctx_phase(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, record: RequestTrace,
-                        receive: Receive, deadline: float) -> dict[str, Any] | None:
+                        watch: Watch, deadline: float) -> dict[str, Any] | None:
         """The ctx answer, or None when the gen worker should serve the request alone."""
         try:
-            answer, _ = await run_until_disconnect(
-                receive, self._within(deadline, self.run_ctx(request, request_id, ctx, record)))
+            answer, _ = await watch(self._within(deadline, self.run_ctx(request, request_id, ctx, record)))
         except UpstreamFailedError as exc:
             # Every ctx worker failed (no connection, timeout, 5xx): the gen worker can still do it all.
             log.warning("request %s: no ctx leg (%s); serving it on the gen worker alone", request_id, exc)
@@ -169,11 +170,13 @@ class Flow:
     async def _within(self, deadline: float, work):
         return await within(deadline, work, self.config.timeouts.request_seconds)
 
-    def _finish(self, record: RequestTrace, request: ParsedRequest) -> None:
+    def finish(self, record: RequestTrace, request: ParsedRequest) -> None:
         record.end = time.time()
-        self.metrics.served(request.api, record.mode).inc()
-        self.metrics.phase("e2e").observe(record.end - record.arrival)
+        self.metrics.count_served(request.api, record.mode)
+        self.metrics.observe("e2e", record.end - record.arrival)
         self.link.perf_queue.append(record)
+        if not self.view.local_load:  # nothing else in flight: no batch to wait for (orchestrator.metrics)
+            self.metrics.flush()
 
     # -- the one retry loop -----------------------------------------------------------------
 
@@ -224,7 +227,7 @@ class Flow:
 
     async def _post(self, phase: str, worker: WorkerRecord, path: str, body: bytes, request_id: str,
                     tokens: int) -> bytes:
-        self.metrics.leg(phase).inc()
+        self.metrics.count_leg(phase)
         self.view.acquire(worker.worker_id, tokens)
         try:
             status, content = await self.upstream.call(
@@ -250,7 +253,7 @@ class Flow:
             start = time.time()
             raw = await self._post("ctx", worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids))
             record.ctx = CtxLegTrace(worker_id=worker.worker_id, start=start, end=time.time())
-            self.metrics.phase("ctx").observe(record.ctx.end - start)
+            self.metrics.observe("ctx", record.ctx.end - start)
             return msgspec.json.decode(raw)
 
         return await self.attempt("ctx", request, first, record, leg)
@@ -263,20 +266,20 @@ class Flow:
                                    f"{request_id}-gen", len(request.prompt_ids))
             end = time.time()
             record.gen = GenLegTrace(worker_id=worker.worker_id, start=start, first_byte=end, end=end)
-            self.metrics.phase("gen").observe(end - start)
+            self.metrics.observe("gen", end - start)
             return raw
 
         return await self.attempt("gen", request, first, record, leg)
 
     async def stream_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
                          payload: dict[str, Any], record: RequestTrace, headers: dict[str, str],
-                         deadline: float) -> Response:
+                         deadline: float) -> StreamAnswer:
         tokens = len(request.prompt_ids)
 
-        async def leg(worker: WorkerRecord, replay: bool) -> tuple[LegResponse, AsyncIterator[bytes], bytes]:
+        async def leg(worker: WorkerRecord, replay: bool) -> tuple[LegResponse, AsyncGenerator[bytes, None], bytes]:
             body = request.body if replay else payload
             start = time.time()
-            self.metrics.leg("gen").inc()
+            self.metrics.count_leg("gen")
             self.view.acquire(worker.worker_id, tokens)
             upstream = None
             try:
@@ -306,46 +309,13 @@ class Flow:
                                     unanswered=isinstance(exc, UpstreamError), connection_lost=lost) from exc
                 raise
             record.gen = GenLegTrace(worker_id=worker.worker_id, start=start, first_byte=time.time())
-            self.metrics.phase("gen_first_byte").observe(record.gen.first_byte - start)
-            self.metrics.phase("ttft").observe(record.gen.first_byte - record.arrival)
+            self.metrics.observe("gen_first_byte", record.gen.first_byte - start)
+            self.metrics.observe("ttft", record.gen.first_byte - record.arrival)
             return upstream, chunks, first_chunk
 
         (upstream, chunks, first_chunk), worker = await self.attempt("gen", request, first, record, leg)
-        relay = self._relay(request, upstream, chunks, first_chunk, worker, tokens, record, deadline)
-        response = EventStreamResponse(relay)
-        response.raw_headers += [(k.encode(), v.encode()) for k, v in
-                                 {**headers, "x-disagg-gen-worker": worker.worker_id}.items()]
-        return response
-
-    async def _relay(self, request: ParsedRequest, upstream: LegResponse, chunks: AsyncIterator[bytes],
-                     first_chunk: bytes, worker: WorkerRecord, tokens: int, record: RequestTrace,
-                     deadline: float) -> AsyncGenerator[bytes, None]:
-        gen = record.gen  # set by the leg that answered (stream_gen)
-        last = first_chunk
-        # One timer for the request's deadline, not an asyncio.timeout per relayed event: it ends
-        # the upstream answer (closing the connection aborts the request in the worker).
-        expiry = asyncio.get_running_loop().call_later(
-            max(deadline - time.monotonic(), 0.001), upstream.expire, UpstreamTimeout("the request timed out"))
-        try:
-            yield first_chunk
-            async for chunk in chunks:
-                last = chunk
-                yield chunk
-        except (UpstreamError, asyncio.TimeoutError) as exc:
-            timed_out = isinstance(exc, (asyncio.TimeoutError, UpstreamTimeout))
-            error = http_error(RequestTimeoutError("the request timed out") if timed_out else
-                               UpstreamFailedError(f"the generation worker failed mid-stream: {type(exc).__name__}"))
-            record.error = error.message
-            self.metrics.errors.labels("gen", "timeout" if timed_out else "stream").inc()
-            yield (b"" if last.endswith(b"\n\n") else b"\n\n") + _error_event(request.api, error)
-        finally:
-            expiry.cancel()
-            if gen is not None:
-                gen.end = time.time()
-                self.metrics.phase("gen").observe(gen.end - gen.start)
-            self.view.release(worker.worker_id, tokens)
-            upstream.close()  # a client that left: the worker sees the disconnect and aborts
-            self._finish(record, request)
+        relay = Relay(self, request, upstream, chunks, first_chunk, worker, tokens, record, deadline)
+        return StreamAnswer(relay, {**headers, "x-disagg-gen-worker": worker.worker_id})
 
 
 async def within(deadline: float, work: Awaitable[T], request_seconds: float) -> T:
@@ -378,7 +348,3 @@ async def within(deadline: float, work: Awaitable[T], request_seconds: float) ->
     if expired:  # the work absorbed our cancellation and finished anyway: take the request back
         task.uncancel()
     return result
-
-
-def _error_event(api: str, error: ApiError) -> bytes:
-    return stream_error_frame(api == "messages", error)

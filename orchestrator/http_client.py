@@ -29,9 +29,12 @@ import functools
 import time
 from collections import deque
 from functools import lru_cache
+from typing import AsyncGenerator, Callable
 from urllib.parse import urlsplit
 
 import httptools
+
+from frontends.streaming import FinalFrame
 
 __all__ = ["HttpClient", "LegResponse", "UpstreamError", "UpstreamTimeout", "UpstreamUnreachable", "IDLE_SECONDS"]
 
@@ -85,7 +88,8 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # create_connection's: a stream Transport
 
     def data_received(self, data: bytes) -> None:
-        if self._response is None:  # bytes nobody asked for: the connection is not usable
+        response = self._response
+        if response is None:  # bytes nobody asked for: the connection is not usable
             self.close()
             return
         try:
@@ -93,6 +97,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(UpstreamError(f"bad HTTP from {self.origin[0]}:{self.origin[1]}: {exc}"))
             self.close()
+        if response._deliver is not None:  # relayed as it came: this read's bytes in one call
+            response._push()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -159,6 +165,8 @@ class LegResponse:
         self._done = False
         self._keep_alive = False
         self._released = False
+        self._deliver: Deliver | None = None  # push mode (``relay_to``)
+        self._delivered_end = False
         self.received_any = False
         # One lazy timer per answer instead of an asyncio.timeout per wait (a streamed answer waits
         # once per event): it fires at most every idle_timeout and fails the wait only when nothing
@@ -179,6 +187,8 @@ class LegResponse:
     def _body(self, body: bytes) -> None:
         self._last_data = self._loop.time()
         self._chunks.append(body)
+        if self._deliver is not None:  # pushed once the read is parsed (``_Connection.data_received``)
+            return
         self._buffered += len(body)
         if self._buffered > MAX_BUFFERED and not self._paused:
             self._paused = True
@@ -197,6 +207,21 @@ class LegResponse:
         if not self._head.done():
             self._head.set_exception(self._error)
         self._wake()
+        if self._deliver is not None:
+            self._push()
+
+    def _push(self) -> None:
+        """Push mode: what arrived since the last push, and the end if it came."""
+        if self._delivered_end or self._deliver is None:
+            return
+        chunks = self._chunks
+        data = (chunks[0] if len(chunks) == 1 else b"".join(chunks)) if chunks else b""
+        chunks.clear()
+        self._buffered = 0
+        end = self._done or self._error is not None
+        if data or end:
+            self._delivered_end = end
+            self._deliver(data, end, None if self._done else self._error)
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -235,6 +260,23 @@ class LegResponse:
         finally:
             self._waiting_since = None
 
+    def relay_to(self, deliver: Deliver) -> None:
+        """Push mode, instead of ``chunks()``: from now on every read's body bytes go to
+        ``deliver(data, end, error)`` from the connection's own callbacks (no buffering, no task
+        wake-up per chunk), and the end (``error``: an ``UpstreamError`` that cut it) with them.
+        The idle timeout counts from now; ``hold`` pauses it with the reading."""
+        self._deliver = deliver
+        self._waiting_since = self._loop.time()
+        if self._paused:
+            self._paused = False
+            self._connection.set_reading(True)
+        self._push()
+
+    def hold(self, held: bool) -> None:
+        """Push mode: stop (or resume) reading the worker while the client cannot take more."""
+        self._waiting_since = None if held else self._loop.time()
+        self._connection.set_reading(not held)
+
     async def read(self) -> bytes:
         """The whole body."""
         parts = []
@@ -242,8 +284,9 @@ class LegResponse:
             parts.append(chunk)
         return b"".join(parts)
 
-    async def chunks(self):
-        """The body as it arrives; raises ``UpstreamError`` if the connection fails before its end."""
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        """The body as it arrives; raises ``UpstreamError`` if the connection fails before its end.
+        The last chunk is a ``FinalFrame`` when the end came with it."""
         try:
             while True:
                 if self._chunks:
@@ -253,6 +296,8 @@ class LegResponse:
                         chunk = b"".join(self._chunks)
                         self._chunks.clear()
                     self._buffered -= len(chunk)
+                    if self._done and not self._chunks:  # the answer's end came with it: one write
+                        chunk = FinalFrame(chunk)
                     if self._paused and self._buffered <= MAX_BUFFERED // 2:
                         self._paused = False
                         self._connection.set_reading(True)
@@ -277,6 +322,10 @@ class LegResponse:
             self._client._release(self._connection)
         else:
             self._connection.close()
+
+
+Deliver = Callable[[bytes, bool, "UpstreamError | None"], None]
+"""``deliver(data, end, error)``: push mode's receiver (``LegResponse.relay_to``)."""
 
 
 class HttpClient:

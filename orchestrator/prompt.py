@@ -9,7 +9,7 @@ prefix, and for /v1/completions the ctx leg then gets those ids as its prompt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -40,6 +40,8 @@ class ParsedRequest:
     max_tokens: int | None
     raw: bytes = b""
     """The client's body as it came: a leg that sends ``body`` unchanged forwards these bytes."""
+    block_hashes: dict[tuple[int, int], list[int]] = field(default_factory=dict, compare=False)
+    """The prompt's block hashes by (block size, seed), computed once for all routing decisions."""
 
     @property
     def path(self) -> str:

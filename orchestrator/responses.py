@@ -32,6 +32,7 @@ from frontends.responses import ResponseEventStream, begin_turn, input_items_pag
 from frontends.responses.schemas import Item
 from frontends.responses.translate import rename_fields, rename_param, responses_param
 from frontends.streaming import EventStreamResponse
+from orchestrator.answers import disconnect_watch
 from orchestrator.errors import UpstreamRejected
 from orchestrator.state_protocol import RequestTrace
 from orchestrator.prompt import parse_request
@@ -64,7 +65,7 @@ async def create_response(orch, request: Request) -> Response:
             session = request.headers.get("x-session-id") or turn.body.user or turn.session_id
             parsed = parse_request("chat", msgspec.json.encode(turn.chat_body()), orch.validator, session)
             record.tokenized = time.time()
-            answer = await orch.flow.handle(parsed, request_id, request.receive, record)
+            answer = await orch.flow.handle(parsed, request_id, disconnect_watch(request.receive), record)
         except FrontendError as exc:
             raise rename_param(exc) from None
         except UpstreamRejected as exc:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import shutil
@@ -45,6 +46,7 @@ READY_MESSAGE = "disagg orchestrator: ready on"
 START_TIMEOUT_SECONDS = 60.0
 CHILD_STOP_MARGIN_SECONDS = 10.0  # past the grace period: lifespan shutdown, closing clients
 OWNER_STOP_SECONDS = 10.0  # the state server drains its (answered at once) long polls within this
+GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections (Python's default: 700)
 
 
 def add_orchestrator_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,8 +107,9 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
 
     from frontends.server import FrontendServer
     from frontends.tokenizer import Tokenizer
-    from frontends.header_limit import h11_head_limit, http_protocol
+    from frontends.header_limit import h11_head_limit
     from orchestrator.app import Orchestrator, build_app
+    from orchestrator.fast_http import fast_http_protocol
 
     index = args.process_index
     orch = Orchestrator(config, index, Tokenizer.from_model_path(config.model_dir))
@@ -116,7 +119,7 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
         log_config=None,  # uvicorn's lines (the access log too) through the root logger: stderr, our format
         lifespan="on",
         timeout_graceful_shutdown=config.grace_seconds,  # type: ignore[arg-type]  # stub says int; wait_for takes float
-        http=http_protocol(), **h11_head_limit()))
+        http=fast_http_protocol(orch), **h11_head_limit()))  # the generation routes skip ASGI
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -148,6 +151,7 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
             await asyncio.sleep(0.01)  # uvicorn has no "started" event
         # Ready = serving and holding the owner's state (else it would answer 503s for a moment).
         await asyncio.wait_for(orch.link.first_snapshot.wait(), START_TIMEOUT_SECONDS)
+        _settle_gc()
         (Path(config.state_dir) / f"ready-{index}").touch()
         if group is not None:
             await _wait_ready(config, group.children)
@@ -182,6 +186,18 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
                 path.unlink(missing_ok=True)
         sock.close()
     return 0
+
+
+def _settle_gc() -> None:
+    """Once started: what is alive now (tokenizer, templates, routes: ~80k objects) lives as long as
+    the process, so the cyclic collector stops walking it (``gc.freeze``), and collects the young
+    generation every ``GC_YOUNG_THRESHOLD`` allocations instead of 700. Each request leaves a few
+    reference cycles (asyncio futures and frames); full collections over the whole heap were 8% of
+    a streamed request's CPU (perf), all collections 50 µs a request; 12 µs after this."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def _access_log(args: OrchestratorSettings, config: OrchestratorConfig) -> bool:

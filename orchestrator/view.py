@@ -80,8 +80,11 @@ class ClusterView:
         block_size = worker.block_size if worker.block_size is not None else self.default_block_size
         return block_size, worker.hash_seed if worker.hash_seed is not None else self.default_hash_seed
 
-    def candidates(self, phase: str, prompt_ids: Sequence[int], exclude: set[str]) -> list[Candidate]:
-        hashes: dict[tuple[int, int], list[int]] = {}
+    def candidates(self, phase: str, prompt_ids: Sequence[int], exclude: set[str],
+                   hashes: dict[tuple[int, int], list[int]] | None = None) -> list[Candidate]:
+        """``hashes``: the prompt's block hashes by (block size, seed), filled in as computed; a
+        request passes the same dict to each of its routing decisions (gen, ctx, retries)."""
+        hashes = {} if hashes is None else hashes
         rows = []
         for worker in sorted(self.healthy(phase), key=lambda w: w.worker_id):
             if worker.worker_id in exclude:

@@ -61,6 +61,8 @@ def test_requests_over_the_process_limit_get_429_at_once_and_the_admitted_comple
         await asyncio.sleep(0.5)  # both are in flight (each runs ~2 s)
         refused = await asyncio.gather(
             *(_post(port, "/v1/completions", slow) for _ in range(6)),
+            # A query string takes the ASGI app, not the fast lane: the same gate counts it.
+            _post(port, "/v1/completions?via=app", slow),
             _post(port, "/v1/messages", {"model": "tiny-test", "max_tokens": 5,
                                          "messages": [{"role": "user", "content": "hi"}]}))
         async with httpx.AsyncClient() as client:  # probes are never refused

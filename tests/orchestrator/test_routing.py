@@ -133,6 +133,13 @@ def test_view_routes_kv_aware_with_each_workers_block_size_and_seed():
     view.acquire("w-b", 0)  # 9 - 8 = 1 < 2
     assert router.choose(view.candidates("gen", prompt, set()), RouteRequest(len(prompt))).worker_id == "w-a"
     assert [c.worker_id for c in view.candidates("ctx", prompt, {"w-b"})] == ["w-d"]
+    # One request's decisions share its hashes: computed once per (block size, seed), then read.
+    memo: dict[tuple[int, int], list[int]] = {}
+    first = view.candidates("gen", prompt, set(), memo)
+    assert memo.keys() == {(8, 3), (4, 0), (8, 1)} and memo[(4, 0)] == list(compute_block_hashes(prompt, 4, 0))
+    memo[(4, 0)] = memo[(4, 0)][:3]  # what is in the memo is what routing reads
+    again = view.candidates("gen", prompt, set(), memo)
+    assert [c.matched_blocks for c in first] == [2, 9, 0] and [c.matched_blocks for c in again] == [2, 3, 0]
 
 
 def test_worker_record_roles():
