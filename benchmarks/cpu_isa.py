@@ -55,7 +55,8 @@ def emulate(isa: str | None) -> None:
     if all(os.environ.get(name) == value for name, value in wanted.items()):
         return
     sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **wanted})
+    # orig_argv: the interpreter's own options and a -c or -m too, not only the script's arguments.
+    os.execve(sys.executable, sys.orig_argv, {**os.environ, **wanted})
 
 
 def vector_extensions() -> dict[str, object]:
