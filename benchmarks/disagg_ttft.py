@@ -3,7 +3,12 @@
 The tiny ``bench`` Llama on the torch engine. Aggregated: one ``both``
 worker, requests straight to it. Disaggregated: ``disagg orchestrator`` in
 front of a ctx and a gen worker (cluster key, conditional disaggregation off,
-so every request takes both legs). Every request is a streamed
+so every request takes both legs). Threads: the aggregated engine and the ctx
+engine run torch's default (every core: both prefill the same prompts); the gen
+engine, whose steps are a token per request, runs one thread (``--gen-threads``):
+with torch's default its OpenMP threads fought the ctx engine's prefill for the
+same cores and its first step took ~240 ms instead of ~7 ms (512 tokens, c=8,
+2 cores). Every request is a streamed
 ``/v1/completions`` whose prompt is a list of token ids of exactly N tokens
 (512 to 8,192; distinct per request, so no prefix-cache hit anywhere),
 ``max_tokens`` 2. TTFT is the client's: request sent to the first streamed
@@ -31,7 +36,8 @@ Targets (PASS/FAIL): disaggregated TTFT p50 <= 1.1x aggregated + 3 ms at every
 length (sequential and at concurrency 8); |unaccounted| <= 1 ms (median).
 
     python benchmarks/disagg_ttft.py [--lengths 512,1024,2048,4096,8192] [--requests 8]
-        [--concurrency 1,8] [--out benchmarks/results/disagg_ttft.json]
+        [--concurrency 1,8] [--agg-threads N] [--ctx-threads N] [--gen-threads N]
+        [--out benchmarks/results/disagg_ttft.json]
 """
 
 from __future__ import annotations
@@ -65,6 +71,9 @@ def start_worker(model_dir: Path, role: str, port: int, work: Path, args: argpar
             "--num-blocks", str(max(args.concurrency) * max_len // 16 + 64)]
     if key_file is not None:
         argv += ["--cluster-key-file", str(key_file), "--kv-port", "0"]
+    threads = {"both": args.agg_threads, "ctx": args.ctx_threads, "gen": args.gen_threads}[role]
+    if threads:
+        argv += ["--engine-threads", str(threads)]
     return Server(argv, WORKER_READY, work, f"ttft-{role}-{port}", timeout=300)
 
 
@@ -208,6 +217,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=ints, default=[1, 8])
     parser.add_argument("--requests", type=int, default=8, help="per length and path (at least 2x concurrency)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/disagg_ttft.json"))
+    for role, default in (("agg", None), ("ctx", None), ("gen", 1)):
+        parser.add_argument(f"--{role}-threads", type=int, default=default,
+                            help=f"torch threads of the {role} engine (default: {default or 'torch, every core'}; "
+                                 f"0: torch's)")
     return parser.parse_args(argv)
 
 

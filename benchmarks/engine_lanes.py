@@ -12,13 +12,21 @@ is the bottleneck, which is what its ceiling means.
 
 Engine CPU is utime + stime of its process (/proc) over the window, divided
 by the requests that finished in it; the driver's own CPU is reported too.
+Run alone, it prints the figure at each concurrency asked for: at a small one
+(say 32) a step holds few requests, as through HTTP frontends on a small
+machine, and what a step costs whatever its size (a poll, a message per lane)
+is shared by fewer of them.
+
+    python benchmarks/engine_lanes.py [--lanes 4] [--concurrency 512,32] [--duration 4] [--repeats 1]
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import resource
+import sys
 import time
 from dataclasses import dataclass
 
@@ -46,6 +54,7 @@ class EngineLoadResult:
     engine_cpu_s: float
     driver_cpu_s: float
     outputs_per_request: float
+    outputs_per_message: float = 0.0  # RequestOutputs per lane message: the engine's batch per lane and step
 
     @property
     def engine_ms_per_request(self) -> float:
@@ -85,6 +94,7 @@ class _Lanes:
             self.ingress.append(push)
         self.finished = 0
         self.outputs = 0
+        self.messages = 0  # non-empty lane batches (heartbeats are empty)
 
     def submit(self, lane_id: int) -> None:
         self.next_local[lane_id] += 1
@@ -104,6 +114,7 @@ class _Lanes:
                     batch = self.lane_codec.decode(frames)
                     if batch is None:
                         continue
+                    self.messages += bool(batch.outputs)
                     for output in batch.outputs:
                         self.outputs += 1
                         if output.finish_reason is not None:
@@ -131,6 +142,7 @@ def measure_engine_lanes(num_lanes: int = 4, concurrency: int = 512, max_tokens:
             lanes.submit(number % num_lanes)
         lanes.pump(time.monotonic() + warmup_s)
         engine0, driver0, finished0, outputs0 = _cpu_seconds(engine_pid), _own_cpu(), lanes.finished, lanes.outputs
+        messages0 = lanes.messages
         started = time.monotonic()
         lanes.pump(started + duration_s)
         window = time.monotonic() - started
@@ -138,7 +150,30 @@ def measure_engine_lanes(num_lanes: int = 4, concurrency: int = 512, max_tokens:
         requests = lanes.finished - finished0
         outputs = lanes.outputs - outputs0
         return EngineLoadResult(num_lanes, concurrency, window, requests, engine_cpu, driver_cpu,
-                                outputs / max(requests, 1))
+                                outputs / max(requests, 1), outputs / max(lanes.messages - messages0, 1))
     finally:
         group.shutdown()
         ctx.destroy(linger=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lanes", type=int, default=4)
+    parser.add_argument("--concurrency", type=lambda t: [int(x) for x in t.split(",")], default=[512])
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--duration", type=float, default=4.0)
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args(argv)
+    for _ in range(args.repeats):
+        for concurrency in args.concurrency:
+            r = measure_engine_lanes(args.lanes, concurrency, args.max_tokens, args.warmup, args.duration)
+            print(f"engine lanes K={r.num_lanes} c={r.concurrency}: {r.engine_ms_per_request:.4f} ms CPU/req "
+                  f"({r.requests / r.window_s:.0f} req/s, {r.engine_cpu_s / r.window_s:.2f} cores), driver "
+                  f"{r.driver_cpu_s / max(r.requests, 1) * 1e3:.4f} ms/req, outputs/req {r.outputs_per_request:.2f}, "
+                  f"outputs per lane message {r.outputs_per_message:.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

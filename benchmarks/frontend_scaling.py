@@ -46,7 +46,6 @@ import argparse
 import http.client
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -58,6 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from http_loadgen import LoadResult, LoadSpec, run_in_own_process
+from workers.processes import stop_process, terminate
 
 READY_LINE = "disagg serve: ready on"  # disagg.serve.READY_MESSAGE, not imported: it pulls in the worker
 BARE_READY_LINE = "bare app: ready"  # bare_app.READY_LINE
@@ -108,14 +108,6 @@ def start_wall_time(pid: int) -> float:
     return boot + int(fields[19]) / CLK_TCK  # field 22 of proc(5): starttime in clock ticks after boot
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in (b"Z", b"X")
-
-
 # --- servers -----------------------------------------------------------------
 
 
@@ -150,20 +142,9 @@ class Server:
     def stop(self) -> None:
         """SIGTERM the launcher (it stops its children); SIGKILL anything left after the wait."""
         started = [*getattr(self, "attached_pids", []), *getattr(self, "engine_pids", [])]
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(timeout=45)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-        deadline = time.monotonic() + 10
-        while any(alive(p) for p in started) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for pid in started:
-            if alive(pid):
-                print(f"warning: {self.name}: pid {pid} outlived its launcher; killing it", file=sys.stderr)
-                os.kill(pid, signal.SIGKILL)
+        stop_process(self.popen, 45)
+        for pid in terminate(started, 10, sig=None):  # its children: they were told to stop by the launcher
+            print(f"warning: {self.name}: pid {pid} outlived its launcher; killed it", file=sys.stderr)
 
 
 def start_worker(args: argparse.Namespace, model_dir: Path, num_frontends: int, log_dir: Path) -> Server:

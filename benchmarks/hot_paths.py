@@ -36,6 +36,7 @@ streamed chat completions (``ignore_eos``) to ``benchmarks/http_loadgen.py``.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import statistics
@@ -121,10 +122,11 @@ def measure_engine(args: argparse.Namespace, model_dir: Path, log_dir: Path, row
            "engine_ms": round(result.engine_ms_per_request, 4), "events_per_request": None, "ttft_p50_ms": None,
            "engine_cores": round(result.engine_cpu_s / result.window_s, 2),
            "driver_ms": round(result.driver_cpu_s / max(result.requests, 1) * 1e3, 4),
-           "outputs_per_request": round(result.outputs_per_request, 2)}
+           "outputs_per_request": round(result.outputs_per_request, 2),
+           "outputs_per_message": round(result.outputs_per_message, 1)}
     print(f"  {row['name']:34} {row['requests_per_s']:8.1f} req/s  engine {row['engine_ms']:.4f} ms CPU/req "
           f"({row['engine_cores']} cores)  driver {row['driver_ms']:.4f} ms CPU/req  outputs/req "
-          f"{row['outputs_per_request']}", flush=True)
+          f"{row['outputs_per_request']}  outputs per lane message {row['outputs_per_message']}", flush=True)
     rows.append(row)
     if "http-engine" in args.skip:
         return
@@ -134,8 +136,29 @@ def measure_engine(args: argparse.Namespace, model_dir: Path, log_dir: Path, row
         pids = {"frontend": server.frontend_pids, "engine": server.engine_pids}
         request = raw_request(body(model_dir.name, args.max_tokens, None), args.port)
         rows.append(record("engine via HTTP K=4 c=512", load(args, request, 512, pids)))
+        rows[-1].update(engine_batches(args.port))
     finally:
         server.stop()
+
+
+def engine_batches(port: int) -> dict:
+    """The engine's batch through HTTP, from its per-step stats (``GET /metrics``: the last <= 10,000
+    steps): the frontends, not the engine, set the pace there, so a step holds far fewer requests
+    than over raw lanes, and what a step costs whatever its size (a poll, a message and a wake-up
+    per lane) is shared by fewer requests."""
+    connection = http.client.HTTPConnection(HOST, port, timeout=30)
+    try:
+        connection.request("GET", "/metrics")
+        steps = json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+    if not steps:
+        return {}
+    running = statistics.mean(s["num_running"] for s in steps)
+    span = steps[-1]["timestamp"] - steps[0]["timestamp"]
+    print(f"  {'':34} engine steps: {len(steps) / max(span, 1e-9):8.1f}/s, {running:.1f} requests running "
+          f"per step (mean of the last {len(steps)})", flush=True)
+    return {"engine_steps_per_s": round(len(steps) / max(span, 1e-9), 1), "engine_running_per_step": round(running, 1)}
 
 
 def measure_bare(args: argparse.Namespace, model_dir: Path, log_dir: Path, rows: list[dict]) -> None:

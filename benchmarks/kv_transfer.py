@@ -53,7 +53,8 @@ from workers.engine.core import EngineCore
 from workers.engine.model.tiny import make_tiny_model
 from workers.engine.request import Request
 from workers.kv_codec import AUTH_BYTES
-from workers.kv_transfer import CHUNK_BYTES, KVTransferAgent, blocks_within
+from workers.kv_server import CHUNK_BYTES, blocks_within
+from workers.kv_transfer import KVTransferAgent
 from workers.protocol import AddRemoteRequest, EngineRequest
 from workers.sampling_params import SamplingParams
 

@@ -87,19 +87,63 @@ def _cpu_seconds(pid: int) -> float:
     return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") if stat else 0.0
 
 
-class _EngineCpu(PlainProgress):
-    """Plain progress lines, and the engines' CPU seconds over each level (from /proc)."""
+# Where a disaggregated request's time to first token goes, from the orchestrator's /perf_metrics
+# (its trace joined with both workers' perf records): name -> seconds of one record, None if unstamped.
+_BREAKDOWN = {
+    "ctx_leg": lambda r, c, g: r["ctx"]["end"] - r["ctx"]["start"],
+    "ctx_queue": lambda r, c, g: c["first_scheduled"] - c["engine_arrival"],
+    "ctx_prefill": lambda r, c, g: c["first_token"] - c["first_scheduled"],
+    "gen_to_first_token": lambda r, c, g: g["first_token"] - r["gen"]["start"],
+    "kv_transfer": lambda r, c, g: g.get("kv_transfer_seconds"),
+    "gen_first_step": lambda r, c, g: g["first_token"] - g["first_scheduled"],
+}
 
-    def __init__(self, engines: dict[str, int]) -> None:
+
+def _breakdown(url: str, since: float) -> dict[str, float]:
+    """Median milliseconds of each ``_BREAKDOWN`` part over the disaggregated requests since ``since``."""
+    import statistics
+
+    import httpx
+
+    time.sleep(0.5)  # workers ship perf records every 50 ms
+    payload = httpx.get(f"{url}/perf_metrics", timeout=60).json()
+    records = payload.get("records", payload.get("data", [])) if isinstance(payload, dict) else payload
+    parts: dict[str, list[float]] = {name: [] for name in _BREAKDOWN}
+    for record in records:
+        ctx, gen = record.get("ctx_worker") or {}, record.get("gen_worker") or {}
+        if not record.get("ctx") or not record.get("gen") or record["ctx"]["start"] < since:
+            continue
+        for name, part in _BREAKDOWN.items():
+            try:
+                value = part(record, ctx.get("record") or {}, gen.get("record") or {})
+            except (KeyError, TypeError):
+                continue
+            if value is not None:
+                parts[name].append(value)
+    return {name: round(1e3 * statistics.median(values), 1) for name, values in parts.items() if values}
+
+
+class _EngineCpu(PlainProgress):
+    """Plain progress lines, the engines' CPU seconds over each level (from /proc) and where the
+    time to first token went (the orchestrator's perf records)."""
+
+    def __init__(self, engines: dict[str, int], url: str) -> None:
         super().__init__(sys.stderr)
-        self.engines, self.start, self.used = engines, {}, []
+        self.engines, self.url, self.start, self.used, self.breakdowns = engines, url, {}, [], []
+        self.started = 0.0
 
     def start_level(self, label: str, total: int | None, duration: float | None) -> None:
         self.start = {name: _cpu_seconds(pid) for name, pid in self.engines.items()}
+        self.started = time.time()
         super().start_level(label, total, duration)
 
     def end_level(self, summary) -> None:
         self.used.append({name: _cpu_seconds(pid) - self.start[name] for name, pid in self.engines.items()})
+        try:
+            self.breakdowns.append(_breakdown(self.url, self.started))
+        except Exception as exc:  # noqa: BLE001 - a diagnostic: the figures stand without it
+            print(f"no TTFT breakdown: {exc}", file=sys.stderr)
+            self.breakdowns.append({})
         super().end_level(summary)
 
 
@@ -109,10 +153,11 @@ def _measure(url: str, model: str, num_requests: int, engines: dict[str, int]) -
     workload = WorkloadConfig(system_tokens=0, isl=LengthDist(200), osl=LengthDist(24), turns=LengthDist(1))
     plan = BenchPlan(url=url, api=OpenAIChat(model, ignore_eos=True), workload=workload, concurrencies=(1, 4),
                      num_requests=num_requests, warmup=4)
-    progress = _EngineCpu(engines)
+    progress = _EngineCpu(engines, url)
     levels, _ = asyncio.run(run_bench(plan, progress))
     runs = [level.summary.to_dict() for level in levels]
-    for run, used in zip(runs, progress.used):
+    for run, used, breakdown in zip(runs, progress.used, progress.breakdowns):
+        run["ttft_breakdown_p50_ms"] = breakdown
         tokens = run["output_tokens"]["mean"] * run["num_ok"] if run["num_ok"] else 0
         run["engine_cpu_seconds"] = used
         run["engine_cpu_ms_per_output_token"] = 1e3 * sum(used.values()) / tokens if tokens else None
@@ -172,6 +217,8 @@ def _report(args: argparse.Namespace, seq: dict, c4: dict, threads: dict, load_b
         cpu = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in run["engine_cpu_seconds"].items())
         per_token = run["engine_cpu_ms_per_output_token"]
         print(f"  engine CPU (/proc): {cpu}; {per_token or 0:.1f} ms per output token")
+        parts = "  ".join(f"{name} {ms}" for name, ms in run["ttft_breakdown_p50_ms"].items())
+        print(f"  TTFT parts, p50 ms (orchestrator /perf_metrics): {parts or 'none joined'}")
     targets = [
         ("c=4 ITL p50 <= 2x sequential", c4["itl"]["p50"] / seq["itl"]["p50"], 2.0, "<="),
         ("c=4 TTFT p50 <= 2x sequential", c4["ttft"]["p50"] / seq["ttft"]["p50"], 2.0, "<="),

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from disagg.run_dir_guard import recorded_processes
 from orchestrator.prometheus_sd import CONFIG_FILE, prometheus_command
+
+if TYPE_CHECKING:
+    from disagg.run_state import LocalRunState
 
 __all__ = ["ProcessStatus", "WorkerStatus", "DeploymentStatus", "local_status", "not_running", "print_status",
            "cluster_workers", "prometheus_fields"]
@@ -103,25 +106,25 @@ def cluster_workers(url: str) -> list[WorkerStatus] | None:
         return None
 
 
-def local_status(run_dir: Path, state: dict[str, Any] | None) -> DeploymentStatus:
+def local_status(run_dir: Path, state: LocalRunState | None) -> DeploymentStatus:
     """``state``: the run dir's state.json (None: nothing running from it)."""
     if state is None:
         return not_running(run_dir, f"no deployment running from {run_dir}")
     recorded = {p.name: p for p in recorded_processes(state)}
     supervisor = recorded.pop("supervisor")
     processes = []
-    for process in state["processes"]:
-        alive = recorded[process["name"]].may_be_running()
+    for process in state.processes:
+        alive = process.name in recorded and recorded[process.name].may_be_running()
         processes.append(ProcessStatus(
-            name=process["name"], pid=process["pid"], url=process.get("url"), restarts=process.get("restarts", 0),
-            log=process.get("log"), left_down_reason=process.get("given_up"),
-            state="left_down" if process.get("given_up") else "running" if alive else "exited"))
+            name=process.name, pid=process.pid, url=process.url, restarts=process.restarts, log=process.log,
+            left_down_reason=process.given_up,
+            state="left_down" if process.given_up else "running" if alive else "exited"))
     return DeploymentStatus(
         running=supervisor.may_be_running() or any(p.state == "running" for p in processes), run_dir=str(run_dir),
-        config=state.get("config"), url=state["url"], processes=processes,
+        config=state.config, url=state.url, processes=processes,
         supervisor=ProcessStatus(name="supervisor", pid=supervisor.pid, log=str(run_dir / "up.log"),
                                  state="running" if supervisor.may_be_running() else "gone"),
-        workers=cluster_workers(state["url"]), **prometheus_fields(run_dir))
+        workers=cluster_workers(state.url), **prometheus_fields(run_dir))
 
 
 def print_status(status: DeploymentStatus, as_json: bool) -> int:

@@ -6,12 +6,13 @@
 orchestrator's /health answers 200; it prints the URL and returns. With
 ``--foreground`` the supervisor is the command itself. The supervisor:
 
-1. resolves the model (``tiny`` or a missing dir -> ``make_tiny_model``),
-2. writes the cluster key file (0600) and ``orchestrator.json``,
+1. resolves the model (``tiny`` or a missing dir -> ``make_tiny_model``) and
+   builds the ``disagg.deploy_plan.local_plan`` (every process's argv),
+2. writes the cluster key file (0600) and the plan's ``orchestrator.json``,
 3. starts every worker (``disagg serve --role ctx|gen ...``) and the
    orchestrator, each in its own session, logs in ``<run dir>/logs/<name>.log``,
-4. records them in ``<run dir>/state.json`` (what status/down/logs read), each
-   as pid and start time (``disagg.run_dir_guard``),
+4. records them in ``<run dir>/state.json`` (a ``disagg.run_state.LocalRunState``:
+   what status/down/logs read), each as pid and start time (``disagg.run_dir_guard``),
 5. restarts a process that exits unexpectedly (the orchestrator as a whole
    when its process 0 dies; it respawns its other processes itself), within the YAML's ``restarts``
    budget over a sliding window; a process past it is left down and marked in
@@ -44,11 +45,8 @@ is one Slurm job instead: ``disagg.slurm_deployment`` (its run dir holds
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -57,9 +55,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from disagg.deploy_logs import tail
+from disagg.deploy_plan import KEY_FILE
 from disagg.progress import ProgressLine
 from disagg.run_dir_guard import busy_ports, live_processes, recorded_processes, stop_recorded
-from orchestrator.prometheus_sd import TARGETS_DIR, write_prometheus_config
+from disagg.run_state import (STATE_FILES, STOP_SECONDS, LocalRunState, ProcessRecord, SlurmRunState, clean,
+                              find_state, orchestrator_stop_seconds, read_state, write_state)
+from orchestrator.prometheus_sd import write_prometheus_config
 from orchestrator.readiness import health_progress
 from workers.ipc_dir_owners import sweep_stale_ipc_dirs
 from workers.process_identity import process_start_time
@@ -68,23 +69,13 @@ from workers.restart_budget import RestartBudget
 
 if TYPE_CHECKING:  # the CLI imports this module to add its subcommands: keep that import light
     from disagg.deploy_config import DeployConfig
+    from disagg.deploy_plan import DeployPlan
 
-__all__ = ["add_deployment_commands", "run_deployment_command", "default_run_dir"]
+__all__ = ["add_deployment_commands", "run_deployment_command", "default_run_dir", "STOP_SECONDS",
+           "orchestrator_stop_seconds"]
 
-STATE_FILE = "state.json"
 RUNS_ROOT = Path(".disagg")
 """Where run dirs are by default (``.disagg/<config name>``) and where status/down/logs look."""
-KEY_FILE = "cluster.key"
-STOP_SECONDS = 30.0  # a worker's window: its --grace-seconds (30) drain, then SIGKILL
-# The orchestrator drains for its grace_seconds (30 by default), its non-zero processes in parallel,
-# then stops its state owner: its window covers all of that, and is never shorter than the workers'.
-ORCHESTRATOR_STOP_MARGIN_SECONDS = 25.0
-ORCHESTRATOR_STOP_SECONDS = STOP_SECONDS + ORCHESTRATOR_STOP_MARGIN_SECONDS
-
-
-def orchestrator_stop_seconds(grace_seconds: float) -> float:
-    """How long the supervisor (and `down`) waits for the orchestrator before SIGKILL."""
-    return max(grace_seconds, STOP_SECONDS) + ORCHESTRATOR_STOP_MARGIN_SECONDS
 
 
 def default_run_dir(config_path: str) -> str:
@@ -137,19 +128,20 @@ def run_deployment_command(args: argparse.Namespace) -> int:
         run_dir = _find_run_dir(args)
         if run_dir is None:
             return _nothing_found(args)
-        if args.action in ("status", "down") and (run_dir / "slurm.json").exists():  # launcher: slurm
-            from disagg.slurm_deployment import slurm_down, slurm_status
-
-            return slurm_status(run_dir, args.json) if args.action == "status" else slurm_down(run_dir)
-        if args.action == "status":
-            from disagg.deploy_status import local_status, print_status
-
-            return print_status(local_status(run_dir, _read_state(run_dir)), args.json)
-        if args.action == "logs":
+        if args.action == "logs":  # the same files under either launcher
             from disagg.deploy_logs import print_logs
 
             return print_logs(run_dir, args.name, args.lines, args.follow)
-        return _down(run_dir)
+        state = find_state(run_dir)
+        if isinstance(state, SlurmRunState):
+            from disagg.slurm_deployment import slurm_down, slurm_status
+
+            return slurm_status(run_dir, state, args.json) if args.action == "status" else slurm_down(run_dir, state)
+        if args.action == "status":
+            from disagg.deploy_status import local_status, print_status
+
+            return print_status(local_status(run_dir, state), args.json)
+        return _down(run_dir, state)
     except (ConfigError, ModelNotFoundError) as exc:
         print(f"disagg {args.action}: {exc}", file=sys.stderr)
         return 2
@@ -166,7 +158,7 @@ def _find_run_dir(args: argparse.Namespace) -> Path | None:
     config = getattr(args, "config", None)
     if config:
         return load_deploy_config(config).run_path
-    runs = sorted({p.parent for name in (STATE_FILE, "slurm.json") for p in RUNS_ROOT.glob(f"*/{name}")})
+    runs = sorted({p.parent for name in STATE_FILES for p in RUNS_ROOT.glob(f"*/{name}")})
     if len(runs) > 1:
         raise ConfigError("run_dir", f"{len(runs)} deployments run under ./{RUNS_ROOT} "
                                      f"({', '.join(r.name for r in runs)}): name one (CONFIG or --run-dir)")
@@ -197,21 +189,6 @@ def _nothing_found(args: argparse.Namespace) -> int:
     return 1
 
 
-# -- state file ---------------------------------------------------------------------------------
-
-def _read_state(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((run_dir / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
-    tmp = run_dir / f"{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(run_dir / STATE_FILE)
-
-
 # -- up -----------------------------------------------------------------------------------------
 
 def _refusal(config: DeployConfig) -> str | None:
@@ -219,15 +196,15 @@ def _refusal(config: DeployConfig) -> str | None:
     config fixes is taken), or None. Starting anyway would bind beside the old one and, at its own
     exit, delete the old one's state and key."""
     run_dir = config.run_path
-    state = _read_state(run_dir)
+    state = read_state(run_dir, LocalRunState)
     if state is not None:
         live = live_processes(state)
         if live:
             names = ", ".join(f"{p.name} (pid {p.pid})" for p in live)
             orphan = "" if live[0].name == "supervisor" else "; its supervisor is gone: an orphan"
-            return (f"a deployment already runs from {run_dir} ({state['url']}): {names}{orphan}; "
+            return (f"a deployment already runs from {run_dir} ({state.url}): {names}{orphan}; "
                     f"`disagg down` first")
-        _clean(run_dir)  # a dead deployment's leftovers: nothing owns them any more
+        clean(run_dir, LocalRunState)  # a dead deployment's leftovers: nothing owns them any more
     busy = busy_ports(config)
     if busy:
         return f"port{'s' if len(busy) > 1 else ''} already in use: {', '.join(busy)}; is another deployment up?"
@@ -251,86 +228,43 @@ def _up_detached(config: DeployConfig, args: argparse.Namespace) -> int:
             print(f"disagg up: failed (exit code {supervisor.returncode}); {run_dir / 'up.log'}:", file=sys.stderr)
             print(tail(run_dir / "up.log", 30), file=sys.stderr)
             return 1
-        state = _read_state(run_dir)
+        state = read_state(run_dir, LocalRunState)
         if state is not None:
-            url = state["url"]
-            line = health_progress(url, ready_processes)
-            progress.update(f"disagg up: starting {len(state['processes'])} processes ... {line}")
+            line = health_progress(state.url, ready_processes)
+            progress.update(f"disagg up: starting {len(state.processes)} processes ... {line}")
             if line == "ready":
                 progress.finish()
-                print(f"disagg up: ready on {url} (run dir {run_dir}; `disagg down` stops it)", flush=True)
+                print(f"disagg up: ready on {state.url} (run dir {run_dir}; `disagg down` stops it)", flush=True)
                 return 0
         time.sleep(0.5)
     progress.finish()
     print(f"disagg up: not healthy after {config.startup_timeout_seconds} s; stopping", file=sys.stderr)
-    _down(run_dir)
+    _down(run_dir, read_state(run_dir, LocalRunState))
     return 1
 
 
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _worker_argv(config: DeployConfig, role: str, index: int, model: Path, run_dir: Path,
-                 threads: int | None = None) -> tuple[str, list[str]]:
-    from disagg.deploy_config import render_flags
-
-    pool = config.pools.ctx if role == "ctx" else config.pools.gen
-    port = pool.base_port + index if pool.base_port else _free_port(pool.host)
-    engine = config.engine_for(role)
-    argv = [sys.executable, "-m", "disagg.cli", "serve", str(model), "--role", pool.role or role, "--host", pool.host,
-            "--port", str(port), "--num-frontends", str(pool.frontends), "--log-level", "info"]
-    options = {**engine.serve_options(), "--engine-threads": threads, "--cluster-key-file": str(run_dir / KEY_FILE),
-               "--state-dir": str(run_dir / "worker-state" / f"{role}-{index}"),
-               "--kv-host": pool.host, "--kv-port": 0,
-               "--tensor-parallel-size": pool.tensor_parallel_size,
-               "--served-model-name": config.served_model_name,
-               "--tool-call-parser": config.tool_call_parser, "--access-log": config.access_log or None}
-    return f"http://{pool.host}:{port}", argv + render_flags(options)
-
-
-def _prepare(config: DeployConfig, run_dir: Path) -> tuple[list[dict[str, Any]], str]:
-    """The processes to run (name, argv, log) and the orchestrator URL; writes key and config files."""
+def _prepare(config: DeployConfig, run_dir: Path) -> DeployPlan:
+    """The plan to run; writes the key (0600), the orchestrator's config and Prometheus's."""
     from disagg.core_partition import available_cores, engine_threads
     from disagg.deploy_config import resolve_deploy_model
-    from disagg.orchestrator_plan import ORCHESTRATOR_CONFIG_FILE, orchestrator_config, write_orchestrator_config
-    from orchestrator.config import StaticWorker
+    from disagg.deploy_plan import local_plan
 
     model = resolve_deploy_model(config, run_dir)
-    key_file = run_dir / KEY_FILE
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(run_dir / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
-    processes, workers = [], []
-    threads = engine_threads(config, available_cores())
-    for role in ("ctx", "gen"):
-        pool = config.pools.ctx if role == "ctx" else config.pools.gen
-        for index in range(pool.instances):
-            url, argv = _worker_argv(config, role, index, model, run_dir, threads[f"{role}-{index}"])
-            processes.append({"name": f"{role}-{index}", "argv": argv, "url": url})
-            workers.append(StaticWorker(pool.role or role, url))
-    settings = config.orchestrator
-    port = settings.port or _free_port(settings.host)
-    write_orchestrator_config(run_dir, orchestrator_config(
-        config, model=model, state_dir=(run_dir / "orchestrator").resolve(), host=settings.host, port=port,
-        workers=tuple(workers), targets_dir=(run_dir / TARGETS_DIR).resolve()))
+    plan = local_plan(config, run_dir, model, engine_threads(config, available_cores()))
+    plan.write_orchestrator_config()
     write_prometheus_config(run_dir, config.name, config.prometheus.scrape_interval_seconds)
-    url = f"http://{settings.host}:{port}"
-    processes.append({"name": "orchestrator", "url": url, "argv": [
-        sys.executable, "-m", "disagg.cli", "orchestrator", "--config", str(run_dir / ORCHESTRATOR_CONFIG_FILE)]})
-    return processes, url
+    return plan
 
 
-def _start(run_dir: Path, process: dict[str, Any]) -> subprocess.Popen:
-    log_path = run_dir / "logs" / f"{process['name']}.log"
+def _start(run_dir: Path, process: ProcessRecord) -> subprocess.Popen:
+    log_path = run_dir / "logs" / f"{process.name}.log"
     with open(log_path, "a") as log:
-        child = subprocess.Popen(process["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        child = subprocess.Popen(process.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
-    process.update(pid=child.pid, start_time=process_start_time(child.pid), log=str(log_path))
+    process.pid, process.start_time, process.log = child.pid, process_start_time(child.pid), str(log_path)
     return child
 
 
@@ -341,44 +275,45 @@ def _supervise(config: DeployConfig) -> int:
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stopping.append(signum))
-    processes, url = _prepare(config, run_dir)
+    plan = _prepare(config, run_dir)
+    url = plan.orchestrator.url
+    processes = [ProcessRecord(name=p.name, url=p.url, argv=list(p.argv)) for p in plan.processes]
     children: dict[str, subprocess.Popen] = {}
-    state: dict[str, Any] = {"config": config.source, "url": url, "supervisor_pid": os.getpid(),
-             "supervisor_start_time": process_start_time(os.getpid()), "processes": processes,
-             "started_at": time.time(),
-             "orchestrator_stop_seconds": orchestrator_stop_seconds(config.orchestrator.grace_seconds)}
+    state = LocalRunState(config=config.source, url=url, supervisor_pid=os.getpid(),
+                          supervisor_start_time=process_start_time(os.getpid()), processes=processes,
+                          started_at=time.time(),
+                          orchestrator_stop_seconds=orchestrator_stop_seconds(config.orchestrator.grace_seconds))
     policy = config.restarts
-    budgets = {p["name"]: RestartBudget(policy.max_restarts, policy.window_seconds) for p in processes}
+    budgets = {p.name: RestartBudget(policy.max_restarts, policy.window_seconds) for p in processes}
     try:
         for process in processes:
-            children[process["name"]] = _start(run_dir, process)
-            process["restarts"] = 0
-        _write_state(run_dir, state)
+            children[process.name] = _start(run_dir, process)
+        write_state(run_dir, state)
         print(f"disagg up: supervising {len(processes)} processes; orchestrator on {url}", flush=True)
         while not stopping:
             time.sleep(0.2)
             for process in processes:
-                child = children[process["name"]]
-                if child.poll() is None or stopping or process.get("given_up"):
+                child = children[process.name]
+                if child.poll() is None or stopping or process.given_up:
                     continue
-                budget = budgets[process["name"]]
+                budget = budgets[process.name]
                 if not budget.allow(time.monotonic()):
-                    process["given_up"] = f"exited {budget.recent_exits} times within {policy.window_seconds:g} s"
-                    print(f"disagg up: {process['name']} exited ({child.returncode}) {budget.recent_exits} times "
+                    process.given_up = f"exited {budget.recent_exits} times within {policy.window_seconds:g} s"
+                    print(f"disagg up: {process.name} exited ({child.returncode}) {budget.recent_exits} times "
                           f"within {policy.window_seconds:g} s: leaving it down, the rest keep serving; "
-                          f"see {process['log']}", flush=True)
+                          f"see {process.log}", flush=True)
                 else:
-                    process["restarts"] += 1
-                    print(f"disagg up: {process['name']} exited ({child.returncode}); restarting", flush=True)
-                    children[process["name"]] = _start(run_dir, process)
-                _write_state(run_dir, state)
-            if all(p.get("given_up") for p in processes):
+                    process.restarts += 1
+                    print(f"disagg up: {process.name} exited ({child.returncode}); restarting", flush=True)
+                    children[process.name] = _start(run_dir, process)
+                write_state(run_dir, state)
+            if all(p.given_up for p in processes):
                 print("disagg up: every process was left down; stopping", flush=True)
                 return 1
         return 0
     finally:
-        _stop_all(list(reversed(list(children.values()))), state["orchestrator_stop_seconds"])
-        _clean(run_dir)
+        _stop_all(list(reversed(list(children.values()))), state.orchestrator_stop_seconds)
+        clean(run_dir, LocalRunState)
 
 
 def _stop_all(children: list[subprocess.Popen], orchestrator_seconds: float) -> None:
@@ -390,28 +325,18 @@ def _stop_all(children: list[subprocess.Popen], orchestrator_seconds: float) -> 
         stop_processes(children[1:], STOP_SECONDS)
 
 
-def _clean(run_dir: Path) -> None:
-    for name in (STATE_FILE, KEY_FILE, "orchestrator.json"):
-        (run_dir / name).unlink(missing_ok=True)
-    shutil.rmtree(run_dir / "orchestrator", ignore_errors=True)
-    shutil.rmtree(run_dir / TARGETS_DIR, ignore_errors=True)  # nothing to scrape any more; prometheus.yml stays
-    with contextlib.suppress(OSError):
-        (run_dir / TARGETS_DIR).parent.rmdir()  # unless Prometheus keeps its data there
-
-
 # -- status / down / logs ---------------------------------------------------------------------
 
-def _down(run_dir: Path) -> int:
-    """Stop what the run dir records, signalling only pids whose start time still matches (a recycled
-    pid is never signalled); with nothing running, one line and exit 0."""
-    state = _read_state(run_dir)
+def _down(run_dir: Path, state: LocalRunState | None) -> int:
+    """Stop what the run dir records (``state``), signalling only pids whose start time still matches
+    (a recycled pid is never signalled); with nothing running, one line and exit 0."""
     if state is None:
         print(f"disagg down: nothing running from {run_dir}")
         _sweep_ipc_dirs()
         return 0
     supervisor, *children = recorded_processes(state)
     supervised = supervisor.pid != os.getpid() and supervisor.running()
-    orchestrator_seconds = float(state.get("orchestrator_stop_seconds", ORCHESTRATOR_STOP_SECONDS))
+    orchestrator_seconds = state.orchestrator_stop_seconds
     if supervised:
         # The supervisor stops its children itself (orchestrator first) and cleans up.
         stop_recorded([supervisor], orchestrator_seconds + STOP_SECONDS + 10)
@@ -419,13 +344,13 @@ def _down(run_dir: Path) -> int:
     # (last in the list) goes first, so no request is routed to a stopping worker.
     stopped = stop_recorded(list(reversed(children)), orchestrator_seconds)
     legacy = [p for p in children if p.start_time is None and p.may_be_running()]
-    _clean(run_dir)
+    clean(run_dir, LocalRunState)
     _sweep_ipc_dirs()
     if not supervised and not stopped and not legacy:
         print(f"disagg down: nothing was running from {run_dir}; removed its stale runtime files")
         return 0
     orphan = "" if supervised else " (unsupervised: its supervisor was gone)"
-    print(f"disagg down: stopped {len(state['processes'])} processes from {run_dir}{orphan}")
+    print(f"disagg down: stopped {len(state.processes)} processes from {run_dir}{orphan}")
     for process in legacy:
         print(f"disagg down: pid {process.pid} ({process.name}) was recorded without a start time and runs: "
               f"not signalled, it may be a different process", file=sys.stderr)

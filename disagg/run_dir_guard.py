@@ -1,8 +1,8 @@
 """What a local deployment's run directory says is still running, checked before anyone acts on it.
 
-``state.json`` records every process as ``(pid, start_time)``
-(``workers.process_identity``): the supervisor as ``supervisor_pid`` /
-``supervisor_start_time``, each child in ``processes[i]``. A process counts as
+``state.json`` (``disagg.run_state.LocalRunState``) records every process as
+``(pid, start_time)`` (``workers.process_identity``): the supervisor as
+``supervisor_pid`` / ``supervisor_start_time``, each child in ``processes[i]``. A process counts as
 running only while its pid still has that start time, so a recycled pid is
 never signalled and never blocks a new ``up``. A deployment whose supervisor
 was SIGKILLed (an *orphan*: its workers and orchestrator still serve) is
@@ -16,16 +16,16 @@ fixes is taken.
 from __future__ import annotations
 
 import errno
-import signal
 import socket
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from workers.process_identity import process_start_time, same_process, signal_if_same
+from workers.process_identity import process_start_time, same_process
+from workers.processes import terminate
 
 if TYPE_CHECKING:
     from disagg.deploy_config import DeployConfig
+    from disagg.run_state import LocalRunState
 
 __all__ = ["RecordedProcess", "recorded_processes", "live_processes", "busy_ports", "stop_recorded"]
 
@@ -40,20 +40,23 @@ class RecordedProcess:
         """Certainly the recorded process: safe to signal."""
         return same_process(self.pid, self.start_time)
 
+    def is_running(self, pid: int) -> bool:
+        """``running`` as ``workers.processes.terminate``'s ``alive``."""
+        return same_process(pid, self.start_time)
+
     def may_be_running(self) -> bool:
         """Running, or a pid recorded without a start time that some process holds: enough to refuse
         an ``up`` over it, never enough to signal it."""
         return self.running() or (self.start_time is None and process_start_time(self.pid) is not None)
 
 
-def recorded_processes(state: dict[str, Any]) -> list[RecordedProcess]:
-    """The supervisor, then every child in start order."""
-    supervisor = RecordedProcess("supervisor", int(state["supervisor_pid"]), state.get("supervisor_start_time"))
-    return [supervisor, *(RecordedProcess(p["name"], int(p["pid"]), p.get("start_time"))
-                          for p in state.get("processes", []) if "pid" in p)]
+def recorded_processes(state: LocalRunState) -> list[RecordedProcess]:
+    """The supervisor, then every child in start order (those started)."""
+    supervisor = RecordedProcess("supervisor", state.supervisor_pid, state.supervisor_start_time)
+    return [supervisor, *(RecordedProcess(p.name, p.pid, p.start_time) for p in state.processes if p.pid is not None)]
 
 
-def live_processes(state: dict[str, Any]) -> list[RecordedProcess]:
+def live_processes(state: LocalRunState) -> list[RecordedProcess]:
     return [p for p in recorded_processes(state) if p.may_be_running()]
 
 
@@ -80,24 +83,12 @@ def busy_ports(config: DeployConfig) -> list[str]:
     return [f"{name} {host}:{port}" for name, host, port in wanted if _port_taken(host, port)]
 
 
-def _wait_gone(process: RecordedProcess, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while process.running():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 def stop_recorded(processes: list[RecordedProcess], timeout: float) -> list[str]:
-    """SIGTERM each process that is still the one recorded (in the order given), SIGKILL it after
-    ``timeout``; the names of those stopped. A recycled pid is left alone."""
+    """SIGTERM each process that is still the one recorded (one after the other, in the order
+    given), SIGKILL it after ``timeout``; the names of those stopped. A recycled pid is left alone."""
     stopped = []
     for process in processes:
-        if not signal_if_same(process.pid, process.start_time, signal.SIGTERM):
-            continue
-        if not _wait_gone(process, timeout):
-            signal_if_same(process.pid, process.start_time, signal.SIGKILL)
-            _wait_gone(process, 5.0)
-        stopped.append(process.name)
+        if process.running():
+            terminate([process.pid], timeout, alive=process.is_running)
+            stopped.append(process.name)
     return stopped

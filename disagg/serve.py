@@ -383,7 +383,7 @@ async def _watch_frontends(group: Any, engine_alive: Callable[[], bool]) -> None
 def _run_attached(args: ServeSettings, attach_file: str) -> int:
     import zmq
 
-    from frontends.engine_client import process_alive
+    from workers.processes import pid_alive
     from frontends.server import run_event_loop, serve_frontend
     from workers.ipc import FrameCodec
     from workers.protocol import FrontendFailed, FrontendReady, StatusMessage
@@ -409,6 +409,6 @@ def _run_attached(args: ServeSettings, attach_file: str) -> int:
     finally:
         status.close()
         ctx.term()
-        if not process_alive(attach.launcher_pid):
+        if not pid_alive(attach.launcher_pid):
             # The launcher was killed and cannot clean up: whoever of the group leaves last does.
             shutil.rmtree(attach.ipc_dir, ignore_errors=True)

@@ -1,11 +1,13 @@
 """``disagg render`` and the Slurm side of ``disagg up | status | down``.
 
 One deployment = one Slurm job whose batch script is ``render_script`` of the
-plan built here: a setup command (model, orchestrator.json), the orchestrator
-on node 0 and every worker as concurrent ``srun`` steps. Workers wait for the
+``disagg.deploy_plan.slurm_plan`` of the YAML: a setup command (model,
+orchestrator.json), the orchestrator on node 0 and every worker as concurrent
+``srun`` steps. Workers wait for the
 orchestrator's URL in the run directory, then register with heartbeats
 (``slurm.step``). ``up`` makes the run directory (key 0600) before submitting
-through submitit and records the job in ``<run dir>/slurm.json``, which
+through submitit and records the job in ``<run dir>/slurm.json``
+(``disagg.run_state.SlurmRunState``), which
 ``status`` and ``down`` read; ``logs`` reads ``<run dir>/logs/<step>.log``
 exactly as for a local deployment.
 """
@@ -14,68 +16,39 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from disagg.deploy_logs import tail
 from disagg.progress import ProgressLine
+from disagg.run_state import SlurmRunState, SlurmStep, clean, read_state, write_state
 from orchestrator.readiness import health_progress
 
 if TYPE_CHECKING:
     from disagg.deploy_config import DeployConfig
-    from slurm.placement import WorkerPlacement
     from slurm.plan import JobPlan
 
-__all__ = ["SLURM_STATE_FILE", "build_slurm_plan", "add_render_arguments", "run_render", "slurm_up",
-           "slurm_status", "slurm_down", "running_steps"]
+__all__ = ["build_slurm_plan", "add_render_arguments", "run_render", "slurm_up", "slurm_status", "slurm_down",
+           "running_steps"]
 
-SLURM_STATE_FILE = "slurm.json"
-PYTHON = "python"
-"""The interpreter steps run: the one ``slurm.env_setup`` puts first on PATH (or the submitter's PATH)."""
 CANCEL_WAIT_SECONDS = 60.0
-_RUNTIME_FILES = ("cluster.key", "orchestrator.url", "orchestrator.json", "nodes", SLURM_STATE_FILE, "prometheus.yml")
-_RUNTIME_DIRS = ("orchestrator", "state", "submitit", "prometheus", "ranks")
 
 
 # -- the plan ----------------------------------------------------------------------------------
 
 def build_slurm_plan(config: DeployConfig, config_path: str) -> JobPlan:
     """The job for ``config``; ``config_path`` is how the job's setup command names the YAML."""
-    from disagg.deploy_config import TINY_MODEL
-    from slurm.plan import RUN_DIR, build_plan
-    from disagg.orchestrator_plan import ORCHESTRATOR_CONFIG_FILE
+    from disagg.deploy_plan import slurm_plan
+    from slurm.plan import build_plan
 
-    model = f"{RUN_DIR}/model" if config.model == TINY_MODEL else config.model
-    port = config.orchestrator.port
-    setup = [(PYTHON, "-m", "disagg.orchestrator_plan", config_path, "--run-dir", RUN_DIR)]
-    orchestrator = (PYTHON, "-m", "slurm.step", "orchestrator", "--run-dir", RUN_DIR, "--port", str(port), "--",
-                    PYTHON, "-m", "disagg.cli", "orchestrator", "--config", f"{RUN_DIR}/{ORCHESTRATOR_CONFIG_FILE}")
-    return build_plan(config.slurm, config.placement(), orchestrator,
-                      lambda worker: _worker_argv(config, worker, model),
-                      f"disagg deployment {config.name!r} from {config_path}", setup=setup)
-
-
-def _worker_argv(config: DeployConfig, worker: WorkerPlacement, model: str) -> list[str]:
-    from disagg.deploy_config import render_flags
-    from slurm.plan import RUN_DIR
-
-    pool = config.pools.ctx if worker.pool == "ctx" else config.pools.gen
-    engine = config.engine_for(worker.pool)
-    argv = [PYTHON, "-m", "slurm.step", "worker", "--run-dir", RUN_DIR, "--",
-            PYTHON, "-m", "disagg.cli", "serve", model, "--role", pool.role or worker.pool,
-            "--host", "0.0.0.0", "--port", str(worker.port), "--num-frontends", str(worker.frontends)]
-    if pool.tensor_parallel_size > 1:  # every task of the step runs this line; slurm.step says which rank
-        argv += ["--tensor-parallel-size", str(pool.tensor_parallel_size)]
-    options = {**engine.serve_options(),
-               "--served-model-name": config.served_model_name,
-               "--tool-call-parser": config.tool_call_parser,
-               "--cluster-key-file": f"{RUN_DIR}/cluster.key", "--state-dir": f"{RUN_DIR}/state/{worker.name}",
-               "--kv-host": "0.0.0.0", "--access-log": config.access_log or None}
-    return argv + render_flags(options)
+    plan = slurm_plan(config, config_path)
+    argv = {worker.name: worker.argv for worker in plan.workers}
+    return build_plan(config.slurm, [w.placement for w in plan.workers if w.placement is not None],
+                      plan.orchestrator.argv, lambda worker: argv[worker.name],
+                      f"disagg deployment {config.name!r} from {config_path}", setup=plan.setup)
 
 
 # -- render ------------------------------------------------------------------------------------
@@ -114,11 +87,11 @@ def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
 
     config = dataclasses.replace(config, launcher="slurm")
     plan = build_slurm_plan(config, str(Path(config_path).resolve()))
-    state = _read_state(run_dir)
-    if state is not None and job_in_queue(state["job_id"]):
-        print(f"disagg up: job {state['job_id']} already runs from {run_dir}; `disagg down` first", file=sys.stderr)
+    previous = read_state(run_dir, SlurmRunState)
+    if previous is not None and job_in_queue(previous.job_id):
+        print(f"disagg up: job {previous.job_id} already runs from {run_dir}; `disagg down` first", file=sys.stderr)
         return 1
-    _clean(run_dir)
+    clean(run_dir, SlurmRunState)
     (run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     for old in (run_dir / LOGS_DIR).glob("*.log"):
         old.unlink()
@@ -127,28 +100,26 @@ def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
     write_prometheus_config(run_dir, config.name, config.prometheus.scrape_interval_seconds)
     ports = {worker.name: worker.port for worker in config.placement()}
     job_id = submit_with_submitit(plan, run_dir / "submitit", Path.cwd(), env={"DISAGG_RUN_DIR": str(run_dir)})
-    state = {"launcher": "slurm", "job_id": job_id, "config": str(config_path), "job_name": config.slurm.job_name,
-             "steps": [{"name": s.name, "port": ports.get(s.name, config.orchestrator.port), "ranks": s.num_tasks}
-                       for s in plan.steps],
-             "orchestrator_port": config.orchestrator.port}
-    tmp = run_dir / f".{SLURM_STATE_FILE}"
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(run_dir / SLURM_STATE_FILE)
+    state = SlurmRunState(job_id=job_id, config=str(config_path), job_name=config.slurm.job_name,
+                          steps=[SlurmStep(name=s.name, port=ports.get(s.name, config.orchestrator.port),
+                                           ranks=s.num_tasks) for s in plan.steps],
+                          orchestrator_port=config.orchestrator.port)
+    write_state(run_dir, state)
     print(f"disagg up: submitted job {job_id} ({len(plan.steps)} steps); run dir {run_dir}", flush=True)
     try:
         return _wait_healthy(run_dir, state, config.startup_timeout_seconds)
     except KeyboardInterrupt:  # a half-started deployment is no use: leave no allocation behind
         print(f"\ndisagg up: interrupted; cancelling job {job_id}", file=sys.stderr)
         _cancel(job_id)
-        _clean(run_dir)
+        clean(run_dir, SlurmRunState)
         return 130
 
 
-def _wait_healthy(run_dir: Path, state: dict[str, Any], timeout: float) -> int:
+def _wait_healthy(run_dir: Path, state: SlurmRunState, timeout: float) -> int:
     from slurm.jobs import job_info
     from slurm.rendezvous import read_orchestrator_url
 
-    job_id = state["job_id"]
+    job_id = state.job_id
     deadline = time.monotonic() + timeout
     ready_processes: set[int] = set()
     progress = ProgressLine()
@@ -159,7 +130,7 @@ def _wait_healthy(run_dir: Path, state: dict[str, Any], timeout: float) -> int:
             progress.finish()
             print(f"disagg up: job {job_id} ended before it was healthy: {ended}", file=sys.stderr)
             _print_failing_logs(run_dir, state)
-            _clean(run_dir)
+            clean(run_dir, SlurmRunState)
             return 1
         url = read_orchestrator_url(run_dir)
         if url is None and _step_ended(run_dir, job_id, "orchestrator"):
@@ -184,10 +155,10 @@ def _wait_healthy(run_dir: Path, state: dict[str, Any], timeout: float) -> int:
     return _fail(run_dir, state)
 
 
-def _fail(run_dir: Path, state: dict[str, Any]) -> int:
+def _fail(run_dir: Path, state: SlurmRunState) -> int:
     _print_failing_logs(run_dir, state)
-    _cancel(state["job_id"])
-    _clean(run_dir)
+    _cancel(state.job_id)
+    clean(run_dir, SlurmRunState)
     return 1
 
 
@@ -198,22 +169,19 @@ def _step_ended(run_dir: Path, job_id: int, name: str) -> bool:
     return (run_dir / LOGS_DIR / f"{name}.log").exists() and name not in running_steps(job_id)
 
 
-def _print_failing_logs(run_dir: Path, state: dict[str, Any], lines: int = 20) -> None:
+def _print_failing_logs(run_dir: Path, state: SlurmRunState, lines: int = 20) -> None:
     """The steps that ended; none ended: the orchestrator's if it never published its URL, else all."""
     from slurm.rendezvous import LOGS_DIR, read_orchestrator_url
 
-    names = [s["name"] for s in state["steps"]]
-    running = running_steps(state["job_id"])
+    names = [s.name for s in state.steps]
+    running = running_steps(state.job_id)
     failing = [n for n in names if n not in running] if running else []
     if not failing:
         failing = names[:1] if read_orchestrator_url(run_dir) is None else names
     for name in failing:
         path = run_dir / LOGS_DIR / f"{name}.log"
-        try:
-            tail = "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            tail = "(no log)"
-        print(f"==> {path} (last {lines} lines) <==\n{tail}", file=sys.stderr)
+        print(f"==> {path} (last {lines} lines) <==\n{tail(path, lines) if path.exists() else '(no log)'}",
+              file=sys.stderr)
 
 
 # -- status / down -----------------------------------------------------------------------------
@@ -231,22 +199,19 @@ def _running_step_nodes(job_id: int) -> dict[str, tuple[str, str]]:
     return {name.strip(): (step_id, nodes) for step_id, nodes, name in steps}
 
 
-def slurm_status(run_dir: Path, as_json: bool = False) -> int:
+def slurm_status(run_dir: Path, state: SlurmRunState, as_json: bool = False) -> int:
+    from disagg.deploy_status import cluster_workers
     from slurm.jobs import job_info
     from slurm.rendezvous import read_orchestrator_url
 
-    state = _read_state(run_dir)
-    if state is None:
-        print(f"no Slurm deployment in {run_dir}")
-        return 1
-    job_id = state["job_id"]
+    job_id = state.job_id
     info = job_info(job_id)
     if as_json:
         return _print_json_status(run_dir, state, info)
     if info is None:
-        print(f"deployment {run_dir} ({state['config']}): job {job_id} is no longer known to Slurm (it ended)")
+        print(f"deployment {run_dir} ({state.config}): job {job_id} is no longer known to Slurm (it ended)")
         return 1
-    print(f"deployment {run_dir} ({state['config']}): job {job_id} {info.state} ({info.reason}) on "
+    print(f"deployment {run_dir} ({state.config}): job {job_id} {info.state} ({info.reason}) on "
           f"{info.node_list or '-'}, exit code {info.exit_code}")
     if info.state in ("CANCELLED", "PREEMPTED", "TIMEOUT", "NODE_FAIL", "FAILED"):
         print(f"  the job was {info.state.lower().replace('_', ' ')}; `disagg down` cleans up, `disagg up` restarts")
@@ -254,21 +219,21 @@ def slurm_status(run_dir: Path, as_json: bool = False) -> int:
         return 1
     running = _running_step_nodes(job_id)
     url = read_orchestrator_url(run_dir)
-    view = _cluster_info(url) if url else None
-    by_port = {int(w["url"].rstrip("/").rsplit(":", 1)[-1]): w for w in (view or [])}
-    for step in state["steps"]:
-        where = f"step {running[step['name']][0]} running" if step["name"] in running else "step ENDED"
-        worker = by_port.get(step["port"])
-        if step["name"] == "orchestrator":
+    view = cluster_workers(url) if url else None
+    by_port = {int(w.url.rstrip("/").rsplit(":", 1)[-1]): w for w in (view or [])}
+    for step in state.steps:
+        where = f"step {running[step.name][0]} running" if step.name in running else "step ENDED"
+        worker = by_port.get(step.port)
+        if step.name == "orchestrator":
             seen = f"on {url}" if url else "not answering yet"
         elif worker is None:
             seen = "not in the orchestrator's rotation (unregistered or dropped)"
         else:
-            seen = (f"{worker['worker_id']} {'healthy' if worker['healthy'] else 'UNHEALTHY'}; "
-                    f"in flight {worker['in_flight_requests']}")
-        print(f"  {step['name']:<14} {where:<22} {seen}")
-        if step["name"] != "orchestrator" and "ranks" in step:
-            print(f"  {'':<14} {_ranks_line(run_dir, step, running.get(step['name']))}")
+            seen = (f"{worker.worker_id} {'healthy' if worker.healthy else 'UNHEALTHY'}; "
+                    f"in flight {worker.in_flight_requests}")
+        print(f"  {step.name:<14} {where:<22} {seen}")
+        if step.name != "orchestrator":
+            print(f"  {'':<14} {_ranks_line(run_dir, step, running.get(step.name))}")
     from orchestrator.prometheus_sd import prometheus_command
 
     print(f"  metrics: {prometheus_command(run_dir)}  (then import dashboards/disagg.json into Grafana)")
@@ -278,14 +243,14 @@ def slurm_status(run_dir: Path, as_json: bool = False) -> int:
     return 0
 
 
-def _ranks_line(run_dir: Path, step: dict[str, Any], running: tuple[str, str] | None) -> str:
+def _ranks_line(run_dir: Path, step: SlurmStep, running: tuple[str, str] | None) -> str:
     """Where a TP worker's ranks run: Slurm's node list for the step, and rank 0's table of every
     rank's node (slurm.ranks) once it has written one."""
     from slurm.ranks import read_rank_table
 
-    line = f"{step['ranks']} {'rank' if step['ranks'] == 1 else 'ranks'} on {running[1] if running else '-'}"
-    table = read_rank_table(run_dir, step["name"]) if step["ranks"] > 1 else None
-    if table is None or len(table["nodes"]) != step["ranks"]:
+    line = f"{step.ranks} {'rank' if step.ranks == 1 else 'ranks'} on {running[1] if running else '-'}"
+    table = read_rank_table(run_dir, step.name) if step.ranks > 1 else None
+    if table is None or len(table["nodes"]) != step.ranks:
         return line
     spans: list[tuple[str, int, int]] = []  # (node, first rank, last rank), ranks consecutive on a node
     for rank, node in enumerate(table["nodes"]):
@@ -297,44 +262,31 @@ def _ranks_line(run_dir: Path, step: dict[str, Any], running: tuple[str, str] | 
     return f"{line}: {ranks}; rank 0 at {table['master']}"
 
 
-def _print_json_status(run_dir: Path, state: dict[str, Any], info: Any) -> int:
+def _print_json_status(run_dir: Path, state: SlurmRunState, info: Any) -> int:
     """``status --json`` of a Slurm deployment: the same ``DeploymentStatus`` as a local one's."""
     from disagg.deploy_status import DeploymentStatus, ProcessStatus, cluster_workers, print_status, prometheus_fields
     from slurm.rendezvous import read_orchestrator_url
 
     running_job = info is not None and info.state == "RUNNING"
-    steps = _running_step_nodes(state["job_id"]) if running_job else {}
+    steps = _running_step_nodes(state.job_id) if running_job else {}
     url = read_orchestrator_url(run_dir) if running_job else None
-    message = None if running_job else (f"job {state['job_id']} "
+    message = None if running_job else (f"job {state.job_id} "
                                         f"{'ended' if info is None else f'{info.state} ({info.reason})'}")
     status = DeploymentStatus(
-        running=running_job, run_dir=str(run_dir), message=message, launcher="slurm", job_id=state["job_id"],
-        config=state["config"], url=url, workers=cluster_workers(url) if url else None,
-        processes=[ProcessStatus(name=s["name"], state="running" if s["name"] in steps else "ended",
-                                 step=steps.get(s["name"], (None, None))[0], ranks=s.get("ranks"),
-                                 nodes=steps.get(s["name"], (None, None))[1],
-                                 log=str(run_dir / "logs" / f"{s['name']}.log"))
-                   for s in state["steps"]], **prometheus_fields(run_dir))
+        running=running_job, run_dir=str(run_dir), message=message, launcher="slurm", job_id=state.job_id,
+        config=state.config, url=url, workers=cluster_workers(url) if url else None,
+        processes=[ProcessStatus(name=s.name, state="running" if s.name in steps else "ended",
+                                 step=steps.get(s.name, (None, None))[0], ranks=s.ranks,
+                                 nodes=steps.get(s.name, (None, None))[1],
+                                 log=str(run_dir / "logs" / f"{s.name}.log"))
+                   for s in state.steps], **prometheus_fields(run_dir))
     return print_status(status, as_json=True)
 
 
-def _cluster_info(url: str) -> list[dict[str, Any]] | None:
-    import httpx
-
-    try:
-        return httpx.get(f"{url}/cluster_info", timeout=3).json()["workers"]
-    except (httpx.HTTPError, ValueError, KeyError):
-        return None
-
-
-def slurm_down(run_dir: Path) -> int:
-    state = _read_state(run_dir)
-    if state is None:
-        print(f"no Slurm deployment in {run_dir}")
-        return 0
-    _cancel(state["job_id"])
-    _clean(run_dir)
-    print(f"disagg down: job {state['job_id']} is gone; cleaned {run_dir} (logs kept)")
+def slurm_down(run_dir: Path, state: SlurmRunState) -> int:
+    _cancel(state.job_id)
+    clean(run_dir, SlurmRunState)
+    print(f"disagg down: job {state.job_id} is gone; cleaned {run_dir} (logs kept)")
     return 0
 
 
@@ -344,17 +296,3 @@ def _cancel(job_id: int) -> None:
     if job_in_queue(job_id):
         cancel_job(job_id)
     wait_until_gone(job_id, CANCEL_WAIT_SECONDS)
-
-
-def _read_state(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((run_dir / SLURM_STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _clean(run_dir: Path) -> None:
-    for name in _RUNTIME_FILES:
-        (run_dir / name).unlink(missing_ok=True)
-    for name in _RUNTIME_DIRS:
-        shutil.rmtree(run_dir / name, ignore_errors=True)

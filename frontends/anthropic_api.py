@@ -15,7 +15,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontends import disaggregation
+from frontends.disaggregation import DisaggLeg
 from frontends.errors import ApiError, InvalidRequestError, anthropic_error_body
 from frontends.generation import Completion, Generation, Piece, stream_events
 from frontends.anthropic_tools import (
@@ -29,16 +29,18 @@ from frontends.anthropic_tools import (
 from frontends.anthropic_tools import stop_reason as _stop_reason
 from frontends.schemas_anthropic import CountTokensRequest, MessageEventEncoder, MessagesRequest
 from frontends.request_limits import check_messages, check_tools, stop_strings
-from frontends.serving import ServingContext, ValidRequest
+from frontends.prepare import PreparedRequest, prepare_request
+from frontends.serving import ServingContext
 from frontends.tool_prompt import PromptSource, adapt_conversation
 from frontends.structured import anthropic_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
 from frontends.tool_calls import ToolPolicy
 from frontends.tool_parsers import ToolCallParser
+from workers.sampling_params import SamplingParams
 
-__all__ = ["create_message", "count_message_tokens", "prepare_message", "prepare_message_request", "encode_message",
-           "generate_message"]
+__all__ = ["create_message", "count_message_tokens", "MessagesApi", "prepare_message", "encode_message",
+           "generate_message", "message_prompt_ids"]
 
 
 def message_prompt_ids(ctx: PromptSource, body: MessagesRequest | CountTokensRequest,
@@ -95,39 +97,44 @@ class _MessageStream:
         return [self.encoder.error(anthropic_error_body(error))]
 
 
-def prepare_message_request(ctx: ServingContext, body: MessagesRequest) -> tuple[ValidRequest, ToolPolicy]:
-    """A /v1/messages body checked whole, with its tool policy (raises the API's errors); no engine work
-    yet. The orchestrator runs this too, before it sends any leg (``orchestrator.validation``)."""
-    ctx.check_model(body.model)
-    tool_policy = anthropic_tool_policy(body)
-    stops = stop_strings(body.stop_sequences, "stop_sequences")
-    leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
-    check_thinking(body, tool_policy, check_budget=leg is None or not leg.is_context)
-    if leg is not None and not leg.is_context:
-        prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-rendered
-    else:
-        prompt_ids = message_prompt_ids(ctx, body, ctx.client.max_model_len)
-    guided, guided_param = anthropic_guided(body.output_config), "output_config.format"
-    tool_guided = ctx.forced_tool_guided(tool_policy)
-    if tool_guided is not None:  # a forced call: the answer is the call, the output format does not apply to it
-        guided, guided_param = tool_guided, "tool_choice"
-    params = ctx.sampling_params(
-        len(prompt_ids), body.max_tokens, prompt_param="messages",
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, guided=guided, guided_param=guided_param,
-        stream_interval=body.stream_interval,
-    )
-    return ValidRequest(prompt_ids, params, stops, leg), tool_policy
+class MessagesApi:
+    """A /v1/messages body on the one preparation path (``frontends.prepare``)."""
+
+    def __init__(self, body: MessagesRequest) -> None:
+        self.body = body
+        self.tool_policy = ToolPolicy()  # the body's, once check() has read it
+
+    def check(self, ctx: ServingContext, leg: DisaggLeg | None) -> None:
+        self.tool_policy = anthropic_tool_policy(self.body)
+        # A ctx leg's max_tokens is the orchestrator's 1; the orchestrator checked the client's budget.
+        check_thinking(self.body, self.tool_policy, check_budget=leg is None or not leg.is_context)
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return stop_strings(self.body.stop_sequences, "stop_sequences")
+
+    def prompt_ids(self, ctx: ServingContext) -> list[int]:
+        return message_prompt_ids(ctx, self.body, ctx.client.max_model_len)
+
+    def sampling_params(self, ctx: ServingContext, num_prompt_tokens: int) -> SamplingParams:
+        body = self.body
+        guided, guided_param = ctx.answer_grammar(self.tool_policy, anthropic_guided(body.output_config),
+                                                  "output_config.format")
+        return ctx.sampling_params(
+            num_prompt_tokens, body.max_tokens, prompt_param="messages",
+            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, guided=guided,
+            guided_param=guided_param, stream_interval=body.stream_interval,
+        )
 
 
 def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: float | None = None,
-                    x_request_id: str | None = None) -> tuple[Generation, MessageEventEncoder, ToolCallParser | None]:
-    """A validated /v1/messages body as an engine generation, its encoder and its tool-call parser
+                    x_request_id: str | None = None
+                    ) -> tuple[PreparedRequest, MessageEventEncoder, ToolCallParser | None]:
+    """A /v1/messages body prepared (``frontends.prepare``), its encoder and its tool-call parser
     (None: the answer is text) (raises the API's errors); ``x_request_id`` goes on its perf record."""
-    valid, tool_policy = prepare_message_request(ctx, body)
-    generation = ctx.start_generation(valid.prompt_ids, valid.params, valid.stop_strings, arrival_time, valid.leg,
-                                      x_request_id)
+    api = MessagesApi(body)
+    prepared = prepare_request(ctx, api, arrival_time, x_request_id)
     encoder = MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)
-    return generation, encoder, tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
+    return prepared, encoder, api.tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
 
 
 def encode_message(generation: Generation, encoder: MessageEventEncoder, result: Completion,
@@ -147,22 +154,22 @@ def encode_message(generation: Generation, encoder: MessageEventEncoder, result:
 async def generate_message(ctx: ServingContext, body: MessagesRequest, request_id: str) -> bytes:
     """Run one non-streaming /v1/messages body to its ``message`` JSON (the batch runner's path;
     ``request_id``: its perf record's x-request-id)."""
-    generation, encoder, parser = prepare_message(ctx, body, time.time(), request_id)
+    prepared, encoder, parser = prepare_message(ctx, body, time.time(), request_id)
+    generation = prepared.generation
     return encode_message(generation, encoder, await generation.collect(), parser)
 
 
 async def create_message(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=MessagesRequest)
-    generation, encoder, parser = prepare_message(ctx, body, arrival_time, request.headers.get("x-request-id"))
+    prepared, encoder, parser = prepare_message(ctx, body, arrival_time, request.headers.get("x-request-id"))
+    generation = prepared.generation
     if body.stream:
         stream = _MessageStream(encoder) if parser is None else ToolUseMessageStream(encoder, parser)
         return EventStreamResponse(stream_events(generation, stream))
     result = await run_until_disconnect(request.receive, generation.collect())
-    payload = encode_message(generation, encoder, result, parser)
-    if generation.leg is not None:
-        payload = disaggregation.add_ctx_fields_json(payload, generation.leg, generation.prompt_token_ids)
-    return Response(payload, media_type="application/json")
+    return Response(prepared.answer_json(encode_message(generation, encoder, result, parser)),
+                    media_type="application/json")
 
 
 async def count_message_tokens(ctx: ServingContext, request: Request) -> Response:

@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from frontends import anthropic_api, disaggregation, openai_api, responses, tokenize_api
+from frontends import anthropic_api, openai_api, responses, tokenize_api
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
 from frontends.memory import large_body, release_memory_soon
 from frontends.errors import (
@@ -43,6 +43,7 @@ from frontends.route_errors import route_error_response
 from frontends.serving import FrontendConfig, ServingContext
 from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
+from frontends.worker_info import worker_info
 
 __all__ = ["build_app", "FrontendConfig", "FRONTEND_HEADER"]
 
@@ -225,7 +226,7 @@ def api_routes() -> list[Route]:
         Route("/v1/models/{model_id:path}", _endpoint(tokenize_api.retrieve_model_route, openai), methods=["GET"]),
         Route("/tokenize", _endpoint(tokenize_api.tokenize_route, openai), methods=["POST"]),
         Route("/detokenize", _endpoint(tokenize_api.detokenize_route, openai), methods=["POST"]),
-        Route("/worker_info", _endpoint(disaggregation.worker_info, openai), methods=["GET"]),
+        Route("/worker_info", _endpoint(worker_info, openai), methods=["GET"]),
         Route("/health", _endpoint(_health, openai), methods=["GET"]),
         Route("/version", _endpoint(_version, openai), methods=["GET"]),
         Route("/v1/messages", _endpoint(anthropic_api.create_message, anthropic), methods=["POST"]),

@@ -29,13 +29,10 @@ Plain requests never touch this module (the hot path is unchanged).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
-from starlette.requests import Request
-from starlette.responses import Response
 
 from frontends.error_codes import KV_TRANSFER_FAILED
 from frontends.errors import FrontendError, InvalidRequestError
@@ -58,13 +55,8 @@ from workers.protocol import (
     TokenLogprobs,
 )
 from workers.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from frontends.serving import ServingContext
-
-__all__ = ["DisaggConfig", "DisaggLeg", "KVTransferError", "start_leg", "prompt_ids", "engine_params",
-           "add_ctx_fields", "add_ctx_fields_json", "worker_info"]
-
+__all__ = ["DisaggConfig", "DisaggLeg", "KVTransferError", "start_leg", "engine_params", "add_ctx_fields",
+           "add_ctx_fields_json"]
 
 
 @dataclass(frozen=True)
@@ -89,7 +81,8 @@ class KVTransferError(FrontendError):
 
 
 class DisaggLeg:
-    """One leg's engine message and its view of the engine outputs."""
+    """One leg's engine message and its view of the engine outputs: the ``OutputHook``
+    (``frontends.generation``) of its request's generation."""
 
     def __init__(self, params: DisaggParams, config: DisaggConfig) -> None:
         self.params = params
@@ -107,6 +100,10 @@ class DisaggLeg:
             return AddContextRequest(request, self.config.kv_park_seconds)
         first_token_id, ctx_request_id, kv_endpoint = self.kv_source()
         return AddRemoteRequest(request, first_token_id, int(ctx_request_id), kv_endpoint)
+
+    def signed_prompt_ids(self) -> list[int]:
+        """A gen leg's prompt: the ids the ctx leg signed (never re-tokenized)."""
+        return list(self.params.prompt_token_ids or ())
 
     def kv_source(self) -> tuple[int, str, str]:
         """A gen leg's first token id, ctx request id and KV endpoint: start_leg verified them set."""
@@ -157,15 +154,16 @@ class DisaggLeg:
         return answer
 
 
-def start_leg(ctx: "ServingContext", params: DisaggParams | None, stream: bool) -> DisaggLeg | None:
-    """Check a request's ``disaggregated_params`` against this worker; None for a plain request.
+def start_leg(config: DisaggConfig | None, params: DisaggParams | None, stream: bool) -> DisaggLeg | None:
+    """Check a request's ``disaggregated_params`` against this worker's ``config`` (None: it serves
+    no legs); None for a plain request.
 
     A ``generation_only`` leg is verified here, before its prompt is read or
     anything is sent to the engine.
     """
     if params is None:
         return None
-    config: DisaggConfig = ctx.config.disagg or DisaggConfig()
+    config = config or DisaggConfig()
     try:
         params.validate_type()
     except DisaggParamsError as exc:
@@ -185,13 +183,6 @@ def start_leg(ctx: "ServingContext", params: DisaggParams | None, stream: bool) 
         except DisaggParamsError as exc:
             raise InvalidRequestError(str(exc), param="disaggregated_params") from exc
     return DisaggLeg(params, config)
-
-
-def prompt_ids(ctx: "ServingContext", leg: DisaggLeg) -> list[int]:
-    """A gen leg's prompt: the signed ids (checked against the vocabulary), never re-tokenized."""
-    ids = list(leg.params.prompt_token_ids or ())
-    ctx.check_prompt_token_ids(ids + [leg.kv_source()[0]], "disaggregated_params.prompt_token_ids")
-    return ids
 
 
 def engine_params(leg: DisaggLeg, params: SamplingParams) -> SamplingParams:
@@ -217,16 +208,3 @@ def add_ctx_fields_json(body: bytes, leg: DisaggLeg | None, prompt_token_ids: li
     if leg is None or not leg.is_context:
         return body
     return json.dumps(add_ctx_fields(json.loads(body), leg, prompt_token_ids)).encode()
-
-
-async def worker_info(ctx: "ServingContext", request: Request) -> Response:
-    """GET /worker_info: what an orchestrator needs to know to route to this worker."""
-    config = ctx.config.disagg or DisaggConfig()
-    info = {
-        "role": config.role, "model": ctx.model_name, "kv_endpoint": config.kv_endpoint,
-        "block_size": config.block_size, "hash_seed": config.hash_seed,
-        "max_model_len": ctx.client.max_model_len,
-        "vocab_size": ctx.client.vocab_size,  # the orchestrator validates token ids against it
-        "server_time": time.time(),  # the orchestrator measures this worker's clock offset from it
-    }
-    return Response(msgspec.json.encode(info), media_type="application/json")

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from pathlib import Path
 from typing import AsyncGenerator, Callable
 
 import msgspec
@@ -36,6 +34,7 @@ from frontends.perf_records import build_record
 from workers.attach import AttachInfo
 from workers.client_ids import ClientIdAllocator
 from workers.ipc import ENGINE_SILENCE_LIMIT, HEARTBEAT_SECONDS, FrameCodec, configure_frontend_push, send_nowait
+from workers.processes import pid_alive
 from workers.protocol import (
     AbortRequests,
     AddRequest,
@@ -106,7 +105,7 @@ class EngineClient:
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not process_alive(self.attach.engine_pid):
+            if remaining <= 0 or not pid_alive(self.attach.engine_pid):
                 self._close_sockets()
                 pid = self.attach.engine_pid
                 why = f"within {timeout:g} s" if remaining <= 0 else f"(its process, pid {pid}, exited)"
@@ -240,7 +239,7 @@ class EngineClient:
             stalled = now - last_tick > silence_limit / 2
             last_tick = now
             silent_for = now - self._last_heard
-            if not process_alive(self.attach.engine_pid):
+            if not pid_alive(self.attach.engine_pid):
                 self._mark_dead(f"the engine process (pid {self.attach.engine_pid}) exited")
             elif silent_for > self.attach.engine_wedged_seconds and not stalled:
                 self._mark_dead(f"no heartbeat from the engine for {silent_for:.1f} s "
@@ -322,21 +321,3 @@ def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput
         later, new_token_ids=earlier.new_token_ids + later.new_token_ids, new_logprobs=logprobs,
         num_cached_tokens=max(earlier.num_cached_tokens, later.num_cached_tokens),
         kv_transfer=earlier.kv_transfer if earlier.kv_transfer is not None else later.kv_transfer)
-
-
-def process_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, killed but not yet reaped, counts as gone)."""
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        state = stat.read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    except OSError:  # no procfs (macOS): fall back to a signal-0 probe
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return state not in ("Z", "X")

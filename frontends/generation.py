@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import aclosing
-from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator, Callable, Protocol, Sequence
+from typing import AsyncGenerator, AsyncIterator, Callable, Protocol, Sequence
 
 from frontends.detokenizer import StopStringMatcher, make_detokenizer
 from frontends.errors import ApiError, FrontendError, InvalidRequestError, http_error
@@ -25,11 +25,9 @@ from frontends.tokenizer import Tokenizer
 from workers.protocol import EngineRequest, IngressMessage, RequestOutput, TokenLogprobs
 from workers.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from frontends.disaggregation import DisaggLeg
-
 __all__ = [
     "EngineClientLike",
+    "OutputHook",
     "Piece",
     "Generation",
     "Completion",
@@ -63,6 +61,18 @@ class EngineClientLike(Protocol):
     ) -> AsyncGenerator[RequestOutput, None]: ...
 
     async def abort(self, request_id: int) -> None: ...
+
+
+class OutputHook(Protocol):
+    """What a request that is more than a plain generation changes in its run: the message that
+    carries it to the engine, each engine output before it is read, and the cached prompt tokens
+    its usage reports. A disaggregated leg is one (``frontends.disaggregation.DisaggLeg``)."""
+
+    def message(self, request: EngineRequest) -> IngressMessage: ...
+
+    def on_output(self, output: RequestOutput) -> RequestOutput: ...
+
+    def usage_cached_tokens(self, own: int) -> int: ...  # ``own``: this engine's prefix-cache hits
 
 
 class RequestAbortedError(FrontendError):
@@ -106,7 +116,7 @@ class Generation:
         params: SamplingParams,
         stop_strings: tuple[str, ...] = (),
         arrival_time: float | None = None,
-        leg: DisaggLeg | None = None,
+        hook: OutputHook | None = None,
         x_request_id: str | None = None,
     ) -> None:
         self.client = client
@@ -118,13 +128,13 @@ class Generation:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
-        self.leg = leg
+        self.hook = hook
         self.x_request_id = x_request_id  # the HTTP request's header (or a batch request's id): its perf record's
 
     @property
     def num_usage_cached_tokens(self) -> int:
-        """Cached prompt tokens as usage reports them (a gen leg: its ctx leg's, ``frontends.disaggregation``)."""
-        return self.num_cached_tokens if self.leg is None else self.leg.usage_cached_tokens(self.num_cached_tokens)
+        """Cached prompt tokens as usage reports them (the hook's say, when there is one)."""
+        return self.num_cached_tokens if self.hook is None else self.hook.usage_cached_tokens(self.num_cached_tokens)
 
     async def pieces(self) -> AsyncIterator[Piece]:
         detokenizer = make_detokenizer(self.tokenizer, self.prompt_token_ids)
@@ -133,13 +143,13 @@ class Generation:
         # Tokens whose text is still held back travel with the next piece.
         pending_ids: list[int] = []
         pending_logprobs: list[TokenLogprobs] | None = [] if want_logprobs else None
-        make_message = None if self.leg is None else self.leg.message  # a disaggregated leg (frontends.disaggregation)
+        make_message = None if self.hook is None else self.hook.message
         outputs = self.client.generate(self.prompt_token_ids, self.params, self.arrival_time, make_message,
                                        x_request_id=self.x_request_id)
         async with aclosing(outputs) as stream:
             async for output in stream:
-                if self.leg is not None:
-                    output = self.leg.on_output(output)
+                if self.hook is not None:
+                    output = self.hook.on_output(output)
                 if output.finish_reason == "abort":
                     if output.error:
                         raise InvalidRequestError(output.error)

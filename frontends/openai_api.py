@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from frontends import disaggregation
+from frontends.disaggregation import DisaggLeg
 from frontends.errors import ApiError, InvalidRequestError, openai_error_body
 from frontends.generation import Generation, Piece, StreamEncoder, stream_events
 from frontends.schemas_openai import (
@@ -33,14 +33,16 @@ from frontends.schemas_openai import (
 from frontends.openai_tools import ToolCallChatStream, ToolPolicy, chat_message, finish_reason, openai_tool_policy, \
     template_messages
 from frontends.request_limits import check_chat_contents, check_messages, check_tools, stop_strings
-from frontends.serving import ServingContext, ValidRequest
+from frontends.prepare import prepare_request
+from frontends.serving import ServingContext
 from frontends.tool_prompt import PromptSource, adapt_conversation
 from frontends.structured import openai_controls, openai_guided
 from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer, too_long_error
+from workers.sampling_params import SamplingParams
 
 __all__ = ["create_completion", "create_chat_completion", "serve_chat_completion", "list_models",
-           "ValidRequest", "prepare_completion", "prepare_chat"]
+           "CompletionApi", "ChatApi", "chat_prompt_ids"]
 
 _JSON = "application/json"
 
@@ -109,44 +111,48 @@ class _ChatStream:
         return [b"data: " + openai_error_body(error) + b"\n\n", SSE_DONE]
 
 
-def prepare_completion(ctx: ServingContext, body: CompletionRequest) -> ValidRequest:
-    """A /v1/completions body checked whole (raises the API's errors); no engine work yet.
-    The orchestrator runs this too, before it sends any leg (``orchestrator.validation``)."""
-    ctx.check_model(body.model)
-    _check_single_choice(body.n)
-    if body.echo:
-        raise InvalidRequestError("echo=true is not supported", param="echo")
-    stops = stop_strings(body.stop, "stop")
-    leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
-    if leg is not None and not leg.is_context:
-        prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-tokenized
-    else:
-        if isinstance(body.prompt, str):
-            # A huge string is refused on its length, before tokenizing it whole takes seconds and gigabytes.
-            if ctx.tokenizer.proves_too_long(body.prompt, ctx.client.max_model_len):
-                raise too_long_error(len(body.prompt), ctx.client.max_model_len, ctx.tokenizer.max_token_chars,
-                                     "prompt")
-            prompt_ids = ctx.tokenizer.encode(body.prompt)
-        else:
-            prompt_ids = body.prompt
+class CompletionApi:
+    """A /v1/completions body on the one preparation path (``frontends.prepare``)."""
+
+    def __init__(self, body: CompletionRequest) -> None:
+        self.body = body
+
+    def check(self, ctx: ServingContext, leg: DisaggLeg | None) -> None:
+        _check_single_choice(self.body.n)
+        if self.body.echo:
+            raise InvalidRequestError("echo=true is not supported", param="echo")
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return stop_strings(self.body.stop, "stop")
+
+    def prompt_ids(self, ctx: ServingContext) -> list[int]:
+        prompt = self.body.prompt
+        if not isinstance(prompt, str):
+            ctx.check_prompt_token_ids(prompt, "prompt")
+            return prompt
+        # A huge string is refused on its length, before tokenizing it whole takes seconds and gigabytes.
+        if ctx.tokenizer.proves_too_long(prompt, ctx.client.max_model_len):
+            raise too_long_error(len(prompt), ctx.client.max_model_len, ctx.tokenizer.max_token_chars, "prompt")
+        prompt_ids = ctx.tokenizer.encode(prompt)
         ctx.check_prompt_token_ids(prompt_ids, "prompt")
-    guided, guided_param = openai_guided(body)
-    params = ctx.sampling_params(
-        len(prompt_ids), body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-        seed=body.seed, min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids,
-        ignore_eos=body.ignore_eos, logprobs=body.logprobs, guided=guided, guided_param=guided_param,
-        **openai_controls(body, ctx.client.vocab_size),
-    )
-    return ValidRequest(prompt_ids, params, stops, leg)
+        return prompt_ids
+
+    def sampling_params(self, ctx: ServingContext, num_prompt_tokens: int) -> SamplingParams:
+        body = self.body
+        guided, guided_param = openai_guided(body)
+        return ctx.sampling_params(
+            num_prompt_tokens, body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+            seed=body.seed, min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids,
+            ignore_eos=body.ignore_eos, logprobs=body.logprobs, guided=guided, guided_param=guided_param,
+            **openai_controls(body, ctx.client.vocab_size),
+        )
 
 
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=CompletionRequest)
-    valid = prepare_completion(ctx, body)
-    leg, prompt_ids = valid.leg, valid.prompt_ids
-    generation = ctx.start_generation(prompt_ids, valid.params, valid.stop_strings, arrival_time, leg,
-                                      request.headers.get("x-request-id"))
+    prepared = prepare_request(ctx, CompletionApi(body), arrival_time, request.headers.get("x-request-id"))
+    generation = prepared.generation
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -160,9 +166,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
         "id": response_id, "object": "text_completion", "created": created, "model": ctx.model_name,
         "choices": [choice], "usage": _usage(generation),
     }
-    if leg is not None:
-        disaggregation.add_ctx_fields(payload, leg, prompt_ids)
-    return _json_response(payload)
+    return _json_response(prepared.answer(payload))
 
 
 def chat_prompt_ids(ctx: PromptSource, body: ChatCompletionRequest, max_tokens: int | None = None) -> list[int]:
@@ -183,34 +187,38 @@ def chat_prompt_ids(ctx: PromptSource, body: ChatCompletionRequest, max_tokens: 
         raise InvalidRequestError(str(exc), param="messages") from exc
 
 
-def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> tuple[ValidRequest, ToolPolicy]:
-    """A chat body checked whole, with its tool policy (raises the API's errors); no engine work yet.
-    The orchestrator runs this too, before it sends any leg (``orchestrator.validation``)."""
-    ctx.check_model(body.model)
-    _check_single_choice(body.n)
-    if body.top_logprobs is not None and not body.logprobs:
-        raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
-    tool_policy = openai_tool_policy(body)
-    stops = stop_strings(body.stop, "stop")
-    leg = disaggregation.start_leg(ctx, body.disaggregated_params, body.stream)
-    if leg is not None and not leg.is_context:
-        prompt_ids = disaggregation.prompt_ids(ctx, leg)  # signed ids: never re-rendered
-    else:
-        prompt_ids = chat_prompt_ids(ctx, body, ctx.client.max_model_len)
-    max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    guided, guided_param = openai_guided(body)
-    tool_guided = ctx.forced_tool_guided(tool_policy)
-    if tool_guided is not None:  # a forced call: the answer is the call, response_format does not apply to it
-        guided, guided_param = tool_guided, "tool_choice"
-    params = ctx.sampling_params(
-        len(prompt_ids), max_tokens, max_tokens_param=max_tokens_param, prompt_param="messages",
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
-        min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
-        logprobs=(body.top_logprobs or 0) if body.logprobs else None, guided=guided, guided_param=guided_param,
-        **openai_controls(body, ctx.client.vocab_size),
-    )
-    return ValidRequest(prompt_ids, params, stops, leg), tool_policy
+class ChatApi:
+    """A /v1/chat/completions body on the one preparation path (``frontends.prepare``)."""
+
+    def __init__(self, body: ChatCompletionRequest) -> None:
+        self.body = body
+        self.tool_policy = ToolPolicy()  # the body's, once check() has read it
+
+    def check(self, ctx: ServingContext, leg: DisaggLeg | None) -> None:
+        body = self.body
+        _check_single_choice(body.n)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
+        self.tool_policy = openai_tool_policy(body)
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return stop_strings(self.body.stop, "stop")
+
+    def prompt_ids(self, ctx: ServingContext) -> list[int]:
+        return chat_prompt_ids(ctx, self.body, ctx.client.max_model_len)
+
+    def sampling_params(self, ctx: ServingContext, num_prompt_tokens: int) -> SamplingParams:
+        body = self.body
+        max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        guided, guided_param = ctx.answer_grammar(self.tool_policy, *openai_guided(body))
+        return ctx.sampling_params(
+            num_prompt_tokens, max_tokens, max_tokens_param=max_tokens_param, prompt_param="messages",
+            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
+            min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
+            logprobs=(body.top_logprobs or 0) if body.logprobs else None, guided=guided, guided_param=guided_param,
+            **openai_controls(body, ctx.client.vocab_size),
+        )
 
 
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
@@ -223,12 +231,11 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
                                 arrival_time: float, x_request_id: str | None = None) -> Response:
     """A decoded chat request to its answer (the Responses API runs through here too);
     ``x_request_id``: the HTTP request's header, for its perf record."""
-    valid, tool_policy = prepare_chat(ctx, body)
-    leg, prompt_ids = valid.leg, valid.prompt_ids
-    generation = ctx.start_generation(prompt_ids, valid.params, valid.stop_strings, arrival_time, leg,
-                                      x_request_id)
+    api = ChatApi(body)
+    prepared = prepare_request(ctx, api, arrival_time, x_request_id)
+    generation = prepared.generation
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    parser = tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
+    parser = api.tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = ChatChunkEncoder(response_id, created, ctx.model_name)
@@ -250,9 +257,7 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
         "id": response_id, "object": "chat.completion", "created": created, "model": ctx.model_name,
         "choices": [choice], "usage": _usage(generation),
     }
-    if leg is not None:
-        disaggregation.add_ctx_fields(payload, leg, prompt_ids)
-    return _json_response(payload)
+    return _json_response(prepared.answer(payload))
 
 
 async def list_models(ctx: ServingContext, request: Request) -> Response:

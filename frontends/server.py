@@ -24,10 +24,11 @@ from typing import Any, Awaitable, Callable, Coroutine, Iterator, TypeVar
 
 import uvicorn
 
-from frontends.engine_client import EngineClient, process_alive
+from frontends.engine_client import EngineClient
 from frontends.header_limit import h11_head_limit, http_protocol
 from frontends.watchdog import Watchdog, frontend_probes
 from workers.attach import AttachInfo
+from workers.processes import pid_alive
 
 __all__ = ["make_listen_socket", "make_unix_listen_socket", "FrontendServer", "ServeOptions", "serve_frontend", "run_event_loop"]
 
@@ -125,7 +126,7 @@ async def serve_frontend(
             loop.call_later(options.dead_engine_linger_seconds, setattr, server, "should_exit", True)
 
     launcher_pid = attach.launcher_pid if attach.frontend_id != 0 else None
-    watchdog = Watchdog(frontend_probes(client, launcher_pid, process_alive), on_fatal,
+    watchdog = Watchdog(frontend_probes(client, launcher_pid, pid_alive), on_fatal,
                         lambda: bool(server.should_exit), interval=WATCH_SECONDS)
     watchers = [asyncio.create_task(watchdog.run(), name="frontend-watchdog")]
     serving = asyncio.create_task(server.serve(sockets=sockets))

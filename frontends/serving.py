@@ -13,13 +13,13 @@ room left: ``max_model_len - prompt tokens``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 from pathlib import Path
 
-from frontends.disaggregation import DisaggConfig, DisaggLeg, engine_params
+from frontends.disaggregation import DisaggConfig
 from frontends.errors import InvalidRequestError, ModelNotFoundError, PromptTooLongError
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
-from frontends.generation import EngineClientLike, Generation
+from frontends.generation import EngineClientLike
 from frontends.structured import GrammarChecker
 from frontends.tokenizer import Tokenizer
 from frontends.tool_parsers import CallSyntax, detect_tool_syntax, tool_syntax
@@ -28,7 +28,7 @@ from workers.sampling_params import GuidedDecoding, ParamError, SamplingParams
 if TYPE_CHECKING:
     from frontends.tool_calls import ToolPolicy
 
-__all__ = ["FrontendConfig", "ServingContext", "ValidRequest"]
+__all__ = ["FrontendConfig", "ServingContext"]
 
 
 @dataclass(frozen=True)
@@ -59,16 +59,6 @@ class FrontendConfig:
         return cls(served_model_name=name, frontend_id=frontend_id)
 
 
-class ValidRequest(NamedTuple):
-    """A request body checked whole (``openai_api.prepare_*``, ``anthropic_api.prepare_message_request``):
-    what starting its generation needs."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    stop_strings: tuple[str, ...]
-    leg: DisaggLeg | None
-
-
 class ServingContext:
     """The state one frontend process serves from (one per app)."""
 
@@ -92,20 +82,16 @@ class ServingContext:
         """The grammar of a forced tool call (None when the choice is not forced)."""
         return policy.guided(self.tool_syntax)
 
+    def answer_grammar(self, policy: "ToolPolicy", guided: GuidedDecoding | None,
+                       guided_param: str) -> tuple[GuidedDecoding | None, str]:
+        """The grammar the answer follows and the parameter that asked for it: a forced tool call's
+        (the answer is the call: the body's output format does not apply to it), else the body's."""
+        tool_guided = self.forced_tool_guided(policy)
+        return (guided, guided_param) if tool_guided is None else (tool_guided, "tool_choice")
+
     def check_engine(self) -> None:
         if not self.client.is_healthy:
             raise self.client.unavailable_error()
-
-    def start_generation(self, prompt_ids: list[int], params: SamplingParams, stop_strings: tuple[str, ...],
-                         arrival_time: float | None, leg: DisaggLeg | None,
-                         x_request_id: str | None = None) -> Generation:
-        """The one way every API starts a request: the disaggregated leg's params applied,
-        the engine checked alive."""
-        if leg is not None:
-            params = engine_params(leg, params)
-        self.check_engine()
-        return Generation(self.client, self.tokenizer, prompt_ids, params, stop_strings, arrival_time, leg,
-                          x_request_id)
 
     def check_prompt_token_ids(self, token_ids: list[int], param: str) -> None:
         if not token_ids:

@@ -59,7 +59,7 @@ from orchestrator.prompt import ParsedRequest, client_answer, ctx_body, gen_body
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
 from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout, UpstreamUnreachable
-from orchestrator.state_protocol import RequestTrace
+from orchestrator.state_protocol import CtxLegTrace, FailedLeg, GenLegTrace, RequestTrace
 from orchestrator.view import ClusterView, StateLink
 
 __all__ = ["Flow", "within"]
@@ -121,7 +121,7 @@ class Flow:
         if ctx is not None:
             ctx_answer = await self.ctx_phase(request, request_id, ctx, record, receive, deadline)
             if record.ctx is not None:
-                headers["x-disagg-ctx-worker"] = record.ctx["worker_id"]
+                headers["x-disagg-ctx-worker"] = record.ctx.worker_id
             params = (ctx_answer or {}).get("disaggregated_params") or {}
             if ctx_answer is not None and params.get("finished") and not request.stream:
                 record.mode = "ctx_only"
@@ -161,8 +161,9 @@ class Flow:
             self.metrics.errors.labels("ctx", "leg_refused").inc()
             return None
         params = answer.get("disaggregated_params") or {}
-        if record.ctx is not None:  # joins the ctx worker's perf record (its engine request id)
-            record.ctx["engine_request_id"] = params.get("ctx_request_id")
+        engine_request_id = params.get("ctx_request_id")
+        if record.ctx is not None and isinstance(engine_request_id, str):  # joins the ctx worker's perf record
+            record.ctx.engine_request_id = engine_request_id
         return answer
 
     async def _within(self, deadline: float, work):
@@ -207,7 +208,7 @@ class Flow:
         suspect, again = attempts.failed(failed, exc)
         if suspect:
             self.view.suspect(failed.worker_id)
-        record.legs.append({"phase": attempts.phase, "worker_id": failed.worker_id, "error": str(exc)})
+        record.legs.append(FailedLeg(attempts.phase, failed.worker_id, str(exc)))
         if not attempts.may_retry():
             return None
         self.metrics.retries.labels(attempts.phase).inc()
@@ -248,8 +249,8 @@ class Flow:
         async def leg(worker: WorkerRecord, replay: bool) -> dict[str, Any]:
             start = time.time()
             raw = await self._post("ctx", worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids))
-            record.ctx = {"worker_id": worker.worker_id, "start": start, "end": time.time()}
-            self.metrics.phase("ctx").observe(record.ctx["end"] - start)
+            record.ctx = CtxLegTrace(worker_id=worker.worker_id, start=start, end=time.time())
+            self.metrics.phase("ctx").observe(record.ctx.end - start)
             return msgspec.json.decode(raw)
 
         return await self.attempt("ctx", request, first, record, leg)
@@ -261,7 +262,7 @@ class Flow:
             raw = await self._post("gen", worker, request.path, request.encode(request.body if replay else payload),
                                    f"{request_id}-gen", len(request.prompt_ids))
             end = time.time()
-            record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": end, "end": end}
+            record.gen = GenLegTrace(worker_id=worker.worker_id, start=start, first_byte=end, end=end)
             self.metrics.phase("gen").observe(end - start)
             return raw
 
@@ -304,9 +305,9 @@ class Flow:
                     raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}",
                                     unanswered=isinstance(exc, UpstreamError), connection_lost=lost) from exc
                 raise
-            record.gen = {"worker_id": worker.worker_id, "start": start, "first_byte": time.time()}
-            self.metrics.phase("gen_first_byte").observe(record.gen["first_byte"] - start)
-            self.metrics.phase("ttft").observe(record.gen["first_byte"] - record.arrival)
+            record.gen = GenLegTrace(worker_id=worker.worker_id, start=start, first_byte=time.time())
+            self.metrics.phase("gen_first_byte").observe(record.gen.first_byte - start)
+            self.metrics.phase("ttft").observe(record.gen.first_byte - record.arrival)
             return upstream, chunks, first_chunk
 
         (upstream, chunks, first_chunk), worker = await self.attempt("gen", request, first, record, leg)
@@ -319,7 +320,7 @@ class Flow:
     async def _relay(self, request: ParsedRequest, upstream: LegResponse, chunks: AsyncIterator[bytes],
                      first_chunk: bytes, worker: WorkerRecord, tokens: int, record: RequestTrace,
                      deadline: float) -> AsyncGenerator[bytes, None]:
-        gen = record.gen or {}
+        gen = record.gen  # set by the leg that answered (stream_gen)
         last = first_chunk
         # One timer for the request's deadline, not an asyncio.timeout per relayed event: it ends
         # the upstream answer (closing the connection aborts the request in the worker).
@@ -339,8 +340,9 @@ class Flow:
             yield (b"" if last.endswith(b"\n\n") else b"\n\n") + _error_event(request.api, error)
         finally:
             expiry.cancel()
-            gen["end"] = time.time()
-            self.metrics.phase("gen").observe(gen["end"] - gen["start"])
+            if gen is not None:
+                gen.end = time.time()
+                self.metrics.phase("gen").observe(gen.end - gen.start)
             self.view.release(worker.worker_id, tokens)
             upstream.close()  # a client that left: the worker sees the disconnect and aborts
             self._finish(record, request)

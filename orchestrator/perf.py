@@ -30,6 +30,7 @@ import httpx
 import msgspec
 
 from orchestrator.state import StateOwner
+from orchestrator.state_protocol import GenLegTrace, RequestTrace
 
 __all__ = ["PerfJoiner"]
 
@@ -81,26 +82,23 @@ class PerfJoiner:
         return _records_of(msgspec.json.decode(response.content))
 
     @staticmethod
-    def _join(owner: StateOwner, record: dict[str, Any]) -> dict[str, Any]:
-        joined = dict(record)
-        request_id = record["request_id"]
-        ctx, gen = record.get("ctx"), record.get("gen")
+    def _join(owner: StateOwner, record: RequestTrace) -> dict[str, Any]:
+        joined = msgspec.to_builtins(record)
+        request_id, ctx, gen = record.request_id, record.ctx, record.gen
         joined["ctx_worker"] = joined["gen_worker"] = None
-        if ctx:
+        if ctx is not None:
             cache = owner.worker_perf
-            joined["ctx_worker"] = cache.get(f"{ctx['worker_id']}/{request_id}-ctx") or \
-                cache.get(f"{ctx['worker_id']}/{ctx.get('engine_request_id')}")
-        if gen:
-            joined["gen_worker"] = owner.worker_perf.get(f"{gen['worker_id']}/{request_id}-gen") or \
-                _match_gen(owner, gen, record.get("num_prompt_tokens"))
+            joined["ctx_worker"] = cache.get(f"{ctx.worker_id}/{request_id}-ctx") or \
+                cache.get(f"{ctx.worker_id}/{ctx.engine_request_id}")
+        if gen is not None:
+            joined["gen_worker"] = owner.worker_perf.get(f"{gen.worker_id}/{request_id}-gen") or \
+                _match_gen(owner, gen, record.num_prompt_tokens)
         return joined
 
 
-def _match_gen(owner: StateOwner, gen: dict[str, Any], num_prompt_tokens: int | None) -> dict[str, Any] | None:
-    start, end = gen.get("start"), gen.get("end") or gen.get("first_byte")
-    if start is None or end is None:
-        return None
-    prefix = f"{gen['worker_id']}/"
+def _match_gen(owner: StateOwner, gen: GenLegTrace, num_prompt_tokens: int) -> dict[str, Any] | None:
+    start, end = gen.start, gen.end or gen.first_byte
+    prefix = f"{gen.worker_id}/"
     matches = [entry for key, entry in owner.worker_perf.items() if key.startswith(prefix)
                and entry["record"].get("num_prompt_tokens") == num_prompt_tokens
                and start - _SLACK_SECONDS <= (entry["record"].get("frontend_arrival") or 0.0) <= end + _SLACK_SECONDS]

@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 from typing import Callable, Sequence
 
+from workers.processes import stop_processes
 from workers.restart_budget import RestartBudget
 
 __all__ = ["ProcessGroup"]
@@ -76,13 +76,6 @@ class ProcessGroup:
         """SIGTERM every child, wait up to ``timeout`` for them to drain and exit, SIGKILL the rest."""
         self._stopping = True
         running = [c for c in self.children.values() if c.poll() is None]
-        for child in running:
-            child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while any(c.poll() is None for c in running) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for child in running:
-            if child.poll() is None:
-                log.warning("orchestrator process pid %d did not stop within %g s; killing it", child.pid, timeout)
-                child.kill()
-                child.wait()
+        # A thread waits: this loop keeps serving process 0's requests and the state owner meanwhile.
+        for pid in await asyncio.to_thread(stop_processes, running, timeout):
+            log.warning("orchestrator process pid %d did not stop within %g s; killed it", pid, timeout)

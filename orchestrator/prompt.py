@@ -14,9 +14,10 @@ from typing import Any
 
 import msgspec
 
-from frontends.anthropic_api import prepare_message_request
+from frontends.anthropic_api import MessagesApi
 from frontends.errors import InvalidRequestError
-from frontends.openai_api import prepare_chat, prepare_completion
+from frontends.openai_api import ChatApi, CompletionApi
+from frontends.prepare import ApiRequest, check_request
 from frontends.schemas_anthropic import MessagesRequest
 from frontends.schemas_openai import ChatCompletionRequest, CompletionRequest
 from orchestrator.validation import RequestValidator
@@ -58,15 +59,17 @@ def parse_request(api: str, raw: bytes, validator: RequestValidator, session_hea
     if "disaggregated_params" in body:
         raise InvalidRequestError("disaggregated_params is set by the orchestrator, not by clients",
                                   param="disaggregated_params")
+    request: ApiRequest
     if api == "completions":
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]  # one prompt in a list: the ctx leg sends its ids
-        valid = prepare_completion(validator, msgspec.convert({**body, "prompt": prompt}, CompletionRequest))
+        request = CompletionApi(msgspec.convert({**body, "prompt": prompt}, CompletionRequest))
     elif api == "chat":
-        valid, _ = prepare_chat(validator, msgspec.convert(body, ChatCompletionRequest))
+        request = ChatApi(msgspec.convert(body, ChatCompletionRequest))
     else:
-        valid, _ = prepare_message_request(validator, msgspec.convert(body, MessagesRequest))
+        request = MessagesApi(msgspec.convert(body, MessagesRequest))
+    valid = check_request(validator, request)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return ParsedRequest(api, body, valid.prompt_ids, bool(body.get("stream", False)),
                          _session_id(api, body, session_header), max_tokens if isinstance(max_tokens, int) else None,

@@ -248,9 +248,9 @@ async def _wait_ready(config: OrchestratorConfig, children: dict[int, subprocess
 
 
 async def _watch_parent(parent_pid: int | None, stopping: asyncio.Event) -> None:
-    from frontends.engine_client import process_alive
+    from workers.processes import pid_alive
 
-    while parent_pid is None or process_alive(parent_pid):
+    while parent_pid is None or pid_alive(parent_pid):
         await asyncio.sleep(0.5)
     log.error("orchestrator process 0 (pid %s) is gone; exiting", parent_pid)
     stopping.set()

@@ -38,8 +38,8 @@ from frontends.errors import FrontendError, InvalidRequestError, NotFoundError, 
 from orchestrator.config import OrchestratorConfig
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import Registry, RegistryError
-from orchestrator.state_protocol import (LoadPush, Ok, PerfPush, Registration, RegistrationAck, Snapshot,
-                                         WorkerIdBody)
+from orchestrator.state_protocol import (LoadPush, Ok, PerfPush, Registration, RegistrationAck, RequestTrace,
+                                         Snapshot, WorkerIdBody)
 
 __all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS"]
 
@@ -62,7 +62,7 @@ class StateOwner:
         self._announced_version = -1
         self.kv_index = KVIndex()
         self.loads: dict[int, dict[str, list[int]]] = {}
-        self.perf_records: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.perf_records)
+        self.perf_records: collections.deque[RequestTrace] = collections.deque(maxlen=config.perf_records)
         self.worker_perf: dict[str, dict[str, Any]] = {}
         """Worker perf records by x-request-id, kept because a worker's /perf_metrics may drain."""
         self._kv_version = 0
@@ -203,8 +203,7 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
 
     async def perf_push(request: Request) -> Response:
         body = await _body(request, PerfPush)
-        # Kept as plain mappings: ``orchestrator.perf`` joins them with the workers' records.
-        owner.perf_records.extend(msgspec.to_builtins(body.records))
+        owner.perf_records.extend(body.records)  # orchestrator.perf joins them with the workers' records
         return _json(Ok())
 
     async def perf_get(request: Request) -> Response:

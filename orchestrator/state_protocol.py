@@ -16,14 +16,12 @@ with ``msgspec.json.Decoder(type=...)``, so a malformed body is refused with a
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from orchestrator.registry import WorkerRecord
 
-__all__ = ["Registration", "WorkerIdBody", "RegistrationAck", "Ok", "LoadPush", "RequestTrace", "PerfPush",
-           "Snapshot"]
+__all__ = ["Registration", "WorkerIdBody", "RegistrationAck", "Ok", "LoadPush", "CtxLegTrace", "GenLegTrace",
+           "FailedLeg", "RequestTrace", "PerfPush", "Snapshot"]
 
 
 class Registration(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +58,34 @@ class LoadPush(msgspec.Struct, frozen=True):
     loads: dict[str, list[int]]
 
 
+class CtxLegTrace(msgspec.Struct, kw_only=True):
+    """The ctx leg that answered: its worker and times (orchestrator clock)."""
+
+    worker_id: str
+    start: float
+    end: float
+    engine_request_id: str | None = None
+    """The ctx engine's request id (its answer's ``ctx_request_id``): joins that worker's perf record."""
+
+
+class GenLegTrace(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The gen (or aggregated) leg that answered: its worker and times (orchestrator clock)."""
+
+    worker_id: str
+    start: float
+    first_byte: float
+    end: float | None = None
+    """None while a stream is still relayed."""
+
+
+class FailedLeg(msgspec.Struct):
+    """A leg that failed and was retried elsewhere (or not at all)."""
+
+    phase: str
+    worker_id: str
+    error: str
+
+
 class RequestTrace(msgspec.Struct, kw_only=True):
     """One request's orchestrator timings (filled in as it goes), joined by ``orchestrator.perf``
     with the workers' ``workers.protocol.PerfRecord``s for GET /perf_metrics."""
@@ -70,12 +96,12 @@ class RequestTrace(msgspec.Struct, kw_only=True):
     num_prompt_tokens: int = 0
     mode: str = "disagg"
     tokenized: float | None = None
-    ctx: dict[str, Any] | None = None
-    gen: dict[str, Any] | None = None
+    ctx: CtxLegTrace | None = None
+    gen: GenLegTrace | None = None
     end: float | None = None
     retries: int = 0
     error: str | None = None
-    legs: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    legs: list[FailedLeg] = msgspec.field(default_factory=list)
 
 
 class PerfPush(msgspec.Struct, frozen=True):

@@ -1,6 +1,6 @@
 """Validate once, before any work: a client body checked whole by the workers' own code.
 
-The orchestrator runs the frontends' ``prepare_*`` functions (schema, model
+The orchestrator runs the frontends' ``check_request`` (``frontends.prepare``: schema, model
 name, stop strings, message and tool bounds, sampling ranges, guided-decoding
 grammars, and prompt tokens + ``max_tokens`` against the context length) on
 a ``ServingContext`` that has no engine behind it, only the limits the
@@ -65,7 +65,8 @@ class _WorkerLimits:
     def unavailable_error(self) -> Exception:  # pragma: no cover - never unhealthy
         raise AssertionError("validation has no engine")
 
-    # The rest of EngineClientLike: never called, RequestValidator.start_generation refuses first.
+    # The rest of EngineClientLike: never called (check_request starts no generation; prepare_request would,
+    # and only workers call it).
     def generate(self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
                  make_message: Callable[[EngineRequest], IngressMessage] | None = None,
                  x_request_id: str | None = None) -> AsyncGenerator[RequestOutput, None]:  # pragma: no cover
@@ -87,6 +88,3 @@ class RequestValidator(ServingContext):
         # The workers may name their tool-call format (--tool-call-parser) where the orchestrator,
         # which only detects it from the template, knows none: then the workers decide.
         return None if self.tool_syntax is None else super().forced_tool_guided(policy)
-
-    def start_generation(self, *args, **kwargs):
-        raise AssertionError("the orchestrator validates requests; workers generate")

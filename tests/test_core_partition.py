@@ -10,7 +10,7 @@ import yaml
 
 from disagg.core_partition import engine_threads
 from disagg.deploy_config import load_deploy_config
-from disagg.deployment import _worker_argv
+from disagg.deploy_plan import local_plan
 from orchestrator.typed import ConfigError
 
 LOCAL = Path(__file__).resolve().parents[1] / "configs" / "local.yaml"
@@ -55,10 +55,11 @@ def test_bad_threads_name_the_key(tmp_path, value):
 
 def test_up_passes_the_share_to_each_worker(tmp_path):
     config = config_with(tmp_path)
-    _, argv = _worker_argv(config, "gen", 0, tmp_path / "model", tmp_path, threads=engine_threads(config, 2)["gen-0"])
-    assert argv[argv.index("--engine-threads") + 1] == "1"
-    _, argv = _worker_argv(config_with(tmp_path, engine__threads="torch"), "gen", 0, tmp_path / "model", tmp_path)
-    assert "--engine-threads" not in argv
+    ctx, gen = local_plan(config, tmp_path, tmp_path / "model", engine_threads(config, 2)).workers
+    assert gen.name == "gen-0" and gen.argv[gen.argv.index("--engine-threads") + 1] == "1"
+    config = config_with(tmp_path, engine__threads="torch")
+    for worker in local_plan(config, tmp_path, tmp_path / "model", engine_threads(config, 2)).workers:
+        assert "--engine-threads" not in worker.argv
 
 
 def test_the_engine_applies_its_thread_count(tiny_model_dir):

@@ -1,8 +1,9 @@
-"""Who may import whom (docs/architecture.md, "Packages and layering"), checked on the source.
+"""Who may import whom (docs/architecture.md, "Who may import whom"), checked on the source.
 
 Every ``import`` counts, those inside functions included (a function-level import that
-dodges a cycle at import time is still a cycle in the design); only ``if TYPE_CHECKING:``
-blocks are exempt, since they never run.
+dodges a cycle at import time is still a cycle in the design); ``if TYPE_CHECKING:``
+blocks are exempt, since they never run, except inside ``frontends/``, where a cycle through
+one (an annotation that names a module which imports this one) is a cycle too.
 """
 
 from __future__ import annotations
@@ -42,14 +43,15 @@ def _is_type_checking_block(node: ast.AST) -> bool:
         or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING"))
 
 
-def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules ``module`` imports (resolved to the most specific known module)."""
+def _imports(module: str, path: Path, modules: dict[str, Path], type_checking: bool = False) -> set[str]:
+    """The project modules ``module`` imports (resolved to the most specific known module);
+    ``type_checking``: those under ``if TYPE_CHECKING:`` too."""
     found: set[str] = set()
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     stack: list[ast.AST] = [ast.parse(path.read_text(encoding="utf-8"))]
     while stack:
         node = stack.pop()
-        if _is_type_checking_block(node):
+        if not type_checking and _is_type_checking_block(node):
             continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] in PACKAGES)
@@ -64,11 +66,23 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return {name for name in found if name.split(".")[0] in PACKAGES}
 
 
+def _graph(modules: dict[str, Path], type_checking: bool = False) -> dict[str, set[str]]:
+    return {name: {m for m in _imports(name, path, modules, type_checking)
+                   if m in modules or m.split(".")[0] in PACKAGES}
+            for name, path in modules.items()}
+
+
 @pytest.fixture(scope="module")
 def graph() -> dict[str, set[str]]:
-    modules = _modules()
-    return {name: {m for m in _imports(name, path, modules) if m in modules or m.split(".")[0] in PACKAGES}
-            for name, path in modules.items()}
+    return _graph(_modules())
+
+
+@pytest.fixture(scope="module")
+def frontends_graph() -> dict[str, set[str]]:
+    """The frontends' modules and the imports among them, ``TYPE_CHECKING`` ones included."""
+    modules = {name: path for name, path in _modules().items() if name.split(".")[0] == "frontends"}
+    return {name: {m for m in imported if m in modules}
+            for name, imported in _graph(modules, type_checking=True).items()}
 
 
 def test_no_upward_import(graph):
@@ -77,8 +91,8 @@ def test_no_upward_import(graph):
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
 
 
-def test_no_import_cycle(graph):
-    """Tarjan's strongly connected components over the module graph: none larger than one."""
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components over the module graph larger than one module."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -111,7 +125,19 @@ def test_no_import_cycle(graph):
     for v in sorted(graph):
         if v not in index:
             visit(v)
+    return cycles
+
+
+def test_no_import_cycle(graph):
+    cycles = _cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_no_import_cycle_inside_frontends(frontends_graph):
+    """No frontends module imports itself back, not even for an annotation: ``prepare`` imports
+    ``serving``, ``disaggregation`` and ``generation``, none of which knows it, so each reads alone."""
+    cycles = _cycles(frontends_graph)
+    assert not cycles, "import cycles in frontends/:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
 def test_the_check_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
@@ -126,3 +152,14 @@ def test_the_check_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
         test_no_upward_import(planted)
     with pytest.raises(AssertionError, match="workers.a <-> workers.b"):
         test_no_import_cycle(planted)
+
+
+def test_the_frontends_check_sees_a_cycle_through_type_checking(tmp_path):
+    """A cycle closed only by an ``if TYPE_CHECKING:`` import: exempt in general, found in frontends/."""
+    modules = {"frontends.a": tmp_path / "a.py", "frontends.b": tmp_path / "b.py"}
+    modules["frontends.a"].write_text("from frontends.b import x\n")
+    modules["frontends.b"].write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                      "    from frontends.a import y\n")
+    assert not _cycles(_graph(modules))
+    with pytest.raises(AssertionError, match="frontends.a <-> frontends.b"):
+        test_no_import_cycle_inside_frontends(_graph(modules, type_checking=True))

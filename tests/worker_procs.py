@@ -6,6 +6,8 @@ import os
 import time
 from pathlib import Path
 
+from workers.processes import pid_alive
+
 __all__ = ["children_of", "frontend_slots", "engine_pid", "wait_until", "group_pids_alive"]
 
 
@@ -53,13 +55,8 @@ def engine_pid(launcher: int) -> int:
     return pid
 
 
-def alive(pid: int) -> bool:
-    stat = _stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
-
-
 def group_pids_alive(pids: list[int]) -> list[int]:
-    return [p for p in pids if alive(p)]
+    return [p for p in pids if pid_alive(p)]
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.05) -> float:

@@ -1,22 +1,18 @@
 """The KV-transfer agent of one engine: ctx-side server and gen-side puller (DESIGN.md §6).
 
-Runs inside the engine loop, never in a thread of its own: ``tick()`` between
-steps reads and writes non-blocking ZeroMQ sockets whose TCP work happens in
-ZeroMQ's I/O thread, so a pull in flight never stalls the decode of other
-requests, and ``EngineCore`` stays single-threaded (a block is written into
-the KV cache only while its request still owns it: an aborted request's
-late blocks are dropped, never written into blocks someone else now holds).
+Ctx side: a ``context_only`` request parks its prompt's blocks at finish; ``KVServer``
+(``workers.kv_server``) answers pulls of them from a thread of its own, so a pull never waits
+for the ctx engine's step, and hands the acks back to the engine loop, which frees the blocks;
+so does the park deadline.
 
-Ctx side: a ``context_only`` request parks its prompt's blocks at finish;
-a pull streams them in messages of up to ``CHUNK_BYTES`` (at most
-``TICK_BYTES`` per tick, so a long prompt cannot stall the loop), the
-ack frees them; so does the park deadline. A chunk is a run of consecutive
-block ids, ascending or descending, sent as views of the KV pool (never
-copied by this process), where the table has such runs (``_next_chunk``);
-short runs are gathered. Gen side: a ``generation_only`` request waits in
-``WAITING_FOR_REMOTE_KV`` until the scheduler allocates its blocks (reusing
-local prefix hits), then only the missing blocks are pulled, each chunk
-imported as it arrives; an abort releases the ctx side too. Wire format:
+Gen side, inside the engine loop: ``tick()`` between steps reads and writes non-blocking ZeroMQ
+sockets whose TCP work happens in ZeroMQ's I/O thread, so a pull in flight never stalls the
+decode of other requests, and ``EngineCore`` stays single-threaded (a block is written into
+the KV cache only while its request still owns it: an aborted request's late blocks are
+dropped, never written into blocks someone else now holds). A ``generation_only`` request
+waits in ``WAITING_FOR_REMOTE_KV`` until the scheduler allocates its blocks (reusing local
+prefix hits), then only the missing blocks are pulled, each chunk imported as it arrives (at
+most ``TICK_BYTES`` per tick); an abort releases the ctx side too. Wire format:
 ``workers.kv_protocol``; authentication: ``workers.kv_codec``.
 """
 
@@ -25,8 +21,6 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -41,10 +35,17 @@ from workers.kv_protocol import (
     KVAck,
     KVBlocks,
     KVDone,
-    KVError,
     KVPullRequest,
     KVReplyMessage,
     KVRequestMessage,
+)
+from workers.kv_server import (
+    CHUNK_BYTES,
+    EXPIRY_MARGIN_SECONDS,
+    MAX_MESSAGES_PER_TICK,
+    TICK_BYTES,
+    KVServer,
+    blocks_within,
 )
 from workers.protocol import (
     AddContextRequest,
@@ -54,23 +55,10 @@ from workers.protocol import (
     RequestOutput,
 )
 
-__all__ = ["DisaggEngineSpec", "KVTransferAgent", "KV_TRANSFER_ERROR", "CHUNK_BYTES", "TICK_BYTES", "blocks_within"]
+__all__ = ["DisaggEngineSpec", "KVTransferAgent", "KV_TRANSFER_ERROR", "EXPIRY_MARGIN_SECONDS"]
 
 log = logging.getLogger("disagg.kv_transfer")
 
-# Budgets in bytes, not blocks: a block is 64 KiB of the bench model's KV but 2 MiB of an 8B
-# model's (bfloat16). Always at least one block.
-CHUNK_BYTES = 2 * 2**20  # per message: 32 of the bench model's blocks
-# A run of at least this many consecutive block ids (ascending or descending) goes out as views
-# of the KV pool, cut where the run ends; shorter runs are gathered into full chunks.
-MIN_VIEW_RUN = 8
-# What one tick sends (ctx) or imports (gen): bounds the tick, so the decode
-# of other requests goes on during a long pull.
-TICK_BYTES = 16 * 2**20
-MAX_MESSAGES_PER_TICK = 4096  # bound one drain of a socket
-# The signed expiry is this much earlier than the engine's real deadline (set
-# a few microseconds before the output leaves the step): never later.
-EXPIRY_MARGIN_SECONDS = 0.5
 
 
 class DisaggEngineSpec(msgspec.Struct, frozen=True):
@@ -86,18 +74,6 @@ class DisaggEngineSpec(msgspec.Struct, frozen=True):
     def build_agent(self, core: KVCore, ctx: zmq.Context) -> "KVTransferAgent":
         return KVTransferAgent(core, bytes.fromhex(self.cluster_key_hex), ctx, self.kv_host, self.kv_port,
                                self.kv_advertise_host, self.pull_timeout_seconds)
-
-
-@dataclass
-class _Send:
-    """A pull being answered by the ctx side."""
-
-    identity: bytes
-    pull_id: int
-    ctx_request_id: int
-    block_ids: list[int]
-    next_index: int = 0
-    heads: range | None = None  # only these KV heads of this rank (a gen rank that splits them otherwise)
 
 
 @dataclass
@@ -121,19 +97,16 @@ class KVTransferAgent:
                  advertise_host: str | None = None, pull_timeout: float = 30.0) -> None:
         self.core = core
         self.pull_timeout = pull_timeout
-        self._chunk_blocks = blocks_within(CHUNK_BYTES, core.kv_bytes_per_block)
         self._tick_blocks = blocks_within(TICK_BYTES, core.kv_bytes_per_block)
         self._ctx = ctx
-        self._request_codec = KVFrameCodec(key, KVRequestMessage, "kv server")
+        self._request_codec = KVFrameCodec(key, KVRequestMessage, "kv puller requests")
         self._reply_codec = KVFrameCodec(key, KVReplyMessage, "kv puller")
-        self._router = ctx.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.LINGER, 0)
-        self._router.setsockopt(zmq.SNDHWM, 0)  # a pull's blocks are bounded by one prompt's KV
-        self._router.bind(f"tcp://{host}:{port if port else '*'}")
-        bound_port = int(self._router.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
         if advertise_host is None:
             advertise_host = socket.getfqdn() if host in ("0.0.0.0", "*", "") else host
-        self.endpoint = f"tcp://{advertise_host}:{bound_port}"
+        self.server = KVServer(core, key, ctx, host, port, advertise_host,
+                               blocks_within(CHUNK_BYTES, core.kv_bytes_per_block), self._tick_blocks)
+        self.endpoint = self.server.endpoint
+        self.server.start()
         self._poller: zmq.Poller | None = None
         self._dealers: dict[str, zmq.Socket] = {}
         # Each dealer's connection events: a ctx agent whose connection drops (its engine died) or is
@@ -141,16 +114,13 @@ class KVTransferAgent:
         # parked KV is gone either way: even a reconnect reaches a new ROUTER identity, which
         # would never be sent the blocks of the old one.
         self._monitors: dict[str, zmq.Socket] = {}
-        self._sends: deque[_Send] = deque()
         self._ctx_requests: dict[int, int] = {}  # live ctx request id -> its prompt tokens
         self._pulls: dict[int, _Pull] = {}  # gen request id -> its pull
         self._errors: dict[int, str] = {}  # gen request id -> why its pull failed (put on its output)
         self._stats: dict[int, KVTransferStats] = {}  # gen request id -> its transfer (finishing output)
-        # Counters for metrics.
-        self.num_pulls_served = 0
+        # Counters for metrics (the ctx side's: ``server.num_pulls_served``, ``server.num_bytes_sent``).
         self.num_pulls_completed = 0
         self.num_pulls_failed = 0
-        self.num_bytes_sent = 0
         self.num_bytes_received = 0
         self.ranks: Any = None  # ``kv_rank_pulls.RankedPulls`` of a torch engine (``attach_ranks``)
 
@@ -165,7 +135,7 @@ class KVTransferAgent:
     def register(self, poller: zmq.Poller) -> None:
         """Wake the engine loop's poll on KV-transfer traffic too."""
         self._poller = poller
-        poller.register(self._router, zmq.POLLIN)
+        poller.register(self.server.pipe, zmq.POLLIN)  # acks to apply
         if self.ranks is not None:
             self.ranks.puller.register(poller)
         for sock in (*self._dealers.values(), *self._monitors.values()):
@@ -195,16 +165,16 @@ class KVTransferAgent:
             self._send_request(pull.endpoint, KVAck(request_id, pull.ctx_request_id, completed=False))
 
     def has_work(self) -> bool:
-        """Blocks are waiting to be sent, or pulls to be requested: the loop must not block in poll.
-        (A step allocates a gen request's blocks after this tick took the pulls: without the second
-        condition the pull request waited for the loop's idle poll, 250 ms, before it was sent.)"""
-        return bool(self._sends) or self.core.has_kv_pulls()
+        """Pulls are waiting to be requested: the loop must not block in poll. (A step allocates a
+        gen request's blocks after this tick took the pulls: the pull request waited for the loop's
+        idle poll, 250 ms, before it was sent.)"""
+        return self.core.has_kv_pulls()
 
     def tick(self) -> None:
         now = time.time()
         self.core.release_expired(now)  # also while no step runs
-        self._serve_requests()
-        self._send_blocks()
+        for ctx_request_id in self.server.take_released():
+            self._release(ctx_request_id)
         for pull in self.core.take_kv_pulls():
             self._start_pull(pull.request_id, pull.block_ids, pull.first_block, now)
         for dealer in list(self._dealers.values()):
@@ -242,74 +212,19 @@ class KVTransferAgent:
                     self.ranks.park(request_id, block_ids, deadline)
 
     def close(self) -> None:
+        self.server.close()
         for dealer in self._dealers.values():
             dealer.disable_monitor()  # else its internal monitor socket keeps the context from terminating
-        for sock in (self._router, *self._monitors.values(), *self._dealers.values()):
+        for sock in (*self._monitors.values(), *self._dealers.values()):
             sock.close(linger=0)
 
     # ---- ctx side ----------------------------------------------------------
 
-    def _serve_requests(self) -> None:
-        for _ in range(MAX_MESSAGES_PER_TICK):
-            try:
-                identity, *frames = self._router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            decoded = self._request_codec.decode(frames)
-            if decoded is None:
-                continue
-            message = decoded[0]
-            if isinstance(message, KVPullRequest):
-                self._accept_pull(identity.bytes, message)
-            else:
-                self._release(message)
-
-    def _accept_pull(self, identity: bytes, pull: KVPullRequest) -> None:
-        parked = self.core.parked_block_ids(pull.ctx_request_id)
-        end = pull.first_block + pull.num_blocks
-        if parked is None:
-            error = f"request {pull.ctx_request_id} has no parked KV here (expired, released or unknown)"
-        elif pull.first_block < 0 or pull.num_blocks < 1 or end > len(parked):
-            error = f"blocks [{pull.first_block}, {end}) are outside the {len(parked)} parked blocks"
-        else:
-            self.num_pulls_served += 1
-            heads = range(pull.kv_heads_start, pull.kv_heads_stop) if pull.kv_heads_stop else None
-            self._sends.append(_Send(identity, pull.pull_id, pull.ctx_request_id, parked[pull.first_block:end],
-                                     heads=heads))
-            return
-        log.warning("refused a KV pull: %s", error)
-        self._reply(identity, KVError(pull.pull_id, error))
-
-    def _release(self, ack: KVAck) -> None:
-        self._sends = deque(s for s in self._sends if s.ctx_request_id != ack.ctx_request_id)
-        self.core.release_parked(ack.ctx_request_id)
+    def _release(self, ctx_request_id: int) -> None:
+        """The gen side acknowledged (or aborted) a pull: free the parked blocks, on every rank."""
+        self.core.release_parked(ctx_request_id)
         if self.ranks is not None:
-            self.ranks.unpark(ack.ctx_request_id)
-
-    def _send_blocks(self) -> None:
-        budget = self._tick_blocks
-        while self._sends and budget > 0:
-            send = self._sends[0]
-            if self.core.parked_block_ids(send.ctx_request_id) is None:  # the deadline passed mid-transfer
-                self._sends.popleft()
-                self._reply(send.identity, KVError(send.pull_id, f"request {send.ctx_request_id}'s parked KV "
-                                                                  f"expired during the transfer"))
-                continue
-            chunk, descending = _next_chunk(send.block_ids, send.next_index, min(budget, self._chunk_blocks))
-            ids = chunk[::-1] if descending else chunk
-            frames = (self.core.export_blocks(ids) if send.heads is None
-                      else self.core.export_heads(ids, send.heads))
-            self._reply(send.identity, KVBlocks(send.pull_id, send.next_index, len(chunk), descending), frames)
-            self.num_bytes_sent += sum(memoryview(frame).nbytes for frame in frames)
-            send.next_index += len(chunk)
-            budget -= len(chunk)
-            if send.next_index == len(send.block_ids):
-                self._sends.popleft()
-                self._reply(send.identity, KVDone(send.pull_id, len(send.block_ids)))
-
-    def _reply(self, identity: bytes, message: KVReplyMessage, frames: Sequence[Any] = ()) -> None:
-        self._router.send_multipart([identity, *self._reply_codec.encode(message, frames)], flags=zmq.NOBLOCK,
-                                    copy=False)
+            self.ranks.unpark(ctx_request_id)
 
     # ---- gen side ----------------------------------------------------------
 
@@ -450,24 +365,3 @@ def authenticated_replies(dealer: zmq.Socket, codec: KVFrameCodec) -> Iterator[t
         decoded = codec.decode(frames)
         if decoded is not None:
             yield decoded
-
-
-def blocks_within(budget_bytes: int, bytes_per_block: int) -> int:
-    """Whole blocks in ``budget_bytes``: at least one."""
-    return max(1, budget_bytes // max(1, bytes_per_block))
-
-
-def _next_chunk(block_ids: list[int], start: int, limit: int) -> tuple[list[int], bool]:
-    """The next chunk of ``block_ids`` from ``start`` (at most ``limit`` blocks) and whether it
-    runs descending: the run of consecutive ids there when it is long enough to send as views
-    of the pool (or fills the chunk), else ``limit`` blocks to gather."""
-    end = min(start + limit, len(block_ids))
-    first, step = block_ids[start], 1
-    if end - start > 1 and block_ids[start + 1] == first - 1:
-        step = -1
-    run = 1
-    while start + run < end and block_ids[start + run] == first + step * run:
-        run += 1
-    if run >= MIN_VIEW_RUN or start + run == end:
-        return block_ids[start:start + run], step < 0 and run > 1
-    return block_ids[start:end], False

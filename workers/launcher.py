@@ -41,6 +41,7 @@ from workers.engine_proc import EngineProcSpec
 from workers.kv_transfer import DisaggEngineSpec
 from workers.ipc import ENGINE_WEDGED_SECONDS, LANE_SNDHWM, FrameCodec, make_ipc_dir, new_key, write_private_file
 from workers.ipc_dir_owners import record_owner, sweep_stale_ipc_dirs
+from workers.processes import stop_process
 from workers.rank_env import RANK_VARS, RankEnv
 from workers.rank_group import LocalFollowers, plan_ranks
 from workers.protocol import (
@@ -124,14 +125,7 @@ class _Child:
 
     def stop(self, sig: int, wait_seconds: float) -> None:
         """Send ``sig``, wait, then SIGKILL."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-        try:
-            self.popen.wait(timeout=wait_seconds)
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0f s: killing it", self.name, wait_seconds)
-            self.popen.kill()
-            self.popen.wait()
+        stop_process(self.popen, wait_seconds, sig, name=self.name)
         self._reader.join(timeout=2)
 
 

@@ -6,15 +6,15 @@ reads it. Field 22 of ``/proc/PID/stat`` (``starttime``, clock ticks since
 boot) does not change for a process's life and differs for the next process
 given the same pid, so ``(pid, start_time)`` names one process. Whoever
 signals or deletes on the strength of a recorded pid checks ``same_process``
-first; a pid whose start time cannot be read is not ours.
+first (``workers.processes.terminate`` takes it as ``alive``); a pid whose start
+time cannot be read is not ours.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-__all__ = ["process_start_time", "same_process", "signal_if_same"]
+__all__ = ["process_start_time", "same_process"]
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -36,14 +36,3 @@ def process_start_time(pid: int) -> int | None:
 def same_process(pid: int, start_time: int | None) -> bool:
     """True when ``pid`` runs and is the process that had ``start_time`` (None never matches)."""
     return start_time is not None and pid > 0 and process_start_time(pid) == start_time
-
-
-def signal_if_same(pid: int, start_time: int | None, signum: int) -> bool:
-    """Send ``signum`` only to the process we recorded; False (nothing sent) for a recycled pid."""
-    if not same_process(pid, start_time):
-        return False
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        return False
-    return True

@@ -35,6 +35,12 @@ def _refused(response: httpx.Response, param: str) -> None:
     ("/load", {"process": "zero", "loads": {}}, "process"),
     ("/load", {"process": 0, "loads": {"w": [1, "x"]}}, "loads[...][1]"),
     ("/perf", {"records": [{"request_id": "r", "api": "chat"}]}, "records[0].arrival"),
+    ("/perf", {"records": [{"request_id": "r", "api": "chat", "arrival": 1.0, "ctx": {"worker_id": "w"}}]},
+     "records[0].ctx.start"),
+    ("/perf", {"records": [{"request_id": "r", "api": "chat", "arrival": 1.0,
+                            "gen": {"worker_id": "w", "start": 1.0, "first_byte": "soon"}}]}, "records[0].gen.first_byte"),
+    ("/perf", {"records": [{"request_id": "r", "api": "chat", "arrival": 1.0, "legs": [{"phase": "gen"}]}]},
+     "records[0].legs[0].worker_id"),
     ("/register", {"role": "gen", "url": 5}, "url"),
     ("/heartbeat", {"worker": "w"}, "worker_id"),
 ])

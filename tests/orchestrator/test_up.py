@@ -15,41 +15,41 @@ import openai
 
 from worker_process import free_port, port_is_free
 
+from workers.processes import pid_alive
+
 
 def disagg(*args: str, cwd, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "disagg.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+def write_deployment(tmp_path, name: str = "tiny", *, port: int = 0, run_dir: bool = True, processes: int = 1,
+                     conditional: bool | None = False, gen_frontends: int = 1, engine: str = "",
+                     extra: str = "") -> str:
+    """A ctx and a gen worker (the pools' default roles) on the synthetic engine and the tiny test
+    model (its dir does not exist yet: `up` generates it); with ``conditional`` False both legs run
+    for every request. ``run_dir`` False: the default one, ./.disagg/<name>; ``engine``: more engine
+    keys (``, key: value``); ``extra``: more top-level YAML."""
+    orchestrator = f"port: {port or free_port()}, processes: {processes}, health: {{interval_seconds: 0.2}}"
+    if conditional is not None:
+        orchestrator += f", conditional: {{enabled: {str(conditional).lower()}}}"
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        model: {tmp_path / "model"}
+        tiny_model_size: test
+        {f"run_dir: {tmp_path / 'run'}" if run_dir else ""}
+        engine: {{kind: synthetic{engine}}}
+        orchestrator: {{{orchestrator}}}
+        pools: {{ctx: {{instances: 1, frontends: 1}}, gen: {{instances: 1, frontends: {gen_frontends}}}}}
+        startup_timeout_seconds: 90
+    """) + textwrap.dedent(extra))
+    return str(config)
 
 
 def test_up_request_status_down(tmp_path):
     port = free_port()
-    config = tmp_path / "tiny.yaml"
-    # A ctx and a gen worker (the pools' default roles), both legs for every request; the model dir
-    # does not exist yet, so `up` generates it.
-    config.write_text(textwrap.dedent(f"""
-        model: {tmp_path / "model"}
-        tiny_model_size: test
-        run_dir: {tmp_path / "run"}
-        engine: {{kind: synthetic}}
-        orchestrator:
-          port: {port}
-          processes: 2
-          health: {{interval_seconds: 0.2}}
-          conditional: {{enabled: false}}
-        pools:
-          ctx: {{instances: 1, frontends: 1}}
-          gen: {{instances: 1, frontends: 2}}
-        startup_timeout_seconds: 90
-    """))
-    up = disagg("up", str(config), cwd=tmp_path)
+    config = write_deployment(tmp_path, port=port, processes=2, gen_frontends=2)
+    up = disagg("up", config, cwd=tmp_path)
     run = tmp_path / "run"
     try:
         assert up.returncode == 0, up.stdout + up.stderr + (run / "up.log").read_text()
@@ -86,9 +86,9 @@ def test_up_request_status_down(tmp_path):
         down = disagg("down", "--run-dir", str(run), cwd=tmp_path)
     assert down.returncode == 0, down.stdout + down.stderr
     deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [pid for pid in pids if alive(pid)] == []
+    assert [pid for pid in pids if pid_alive(pid)] == []
     assert port_is_free(port)
     # runtime files gone; logs and the workers' persistent state (Message Batches) kept
     assert sorted(p.name for p in run.iterdir()) == ["logs", "prometheus.yml", "up.log", "worker-state"]
@@ -104,21 +104,10 @@ def _wait(predicate, timeout: float) -> None:
 
 def test_a_process_past_its_restart_budget_is_left_down_and_the_rest_keep_serving(tmp_path):
     port = free_port()
-    config = tmp_path / "flaky.yaml"
-    config.write_text(textwrap.dedent(f"""
-        model: {tmp_path / "model"}
-        tiny_model_size: test
-        run_dir: {tmp_path / "run"}
-        engine: {{kind: synthetic}}
-        orchestrator: {{port: {port}, health: {{interval_seconds: 0.2}}}}
-        pools:
-          ctx: {{instances: 1, frontends: 1}}
-          gen: {{instances: 1, frontends: 1}}
-        restarts: {{max_restarts: 1, window_seconds: 600}}
-        startup_timeout_seconds: 90
-    """))
+    config = write_deployment(tmp_path, "flaky", port=port, conditional=None,
+                              extra="restarts: {max_restarts: 1, window_seconds: 600}\n")
     run = tmp_path / "run"
-    up = disagg("up", str(config), cwd=tmp_path)
+    up = disagg("up", config, cwd=tmp_path)
     try:
         assert up.returncode == 0, up.stdout + up.stderr + (run / "up.log").read_text()
 
@@ -133,7 +122,7 @@ def test_a_process_past_its_restart_budget_is_left_down_and_the_rest_keep_servin
         _wait(lambda: b"ready on" in (run / "logs" / "ctx-0.log").read_bytes().split(b"exited")[-1], 60)
         os.kill(second, 9)  # the second exit in the window: left down
         _wait(lambda: "leaving it down" in (run / "up.log").read_text(), 10)
-        assert ctx_pid() == second and not alive(second)
+        assert ctx_pid() == second and not pid_alive(second)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         answer = client.completions.create(model=str(tmp_path / "model"), prompt="still serving", max_tokens=3)
         assert answer.usage.completion_tokens == 3  # on the gen worker alone

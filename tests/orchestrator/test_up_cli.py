@@ -11,8 +11,7 @@ import subprocess
 import sys
 import time
 
-from test_up import disagg
-from worker_process import free_port
+from test_up import disagg, write_deployment
 
 DISAGG = [sys.executable, "-m", "disagg.cli"]
 
@@ -20,13 +19,7 @@ DISAGG = [sys.executable, "-m", "disagg.cli"]
 def write_config(tmp_path, name: str, port: int = 0, gen_frontends: int = 1, extra: str = "") -> str:
     """A small synthetic deployment (both legs for every request) whose run dir is the default,
     ./.disagg/<name>; ``extra``: more top-level YAML."""
-    config = tmp_path / f"{name}.yaml"
-    config.write_text(f"model: {tmp_path / 'model'}\ntiny_model_size: test\nengine: {{kind: synthetic}}\n"
-                      f"orchestrator: {{port: {port or free_port()}, health: {{interval_seconds: 0.2}}, "
-                      f"conditional: {{enabled: false}}}}\n"
-                      f"pools: {{ctx: {{instances: 1, frontends: 1}}, gen: {{instances: 1, frontends: {gen_frontends}}}}}\n"
-                      f"startup_timeout_seconds: 90\n{extra}")
-    return str(config)
+    return write_deployment(tmp_path, name, port=port, run_dir=False, gen_frontends=gen_frontends, extra=extra)
 
 
 def test_with_nothing_running_each_command_answers_in_one_line(tmp_path):

@@ -12,15 +12,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import textwrap
 import threading
 import time
 
 import httpx
 import pytest
 
-from test_up import alive, disagg
+from test_up import disagg, write_deployment
 from worker_process import free_port
+
+from workers.processes import pid_alive
 
 
 def _stream(url: str, model: str, results: list, started: threading.Event) -> None:
@@ -40,24 +41,10 @@ def _stream(url: str, model: str, results: list, started: threading.Event) -> No
 
 def _up(tmp_path) -> tuple[str, dict]:
     port = free_port()
-    config = tmp_path / "drain.yaml"
     # 400 decode steps of 15 ms: ~6 s per stream, past the 5 s the orchestrator used to drain for.
-    config.write_text(textwrap.dedent(f"""
-        model: {tmp_path / "model"}
-        tiny_model_size: test
-        run_dir: {tmp_path / "run"}
-        engine: {{kind: synthetic, synthetic_decode_step_seconds: 0.015}}
-        orchestrator:
-          port: {port}
-          processes: 2
-          health: {{interval_seconds: 0.2}}
-          conditional: {{enabled: false}}
-        pools:
-          ctx: {{instances: 1, frontends: 1}}
-          gen: {{instances: 1, frontends: 2}}
-        startup_timeout_seconds: 90
-    """))
-    up = disagg("up", str(config), cwd=tmp_path)
+    config = write_deployment(tmp_path, "drain", port=port, processes=2, gen_frontends=2,
+                              engine=", synthetic_decode_step_seconds: 0.015")
+    up = disagg("up", config, cwd=tmp_path)
     assert up.returncode == 0, up.stdout + up.stderr
     return f"http://127.0.0.1:{port}", json.loads((tmp_path / "run" / "state.json").read_text())
 
@@ -84,7 +71,7 @@ def test_down_under_load_cuts_no_stream(tmp_path):
     cut = [(status, data[-2:]) for status, data in results
            if status != 200 or data[-1:] != ["[DONE]"] or any('"error"' in d for d in data)]
     assert len(results) == 16 and not cut, cut
-    assert not [pid for pid in pids if alive(pid)]
+    assert not [pid for pid in pids if pid_alive(pid)]
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=5)
 

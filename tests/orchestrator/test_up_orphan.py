@@ -8,31 +8,19 @@ import os
 import signal
 import socket
 import subprocess
-import textwrap
 import time
 
 import openai
-from test_up import alive, disagg
+from test_up import disagg, write_deployment
 from worker_process import free_port, port_is_free
 
 from workers.ipc_dir_owners import OWNERS_FILE, record_owner, sweep_stale_ipc_dirs
 from workers.process_identity import process_start_time
+from workers.processes import pid_alive
 
 
 def _config(tmp_path, port: int) -> str:
-    config = tmp_path / "orphan.yaml"
-    config.write_text(textwrap.dedent(f"""
-        model: {tmp_path / "model"}
-        tiny_model_size: test
-        run_dir: {tmp_path / "run"}
-        engine: {{kind: synthetic}}
-        orchestrator: {{port: {port}, health: {{interval_seconds: 0.2}}, conditional: {{enabled: false}}}}
-        pools:
-          ctx: {{instances: 1, frontends: 1}}
-          gen: {{instances: 1, frontends: 1}}
-        startup_timeout_seconds: 90
-    """))
-    return str(config)
+    return write_deployment(tmp_path, "orphan", port=port)
 
 
 def _complete(port: int, model: str) -> int:
@@ -53,7 +41,7 @@ def test_up_over_an_orphan_refuses_and_leaves_it_serving_then_down_stops_it(tmp_
         assert state["supervisor_start_time"] == process_start_time(state["supervisor_pid"])
         os.kill(state["supervisor_pid"], signal.SIGKILL)  # the orphan: its workers and orchestrator serve on
         deadline = time.monotonic() + 10
-        while alive(state["supervisor_pid"]) and time.monotonic() < deadline:
+        while pid_alive(state["supervisor_pid"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         key = (run / "cluster.key").read_bytes()
 
@@ -72,7 +60,7 @@ def test_up_over_an_orphan_refuses_and_leaves_it_serving_then_down_stops_it(tmp_
         down = disagg("down", "--run-dir", str(run), cwd=tmp_path)
     assert down.returncode == 0, down.stdout + down.stderr
     assert "stopped 3 processes" in down.stdout and "unsupervised" in down.stdout
-    assert [pid for pid in pids if alive(pid)] == []
+    assert [pid for pid in pids if pid_alive(pid)] == []
     assert port_is_free(port)
     assert not (run / "state.json").exists() and not (run / "cluster.key").exists()
     assert disagg("logs", "orchestrator", "--run-dir", str(run), cwd=tmp_path).returncode == 0

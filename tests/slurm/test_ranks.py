@@ -46,14 +46,15 @@ def test_rank_environ_is_what_workers_rank_env_reads(tmp_path: Path) -> None:
 
 
 def test_status_line_groups_consecutive_ranks_by_node(tmp_path: Path) -> None:
+    from disagg.run_state import SlurmStep
     from disagg.slurm_deployment import _ranks_line
     from slurm.ranks import TaskRank, write_rank_table
 
     rank = TaskRank(rank=0, world_size=6, local_rank=0, master_addr="node-a", master_port=4000,
                     nodes=("n1", "n1", "n1", "n2", "n3", "n3"), via="mpi")
     write_rank_table(tmp_path, "gen-0", rank)
-    step = {"name": "gen-0", "ranks": 6}
+    step = SlurmStep(name="gen-0", port=8200, ranks=6)
     assert _ranks_line(tmp_path, step, ("7.2", "n[1-3]")) == \
         "6 ranks on n[1-3]: n1 0-2, n2 3, n3 4-5; rank 0 at node-a:4000"
     assert _ranks_line(tmp_path, step, None) == "6 ranks on -: n1 0-2, n2 3, n3 4-5; rank 0 at node-a:4000"
-    assert _ranks_line(tmp_path, {"name": "ctx-0", "ranks": 1}, ("7.1", "n0")) == "1 rank on n0"
+    assert _ranks_line(tmp_path, SlurmStep(name="ctx-0", port=8100), ("7.1", "n0")) == "1 rank on n0"

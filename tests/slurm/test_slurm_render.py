@@ -119,31 +119,19 @@ def test_pool_engine_settings_reach_that_pool_only(tmp_path: Path) -> None:
     assert not any("--decode-attention" in s for s in ctx_steps)
 
 
-def test_tool_call_parser_reaches_every_worker_on_both_launchers(tmp_path: Path) -> None:
-    from disagg.deployment import _worker_argv
-
-    path = tmp_path / "tools.yaml"
-    path.write_text("model: tiny\nlauncher: slurm\ntool_call_parser: hermes\n"
-                    "pools: {ctx: {base_port: 9100}, gen: {base_port: 9200}}\n")
-    config = load_deploy_config(path)
-    steps = [s for s in _srun_steps(render_script(build_slurm_plan(config, str(path)))) if " serve " in s]
-    assert len(steps) == 2 and all(" --tool-call-parser hermes " in s for s in steps)
-    _, argv = _worker_argv(config, "gen", 0, tmp_path / "model", tmp_path)
-    assert argv[argv.index("--tool-call-parser") + 1] == "hermes"
-
-
-def test_kv_pull_timeout_reaches_the_gen_engine_on_both_launchers(tmp_path: Path) -> None:
-    from disagg.deployment import _worker_argv
-
-    path = tmp_path / "pull.yaml"
-    path.write_text("model: tiny\nlauncher: slurm\nengine: {kv_pull_timeout: 4.5}\n"
-                    "pools: {ctx: {base_port: 9100}, gen: {base_port: 9200}}\n")
-    config = load_deploy_config(path)
-    steps = [s for s in _srun_steps(render_script(build_slurm_plan(config, str(path)))) if " serve " in s]
-    assert len(steps) == 2 and all(" --kv-pull-timeout 4.5 " in s for s in steps)
-    _, argv = _worker_argv(config, "gen", 0, tmp_path / "model", tmp_path)
-    assert argv[argv.index("--kv-pull-timeout") + 1] == "4.5"
-    # serve accepts what the YAML renders
+@pytest.mark.parametrize("yaml, flag, value", [("tool_call_parser: hermes", "--tool-call-parser", "hermes"),
+                                               ("engine: {kv_pull_timeout: 4.5}", "--kv-pull-timeout", "4.5")])
+def test_a_deployment_key_reaches_every_worker_on_both_launchers(tmp_path: Path, yaml: str, flag: str,
+                                                                 value: str) -> None:
     from disagg.cli import build_parser
+    from disagg.deploy_plan import local_plan as local_deploy_plan
 
-    assert build_parser().parse_args(argv[3:]).kv_pull_timeout == 4.5
+    path = tmp_path / "d.yaml"
+    path.write_text(f"model: tiny\nlauncher: slurm\n{yaml}\npools: {{ctx: {{base_port: 9100}}, gen: {{base_port: 9200}}}}\n")
+    config = load_deploy_config(path)
+    steps = [s for s in _srun_steps(render_script(build_slurm_plan(config, str(path)))) if " serve " in s]
+    assert len(steps) == 2 and all(f" {flag} {value} " in s for s in steps)
+    for worker in local_deploy_plan(config, tmp_path, tmp_path / "model").workers:
+        assert worker.argv[worker.argv.index(flag) + 1] == value
+        parsed = build_parser().parse_args(worker.argv[3:])  # serve accepts what the YAML renders
+        assert str(getattr(parsed, flag[2:].replace("-", "_"))) == value

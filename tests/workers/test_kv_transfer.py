@@ -22,15 +22,8 @@ from workers.engine.core import EngineCore
 from workers.engine.request import Request
 from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import KVPullRequest, KVReplyMessage, KVRequestMessage
-from workers.kv_transfer import (
-    CHUNK_BYTES,
-    EXPIRY_MARGIN_SECONDS,
-    KV_TRANSFER_ERROR,
-    MIN_VIEW_RUN,
-    KVTransferAgent,
-    _next_chunk,
-    blocks_within,
-)
+from workers.kv_server import CHUNK_BYTES, MIN_VIEW_RUN, _next_chunk, blocks_within
+from workers.kv_transfer import EXPIRY_MARGIN_SECONDS, KV_TRANSFER_ERROR, KVTransferAgent
 from workers.protocol import AddContextRequest, AddRemoteRequest, EngineRequest, RequestOutput
 from workers.sampling_params import SamplingParams
 
@@ -89,6 +82,14 @@ def run_until(nodes: list[Node], done, timeout: float = 60.0) -> None:
 def settle(nodes: list[Node]) -> None:
     """Let acks reach the ctx side."""
     run_until(nodes, lambda: all(n.core.block_manager.num_used_blocks == 0 for n in nodes), timeout=10)
+
+
+def park_and_pull(ctx: Node, gen: Node, request_id: int, prompt: list[int]) -> None:
+    """Prefill ``prompt`` on ``ctx`` (its KV parked), then hand the gen leg to ``gen``."""
+    ctx.agent.add_context(AddContextRequest(EngineRequest(request_id, prompt, FIRST_ONLY), 60.0))
+    run_until([ctx], lambda: ctx.finished(request_id))
+    gen.agent.add_remote(AddRemoteRequest(EngineRequest(request_id, prompt, GREEDY), ctx.tokens(request_id)[0],
+                                          request_id, ctx.agent.endpoint))
 
 
 @contextlib.contextmanager
@@ -167,7 +168,7 @@ def test_disaggregated_tokens_equal_aggregated(kind, tiny_model_dir, zctx):
         assert sum(ctx_cached) > 0 and all(c % BLOCK_SIZE == 0 for c in ctx_cached)
         # gen pulled only what it did not hold: fewer blocks than the prompts span
         assert sum(gen_pulled) < sum(-(-len(p) // BLOCK_SIZE) for p in second)
-        assert gen.agent.num_bytes_received == ctx.agent.num_bytes_sent > 0
+        assert gen.agent.num_bytes_received == ctx.agent.server.num_bytes_sent > 0
         ctx.assert_no_blocks_in_use()
         gen.assert_no_blocks_in_use()
     finally:
@@ -216,20 +217,40 @@ def test_blocks_of_a_descending_ctx_table_land_in_order(tiny_model_dir, zctx):
 
 def test_decode_of_other_requests_continues_while_a_pull_is_in_flight(zctx):
     config = _config("synthetic", None)
-    with engine_pair(config, zctx) as (ctx, gen):
+    gen = Node(config, zctx)
+    silent = zctx.socket(zmq.ROUTER)  # a ctx agent that has not answered the pull yet
+    silent.setsockopt(zmq.LINGER, 0)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    try:
         gen.core.add_request(EngineRequest(1, [5, 6, 7], SamplingParams(max_tokens=50, temperature=0.0,
                                                                         ignore_eos=True)))
         gen.turn()
-        ctx.agent.add_context(AddContextRequest(EngineRequest(7, list(range(10, 50)), FIRST_ONLY), 60.0))
-        run_until([ctx], lambda: ctx.finished(7))
-        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, list(range(10, 50)), GREEDY), ctx.tokens(7)[0], 7,
-                                              ctx.agent.endpoint))
-        # gen alone: the ctx engine does not answer yet, so the pull stays in flight ...
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, list(range(10, 50)), GREEDY), 1, 7,
+                                              f"tcp://127.0.0.1:{port}"))
         for _ in range(5):
             gen.turn()
         assert len(gen.tokens(1)) == 6 and not gen.outputs.get(9)
         assert gen.core.scheduler.num_waiting_for_remote_kv == 1
-        run_until([ctx, gen], lambda: gen.finished(9) and gen.finished(1))  # ... then it completes
+        gen.agent.abort(9)
+        gen.core.abort(9)
+        run_until([gen], lambda: gen.finished(9) and gen.finished(1))
+        gen.assert_no_blocks_in_use()
+    finally:
+        silent.close()
+        gen.agent.close()
+
+
+def test_the_ctx_side_serves_a_pull_while_its_engine_is_inside_a_step(zctx):
+    """The ctx engine's loop never turns after parking (as if one long prefill step ran): its
+    server thread answers the pull all the same; the ack frees the blocks at its next tick."""
+    config = _config("synthetic", None)
+    with engine_pair(config, zctx) as (ctx, gen):
+        park_and_pull(ctx, gen, 7, list(range(10, 50)))
+        run_until([gen], lambda: gen.finished(7), timeout=10)
+        assert gen.outputs[7][-1].error is None and gen.outputs[7][-1].kv_transfer.num_blocks == 10
+        assert ctx.agent.server.num_pulls_served == 1
+        assert ctx.core.block_manager.num_parked_blocks == 10  # freed by the engine loop, not the thread
+        run_until([ctx], lambda: ctx.core.block_manager.num_parked_blocks == 0, timeout=5)
 
 
 def test_abort_of_gen_request_frees_both_sides(zctx):
@@ -316,13 +337,13 @@ def test_messages_under_another_key_are_dropped(zctx):
         forger.connect(ctx.agent.endpoint)
         forged = KVFrameCodec(b"x" * 32, KVRequestMessage, "forger")
         forger.send_multipart(forged.encode(KVPullRequest(1, 7, 0, 5)))
-        run_until([ctx], lambda: ctx.agent._request_codec.num_rejected == 1, timeout=5)
-        assert ctx.agent.num_pulls_served == 0 and ctx.core.block_manager.num_parked_blocks == 5
+        run_until([ctx], lambda: ctx.agent.server.num_rejected == 1, timeout=5)
+        assert ctx.agent.server.num_pulls_served == 0 and ctx.core.block_manager.num_parked_blocks == 5
         assert forger.poll(100) == 0  # no answer at all
         # the same pull under the cluster key is served
         forger.send_multipart(KVFrameCodec(KEY, KVRequestMessage, "gen").encode(KVPullRequest(1, 7, 0, 5)))
         replies = KVFrameCodec(KEY, KVReplyMessage, "gen")
-        run_until([ctx], lambda: ctx.agent.num_pulls_served == 1, timeout=5)
+        run_until([ctx], lambda: ctx.agent.server.num_pulls_served == 1, timeout=5)
         ctx.turn()
         kinds = []
         while forger.poll(1000):
@@ -436,11 +457,7 @@ def test_the_agent_has_work_while_allocated_pulls_wait_to_be_requested(zctx):
     request's blocks must keep it awake until the next tick has sent the pull request."""
     config = _config("synthetic", None)
     with engine_pair(config, zctx) as (ctx, gen):
-        prompt = list(range(10, 30))
-        ctx.agent.add_context(AddContextRequest(EngineRequest(3, prompt, FIRST_ONLY), 60.0))
-        run_until([ctx], lambda: ctx.finished(3))
-        gen.agent.add_remote(AddRemoteRequest(EngineRequest(3, prompt, GREEDY), ctx.tokens(3)[0], 3,
-                                              ctx.agent.endpoint))
+        park_and_pull(ctx, gen, 3, list(range(10, 30)))
         gen.agent.tick()
         assert not gen.agent.has_work()
         gen.core.step()  # allocates the blocks: a pull waits to be requested

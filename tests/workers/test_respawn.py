@@ -9,7 +9,9 @@ import time
 import httpx
 
 from worker_process import start_worker, stop_worker, worker_log
-from worker_procs import alive, frontend_slots, wait_until
+from worker_procs import frontend_slots, wait_until
+
+from workers.processes import pid_alive
 
 
 def complete(url: str, n: int) -> set[str]:
@@ -50,7 +52,7 @@ def test_a_killed_frontend_comes_back_in_its_slot(tiny_model_dir):
         assert sorted(slots) == [1, 2, 3]
         sent = until_answered_by(url, "2")
         os.kill(slots[2], signal.SIGKILL)
-        wait_until(lambda: not alive(slots[2]), 2)
+        wait_until(lambda: not pid_alive(slots[2]), 2)
         assert answered_by(url, 12) <= {"0", "1", "3", "2"}  # the others keep serving meanwhile
         took = wait_until(lambda: frontend_slots(proc.pid).get(2, slots[2]) != slots[2], 5)
         assert took < 5

@@ -7,7 +7,7 @@ from engine_runs import run, tokens
 
 from workers.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
-from workers.protocol import EngineRequest
+from workers.protocol import EngineRequest, RequestOutput
 from workers.sampling_params import SamplingParams
 
 PROMPT = list(range(1, 41))
@@ -25,6 +25,20 @@ def request(request_id: int, max_tokens: int = 10, **params) -> EngineRequest:
 def test_default_streams_every_token():
     outputs = run(make_core(), request(0))[0]
     assert [len(o.new_token_ids) for o in outputs] == [1] * 10
+
+
+def test_each_output_is_exactly_what_the_rules_report():
+    """The per-token shortcut of ``Scheduler.update`` builds the outputs ``request_output`` would:
+    the prompt and cache counts on the first only, the finish reason on the last only, logprobs
+    on every output that asked for them."""
+    outputs = run(make_core(), request(0, max_tokens=4))[0]
+    ids = tokens(outputs)
+    assert outputs == [RequestOutput(0, [ids[0]], num_prompt_tokens=len(PROMPT)), RequestOutput(0, [ids[1]]),
+                       RequestOutput(0, [ids[2]]), RequestOutput(0, [ids[3]], "length")]
+    with_logprobs = run(make_core(), request(0, max_tokens=3, logprobs=2))[0]
+    assert tokens(with_logprobs) == ids[:3]
+    assert [(o.finish_reason, o.num_prompt_tokens, len(o.new_logprobs)) for o in with_logprobs] == [
+        (None, len(PROMPT), 1), (None, 0, 1), ("length", 0, 1)]
 
 
 @pytest.mark.parametrize(("interval", "sizes"), [(4, [1, 4, 4, 1]), (3, [1, 3, 3, 3]), (16, [1, 9])])

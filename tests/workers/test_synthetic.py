@@ -372,3 +372,22 @@ def test_grammars_and_penalties_are_ignored():
     controlled = make_request(0, [1, 2, 3], max_tokens=8, frequency_penalty=1.0, logit_bias=((5, 100.0),),
                               guided=GuidedDecoding("json_schema", '{"type": "object"}'))
     assert tokens(run(make_core(), controlled)[0]) == tokens(run(make_core(), free)[0])
+
+
+def test_requests_waiting_for_remote_kv_are_counted_through_every_transition():
+    """The stats' count is kept at the transitions (not a scan per step): queued, pulling,
+    pulled, and aborted in either waiting state all move it."""
+    gen = make_core()
+    for request_id in range(3):
+        gen.add_remote_request(make_request(request_id, list(range(20)), max_tokens=2), output_token_ids=[7])
+    assert gen.scheduler.num_waiting_for_remote_kv == 3  # queued, no blocks yet
+    gen.abort(2)  # aborted while queued
+    gen.step()  # blocks allocated: pulling
+    assert gen.scheduler.num_waiting_for_remote_kv == 2 and len(gen.take_kv_pulls()) == 2
+    gen.abort(1)  # aborted while pulling
+    gen.finish_remote_kv(0)
+    assert gen.scheduler.num_waiting_for_remote_kv == 0
+    gen.step()
+    assert gen.drain_stats()[-1].num_waiting_for_remote_kv == 0
+    run(gen)
+    assert gen.scheduler.num_waiting_for_remote_kv == 0 and gen.block_manager.num_used_blocks == 0

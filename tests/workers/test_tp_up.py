@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from tests.worker_process import free_port
-from tests.workers.test_tp_worker import _alive, _children, _cmdline
+from tests.workers.test_tp_worker import _children, _cmdline
+from workers.processes import pid_alive
 
 
 def disagg(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -62,6 +63,6 @@ def test_up_with_tp2_pools_serves_and_down_leaves_no_rank(tmp_path):
         down = disagg("down", "--run-dir", str(run), cwd=tmp_path)
     assert down.returncode == 0, down.stdout + down.stderr
     deadline = time.monotonic() + 10
-    while [p for p in ranks if _alive(p)] and time.monotonic() < deadline:
+    while [p for p in ranks if pid_alive(p)] and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [p for p in ranks if _alive(p)] == []
+    assert [p for p in ranks if pid_alive(p)] == []

@@ -20,6 +20,7 @@ import pytest
 from tests.worker_process import start_worker, stop_worker, worker_log
 from tests.worker_procs import _cmdline, children_of
 from workers.engine.model.tiny import make_tiny_model
+from workers.processes import pid_alive
 
 PROMPTS = ["hello there", "what is two and two", "tell me a story about a cat", "ok"]
 DOWN_SECONDS = 10.0
@@ -35,14 +36,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _kill_a_follower(descendants: list[int]) -> float:
     """SIGKILL the first rank follower among ``descendants``; when."""
     os.kill(next(p for p in descendants if "workers.rank_follower" in _cmdline(p)), signal.SIGKILL)
@@ -53,9 +46,9 @@ def _assert_down_in_time(proc, took: float, descendants: list[int]) -> None:
     """The worker went down within DOWN_SECONDS of the kill, and every process it had is gone."""
     assert took < DOWN_SECONDS, f"the worker took {took:.1f} s to go down:\n{worker_log(proc)}"
     deadline = time.monotonic() + 5
-    while [p for p in descendants if _alive(p)] and time.monotonic() < deadline:
+    while [p for p in descendants if pid_alive(p)] and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [p for p in descendants if _alive(p)], [_cmdline(p) for p in descendants if _alive(p)]
+    assert not [p for p in descendants if pid_alive(p)], [_cmdline(p) for p in descendants if pid_alive(p)]
     assert not os.listdir(proc.ipc_root)  # the IPC directory is gone too
 
 
@@ -98,7 +91,7 @@ def test_synthetic_tp4_serves_and_stops_every_rank(model_dir):
         assert all(_chat(url, prompt) for prompt in PROMPTS)
     finally:
         assert stop_worker(proc) == 0, worker_log(proc)
-    assert not [p for p in followers if _alive(p)]
+    assert not [p for p in followers if pid_alive(p)]
 
 
 @pytest.mark.parametrize("engine", ["synthetic", pytest.param("torch", marks=pytest.mark.slow)])

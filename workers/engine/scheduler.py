@@ -79,6 +79,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.remote_waiting: deque[Request] = deque()  # WAITING_FOR_REMOTE_KV, no blocks yet
         self._kv_pulls: list[KVPull] = []  # allocated remote requests not yet taken
+        # Requests in WAITING_FOR_REMOTE_KV (queued or pulling): counted at the three transitions,
+        # because the per-step stats read it and a scan of every request costs O(requests) a step.
+        self._num_remote_kv = 0
         self._park_seconds: dict[int, float] = {}  # request id -> how long to park its KV at finish
         self._finished_outputs: list[RequestOutput] = []  # aborts and rejections, reported next step
         # Cumulative prefix-cache accounting, in tokens, counted at each admission.
@@ -86,6 +89,7 @@ class Scheduler:
         self.num_prefix_hits = 0
         self.num_preemptions = 0  # cumulative
         self.num_preemptions_last_step = 0
+        self.num_finished_last_step = 0  # by ``update`` (aborts and rejections are not counted)
 
     # ---- requests in and out -----------------------------------------------
 
@@ -113,6 +117,7 @@ class Scheduler:
         if not self._accept(request):
             return
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
+        self._num_remote_kv += 1
         self.remote_waiting.append(request)
 
     def take_kv_pulls(self) -> list[KVPull]:
@@ -130,6 +135,7 @@ class Scheduler:
         request.num_computed_tokens = request.num_tokens - 1
         self.block_manager.cache_full_blocks(request)
         request.status = RequestStatus.WAITING
+        self._num_remote_kv -= 1
         self.waiting.appendleft(request)  # it holds blocks: never leave it behind requests needing them
 
     def _accept(self, request: Request) -> bool:
@@ -152,6 +158,8 @@ class Scheduler:
         request = self.requests.pop(request_id, None)
         if request is None:
             return
+        if request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
+            self._num_remote_kv -= 1
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request in self.remote_waiting:
@@ -181,7 +189,7 @@ class Scheduler:
 
     @property
     def num_waiting_for_remote_kv(self) -> int:
-        return sum(1 for r in self.requests.values() if r.status == RequestStatus.WAITING_FOR_REMOTE_KV)
+        return self._num_remote_kv
 
     @property
     def num_waiting(self) -> int:
@@ -202,7 +210,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)  # (not the property: per request)
+            num_new = min(num_tokens - request.num_computed_tokens, budget)
             # Most decodes fit in the last block they hold: no allocation to ask for.
             fits = request.num_computed_tokens + num_new <= len(request.block_ids) * block_size
             if not fits and not self._allocate_or_preempt(request, num_new):
@@ -299,40 +308,68 @@ class Scheduler:
     # ---- results -----------------------------------------------------------
 
     def update(self, batch: SchedulerOutput, result: ExecutorOutput) -> list[RequestOutput]:
-        """Advance the scheduled requests by what the step computed and sampled."""
+        """Advance the scheduled requests by what the step computed and sampled.
+
+        Per request this is the engine's innermost loop: attribute reads are hoisted, the
+        common streamed token (one, not the first, not the last, no logprobs) becomes its
+        ``RequestOutput`` directly, and one clock reading stamps every first token of the step.
+        """
         outputs: list[RequestOutput] = []
         finished: list[Request] = []
+        requests, sampled_tokens = self.requests, result.sampled
         default_interval = self.config.stream_interval
         block_size = self.block_manager.block_size
+        eos_token_ids, max_model_len = self.eos_token_ids, self.max_model_len
+        now: float | None = None
         for scheduled in batch.requests:
-            request = self.requests.get(scheduled.request_id)
-            if request is None or request.status != RequestStatus.RUNNING:
+            request_id = scheduled.request_id
+            request = requests.get(request_id)
+            if request is None or request.status is not _RUNNING:
                 continue  # aborted while the step ran
             num_new = len(scheduled.token_ids)
-            request.num_computed_tokens += num_new
-            if request.num_computed_tokens % block_size < num_new:  # a block filled up this step
+            num_computed = request.num_computed_tokens = request.num_computed_tokens + num_new
+            if num_computed % block_size < num_new:  # a block filled up this step
                 self.block_manager.cache_full_blocks(request)
             if not scheduled.sample:
                 continue
-            sampled = result.sampled[request.request_id]
-            request.output_token_ids.append(sampled.token_id)
-            if request.grammar is not None and not request.grammar.consume_token(sampled.token_id):
-                request.error = f"the grammar rejected token {sampled.token_id}: {request.grammar.get_error()}"
+            sampled = sampled_tokens[request_id]
+            token_id = sampled.token_id
+            request.output_token_ids.append(token_id)
+            if request.grammar is not None and not request.grammar.consume_token(token_id):
+                request.error = f"the grammar rejected token {token_id}: {request.grammar.get_error()}"
             is_first = request.first_token_time is None  # nothing reported for it before
             if is_first:
-                request.first_token_time = time.time()
-            status = stop_status(request, sampled.token_id, self.eos_token_ids, self.max_model_len)
+                if now is None:
+                    now = time.time()
+                request.first_token_time = now
+            status = stop_status(request, token_id, eos_token_ids, max_model_len)
             if status is not None:
                 request.status = status
                 finished.append(request)
-            request.num_unreported_tokens += 1
+            num_unreported = request.num_unreported_tokens + 1
             if sampled.logprobs is not None:
                 request.unreported_logprobs.append(sampled.logprobs)
             # The first token goes out at once (time to first token), the last with the finish
             # reason, the rest every stream_interval tokens.
-            interval = request.sampling_params.stream_interval or default_interval
-            if is_first or status is not None or request.num_unreported_tokens >= interval:
+            if is_first or status is not None:
+                request.num_unreported_tokens = num_unreported
                 outputs.append(_report(request, is_first))
+            elif num_unreported >= (request.sampling_params.stream_interval or default_interval):
+                if num_unreported == 1 and sampled.logprobs is None:  # = _report(request, False), built directly
+                    request.num_unreported_tokens = 0
+                    outputs.append(RequestOutput(request_id, [token_id]))
+                else:
+                    request.num_unreported_tokens = num_unreported
+                    outputs.append(_report(request, False))
+            else:
+                request.num_unreported_tokens = num_unreported
+        self.num_finished_last_step = len(finished)
+        if finished:
+            self._retire(finished)
+        return outputs
+
+    def _retire(self, finished: list[Request]) -> None:
+        """Free (or park) the blocks of requests that finished this step, and forget them."""
         for request in finished:
             request.grammar = None  # the matcher is freed now, not when the last reference goes
             park_seconds = self._park_seconds.pop(request.request_id, None)
@@ -341,9 +378,12 @@ class Scheduler:
             else:
                 self.block_manager.park(request, deadline=time.time() + park_seconds)
             del self.requests[request.request_id]
-        if finished:
-            self.running = [r for r in self.running if not r.is_finished]
-        return outputs
+        # Every request in ``running`` is RUNNING (preemption and abort take theirs out): the
+        # ones that are not any more are exactly those finished this step.
+        self.running = [r for r in self.running if r.status is _RUNNING]
+
+
+_RUNNING = RequestStatus.RUNNING  # (hoisted: read per request per step)
 
 
 def _report(request: Request, is_first: bool) -> RequestOutput:

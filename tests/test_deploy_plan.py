@@ -1,0 +1,75 @@
+"""disagg.deploy_plan: one plan per deployment file, executed by the local and the Slurm launcher alike."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from disagg.deploy_config import load_deploy_config
+from disagg.deploy_plan import SLURM_RUN_DIR, local_plan, slurm_plan
+from disagg.orchestrator_plan import main as setup_step
+from orchestrator.config import StaticWorker, load_orchestrator_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+# What a launcher adds on its own: where the worker finds its key and state, how it logs, its cores.
+LAUNCHER_FLAGS = {"--host", "--port", "--cluster-key-file", "--state-dir", "--kv-host", "--kv-port",
+                  "--log-level", "--engine-threads", "--tensor-parallel-size"}
+
+
+def _serve_flags(argv: tuple[str, ...]) -> dict[str, str | None]:
+    """``disagg serve``'s flags (the step wrapper before ``--`` dropped) minus the launcher's own."""
+    serve = argv[argv.index("serve") + 2:]
+    flags: dict[str, str | None] = {}
+    for i, word in enumerate(serve):
+        if word.startswith("--") and word not in LAUNCHER_FLAGS:
+            value = serve[i + 1] if i + 1 < len(serve) and not serve[i + 1].startswith("--") else None
+            flags[word] = value
+    return flags
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_both_launchers_start_the_same_workers_with_the_same_settings(path, tmp_path):
+    config = load_deploy_config(path)
+    local, slurm = local_plan(config, tmp_path, tmp_path / "model"), slurm_plan(config, str(path))
+    shape = [(w.name, w.pool, w.index, w.role, w.tensor_parallel_size) for w in local.workers]
+    assert shape == [(w.name, w.pool, w.index, w.role, w.tensor_parallel_size) for w in slurm.workers]
+    assert [w.name for w in local.workers] == [f"ctx-{i}" for i in range(config.pools.ctx.instances)] + \
+        [f"gen-{i}" for i in range(config.pools.gen.instances)]
+    for here, there in zip(local.workers, slurm.workers):
+        assert _serve_flags(here.argv) == _serve_flags(there.argv), here.name
+        assert there.argv[:7] == ("python", "-m", "slurm.step", "worker", "--run-dir", SLURM_RUN_DIR, "--")
+        assert there.placement is not None and there.placement.name == there.name
+    # The orchestrator: the same section, different discovery (static list here, registration there).
+    differ = {"model_dir", "state_dir", "host", "port", "workers", "prometheus_targets_dir"}
+    mine, theirs = (dataclasses.asdict(p.orchestrator.config) for p in (local, slurm))
+    assert {k: v for k, v in mine.items() if k not in differ} == {k: v for k, v in theirs.items() if k not in differ}
+    assert local.orchestrator.config.workers == tuple(StaticWorker(w.role, w.url) for w in local.workers)
+    assert slurm.orchestrator.config.workers == ()
+
+
+def test_a_local_plan_takes_the_fixed_ports_and_picks_free_ones_for_the_rest(tmp_path):
+    path = tmp_path / "d.yaml"
+    path.write_text("model: tiny\norchestrator: {port: 0}\npools: {ctx: {base_port: 9100, instances: 2}, gen: {}}\n")
+    plan = local_plan(load_deploy_config(path), tmp_path, tmp_path / "model")
+    assert [w.url for w in plan.workers][:2] == ["http://127.0.0.1:9100", "http://127.0.0.1:9101"]
+    assert plan.workers[2].port > 0 and plan.orchestrator.port > 0
+    assert plan.orchestrator.argv[-2:] == ("--config", str(tmp_path / "orchestrator.json"))
+
+
+def test_the_slurm_setup_step_writes_the_orchestrator_config_of_the_same_plan(tmp_path):
+    model = tmp_path / "weights"
+    model.mkdir()
+    path = tmp_path / "d.yaml"
+    path.write_text(f"model: {model}\nlauncher: slurm\norchestrator: {{port: 8123, processes: 3}}\n"
+                    "pools: {ctx: {base_port: 9100}, gen: {base_port: 9200}}\n")
+    config = load_deploy_config(path)
+    with pytest.raises(ValueError, match="placeholder"):  # rendered before the job has a run dir
+        slurm_plan(config, str(path)).write_orchestrator_config()
+    run = tmp_path / "run"
+    run.mkdir()
+    assert setup_step([str(path), "--run-dir", str(run)]) == 0
+    written = load_orchestrator_config(run / "orchestrator.json")
+    assert written == slurm_plan(config, str(path), run_dir=str(run.resolve()), model=str(model)).orchestrator.config
+    assert (written.port, written.processes, written.workers, written.model_dir) == (8123, 3, (), str(model))
