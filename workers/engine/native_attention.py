@@ -47,7 +47,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 # What -march=native must give up when torch runs below the CPU's best (its capability names, x86).
 _CAPABILITY_LIMITS = {"AVX2": ("-mno-avx512f",), "DEFAULT": ("-mno-avx",)}
 BUILD_TIMEOUT_SECONDS = 120
-LANES = 16  # as in paged_decode.c
+LANES = 16  # paged_decode.c's widest vector (8 on AVX2): shapes are whole runs at either width
 
 # Tensors pass as their data pointers (float32 or int64 as the C signature says; checked in __call__).
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
@@ -64,7 +64,7 @@ _ARGTYPES = (
 
 
 def kernel_supports(head_dim: int, block_size: int) -> bool:
-    """The kernel works on runs of 16 keys within one block, 16 floats of a head at a time."""
+    """The kernel works on runs of 8 or 16 keys within one block, as many floats of a head at a time."""
     return head_dim % LANES == 0 and block_size % LANES == 0
 
 
