@@ -18,7 +18,12 @@ Measured in one run, so the ratios hold on a shared, noisy machine:
      transformers loads the same file (``gguf_file=``) for 1.
 
     python benchmarks/engine_throughput.py [--model NAME] [--out FILE] [--rounds 5] [--threads N]
-        [--decode-attention auto|native|sdpa]
+        [--decode-attention auto|native|sdpa] [--emulate-isa avx2] [--skip-prefix-ttft]
+
+``--emulate-isa avx2`` runs engine and transformers as on an AVX2-only x86
+CPU (torch, oneDNN, MKL and the native kernel limited to AVX2; see
+``cpu_isa``); the extensions in effect are printed beside the ratio and
+written to the JSON either way.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from cpu_isa import EMULATIONS, describe, emulate, vector_extensions
 from decode_limit import decode_against_limit
 from workers.config import DECODE_ATTENTION_MODES, CacheConfig, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
@@ -171,6 +177,7 @@ def throughput_rounds(
                 "hf_s": hf_s,
                 "hf_generate_tokens_per_s": hf_rate,
                 "ratio": engine_rate / hf_rate,
+                "cpu_ratio": (hf_cpu_s / hf_tokens) / (engine_cpu_s / engine_tokens),
                 # CPU seconds of this process: with one thread, a steadier figure under load than wall time.
                 "engine_cpu_s": engine_cpu_s,
                 "hf_cpu_s": hf_cpu_s,
@@ -214,7 +221,13 @@ def main() -> None:
                                                       "a model directory or a .gguf file")
     parser.add_argument("--decode-attention", default="auto", choices=DECODE_ATTENTION_MODES,
                         help="the engine's decode attention (EngineConfig.decode_attention)")
+    parser.add_argument("--emulate-isa", default=None, choices=sorted(EMULATIONS),
+                        help="run as on a CPU with no more than these vector extensions (re-executes itself)")
+    parser.add_argument("--skip-prefix-ttft", action="store_true", help="measure the throughput ratio only")
     args = parser.parse_args()
+    emulate(args.emulate_isa)
+    extensions = vector_extensions()
+    print(describe(extensions), flush=True)
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -225,11 +238,14 @@ def main() -> None:
     warm_up = make_prompts(2, vocab_size, seed=1)  # not the measured prompts: no prefix-cache hits
     rounds = throughput_rounds(model_dir, prompts, warm_up, args.max_tokens, args.rounds, args.decode_attention)
     ratio = statistics.median(r["ratio"] for r in rounds)
+    cpu_ratio = statistics.median(r["cpu_ratio"] for r in rounds)
     if args.model:
         core = EngineCore(engine_config(model_dir, 256, decode_attention=args.decode_attention))
         rng = random.Random(2)  # four distinct 128-token prompts: a warm-up and three measured
         prompts_128 = [[rng.randrange(16, vocab_size - 16) for _ in range(128)] for _ in range(4)]
         single = decode_against_limit(core, prompts_128, args.max_tokens)
+        ttft = []
+    elif args.skip_prefix_ttft:
         ttft = []
     else:
         ttft = [prefix_ttft(model_dir, vocab_size, 512, 5, args.decode_attention),
@@ -242,6 +258,8 @@ def main() -> None:
             "threads": torch.get_num_threads(),
             "threads_option": args.threads,
             "decode_attention": args.decode_attention,
+            "emulate_isa": args.emulate_isa,
+            "vector_extensions": extensions,
         },
         "throughput": {
             "num_requests": args.num_requests,
@@ -250,6 +268,8 @@ def main() -> None:
             "hf_generate_tokens_per_s": statistics.median(r["hf_generate_tokens_per_s"] for r in rounds),
             "ratio": ratio,
             "ratio_is": "median of per-round ratios",
+            "cpu_ratio": cpu_ratio,
+            "cpu_ratio_is": "median of per-round (HF CPU-s per token) / (engine CPU-s per token)",
             "rounds": rounds,
             "target_ratio": 2.0,
         },
@@ -262,10 +282,14 @@ def main() -> None:
               f"physical limit {single['physical_limit_tokens_per_s']:.1f} tok/s "
               f"({single['weight_bytes_per_token'] / 1e6:.0f} MB of weights per token at "
               f"{max(single['read_bytes_per_s'], single['copy_bytes_per_s']) / 1e9:.1f} GB/s)")
-    else:
+    elif ttft:
         result["prefix_ttft"] = {**ttft[0], "target_ratio": 0.25}
         result["prefix_ttft_long"] = {**ttft[1], "target_ratio": 0.25}
-    print(f"ratio        {ratio:8.2f}x median of {len(rounds)} rounds (target >= 2x)")
+    print(f"ratio        {ratio:8.2f}x median of {len(rounds)} rounds (target >= 2x)"
+          f"  [torch {extensions['torch_capability']}, oneDNN {extensions['onednn_isa']}]")
+    print(f"cpu ratio    {cpu_ratio:8.2f}x median of {len(rounds)} rounds (transformers CPU-s per token"
+          " / the engine's, this process)")
+    print(f"{'PASS' if ratio >= 2.0 else 'FAIL'} engine/transformers >= 2x")
     for entry in ttft:
         print(
             f"TTFT {entry['prompt_len']}-token prompt, 90% shared prefix {entry['ttft_prefix_hit_ms']:.1f} ms"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import platform
 import random
 
 import pytest
@@ -22,6 +23,19 @@ def kernel() -> native_attention.NativeDecodeKernel:
     return built
 
 
+@pytest.fixture(scope="module", params=[8, 16])
+def kernel_at_width(request, tmp_path_factory) -> native_attention.NativeDecodeKernel:
+    """The kernel built with 8-float (AVX2) or 16-float (AVX-512) vectors, whichever this CPU has:
+    each width must compute the same attention (wider vectors than the CPU's only run slower)."""
+    flags = native_attention.build_flags() + (f"-DLANES={request.param}",)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp(f"lanes{request.param}")))
+        patch.setattr(native_attention, "build_flags", lambda: flags)
+        built = load_kernel.__wrapped__()
+    assert built is not None and built.path.name.startswith("paged_decode-")
+    return built
+
+
 def reference_decode(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """query (H, D), keys/values (L, KVH, D) -> (H, D), in float64."""
     group = query.shape[0] // keys.shape[1]
@@ -35,7 +49,10 @@ def reference_decode(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     "num_heads, num_kv_heads, head_dim, block_size",
     [(8, 4, 32, 16), (4, 4, 16, 16), (8, 2, 64, 32), (6, 2, 48, 16), (4, 1, 128, 16)],
 )
-def test_kernel_matches_attention_over_each_sequence(kernel, num_heads, num_kv_heads, head_dim, block_size):
+def test_kernel_matches_attention_over_each_sequence(
+    kernel_at_width, num_heads, num_kv_heads, head_dim, block_size
+):
+    kernel = kernel_at_width
     rng = random.Random(head_dim)
     generator = torch.Generator().manual_seed(head_dim)
     # Lengths around run (16) and block boundaries, one long; a lone decode splits its KV heads across threads.
@@ -117,6 +134,22 @@ def test_a_built_kernel_is_reused_from_the_cache(monkeypatch, tmp_path):
     assert built.parent == tmp_path / "disagg" / "kernels"
     # A second engine finds it: no compiler runs (this one would fail).
     assert native_attention._build("/nonexistent/cc") == built
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the capability limits are x86 compiler flags")
+def test_the_kernel_is_built_for_the_instruction_set_torch_runs_with(monkeypatch, tmp_path):
+    """ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU must give an AVX2 kernel (and its own cache entry)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compiler = native_attention.shutil.which("cc") or native_attention.shutil.which("gcc")
+    built = {}
+    for capability in ("AVX512", "AVX2"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        built[capability] = native_attention._build(compiler)
+        assert native_attention.build_flags()[: len(native_attention.FLAGS)] == native_attention.FLAGS
+    assert "-mno-avx512f" in native_attention.build_flags()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert "-mno-avx512f" not in native_attention.build_flags()
+    assert built["AVX512"] != built["AVX2"]
 
 
 def test_kernel_shapes():

@@ -11,6 +11,12 @@ engines starting together may each build it, never read a half-written one.
 Only for float32 on the CPU. ``load_kernel`` returns None, and logs why,
 when there is no compiler, the build fails or the built kernel disagrees
 with the torch path on a probe; the engine then gathers KV and calls SDPA.
+
+The kernel's instruction set follows torch's: ``-march=native``, less the
+extensions torch was limited away from (``ATEN_CPU_CAPABILITY=avx2`` on an
+AVX-512 CPU builds an AVX2 kernel, as an AVX2-only CPU would), so one
+variable emulates an older x86 CPU for the whole engine
+(``benchmarks/engine_throughput.py --emulate-isa avx2``).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DecodeBatch", "NativeDecodeKernel", "kernel_supports", "load_kernel"]
+__all__ = ["DecodeBatch", "NativeDecodeKernel", "build_flags", "kernel_supports", "load_kernel"]
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +44,10 @@ SOURCE = Path(__file__).with_name("paged_decode.c")
 # never -ffast-math: gcc links crtfastmath.o into shared objects with it, which sets flush-to-zero
 # for the whole process at load.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+# What -march=native must give up when torch runs below the CPU's best (its capability names, x86).
+_CAPABILITY_LIMITS = {"AVX2": ("-mno-avx512f",), "DEFAULT": ("-mno-avx",)}
 BUILD_TIMEOUT_SECONDS = 120
-LANES = 16  # as in paged_decode.c
+LANES = 16  # paged_decode.c's widest vector (8 on AVX2): shapes are whole runs at either width
 
 # Tensors pass as their data pointers (float32 or int64 as the C signature says; checked in __call__).
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
@@ -56,7 +64,7 @@ _ARGTYPES = (
 
 
 def kernel_supports(head_dim: int, block_size: int) -> bool:
-    """The kernel works on runs of 16 keys within one block, 16 floats of a head at a time."""
+    """The kernel works on runs of 8 or 16 keys within one block, as many floats of a head at a time."""
     return head_dim % LANES == 0 and block_size % LANES == 0
 
 
@@ -137,9 +145,17 @@ def load_kernel() -> NativeDecodeKernel | None:
     return kernel
 
 
+def build_flags() -> tuple[str, ...]:
+    """FLAGS, limited to the instruction set torch's own kernels run with (the cache key has them)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return FLAGS
+    return FLAGS + _CAPABILITY_LIMITS.get(torch.backends.cpu.get_cpu_capability(), ())
+
+
 def _build(compiler: str) -> Path:
     source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_identity().encode()).hexdigest()[:16]
+    flags = build_flags()
+    digest = hashlib.sha256(source + " ".join(flags).encode() + _cpu_identity().encode()).hexdigest()[:16]
     target = _cache_dir() / f"paged_decode-{digest}.so"
     if target.exists():
         return target
@@ -148,7 +164,7 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     try:
         result = subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", partial],
+            [compiler, *flags, str(SOURCE), "-o", partial],
             capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS,
         )
         if result.returncode != 0:

@@ -14,17 +14,29 @@
  * reads them back; this reads each block once, in order, at close to the
  * machine's memory bandwidth (see attend_heads).
  *
- * Per query head, three passes over its keys, 16 positions (one vector) at a
- * time: scores q . k (the 16 dot products of a run reduced together by a
- * shuffle tree, not one horizontal sum each), exp(score - max) and their sum,
- * then the weighted sum of the values. The caller guarantees D % 16 == 0 and
- * BS % 16 == 0 (native_attention.kernel_supports).
+ * Per query head, three passes over its keys, LANES positions (one vector)
+ * at a time: scores q . k (the LANES dot products of a run reduced together
+ * by a shuffle tree, not one horizontal sum each), exp(score - max) and their
+ * sum, then the weighted sum of the values. The caller guarantees D % 16 == 0
+ * and BS % 16 == 0 (native_attention.kernel_supports), so D and BS are whole
+ * runs at either width.
+ *
+ * LANES is the target's float vector: 16 (one AVX-512 register), or 8 where
+ * the widest is AVX2's 256 bits. A 16-float vector there is two registers,
+ * and its cross-register shuffles and spills made the kernel 6x slower than
+ * at 8 (2-core EPYC, -mno-avx512f: 2.4 ms vs 0.4 ms for 32 decodes).
  */
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#ifndef LANES
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#define LANES 8
+#else
 #define LANES 16
+#endif
+#endif
 #define MASKED_SCORE (-3.0e38f) /* a padding lane's score: below any real one, finite */
 
 /* aligned(4): loads through these types may be unaligned (rows of the pool are 4-byte aligned) */
@@ -55,8 +67,11 @@ static inline vf exp_nonpositive(vf x) {
 }
 
 /* Pairwise lane sums of two vectors: each lane of the result is the sum of the two
- * lanes the masks pick, runs from a then from b (the masks set the run width). */
+ * lanes the masks pick, runs from a then from b (the masks set the run width). Each
+ * level halves the runs; after the last, lane s holds the whole sum of vector s. */
 #define FOLD(a, b, lo, hi) (__builtin_shuffle((a), (b), (vi)lo) + __builtin_shuffle((a), (b), (vi)hi))
+#if LANES == 16
+static const vi LANE_INDEX = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 static const vi HALVES_LO = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
 static const vi HALVES_HI = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
 static const vi QUARTERS_LO = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
@@ -74,14 +89,31 @@ static inline vf sum_each(const vf products[LANES]) {
     for (int i = 0; i < 2; ++i) pairs[i] = FOLD(quarters[2 * i], quarters[2 * i + 1], PAIRS_LO, PAIRS_HI);
     return FOLD(pairs[0], pairs[1], EVENS, ODDS);
 }
+#elif LANES == 8
+static const vi LANE_INDEX = {0, 1, 2, 3, 4, 5, 6, 7};
+static const vi HALVES_LO = {0, 1, 2, 3, 8, 9, 10, 11};
+static const vi HALVES_HI = {4, 5, 6, 7, 12, 13, 14, 15};
+static const vi PAIRS_LO = {0, 1, 4, 5, 8, 9, 12, 13};
+static const vi PAIRS_HI = {2, 3, 6, 7, 10, 11, 14, 15};
+static const vi EVENS = {0, 2, 4, 6, 8, 10, 12, 14};
+static const vi ODDS = {1, 3, 5, 7, 9, 11, 13, 15};
+
+static inline vf sum_each(const vf products[LANES]) {
+    vf halves[4], pairs[2];
+    for (int i = 0; i < 4; ++i) halves[i] = FOLD(products[2 * i], products[2 * i + 1], HALVES_LO, HALVES_HI);
+    for (int i = 0; i < 2; ++i) pairs[i] = FOLD(halves[2 * i], halves[2 * i + 1], PAIRS_LO, PAIRS_HI);
+    return FOLD(pairs[0], pairs[1], EVENS, ODDS);
+}
+#else
+#error "LANES must be 8 or 16"
+#endif
 
 static inline vi lane_below(int64_t count) {
-    const vi lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    return lanes < (int32_t)count; /* all ones where lane < count */
+    return LANE_INDEX < (int32_t)count; /* all ones where lane < count */
 }
 
 /* Softmax weights in place: exp(score - max) of one head's scores (padded to
- * whole runs of 16; padding lanes hold MASKED_SCORE and get weight 0).
+ * whole runs of LANES; padding lanes hold MASKED_SCORE and get weight 0).
  * Returns 1 / their sum. */
 static inline float softmax_weights(float *scores, int64_t num_runs, vf max) {
     float top = max[0];
@@ -100,7 +132,7 @@ static inline float softmax_weights(float *scores, int64_t num_runs, vf max) {
 /* KV heads [kv_first, kv_last) of one decode: every query head they serve.
  * The passes walk the keys in position order with the heads innermost, so a
  * block's rows (all KV heads side by side) are read once and in order; per
- * head, one run of 16 dot products is reduced at a time. Inlined with a
+ * head, one run of LANES dot products is reduced at a time. Inlined with a
  * constant head_dim for the common sizes (the switch below), where the
  * chunk loops unroll. Scratch: (heads, padded length) scores, one vector of
  * running maxima per head, then (heads, head_dim) accumulators. */
@@ -183,7 +215,7 @@ int paged_decode_attention(
         const int64_t padded = (length + LANES - 1) / LANES * LANES;
         const int64_t heads = (kv_last - kv_first) * group;
         const size_t floats = (size_t)(heads * padded + heads * LANES + heads * head_dim);
-        float *scratch = aligned_alloc(4 * LANES, sizeof(float) * floats); /* every part a multiple of 16 */
+        float *scratch = aligned_alloc(4 * LANES, sizeof(float) * floats); /* every part a multiple of LANES */
         if (scratch == NULL) {
 #pragma omp atomic write
             failed = 1;
