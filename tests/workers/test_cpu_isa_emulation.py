@@ -30,6 +30,7 @@ def extensions_in_effect(*argv: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a child process per library (10-47 s on a loaded 2-core machine)
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 vector extensions")
 def test_emulated_avx2_limits_every_library_and_reports_it():
     native = extensions_in_effect()
