@@ -143,7 +143,7 @@ def test_the_kernel_is_built_for_the_instruction_set_torch_runs_with(monkeypatch
     compiler = native_attention.shutil.which("cc") or native_attention.shutil.which("gcc")
     built = {}
     for capability in ("AVX512", "AVX2"):
-        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda capability=capability: capability)
         built[capability] = native_attention._build(compiler)
         assert native_attention.build_flags()[: len(native_attention.FLAGS)] == native_attention.FLAGS
     assert "-mno-avx512f" in native_attention.build_flags()
