@@ -148,8 +148,10 @@ def breakdown_disagg(result: dict, record: dict | None) -> dict:
         parts["relay"] = result["t1"] - gen_worker["tokenized"]  # the first event written, relayed, read
     else:
         parts["relay"] = result["t1"] - gen_worker["first_token"]
-    if ctx_worker.get("first_token") and ctx_worker.get("engine_arrival"):
-        parts["ctx_engine"] = ctx_worker["first_token"] - ctx_worker["engine_arrival"]  # inside ctx_prefill
+    if ctx_worker.get("first_token") and ctx_worker.get("engine_arrival"):  # inside ctx_prefill
+        parts["ctx_to_engine"] = ctx_worker["engine_arrival"] - ctx["start"]
+        parts["ctx_engine"] = ctx_worker["first_token"] - ctx_worker["engine_arrival"]
+        parts["ctx_answer"] = ctx["end"] - ctx_worker["first_token"]
     if gen_worker.get("engine_arrival") and gen_worker.get("first_scheduled"):  # inside gen_first_step + kv
         parts["gen_to_engine"] = gen_worker["engine_arrival"] - gen["start"]
         parts["gen_to_scheduled"] = gen_worker["first_scheduled"] - gen_worker["engine_arrival"]
