@@ -77,7 +77,9 @@ class DisaggConfig:
 
 
 class KVTransferError(FrontendError):
-    """The gen engine could not pull the KV from the ctx engine (expired, ctx gone, ...)."""
+    """The gen engine ended the leg because it could not pull the KV (expired, ctx gone, ...). Today's
+    engines prefill such a leg themselves instead (``Scheduler.recompute_remote``): kept for an engine
+    that reports the failure, which the orchestrator still replays (``orchestrator.attempts``)."""
 
     status = 502
     openai_type = "kv_transfer_error"

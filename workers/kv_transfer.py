@@ -31,7 +31,6 @@ from zmq.utils.monitor import recv_monitor_message
 from workers.kv_core import KVCore
 from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import (
-    KV_TRANSFER_ERROR,
     KVAck,
     KVBlocks,
     KVDone,
@@ -55,7 +54,7 @@ from workers.protocol import (
     RequestOutput,
 )
 
-__all__ = ["DisaggEngineSpec", "KVTransferAgent", "KV_TRANSFER_ERROR", "EXPIRY_MARGIN_SECONDS"]
+__all__ = ["DisaggEngineSpec", "KVTransferAgent", "EXPIRY_MARGIN_SECONDS"]
 
 log = logging.getLogger("disagg.kv_transfer")
 
