@@ -28,6 +28,13 @@ segments of client send (t0) to client first token (t1):
 - ``gen_first_step``: gen leg sent -> gen engine's first token, less the pull;
 - ``relay``: gen engine's first token -> client (worker frontend, orchestrator).
 
+When the gen leg streams the ctx leg's first token before its engine's
+(``frontends.disaggregation``: as soon as the leg is handed to the engine),
+``kv_transfer`` and ``gen_first_step`` come after the first token: reported,
+not summed, and the segments after ``ctx_prefill`` are ``gen_leg`` (gen leg
+sent -> handed to the gen engine, the worker's ``tokenized`` stamp) and
+``relay`` (-> client).
+
 Aggregated: ``frontend`` (t0 -> engine arrival), ``prefill`` (engine arrival ->
 first token), ``relay`` (first token -> client). ``unaccounted`` is the total
 less the segments' sum (non-zero only where a stamp is missing).
@@ -135,10 +142,16 @@ def breakdown_disagg(result: dict, record: dict | None) -> dict:
     parts = {"orchestrator": (ctx["start"] - result["t0"]) + (gen["start"] - ctx["end"]),
              "ctx_prefill": ctx["end"] - ctx["start"],
              "kv_transfer": kv,
-             "gen_first_step": gen_worker["first_token"] - gen["start"] - kv,
-             "relay": result["t1"] - gen_worker["first_token"]}
-    if ctx_worker.get("first_token") and ctx_worker.get("engine_arrival"):
-        parts["ctx_engine"] = ctx_worker["first_token"] - ctx_worker["engine_arrival"]  # inside ctx_prefill
+             "gen_first_step": gen_worker["first_token"] - gen["start"] - kv}
+    if result["t1"] < gen_worker["first_token"]:  # the gen leg streamed the ctx leg's token before its engine's
+        parts["gen_leg"] = gen_worker["tokenized"] - gen["start"]  # HTTP in, checks, handed to the engine
+        parts["relay"] = result["t1"] - gen_worker["tokenized"]  # the first event written, relayed, read
+    else:
+        parts["relay"] = result["t1"] - gen_worker["first_token"]
+    if ctx_worker.get("first_token") and ctx_worker.get("engine_arrival"):  # inside ctx_prefill
+        parts["ctx_to_engine"] = ctx_worker["engine_arrival"] - ctx["start"]
+        parts["ctx_engine"] = ctx_worker["first_token"] - ctx_worker["engine_arrival"]
+        parts["ctx_answer"] = ctx["end"] - ctx_worker["first_token"]
     if gen_worker.get("engine_arrival") and gen_worker.get("first_scheduled"):  # inside gen_first_step + kv
         parts["gen_to_engine"] = gen_worker["engine_arrival"] - gen["start"]
         parts["gen_to_scheduled"] = gen_worker["first_scheduled"] - gen_worker["engine_arrival"]
@@ -147,7 +160,14 @@ def breakdown_disagg(result: dict, record: dict | None) -> dict:
 
 
 SUMMED = {"agg": ("frontend", "prefill", "relay"),
-          "disagg": ("orchestrator", "ctx_prefill", "kv_transfer", "gen_first_step", "relay")}
+          "disagg": ("orchestrator", "ctx_prefill", "kv_transfer", "gen_first_step", "relay"),
+          "disagg-early": ("orchestrator", "ctx_prefill", "gen_leg", "relay")}
+
+
+def summed(path: str, parts: dict) -> tuple[str, ...]:
+    """The segments that make up TTFT: with the first token streamed early (``gen_leg`` set), the
+    KV pull and the gen engine's first step come after it (reported, not summed)."""
+    return SUMMED["disagg-early" if "gen_leg" in parts else path]
 
 
 def summarize(path: str, length: int, concurrency: int, results: list[dict]) -> dict:
@@ -158,9 +178,10 @@ def summarize(path: str, length: int, concurrency: int, results: list[dict]) -> 
     parts = [r["breakdown"] for r in results if r["breakdown"]]
     row["joined"] = len(parts)
     if parts:
-        for key in parts[0]:
+        for key in dict.fromkeys(k for p in parts for k in p):  # every segment any request had
             row[f"{key}_p50_ms"] = round(statistics.median(p[key] for p in parts if key in p), 3)
-        unaccounted = [r["ttft_ms"] - sum(r["breakdown"][k] for k in SUMMED[path]) for r in results if r["breakdown"]]
+        unaccounted = [r["ttft_ms"] - sum(r["breakdown"][k] for k in summed(path, r["breakdown"]))
+                       for r in results if r["breakdown"]]
         row["unaccounted_p50_ms"] = round(statistics.median(unaccounted), 3)
     return row
 

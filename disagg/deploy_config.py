@@ -73,8 +73,9 @@ class EngineSettings:
     a request's ``stream_interval`` overrides it."""
     kv_park_seconds: float | None = None
     kv_pull_timeout: float | None = None
-    """gen role: a KV pull with no progress for this long fails its request (serve's --kv-pull-timeout,
-    default 30); a pull from a ctx engine whose agent is known gone fails at once regardless."""
+    """gen role: a KV pull with no progress for this long fails (serve's --kv-pull-timeout, default 30);
+    a pull from a ctx engine whose agent is known gone fails at once regardless. The gen engine then
+    prefills the request itself."""
     synthetic_decode_step_seconds: float | None = None
     """Synthetic engine's timing model: seconds per decode step (serve's flag of the same name)."""
     synthetic_prefill_seconds_per_token: float | None = None

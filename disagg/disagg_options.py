@@ -28,7 +28,7 @@ DISAGG_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--kv-park-seconds", dict(type=float, default=60.0, help="ctx role: how long a prompt's KV waits for its gen "
                                                               "worker before it is freed")),
     ("--kv-pull-timeout", dict(type=float, default=30.0, help="gen role: a KV pull with no progress for this long "
-                                                              "fails its request")),
+                                                              "fails (the request is then prefilled here)")),
     ("--register-url", dict(default=None, help="orchestrator base URL to register this worker with (heartbeats)")),
     ("--advertise-url", dict(default=None, help="this worker's base URL for the orchestrator "
                                                 "(default: http://HOST:PORT)")),

@@ -14,6 +14,11 @@ into one leg of a disaggregated request:
   400, no connection made); the prompt ids come from the params, never from
   re-tokenizing; the engine pulls the KV and decodes after the first token,
   which the answer's text starts with, so the client sees one seamless answer.
+  That first token (the ctx leg's) is the leg's ``early_tokens``: a streamed
+  answer sends it as soon as the request is handed to the engine, so neither
+  the KV pull nor the gen engine's first step is in the time to first token.
+  A pull that fails after that is not an error the client sees: the gen
+  engine prefills the prompt itself (``Scheduler.recompute_remote``).
 
 Cached prompt tokens (usage ``prompt_tokens_details.cached_tokens``,
 Anthropic ``cache_read_input_tokens``) are the prompt tokens whose prefill a
@@ -72,7 +77,9 @@ class DisaggConfig:
 
 
 class KVTransferError(FrontendError):
-    """The gen engine could not pull the KV from the ctx engine (expired, ctx gone, ...)."""
+    """The gen engine ended the leg because it could not pull the KV (expired, ctx gone, ...). Today's
+    engines prefill such a leg themselves instead (``Scheduler.recompute_remote``): kept for an engine
+    that reports the failure, which the orchestrator still replays (``orchestrator.attempts``)."""
 
     status = 502
     openai_type = "kv_transfer_error"
@@ -111,6 +118,16 @@ class DisaggLeg:
         if params.first_token_id is None or params.ctx_request_id is None or params.kv_endpoint is None:
             raise AssertionError("a generation_only leg is used before verify_params checked it")
         return params.first_token_id, params.ctx_request_id, params.kv_endpoint
+
+    def early_tokens(self) -> tuple[list[int], list[TokenLogprobs] | None] | None:
+        """A gen leg's first token, the ctx leg's, with its logprobs when asked for; ``on_output``
+        then reports only the engine's tokens."""
+        if not self._first_pending:
+            return None
+        self._first_pending = False
+        first_token_id, _, _ = self.kv_source()
+        first_logprobs = self.params.first_token_logprobs
+        return [first_token_id], None if first_logprobs is None else [first_logprobs]
 
     def on_output(self, output: RequestOutput) -> RequestOutput:
         """Called on every output before the generation reads it."""

@@ -78,6 +78,11 @@ class OutputHook(Protocol):
 
     def usage_cached_tokens(self, own: int) -> int: ...  # ``own``: this engine's prefix-cache hits
 
+    def early_tokens(self) -> tuple[list[int], list[TokenLogprobs] | None] | None:
+        """Output tokens (and logprobs) known before the engine reports any: they go to the client at
+        once, and ``on_output`` does not report them again. None: none (asked once, before the run)."""
+        ...
+
 
 class RequestAbortedError(FrontendError):
     """The engine ended the request without an answer (it was aborted on its side)."""
@@ -148,6 +153,11 @@ class Generation:
 
     async def pieces(self) -> AsyncIterator[Piece]:
         cutter = PieceCutter(self)
+        early = cutter.cut_early()
+        if early is not None:
+            yield early
+            if early.finish_reason is not None:
+                return  # a stop string in the early tokens: the engine never sees the request
         make_message = None if self.hook is None else self.hook.message
         outputs = self.client.generate(self.prompt_token_ids, self.params, self.arrival_time, make_message,
                                        x_request_id=self.x_request_id)
@@ -189,6 +199,13 @@ class PieceCutter:
         self.pending_ids: list[int] = []
         self.pending_logprobs: list[TokenLogprobs] | None = [] if self.want_logprobs else None
 
+    def cut_early(self) -> Piece | None:
+        """The piece of the hook's early tokens (a gen leg's first token), None without them or
+        while their text is held back; call it once, before any ``cut``."""
+        hook = self.generation.hook
+        early = None if hook is None else hook.early_tokens()
+        return None if early is None else self._add(early[0], early[1], None)
+
     def cut(self, output: RequestOutput) -> Piece | None:
         """The piece this output completes (the last one has a finish reason), or None while
         its text is held back. Raises for an output that aborted the request."""
@@ -199,13 +216,16 @@ class PieceCutter:
             if output.error:
                 raise InvalidRequestError(output.error)
             raise RequestAbortedError("the engine aborted the request")
-        generation.num_output_tokens += len(output.new_token_ids)
         generation.num_cached_tokens = max(generation.num_cached_tokens, output.num_cached_tokens)
-        self.pending_ids.extend(output.new_token_ids)
-        if self.pending_logprobs is not None and output.new_logprobs:
-            self.pending_logprobs.extend(output.new_logprobs)
-        finished = output.finish_reason is not None
-        text = self.detokenizer.add(output.new_token_ids)
+        return self._add(output.new_token_ids, output.new_logprobs, output.finish_reason)
+
+    def _add(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None, finish_reason: str | None) -> Piece | None:
+        self.generation.num_output_tokens += len(token_ids)
+        self.pending_ids.extend(token_ids)
+        if self.pending_logprobs is not None and logprobs:
+            self.pending_logprobs.extend(logprobs)
+        finished = finish_reason is not None
+        text = self.detokenizer.add(token_ids)
         if finished:
             text += self.detokenizer.flush()
         matcher = self.matcher
@@ -217,7 +237,7 @@ class PieceCutter:
                 text += matcher.flush()
         if not text and not finished:
             return None
-        piece = Piece(text, self.pending_ids, self.pending_logprobs, output.finish_reason)
+        piece = Piece(text, self.pending_ids, self.pending_logprobs, finish_reason)
         self.pending_ids = []
         self.pending_logprobs = [] if self.want_logprobs else None
         return piece

@@ -25,7 +25,7 @@ from typing import Any, AsyncGenerator, Coroutine, Generator, cast
 from starlette.types import Receive, Scope, Send
 
 from frontends.errors import ApiError, http_error
-from frontends.generation import Generation, PieceCutter, StreamEncoder, stream_events
+from frontends.generation import Generation, Piece, PieceCutter, StreamEncoder, stream_events
 from frontends.streaming import SSE_HEADERS, DisconnectWatch, EventStreamResponse
 from workers.protocol import RequestOutput
 
@@ -113,7 +113,13 @@ class _PushedStream:
         try:
             await self.send({"type": "http.response.start", "status": 200, "headers": headers})
             try:
-                self.request = self.generation.open_stream(self.on_output)
+                # Early tokens (a gen leg's first) are cut first: a stop string among them ends the
+                # request before the engine sees it; else they go out right after it was sent.
+                early = self.cutter.cut_early()
+                if early is None or early.finish_reason is None:
+                    self.request = self.generation.open_stream(self.on_output)
+                if early is not None:
+                    self._emit(early)
             except Exception as exc:  # noqa: BLE001  # refused (a dead engine) or failed: on_output reports it
                 self.on_output(exc)
             await self._wait()
@@ -153,23 +159,25 @@ class _PushedStream:
             if isinstance(item, Exception):
                 raise item
             piece = self.cutter.cut(item)
-            if piece is None:
-                return
-            frame = self.encoder.piece(piece)
-            if piece.finish_reason is None:
-                if frame is not None:
-                    self._write(self.pending + frame if self.pending else frame, final=False)
-                    self.pending = b""
-                return
-            if piece.stop_string is not None:
-                self.request.close()  # the abort reaches the engine before the client sees the end
-            self._write(self.pending + (frame or b"") + b"".join(self.encoder.finish(self.generation, piece)),
-                        final=True)
+            if piece is not None:
+                self._emit(piece)
         except Exception as exc:  # reported to the client in the stream
             error = http_error(exc)
             if error.status >= 500:
                 logger.error("stream failed", exc_info=exc)
             self.fail(error)
+
+    def _emit(self, piece: Piece) -> None:
+        frame = self.encoder.piece(piece)
+        if piece.finish_reason is None:
+            if frame is not None:
+                self._write(self.pending + frame if self.pending else frame, final=False)
+                self.pending = b""
+            return
+        if piece.stop_string is not None and self.request is not None:
+            self.request.close()  # the abort reaches the engine before the client sees the end
+        self._write(self.pending + (frame or b"") + b"".join(self.encoder.finish(self.generation, piece)),
+                    final=True)
 
     def fail(self, error: ApiError) -> None:
         try:

@@ -296,6 +296,9 @@ class FollowerKVStore:
     def finish_remote_kv(self, request_id: int) -> None:
         raise RuntimeError("a follower rank's KV agent starts no pulls")
 
+    def recompute_remote(self, request_id: int) -> bool:
+        raise RuntimeError("a follower rank's KV agent starts no pulls")
+
     def abort(self, request_id: int) -> None:
         pass  # nothing of a request lives here but its parked table, which rank 0 releases
 

@@ -31,7 +31,6 @@ from zmq.utils.monitor import recv_monitor_message
 from workers.kv_core import KVCore
 from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import (
-    KV_TRANSFER_ERROR,
     KVAck,
     KVBlocks,
     KVDone,
@@ -55,7 +54,7 @@ from workers.protocol import (
     RequestOutput,
 )
 
-__all__ = ["DisaggEngineSpec", "KVTransferAgent", "KV_TRANSFER_ERROR", "EXPIRY_MARGIN_SECONDS"]
+__all__ = ["DisaggEngineSpec", "KVTransferAgent", "EXPIRY_MARGIN_SECONDS"]
 
 log = logging.getLogger("disagg.kv_transfer")
 
@@ -116,7 +115,6 @@ class KVTransferAgent:
         self._monitors: dict[str, zmq.Socket] = {}
         self._ctx_requests: dict[int, int] = {}  # live ctx request id -> its prompt tokens
         self._pulls: dict[int, _Pull] = {}  # gen request id -> its pull
-        self._errors: dict[int, str] = {}  # gen request id -> why its pull failed (put on its output)
         self._stats: dict[int, KVTransferStats] = {}  # gen request id -> its transfer (finishing output)
         # Counters for metrics (the ctx side's: ``server.num_pulls_served``, ``server.num_bytes_sent``).
         self.num_pulls_completed = 0
@@ -186,7 +184,7 @@ class KVTransferAgent:
         self._check_timeouts(time.time())
 
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
-        """Annotate finishing outputs: parked KV (ctx), transfer stats and pull errors (gen)."""
+        """Annotate finishing outputs: parked KV (ctx), transfer stats (gen)."""
         for output in outputs:
             if output.finish_reason is None:
                 continue
@@ -194,9 +192,6 @@ class KVTransferAgent:
             stats = self._stats.pop(request_id, None)
             if stats is not None:
                 output.kv_transfer = stats
-            error = self._errors.pop(request_id, None)
-            if error is not None:
-                output.error = error
             self._pulls.pop(request_id, None)
             num_prompt = self._ctx_requests.pop(request_id, None)
             if num_prompt is None:
@@ -339,12 +334,14 @@ class KVTransferAgent:
         self.num_bytes_received += pull.num_bytes
 
     def _fail(self, request_id: int, why: str) -> None:
-        """End the request with a clear error and release the ctx side."""
-        log.warning("KV pull for request %d failed: %s", request_id, why)
+        """Release the ctx side and prefill the request here instead (``recompute_remote``: its
+        client may hold its first token already); ended with a clear error only when it cannot be."""
         self.num_pulls_failed += 1
         self.abort(request_id)
-        self.core.abort(request_id)
-        self._errors[request_id] = f"{KV_TRANSFER_ERROR}: {why}"
+        if self.core.recompute_remote(request_id):
+            log.warning("KV pull for request %d failed (%s): its prompt is prefilled here instead", request_id, why)
+        else:  # no longer waiting for this KV (aborted meanwhile): nothing left to end
+            log.warning("KV pull for request %d failed: %s", request_id, why)
 
     def _check_timeouts(self, now: float) -> None:
         stalled = [rid for rid, p in self._pulls.items()  # ranked pulls: each rank's puller times out

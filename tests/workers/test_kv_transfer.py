@@ -23,7 +23,7 @@ from workers.engine.request import Request
 from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import KVPullRequest, KVReplyMessage, KVRequestMessage
 from workers.kv_server import CHUNK_BYTES, MIN_VIEW_RUN, _next_chunk, blocks_within
-from workers.kv_transfer import EXPIRY_MARGIN_SECONDS, KV_TRANSFER_ERROR, KVTransferAgent
+from workers.kv_transfer import EXPIRY_MARGIN_SECONDS, KVTransferAgent
 from workers.protocol import AddContextRequest, AddRemoteRequest, EngineRequest, RequestOutput
 from workers.sampling_params import SamplingParams
 
@@ -90,6 +90,15 @@ def park_and_pull(ctx: Node, gen: Node, request_id: int, prompt: list[int]) -> N
     run_until([ctx], lambda: ctx.finished(request_id))
     gen.agent.add_remote(AddRemoteRequest(EngineRequest(request_id, prompt, GREEDY), ctx.tokens(request_id)[0],
                                           request_id, ctx.agent.endpoint))
+
+
+def assert_prefilled_after_failed_pull(gen: Node, request_id: int, caplog, why: str) -> None:
+    """The pull failed for ``why`` (logged) and the request was prefilled on ``gen`` instead:
+    it ended normally (``Scheduler.recompute_remote``)."""
+    last = gen.outputs[request_id][-1]
+    assert (last.finish_reason, last.error, gen.agent.num_pulls_failed) == ("length", None, 1)
+    assert len(gen.tokens(request_id)) == GREEDY.max_tokens - 1  # the first token is the ctx engine's
+    assert any(why in r.getMessage() and "prefilled here" in r.getMessage() for r in caplog.records), caplog.text
 
 
 @contextlib.contextmanager
@@ -268,21 +277,26 @@ def test_abort_of_gen_request_frees_both_sides(zctx):
         assert gen.outputs[9][-1].finish_reason == "abort"
 
 
-def test_expired_park_fails_the_gen_request_clearly(zctx):
+def test_a_failed_pull_is_prefilled_on_the_gen_engine_instead(zctx):
+    """The parked KV expired before the pull: the gen request is not aborted (its client may hold
+    its first token already) but prefilled here, prompt and first token, and ends with exactly the
+    tokens a pull would have given it."""
     config = _config("synthetic", None)
     ctx, gen = Node(config, zctx), Node(config, zctx)
+    prompt = list(range(10, 30))
     try:
-        ctx.agent.add_context(AddContextRequest(EngineRequest(7, list(range(10, 30)), FIRST_ONLY), 0.05))
+        ctx.agent.add_context(AddContextRequest(EngineRequest(7, prompt, FIRST_ONLY), 0.05))
         run_until([ctx], lambda: ctx.finished(7))
+        first = ctx.tokens(7)[0]
         time.sleep(0.1)
         ctx.turn()  # the deadline frees the parked blocks even though no step runs
         ctx.assert_no_blocks_in_use()
-        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, list(range(10, 30)), GREEDY), 1, 7,
-                                              ctx.agent.endpoint))
+        gen.agent.add_remote(AddRemoteRequest(EngineRequest(9, prompt, GREEDY), first, 7, ctx.agent.endpoint))
         run_until([ctx, gen], lambda: gen.finished(9))
         last = gen.outputs[9][-1]
-        assert last.finish_reason == "abort"
-        assert last.error.startswith(KV_TRANSFER_ERROR) and "no parked KV" in last.error
+        assert (last.finish_reason, last.error, gen.agent.num_pulls_failed) == ("length", None, 1)
+        assert [first, *gen.tokens(9)] == aggregated(config, [prompt])[0]
+        assert gen.core.scheduler.num_waiting_for_remote_kv == 0
         gen.assert_no_blocks_in_use()
     finally:
         ctx.agent.close()
@@ -357,7 +371,7 @@ def test_messages_under_another_key_are_dropped(zctx):
         ctx.agent.close()
 
 
-def test_a_silent_ctx_engine_fails_the_pull_after_the_timeout(zctx):
+def test_a_silent_ctx_engine_fails_the_pull_after_the_timeout(zctx, caplog):
     config = _config("synthetic", None)
     gen = Node(config, zctx, pull_timeout=0.3)
     silent = zctx.socket(zmq.ROUTER)  # accepts the connection, never answers
@@ -369,15 +383,14 @@ def test_a_silent_ctx_engine_fails_the_pull_after_the_timeout(zctx):
         started = time.monotonic()
         run_until([gen], lambda: gen.finished(9), timeout=10)
         assert 0.3 <= time.monotonic() - started < 5
-        last = gen.outputs[9][-1]
-        assert last.finish_reason == "abort" and "no KV arrived" in last.error
+        assert_prefilled_after_failed_pull(gen, 9, caplog, "no KV arrived")
         gen.assert_no_blocks_in_use()
     finally:
         silent.close()
         gen.agent.close()
 
 
-def test_a_pull_from_a_ctx_agent_that_goes_away_fails_at_once_not_after_the_timeout(zctx):
+def test_a_pull_from_a_ctx_agent_that_goes_away_fails_at_once_not_after_the_timeout(zctx, caplog):
     config = _config("synthetic", None)
     gen = Node(config, zctx, pull_timeout=30.0)
     silent = zctx.socket(zmq.ROUTER)  # a ctx agent that accepts the pull and then dies mid-transfer
@@ -392,15 +405,14 @@ def test_a_pull_from_a_ctx_agent_that_goes_away_fails_at_once_not_after_the_time
         silent.close()
         run_until([gen], lambda: gen.finished(9), timeout=10)
         assert time.monotonic() - started < 5  # not the 30 s pull timeout
-        last = gen.outputs[9][-1]
-        assert last.finish_reason == "abort" and "disconnected" in last.error, last.error
+        assert_prefilled_after_failed_pull(gen, 9, caplog, "disconnected")
         gen.assert_no_blocks_in_use()
     finally:
         silent.close()
         gen.agent.close()
 
 
-def test_a_pull_from_a_ctx_agent_already_gone_fails_at_once(zctx):
+def test_a_pull_from_a_ctx_agent_already_gone_fails_at_once(zctx, caplog):
     config = _config("synthetic", None)
     gen = Node(config, zctx, pull_timeout=30.0)
     with socket.socket() as s:  # a port nothing listens on: the ctx engine died before the pull
@@ -412,8 +424,7 @@ def test_a_pull_from_a_ctx_agent_already_gone_fails_at_once(zctx):
         started = time.monotonic()
         run_until([gen], lambda: gen.finished(9), timeout=10)
         assert time.monotonic() - started < 5
-        last = gen.outputs[9][-1]
-        assert last.finish_reason == "abort" and "refused the connection" in last.error, last.error
+        assert_prefilled_after_failed_pull(gen, 9, caplog, "refused the connection")
         gen.assert_no_blocks_in_use()
     finally:
         gen.agent.close()

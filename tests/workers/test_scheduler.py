@@ -294,3 +294,30 @@ def test_request_timestamps_are_stamped():
     step(scheduler, scripted())
     assert request.first_token_time is not None
     assert request.first_token_time >= request.first_scheduled_time
+
+
+# ---- a remote request whose KV pull failed -------------------------------------
+
+
+@pytest.mark.parametrize("allocated", [False, True])
+def test_a_remote_request_whose_pull_failed_is_prefilled_here_like_a_new_one(allocated):
+    """``recompute_remote`` before or after its blocks were allocated for the pull: the blocks are
+    freed, it prefills prompt and first token, and it samples what an unbroken run samples next."""
+    execute = synthetic(num_blocks=64)
+    reference = make_scheduler(num_blocks=64)
+    reference.add_request(make_request(0, 10, max_tokens=4))
+    expected = tokens_of(run_to_completion(reference, execute)[0])
+    scheduler = make_scheduler(num_blocks=64)
+    request = make_request(0, 10, max_tokens=4)
+    request.output_token_ids.append(expected[0])  # the ctx engine's first token
+    scheduler.add_remote_request(request)
+    if allocated:
+        step(scheduler, execute)  # allocates its blocks and publishes the pull
+        assert [p.request_id for p in scheduler.take_kv_pulls()] == [0] and request.block_ids
+    assert scheduler.recompute_remote(0)
+    assert (request.status, request.block_ids, scheduler.num_waiting_for_remote_kv) == (RequestStatus.WAITING, [], 0)
+    assert scheduler.block_manager.num_used_blocks == 0
+    assert not scheduler.recompute_remote(0) and not scheduler.recompute_remote(12345)  # not waiting for KV
+    outputs = run_to_completion(scheduler, execute)[0]
+    assert tokens_of(outputs) == expected[1:] and outputs[-1].finish_reason == "length"
+    assert scheduler.block_manager.num_used_blocks == 0

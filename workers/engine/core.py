@@ -116,6 +116,10 @@ class EngineCore:
         """The request's pulled blocks are filled (``import_blocks``): it decodes from the next step."""
         self.scheduler.finish_remote_kv(request_id)
 
+    def recompute_remote(self, request_id: int) -> bool:
+        """The request's KV pull failed: it is prefilled here instead (``Scheduler.recompute_remote``)."""
+        return self.scheduler.recompute_remote(request_id)
+
     def parked_block_ids(self, request_id: int) -> list[int] | None:
         """Block table of a finished request parked with ``park_kv_seconds``; None when not parked."""
         return self.block_manager.parked_block_ids(request_id)

@@ -4,7 +4,9 @@ Every request state transition happens here (``RequestStatus``):
 
     WAITING -> RUNNING                 admitted: prefix hits taken, blocks allocated
     WAITING_FOR_REMOTE_KV -> WAITING   (disaggregated gen side) blocks allocated, the
-                                       transfer agent filled them: ``finish_remote_kv``
+                                       transfer agent filled them: ``finish_remote_kv``;
+                                       or the pull failed: blocks freed, the prompt is
+                                       prefilled here instead (``recompute_remote``)
     RUNNING -> PREEMPTED               blocks ran out: blocks freed, progress reset,
                                        back to the front of the queue (recompute)
     PREEMPTED -> RUNNING               re-admitted like a new request
@@ -137,6 +139,27 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self._num_remote_kv -= 1
         self.waiting.appendleft(request)  # it holds blocks: never leave it behind requests needing them
+
+    def recompute_remote(self, request_id: int) -> bool:
+        """The request's KV pull failed: free its blocks and prefill it here like a preempted request
+        (prompt and first token), so it still ends as it would have; False when it is not waiting for KV.
+
+        Its frontend may have streamed the first token already (``frontends.disaggregation``): an
+        abort could no longer be replayed on another worker without the client seeing it twice.
+        """
+        request = self.requests.get(request_id)
+        if request is None or request.status != RequestStatus.WAITING_FOR_REMOTE_KV:
+            return False
+        if request in self.remote_waiting:
+            self.remote_waiting.remove(request)
+        else:
+            self._kv_pulls = [p for p in self._kv_pulls if p.request_id != request_id]
+        self._num_remote_kv -= 1
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+        return True
 
     def _accept(self, request: Request) -> bool:
         if request.request_id in self.requests:
