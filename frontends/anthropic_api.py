@@ -9,7 +9,6 @@ what chat templates expect); generation and streaming share the one path in
 from __future__ import annotations
 
 import time
-import uuid
 
 import msgspec
 from starlette.requests import Request
@@ -134,7 +133,7 @@ def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: fl
     (None: the answer is text) (raises the API's errors); ``x_request_id`` goes on its perf record."""
     api = MessagesApi(body)
     prepared = prepare_request(ctx, api, arrival_time, x_request_id)
-    encoder = MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)
+    encoder = MessageEventEncoder(f"msg_{ctx.response_ids.next_hex()}", ctx.model_name)
     return prepared, encoder, api.tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
 
 

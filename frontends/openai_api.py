@@ -8,7 +8,6 @@ this module) or collect the answer. Errors are raised, never rendered here.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import msgspec
@@ -154,7 +153,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     body = msgspec.json.decode(await request.body(), type=CompletionRequest)
     prepared = prepare_request(ctx, CompletionApi(body), arrival_time, request.headers.get("x-request-id"))
     generation = prepared.generation
-    response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    response_id, created = f"cmpl-{ctx.response_ids.next_hex()}", int(time.time())
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         encoder = _CompletionStream(CompletionChunkEncoder(response_id, created, ctx.model_name), ctx.tokenizer,
@@ -235,7 +234,7 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
     api = ChatApi(body)
     prepared = prepare_request(ctx, api, arrival_time, x_request_id)
     generation = prepared.generation
-    response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    response_id, created = f"chatcmpl-{ctx.response_ids.next_hex()}", int(time.time())
     parser = api.tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
