@@ -37,6 +37,7 @@ from frontends.streaming import run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
 from frontends.tool_calls import ToolPolicy
 from frontends.tool_parsers import ToolCallParser
+from frontends.request_headers import X_REQUEST_ID, header_value
 from workers.sampling_params import SamplingParams
 
 __all__ = ["create_message", "count_message_tokens", "MessagesApi", "prepare_message", "encode_message",
@@ -162,7 +163,7 @@ async def generate_message(ctx: ServingContext, body: MessagesRequest, request_i
 async def create_message(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=MessagesRequest)
-    prepared, encoder, parser = prepare_message(ctx, body, arrival_time, request.headers.get("x-request-id"))
+    prepared, encoder, parser = prepare_message(ctx, body, arrival_time, header_value(request.scope, X_REQUEST_ID))
     generation = prepared.generation
     if body.stream:
         stream = _MessageStream(encoder) if parser is None else ToolUseMessageStream(encoder, parser)

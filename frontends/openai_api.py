@@ -39,6 +39,7 @@ from frontends.structured import openai_controls, openai_guided
 from frontends.push_stream import stream_response
 from frontends.streaming import run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer, too_long_error
+from frontends.request_headers import X_REQUEST_ID, header_value
 from workers.sampling_params import SamplingParams
 
 __all__ = ["create_completion", "create_chat_completion", "serve_chat_completion", "list_models",
@@ -151,7 +152,7 @@ class CompletionApi:
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=CompletionRequest)
-    prepared = prepare_request(ctx, CompletionApi(body), arrival_time, request.headers.get("x-request-id"))
+    prepared = prepare_request(ctx, CompletionApi(body), arrival_time, header_value(request.scope, X_REQUEST_ID))
     generation = prepared.generation
     response_id, created = f"cmpl-{ctx.response_ids.next_hex()}", int(time.time())
     if body.stream:
@@ -224,7 +225,7 @@ class ChatApi:
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=ChatCompletionRequest)
-    return await serve_chat_completion(ctx, body, request.receive, arrival_time, request.headers.get("x-request-id"))
+    return await serve_chat_completion(ctx, body, request.receive, arrival_time, header_value(request.scope, X_REQUEST_ID))
 
 
 async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, receive: Receive,
