@@ -9,7 +9,6 @@ what chat templates expect); generation and streaming share the one path in
 from __future__ import annotations
 
 import time
-import uuid
 
 import msgspec
 from starlette.requests import Request
@@ -38,6 +37,7 @@ from frontends.streaming import run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
 from frontends.tool_calls import ToolPolicy
 from frontends.tool_parsers import ToolCallParser
+from frontends.request_headers import X_REQUEST_ID, header_value
 from workers.sampling_params import SamplingParams
 
 __all__ = ["create_message", "count_message_tokens", "MessagesApi", "prepare_message", "encode_message",
@@ -134,7 +134,7 @@ def prepare_message(ctx: ServingContext, body: MessagesRequest, arrival_time: fl
     (None: the answer is text) (raises the API's errors); ``x_request_id`` goes on its perf record."""
     api = MessagesApi(body)
     prepared = prepare_request(ctx, api, arrival_time, x_request_id)
-    encoder = MessageEventEncoder(f"msg_{uuid.uuid4().hex}", ctx.model_name)
+    encoder = MessageEventEncoder(f"msg_{ctx.response_ids.next_hex()}", ctx.model_name)
     return prepared, encoder, api.tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
 
 
@@ -163,7 +163,7 @@ async def generate_message(ctx: ServingContext, body: MessagesRequest, request_i
 async def create_message(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=MessagesRequest)
-    prepared, encoder, parser = prepare_message(ctx, body, arrival_time, request.headers.get("x-request-id"))
+    prepared, encoder, parser = prepare_message(ctx, body, arrival_time, header_value(request.scope, X_REQUEST_ID))
     generation = prepared.generation
     if body.stream:
         stream = _MessageStream(encoder) if parser is None else ToolUseMessageStream(encoder, parser)

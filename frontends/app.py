@@ -41,6 +41,7 @@ from frontends.openapi import DocumentedApp
 from frontends.openapi_routes import WORKER_DOCS
 from frontends.route_errors import route_error_response
 from frontends.serving import FrontendConfig, ServingContext
+from frontends.static_routes import StaticRouter
 from frontends.streaming import ClientDisconnected
 from frontends.tokenizer import Tokenizer
 from frontends.worker_info import worker_info
@@ -141,7 +142,7 @@ class _FrontendStarlette(DocumentedApp):
         super().__init__(WORKER_DOCS, title="disagg worker", version=version, description=_DESCRIPTION, **kwargs)
 
     def build_middleware_stack(self) -> ASGIApp:
-        app: ASGIApp = self.router
+        app: ASGIApp = StaticRouter(self.router)
         for cls, args, kwargs in reversed(self.user_middleware):
             app = cls(app, *args, **kwargs)
         return FrontendHeaderMiddleware(app, self.frontend_id, _http_exception, _unhandled, self.max_request_bytes,

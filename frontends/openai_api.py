@@ -8,7 +8,6 @@ this module) or collect the answer. Errors are raised, never rendered here.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import msgspec
@@ -40,6 +39,7 @@ from frontends.structured import openai_controls, openai_guided
 from frontends.push_stream import stream_response
 from frontends.streaming import run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer, too_long_error
+from frontends.request_headers import X_REQUEST_ID, header_value
 from workers.sampling_params import SamplingParams
 
 __all__ = ["create_completion", "create_chat_completion", "serve_chat_completion", "list_models",
@@ -152,9 +152,9 @@ class CompletionApi:
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=CompletionRequest)
-    prepared = prepare_request(ctx, CompletionApi(body), arrival_time, request.headers.get("x-request-id"))
+    prepared = prepare_request(ctx, CompletionApi(body), arrival_time, header_value(request.scope, X_REQUEST_ID))
     generation = prepared.generation
-    response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    response_id, created = f"cmpl-{ctx.response_ids.next_hex()}", int(time.time())
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         encoder = _CompletionStream(CompletionChunkEncoder(response_id, created, ctx.model_name), ctx.tokenizer,
@@ -225,7 +225,7 @@ class ChatApi:
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     body = msgspec.json.decode(await request.body(), type=ChatCompletionRequest)
-    return await serve_chat_completion(ctx, body, request.receive, arrival_time, request.headers.get("x-request-id"))
+    return await serve_chat_completion(ctx, body, request.receive, arrival_time, header_value(request.scope, X_REQUEST_ID))
 
 
 async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, receive: Receive,
@@ -235,7 +235,7 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
     api = ChatApi(body)
     prepared = prepare_request(ctx, api, arrival_time, x_request_id)
     generation = prepared.generation
-    response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    response_id, created = f"chatcmpl-{ctx.response_ids.next_hex()}", int(time.time())
     parser = api.tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

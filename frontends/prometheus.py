@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from frontends.metric_batch import MetricBatch
 from workers.protocol import PerfRecord
 
 __all__ = ["MULTIPROC_ENV", "FrontendMetrics", "LauncherMetrics", "render", "mark_process_dead", "CONTENT_TYPE"]
@@ -28,6 +29,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+# Counted requests reach the shared files within this (or at once when the frontend is idle).
+FLUSH_SECONDS = 0.1
 _RATE_BUCKETS = tuple(float(10 ** e) for e in range(5, 12))  # bytes per second: 100 kB/s .. 100 GB/s
 
 
@@ -74,35 +77,45 @@ class FrontendMetrics:
                                          registry=r)
         self.kv_transfer_rate = Histogram("disagg_kv_transfer_bytes_per_second", "KV pull rate per request.",
                                           buckets=_RATE_BUCKETS, registry=r)
-        for reason in ("stop", "length"):  # created at zero: "no failures" is a 0 series, not none
-            self.success.labels(reason)
-        for reason in ("abort", "incomplete"):
-            self.failure.labels(reason)
+        # Created at zero ("no failures" is a 0 series, not none), and looked up once: labels()
+        # takes a lock and builds a key per call.
+        self._finished = {reason: self.success.labels(reason) for reason in ("stop", "length")}
+        self._failed = {reason: self.failure.labels(reason) for reason in ("abort", "incomplete")}
+        self._batch = MetricBatch(FLUSH_SECONDS)
 
     def observe(self, record: PerfRecord) -> None:
+        """Count one ended request (batched: written within ``FLUSH_SECONDS``, or by ``flush``)."""
+        batch = self._batch
         reason = record.finish_reason
-        if reason in ("stop", "length"):
-            self.success.labels(reason).inc()
-        else:
-            self.failure.labels("abort" if reason == "abort" else "incomplete").inc()
-        self.prompt_tokens.inc(record.num_prompt_tokens)
-        self.cached_tokens.inc(record.num_cached_tokens)
-        self.generation_tokens.inc(record.num_output_tokens)
-        self.tokenization.observe(max(0.0, record.tokenized - record.frontend_arrival))
-        self.e2e.observe(max(0.0, record.finished - record.frontend_arrival))
-        if record.first_token is not None:
-            self.ttft.observe(max(0.0, record.first_token - record.frontend_arrival))
+        counter = self._finished.get(reason) if reason is not None else None
+        if counter is None:
+            counter = self._failed["abort" if reason == "abort" else "incomplete"]
+        batch.count(counter)
+        batch.count(self.prompt_tokens, record.num_prompt_tokens)
+        batch.count(self.cached_tokens, record.num_cached_tokens)
+        batch.count(self.generation_tokens, record.num_output_tokens)
+        arrival = record.frontend_arrival
+        batch.observe(self.tokenization, max(0.0, record.tokenized - arrival))
+        batch.observe(self.e2e, max(0.0, record.finished - arrival))
+        first_token = record.first_token
+        if first_token is not None:
+            batch.observe(self.ttft, max(0.0, first_token - arrival))
             if record.num_output_tokens > 1:
-                self.itl.observe(max(0.0, record.finished - record.first_token) / (record.num_output_tokens - 1))
+                batch.observe(self.itl, max(0.0, record.finished - first_token) / (record.num_output_tokens - 1))
         if record.first_scheduled is not None and record.engine_arrival is not None:
-            self.queue.observe(max(0.0, record.first_scheduled - record.engine_arrival))
+            batch.observe(self.queue, max(0.0, record.first_scheduled - record.engine_arrival))
         if record.kv_transfer_seconds is not None:
-            self.kv_transfer.observe(record.kv_transfer_seconds)
-            self.kv_transfer_bytes.inc(record.kv_transfer_bytes)
+            batch.observe(self.kv_transfer, record.kv_transfer_seconds)
+            batch.count(self.kv_transfer_bytes, record.kv_transfer_bytes)
             if record.kv_transfer_bytes_per_second is not None:
-                self.kv_transfer_rate.observe(record.kv_transfer_bytes_per_second)
+                batch.observe(self.kv_transfer_rate, record.kv_transfer_bytes_per_second)
+
+    def flush(self) -> None:
+        """Write the counted requests into the (shared) metric files now."""
+        self._batch.flush()
 
     def render(self) -> bytes:
+        self.flush()
         return render(self.registry)
 
 

@@ -20,6 +20,7 @@ from frontends.disaggregation import DisaggConfig
 from frontends.errors import InvalidRequestError, ModelNotFoundError, PromptTooLongError
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.generation import EngineClientLike
+from frontends.response_ids import ResponseIds
 from frontends.structured import GrammarChecker
 from frontends.tokenizer import Tokenizer
 from frontends.tool_parsers import CallSyntax, detect_tool_syntax, tool_syntax
@@ -71,6 +72,7 @@ class ServingContext:
             tool_syntax(config.tool_call_parser) if config.tool_call_parser
             else detect_tool_syntax(tokenizer.chat_template_source))
         self._grammar_checker: GrammarChecker | None = None  # built on the first constrained request
+        self.response_ids = ResponseIds()
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:

@@ -42,6 +42,7 @@ from frontends.route_table import LAUNCHER_PREFIXES, LAUNCHER_ROUTES
 from frontends.serving import FrontendConfig, ServingContext
 from frontends.tokenizer import Tokenizer
 from workers.attach import AttachInfo
+from workers.protocol import PerfRecord
 
 __all__ = ["make_launcher_app", "make_attached_app", "ForwardedCounter"]
 
@@ -92,6 +93,18 @@ def _safe(observe: Callable[[Any], None]) -> Callable[[Any], None]:
     return call
 
 
+def _observer(metrics: FrontendMetrics, client: EngineClient) -> Callable[[PerfRecord], None]:
+    """Each ended request into the metrics (batched), written at once when it was the last one in
+    flight: a lone request is in the next scrape of any frontend, a busy one's within FLUSH_SECONDS."""
+
+    def observe(record: PerfRecord) -> None:
+        metrics.observe(record)
+        if client.num_in_flight == 0:
+            metrics.flush()
+
+    return _safe(observe)
+
+
 def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: FrontendConfig, attach: AttachInfo,
                       control: Control, config_labels: dict[str, str], state_dir: Path) -> ASGIApp:
     """Frontend 0's app. ``control``: ``WorkerGroup.control``. ``state_dir``: where the
@@ -99,7 +112,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     metrics = FrontendMetrics()
     launcher_metrics = LauncherMetrics(metrics.registry, config_labels)
     store = PerfStore(config.max_perf_records, config.perf_record_seconds)
-    recorder = PerfRecorder(store.extend, _safe(metrics.observe))
+    recorder = PerfRecorder(store.extend, _observer(metrics, client))
     client.on_request_done = recorder.add
     state = LauncherState(control, store, launcher_metrics, recorder, attach.engine.kind)
     # Opened here, before serving: a second worker on the same state dir fails at start-up.
@@ -120,6 +133,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
             await asyncio.gather(gauges, return_exceptions=True)
             await receiver.close()
             responses.store.close()
+            metrics.flush()
 
     app = build_app(client, tokenizer, config, lifespan=lifespan,
                     prefix_routes=[*launcher_routes(state), *batch_routes(batches), *admin_routes(responses)],
@@ -134,7 +148,7 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     metrics = FrontendMetrics()
     forwarder = LauncherForwarder(str(attach.paths.launcher_admin), attach.frontend_id, read_timeout=admin_timeout)
     sender = PerfSender(attach.paths.perf, attach.key, attach.frontend_id)
-    recorder = PerfRecorder(sender.send, _safe(metrics.observe))
+    recorder = PerfRecorder(sender.send, _observer(metrics, client))
     client.on_request_done = recorder.add
     responses = LauncherResponses(str(attach.paths.launcher_admin), timeout=admin_timeout)
 
@@ -145,6 +159,7 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
             yield
         finally:
             recorder.flush()
+            metrics.flush()
             sender.close()
             await forwarder.aclose()
             await responses.aclose()

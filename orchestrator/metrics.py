@@ -23,12 +23,12 @@ and retry counters are written as they happen (rare).
 
 from __future__ import annotations
 
-import asyncio
-import bisect
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from frontends.metric_batch import MetricBatch
 
 __all__ = ["Metrics", "CONTENT_TYPE", "FLUSH_SECONDS"]
 
@@ -68,9 +68,7 @@ class Metrics:
         self._legs: dict[str, Counter] = {}
         self._served: dict[tuple[str, str], Counter] = {}
         # What the request path counted since the last flush (module docstring: batched writes).
-        self._counts: dict[Counter, float] = {}
-        self._observed: dict[Histogram, list[float]] = {}
-        self._flush: asyncio.TimerHandle | None = None
+        self._batch = MetricBatch(FLUSH_SECONDS)
 
     def phase(self, name: str) -> Histogram:
         """``phase_seconds`` of one phase."""
@@ -93,44 +91,20 @@ class Metrics:
             child = self._served[(api, mode)] = self.requests.labels(api, mode)
         return child
 
-    # -- the request path: batched --------------------------------------------------------------
+    # -- the request path: batched (frontends.metric_batch) -----------------------------------
 
     def count_leg(self, phase: str) -> None:
-        self._count(self.leg(phase))
+        self._batch.count(self.leg(phase))
 
     def count_served(self, api: str, mode: str) -> None:
-        self._count(self.served(api, mode))
+        self._batch.count(self.served(api, mode))
 
     def observe(self, phase: str, seconds: float) -> None:
-        child = self.phase(phase)
-        observed = self._observed.get(child)
-        if observed is None:
-            observed = self._observed[child] = []
-            self._schedule()
-        observed.append(seconds)
-
-    def _count(self, child: Counter) -> None:
-        counts = self._counts
-        if child not in counts:
-            counts[child] = 0.0
-            self._schedule()
-        counts[child] += 1.0
-
-    def _schedule(self) -> None:
-        if self._flush is None:
-            self._flush = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self.flush)
+        self._batch.observe(self.phase(phase), seconds)
 
     def flush(self) -> None:
         """Write what the request path counted into the shared files now."""
-        if self._flush is not None:
-            self._flush.cancel()
-            self._flush = None
-        counts, self._counts = self._counts, {}
-        for counter, amount in counts.items():
-            counter.inc(amount)
-        observed, self._observed = self._observed, {}
-        for histogram, values in observed.items():
-            _observe_all(histogram, values)
+        self._batch.flush()
 
     def render(self) -> bytes:
         self.flush()
@@ -140,22 +114,3 @@ class Metrics:
         MultiProcessCollector(collector_registry)
         return generate_latest(collector_registry)
 
-
-def _observe_all(histogram: Histogram, values: list[float]) -> None:
-    """``histogram.observe`` of every value, in one write per bucket and one for the sum (the
-    writes, not the arithmetic, are what each observation cost); per value without
-    prometheus_client's internals."""
-    bounds = getattr(histogram, "_upper_bounds", None)
-    buckets = getattr(histogram, "_buckets", None)
-    total = getattr(histogram, "_sum", None)
-    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
-        for value in values:
-            histogram.observe(value)
-        return
-    per_bucket = [0] * len(bounds)
-    for value in values:  # observe() counts a value in the first bucket whose bound is >= it
-        per_bucket[bisect.bisect_left(bounds, value)] += 1
-    total.inc(sum(values))
-    for bucket, count in zip(buckets, per_bucket):
-        if count:
-            bucket.inc(count)

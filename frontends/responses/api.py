@@ -35,6 +35,7 @@ from frontends.responses.translate import parse_input, rename_param, validate_re
 from frontends.schemas_openai import ChatCompletionRequest
 from frontends.serving import ServingContext
 from frontends.streaming import EventStreamResponse
+from frontends.request_headers import X_REQUEST_ID, header_value
 
 __all__ = ["PreviousResponseNotFoundError", "begin_turn", "store_turn", "create_response", "retrieve_response",
            "list_input_items", "delete_response", "admin_routes"]
@@ -76,7 +77,7 @@ async def create_response(ctx: ServingContext, request: Request) -> Response:
     turn = await begin_turn(await request.body(), store)
     chat = msgspec.convert(turn.chat_body(), ChatCompletionRequest)
     try:
-        answer = await serve_chat_completion(ctx, chat, request.receive, arrival_time, request.headers.get("x-request-id"))
+        answer = await serve_chat_completion(ctx, chat, request.receive, arrival_time, header_value(request.scope, X_REQUEST_ID))
     except FrontendError as exc:
         raise rename_param(exc) from None
     if isinstance(answer, EventStreamResponse):

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import hmac
 import stat
 
 import msgspec
 import pytest
+import zmq
 
-from workers.ipc import FrameCodec, make_ipc_dir, new_key, write_private_file
+from workers.ipc import FrameCodec, make_ipc_dir, new_key, send_nowait, write_private_file
 from workers.protocol import AbortRequests, AddRequest, EngineRequest, IngressMessage, OutputBatch, RequestOutput
 from workers.sampling_params import SamplingParams
 
@@ -38,6 +40,44 @@ def test_an_authenticated_payload_of_the_wrong_type_is_not_returned():
     assert (codec.num_rejected, codec.num_undecodable) == (0, 1)
     batch = OutputBatch([RequestOutput(1, [5], "stop")], 1.0)
     assert codec.decode(codec.encode(batch)) == batch
+
+
+@pytest.mark.parametrize("key_bytes", [16, 32, 63, 64, 65, 200])
+def test_the_mac_is_hmac_sha256_byte_for_byte(key_bytes):
+    """The padded-state MAC is RFC 2104 HMAC-SHA256 for every key length (longer than a block: hashed)."""
+    key = bytes(range(256))[:key_bytes]
+    codec = FrameCodec(key, IngressMessage, "test")
+    for payload in (b"", b"x", bytes(range(256)) * 9, memoryview(b"abc" * 50)):
+        assert codec.mac(payload) == hmac.new(key, payload, "sha256").digest()
+    mac, payload = codec.encode(AbortRequests([1, 2]))
+    assert mac == hmac.new(key, payload, "sha256").digest()
+    # The states are copied per frame, never consumed: the same payload signs the same twice.
+    assert codec.mac(payload) == codec.mac(payload) == mac
+    tampered = bytes([payload[0] ^ 1]) + payload[1:]
+    assert codec.decode([mac, tampered]) is None and codec.num_rejected == 1
+
+
+def test_send_nowait_delivers_signed_frames_and_reports_a_full_queue(tmp_path):
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    try:
+        pull.bind(f"ipc://{tmp_path}/s.sock")
+        push.setsockopt(zmq.SNDHWM, 1)
+        push.connect(f"ipc://{tmp_path}/s.sock")
+        codec = FrameCodec(KEY, IngressMessage, "test")
+        big = AddRequest(EngineRequest(7, list(range(40_000)), SamplingParams(max_tokens=4), 1.0))  # zero-copy size
+        assert send_nowait(push, codec, big)
+        assert pull.poll(5000)
+        frames = pull.recv_multipart()
+        assert frames[0] == hmac.new(KEY, frames[1], "sha256").digest()
+        assert codec.decode(frames) == big
+        pull.setsockopt(zmq.RCVHWM, 1)
+        pull.close()  # no reader: the queue fills and stays full, and a send reports it instead of blocking
+        results = [send_nowait(push, codec, AbortRequests([i])) for i in range(5000)]
+        assert results[0] and not results[-1]
+    finally:
+        push.close(0)
+        ctx.term()
 
 
 def test_short_keys_are_refused():
