@@ -200,7 +200,8 @@ class PieceCutter:
                 raise InvalidRequestError(output.error)
             raise RequestAbortedError("the engine aborted the request")
         generation.num_output_tokens += len(output.new_token_ids)
-        generation.num_cached_tokens = max(generation.num_cached_tokens, output.num_cached_tokens)
+        if output.num_cached_tokens > generation.num_cached_tokens:  # a comparison: max() is a call an output
+            generation.num_cached_tokens = output.num_cached_tokens
         self.pending_ids.extend(output.new_token_ids)
         if self.pending_logprobs is not None and output.new_logprobs:
             self.pending_logprobs.extend(output.new_logprobs)
