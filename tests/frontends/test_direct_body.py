@@ -25,7 +25,9 @@ BODY = {"model": "tiny-test", "messages": [{"role": "user", "content": "Tell me 
 
 
 class RecordingTransport:
-    """What a server transport receives; ``on_write`` runs after each write (a test pauses there)."""
+    """What a server transport receives; ``on_write`` runs after each write (a test pauses there).
+    (Keep-alive requests without ``expect: 100-continue``, never reading: uvicorn's cycle and flow
+    control call nothing else on it.)"""
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
@@ -40,18 +42,6 @@ class RecordingTransport:
         self.writes.append(bytes(data))
         if self.on_write is not None:
             self.on_write(len(self.writes))
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
 
 
 async def serve_in_cycle(app, body: bytes, direct: bool, transport: RecordingTransport) -> RequestResponseCycle:
