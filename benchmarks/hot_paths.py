@@ -16,6 +16,10 @@ streamed chat completions (``ignore_eos``) to ``benchmarks/http_loadgen.py``.
    (cpu(1) - cpu(16)) / (events(1) - events(16)); also printed against a
    ``max_tokens: 1`` request, which also shortens the request's lifetime.
    Targets: <= 0.15 ms per request, <= 6 us per event beyond the first.
+   The floor under the per-event figure, measured in the same run
+   (``benchmarks/write_floor.py``): the CPU of a bare uvloop process writing
+   one SSE-sized frame per stream to 64 paced streams, nothing else; the
+   per-event figure minus it is the frontend's own work per event.
 2. Engine CPU per request: K=4 lanes, c=512, zero step cost, 16 tokens, the
    engine process alone fed by raw lanes (``benchmarks/engine_lanes.py``), so
    that it, not the frontends, is the bottleneck; the same through a worker's
@@ -30,7 +34,7 @@ streamed chat completions (``ignore_eos``) to ``benchmarks/http_loadgen.py``.
    (the per-request body field; the worker's default is 1).
 
     python benchmarks/hot_paths.py [--repeats 1] [--duration 4] [--intervals 1,4,16]
-        [--skip frontend,engine,http-engine,bare] [--out benchmarks/results/hot_paths.json]
+        [--skip frontend,floor,engine,http-engine,bare] [--out benchmarks/results/hot_paths.json]
 """
 
 from __future__ import annotations
@@ -50,12 +54,14 @@ from frontend_scaling import (
     HOST, READY_LINE, Server, check_worker, free_port, raw_request, start_bare_app, write_report)
 from engine_lanes import measure_engine_lanes
 from http_loadgen import LoadResult, LoadSpec, run_in_own_process
+from write_floor import measure_write_floor
 
 FRONTEND_MS_TARGET = 0.15
 EVENT_US_TARGET = 6.0
 ENGINE_MS_TARGET = 0.06
 CAPACITY_TARGET = 4.0
 SCALING_CORES = 10
+FLOOR_FRAME_BYTES = 200  # a chat chunk of one token in its chunked framing
 
 
 def start_worker(args: argparse.Namespace, model_dir: Path, k: int, step_s: float, log_dir: Path) -> Server:
@@ -98,7 +104,18 @@ def record(name: str, result: LoadResult) -> dict:
     return row
 
 
+def measure_floor(args: argparse.Namespace, rows: list[dict]) -> None:
+    floor = measure_write_floor(64, args.paced_step_seconds, FLOOR_FRAME_BYTES, args.warmup, args.duration)
+    rows.append({"name": "write floor", "requests": None, "errors": 0, "requests_per_s": None, "frontend_ms": None,
+                 "engine_ms": None, "events_per_request": None, "ttft_p50_ms": None,
+                 "write_floor_us": floor["us_per_write"]})
+    print(f"  {'write floor (64 paced streams)':34} {floor['us_per_write']:.2f} us CPU per {FLOOR_FRAME_BYTES}-byte "
+          f"write ({floor['writes']} writes)", flush=True)
+
+
 def measure_frontend(args: argparse.Namespace, model_dir: Path, log_dir: Path, rows: list[dict]) -> None:
+    if "floor" not in args.skip:
+        measure_floor(args, rows)
     server = start_worker(args, model_dir, 1, args.paced_step_seconds, log_dir)
     try:
         check_worker(args.port, model_dir.name, args.max_tokens)
@@ -200,6 +217,9 @@ def evaluate(args: argparse.Namespace, rows: list[dict]) -> tuple[list[dict], di
         versus_one = (fe - fe1) / (events - events1) * 1e3
         per_event_us = versus_one if per_event_us is None else per_event_us
         per_event_note += f"16 vs 1 tokens: {versus_one:.1f} us ({fe1} ms at max_tokens=1)"
+    floor = median(rows, "write floor", "write_floor_us")
+    if per_event_us is not None and floor is not None:
+        per_event_note += f"; the write floor {floor:.2f} us, the frontend's own {per_event_us - floor:.2f} us per event"
     engine = median(rows, "engine lanes K=4 c=512", "engine_ms")
     targets = [
         target("frontend CPU per streamed request, ms (K=1 c=64)", fe, FRONTEND_MS_TARGET,
@@ -253,7 +273,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--default-interval", action="store_true",
                         help="interval 1 as the worker's default (no stream_interval in the body): a tree "
                              "without the field")
-    parser.add_argument("--skip", type=lambda t: t.split(","), default=[], help="frontend, engine, http-engine, bare")
+    parser.add_argument("--skip", type=lambda t: t.split(","), default=[], help="frontend, floor, engine, http-engine, bare")
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "hot_paths.json"))
     args = parser.parse_args(argv)

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from frontends import anthropic_api, openai_api, responses, tokenize_api
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
+from frontends.direct_body import DIRECT_BODY
 from frontends.memory import large_body, release_memory_soon
 from frontends.errors import (
     ApiError,
@@ -69,12 +70,17 @@ class FrontendHeaderMiddleware:
     An ``HTTPException`` (unknown path or method) answers through
     ``http_exception``; any other exception answers 500 through ``unhandled``
     when nothing was sent yet, and is re-raised, as ServerErrorMiddleware does.
+
+    Streamed bodies write their middle frames around ``send`` where the server offers it
+    (``frontends.direct_body``); with ``direct_body`` False (the app has middleware of its
+    own, which may rewrite bodies) the offer is withdrawn.
     """
 
     def __init__(self, app: ASGIApp, frontend_id: int, http_exception: ErrorHandler,
                  unhandled: ErrorHandler, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 admission: AdmissionGate | None = None) -> None:
+                 admission: AdmissionGate | None = None, direct_body: bool = True) -> None:
         self.app = app
+        self.direct_body = direct_body
         self.max_request_bytes = max_request_bytes
         self.admission = admission or AdmissionGate(None)
         self.header = (FRONTEND_HEADER.encode(), str(frontend_id).encode())
@@ -89,6 +95,8 @@ class FrontendHeaderMiddleware:
             await self.app(scope, receive, send)
             return
         scope["starlette.exception_handlers"] = self.scope_handlers
+        if not self.direct_body and "extensions" in scope:
+            scope["extensions"].pop(DIRECT_BODY, None)
         receive = limit_body(receive, scope["headers"], self.max_request_bytes)
         header = self.header
         started = False
@@ -146,7 +154,7 @@ class _FrontendStarlette(DocumentedApp):
         for cls, args, kwargs in reversed(self.user_middleware):
             app = cls(app, *args, **kwargs)
         return FrontendHeaderMiddleware(app, self.frontend_id, _http_exception, _unhandled, self.max_request_bytes,
-                                        self.admission)
+                                        self.admission, direct_body=not self.user_middleware)
 
 
 _DESCRIPTION = ("One worker of a disagg deployment (OpenAI, Anthropic and Responses APIs). Clients normally "

@@ -67,11 +67,12 @@ def token_byte_table(backend: "tokenizers.Tokenizer") -> tuple[bytes, ...] | Non
 class ByteLevelDetokenizer:
     """``IncrementalDetokenizer``'s interface (``add``, ``flush``) over a token byte table."""
 
-    __slots__ = ("_table", "_decoder", "_held_text")
+    __slots__ = ("_table", "_decoder", "_buffered", "_held_text")
 
     def __init__(self, table: Sequence[bytes]) -> None:
         self._table = table
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._buffered = False  # the decoder holds a split character's first bytes
         self._held_text = ""
 
     def add(self, new_token_ids: list[int]) -> str:
@@ -86,12 +87,18 @@ class ByteLevelDetokenizer:
                 [table[token_id] for token_id in new_token_ids])
         except IndexError:  # a model row past the tokenizer's vocabulary: decode() drops those ids
             data = b"".join([table[token_id] for token_id in new_token_ids if token_id < len(table)])
-        text = self._decoder.decode(data)
+        if not self._buffered and data.isascii():
+            # The common token: ASCII after complete characters decodes to itself, and the decoder
+            # (its buffer empty) would end as it began: two C calls instead of its Python methods.
+            text = data.decode("ascii")
+        else:
+            text = self._decoder.decode(data)
+            self._buffered = bool(self._decoder.getstate()[0])
         if not text:  # nothing new (a special token, a character's first bytes): what is held stays held
             return ""
         # Held while a character is split or the text ends in U+FFFD (a stray byte that a later
         # token may still explain), as the generic detokenizer holds it.
-        if self._decoder.getstate()[0] or text.endswith(_REPLACEMENT_CHAR):
+        if self._buffered or text.endswith(_REPLACEMENT_CHAR):
             self._held_text += text
             return ""
         if self._held_text:
@@ -101,4 +108,5 @@ class ByteLevelDetokenizer:
     def flush(self) -> str:
         """Everything still held back (the stream ended), an incomplete character as U+FFFD."""
         text, self._held_text = self._held_text + self._decoder.decode(b"", final=True), ""
+        self._buffered = False
         return text

@@ -79,6 +79,7 @@ class EngineClient:
         self._tasks: list[asyncio.Task] = []
         self._started = False
         self._last_heard = 0.0
+        self._received_at = 0.0  # time.time() of the last lane message: its outputs' arrival, read once a batch
         self.dead_reason: str | None = None
         self.unresponsive_reason: str | None = None  # silent past the heartbeat limit, not yet wedged
         # Called with each request's PerfRecord when it ends (frontends.perf_records.PerfRecorder.add).
@@ -167,7 +168,7 @@ class EngineClient:
         try:
             while True:
                 item = await queue.get()  # every output that arrived since the last get, merged
-                track.note(item)
+                track.note(item, self._received_at)
                 yield item
                 if track.finished:
                     return
@@ -190,7 +191,7 @@ class EngineClient:
         track: _RequestTrack
         def deliver(item: RequestOutput | EngineDeadError) -> None:
             if not isinstance(item, EngineDeadError):
-                track.note(item)
+                track.note(item, self._received_at)
             on_output(item)
         track = self._submit(deliver, prompt_token_ids, params, arrival_time, make_message, x_request_id)
         return PushedRequest(self, track)
@@ -252,6 +253,7 @@ class EngineClient:
         if batch is None:
             return
         self._last_heard = time.monotonic()
+        self._received_at = time.time()
         sinks = self._queues
         for output in batch.outputs:
             sink = sinks.get(output.request_id)
@@ -324,12 +326,14 @@ class _RequestTrack:
         self.num_cached_tokens = 0  # on the first output only (the engine's rule): the last one may say 0
         self.finished = False
 
-    def note(self, output: RequestOutput) -> None:
+    def note(self, output: RequestOutput, received_at: float) -> None:
+        """``received_at``: when its lane message arrived (one clock read a batch, not one an output)."""
         self.last = output
         if output.new_token_ids:
-            self.last_token_time = time.time()
+            self.last_token_time = received_at
             self.num_output_tokens += len(output.new_token_ids)
-        self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
+        if output.num_cached_tokens > self.num_cached_tokens:  # a comparison: max() is a call an output
+            self.num_cached_tokens = output.num_cached_tokens
         self.finished = output.finish_reason is not None
 
     def record(self, frontend_id: int) -> PerfRecord:

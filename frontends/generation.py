@@ -216,7 +216,8 @@ class PieceCutter:
             if output.error:
                 raise InvalidRequestError(output.error)
             raise RequestAbortedError("the engine aborted the request")
-        generation.num_cached_tokens = max(generation.num_cached_tokens, output.num_cached_tokens)
+        if output.num_cached_tokens > generation.num_cached_tokens:  # a comparison: max() is a call an output
+            generation.num_cached_tokens = output.num_cached_tokens
         return self._add(output.new_token_ids, output.new_logprobs, output.finish_reason)
 
     def _add(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None, finish_reason: str | None) -> Piece | None:

@@ -6,14 +6,17 @@ orchestrator hold megabytes of headers per connection. ``BoundedHttpToolsProtoco
 counts the head as it arrives, both the parsed pieces and the raw bytes of a
 head not yet complete (one endless header line), and answers a head over
 ``MAX_HEAD_BYTES`` with 431 in the OpenAI or Anthropic error shape (by path), then
-closes the connection. ``http_protocol()`` is what ``uvicorn.Config(http=...)``
-takes, with h11 and its own limit where httptools is not installed.
+closes the connection. It also offers each request's cycle to the app for the
+body frames written straight to the transport (``frontends.direct_body``).
+``http_protocol()`` is what ``uvicorn.Config(http=...)`` takes, with h11 and its
+own limit where httptools is not installed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from frontends.direct_body import offer_direct_body
 from frontends.errors import FrontendError, anthropic_error_body, http_error, openai_error_body
 
 __all__ = ["MAX_HEAD_BYTES", "RequestHeadTooLargeError", "http_protocol", "h11_head_limit"]
@@ -69,6 +72,9 @@ def http_protocol() -> Any:
         def on_headers_complete(self) -> None:
             self._in_head, self._raw_head_bytes = False, 0
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope:  # None or an older one: an upgrade
+                offer_direct_body(self.scope, cycle)
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
