@@ -13,7 +13,7 @@ same workload as ``aiperf profile --endpoint-type chat --streaming --concurrency
 Prints the figures with PASS/FAIL lines and the load average (the machine is shared), writes JSON.
 
     python benchmarks/local_workload.py [--config configs/local.yaml] [--engine-threads auto|none|N]
-        [--num-requests 40] [--aiperf PATH/TO/aiperf] [--out benchmarks/results/local_workload.json]
+        [--set KEY.PATH=VALUE ...] [--num-requests 40] [--aiperf PATH/TO/aiperf] [--out benchmarks/results/local_workload.json]
 
 ``--engine-threads`` sets the YAML's ``engine.threads`` (torch: leave each engine torch's default,
 the behaviour before core partitioning, to measure the difference).
@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -41,10 +42,19 @@ from disagg.bench.api_clients import OpenAIChat
 from disagg.bench.lengths import LengthDist
 from disagg.bench.progress import PlainProgress
 from disagg.bench.report import summary_lines
+from frontend_scaling import children, cmdline
+from http_loadgen import cpu_seconds
 
 
-def _deploy_config(source: Path, run_dir: Path, engine_threads: str) -> Path:
+def _deploy_config(source: Path, run_dir: Path, engine_threads: str, settings: list[str]) -> Path:
     data = yaml.safe_load(source.read_text())
+    for setting in settings:  # KEY.PATH=VALUE, the value read as YAML
+        path, _, value = setting.partition("=")
+        *parents, leaf = path.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = yaml.safe_load(value)
     data["run_dir"] = str(run_dir)
     data["orchestrator"]["port"] = 0  # free ports: never collide with another deployment on the machine
     for pool in data["pools"].values():
@@ -61,30 +71,35 @@ def _disagg(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "disagg.cli", *argv], capture_output=True, text=True)
 
 
-def _engine_pids(state: dict) -> dict[str, int]:
-    """Each worker's engine process: the launcher's child running ``workers.engine_proc``."""
-    engines = {}
+def _process_groups(state: dict) -> dict[str, list[int]]:
+    """Every process of the deployment by role: each worker's engine (the launcher's child running
+    ``workers.engine_proc``) and its frontends (the launcher and its attached frontends), and the
+    orchestrator's processes (all of its tree)."""
+    groups: dict[str, list[int]] = {}
     for process in state["processes"]:
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and _stat(int(entry.name))[1] == str(process["pid"]) and \
-                        b"workers.engine_proc" in (entry / "cmdline").read_bytes():
-                    engines[process["name"]] = int(entry.name)
-            except (OSError, TypeError):
-                continue
-    return engines
+        tree = _tree(process["pid"])
+        if process["name"] == "orchestrator":
+            groups["orchestrator"] = tree
+            continue
+        engines = [pid for pid in tree if "workers.engine_proc" in cmdline(pid)]
+        groups[f"{process['name']} engine"] = engines
+        groups[f"{process['name']} frontends"] = [pid for pid in tree if pid not in engines]
+    return groups
 
 
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
+def _tree(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children(found[-1])
+    return found
 
 
-def _cpu_seconds(pid: int) -> float:
-    stat = _stat(pid)  # fields after the name: [11] utime, [12] stime, every thread included
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") if stat else 0.0
+def _group_cpu(groups: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds (utime + stime, every thread) of each group, and of this process (the load generator)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {**{name: sum(cpu_seconds(pid) for pid in pids) for name, pids in groups.items()},
+            "load generator": usage.ru_utime + usage.ru_stime}
 
 
 # Where a disaggregated request's time to first token goes, from the orchestrator's /perf_metrics
@@ -124,21 +139,23 @@ def _breakdown(url: str, since: float) -> dict[str, float]:
 
 
 class _EngineCpu(PlainProgress):
-    """Plain progress lines, the engines' CPU seconds over each level (from /proc) and where the
+    """Plain progress lines, every process's CPU seconds over each level (from /proc) and where the
     time to first token went (the orchestrator's perf records)."""
 
-    def __init__(self, engines: dict[str, int], url: str) -> None:
+    def __init__(self, groups: dict[str, list[int]], url: str) -> None:
         super().__init__(sys.stderr)
-        self.engines, self.url, self.start, self.used, self.breakdowns = engines, url, {}, [], []
+        self.groups, self.url, self.start, self.used, self.breakdowns = groups, url, {}, [], []
+        self.walls: list[float] = []
         self.started = 0.0
 
     def start_level(self, label: str, total: int | None, duration: float | None) -> None:
-        self.start = {name: _cpu_seconds(pid) for name, pid in self.engines.items()}
+        self.start = _group_cpu(self.groups)
         self.started = time.time()
         super().start_level(label, total, duration)
 
     def end_level(self, summary) -> None:
-        self.used.append({name: _cpu_seconds(pid) - self.start[name] for name, pid in self.engines.items()})
+        self.used.append({name: seconds - self.start[name] for name, seconds in _group_cpu(self.groups).items()})
+        self.walls.append(time.time() - self.started)
         try:
             self.breakdowns.append(_breakdown(self.url, self.started))
         except Exception as exc:  # noqa: BLE001 - a diagnostic: the figures stand without it
@@ -147,20 +164,25 @@ class _EngineCpu(PlainProgress):
         super().end_level(summary)
 
 
-def _measure(url: str, model: str, num_requests: int, engines: dict[str, int]) -> list:
+def _measure(url: str, model: str, num_requests: int, groups: dict[str, list[int]]) -> list:
     """Sequential, then concurrency 4; each level draws prompts of its own (no level finds the
     previous one's prompts in the prefix cache)."""
     workload = WorkloadConfig(system_tokens=0, isl=LengthDist(200), osl=LengthDist(24), turns=LengthDist(1))
     plan = BenchPlan(url=url, api=OpenAIChat(model, ignore_eos=True), workload=workload, concurrencies=(1, 4),
                      num_requests=num_requests, warmup=4)
-    progress = _EngineCpu(engines, url)
+    progress = _EngineCpu(groups, url)
     levels, _ = asyncio.run(run_bench(plan, progress))
     runs = [level.summary.to_dict() for level in levels]
-    for run, used, breakdown in zip(runs, progress.used, progress.breakdowns):
+    for run, used, wall, breakdown in zip(runs, progress.used, progress.walls, progress.breakdowns):
         run["ttft_breakdown_p50_ms"] = breakdown
         tokens = run["output_tokens"]["mean"] * run["num_ok"] if run["num_ok"] else 0
-        run["engine_cpu_seconds"] = used
-        run["engine_cpu_ms_per_output_token"] = 1e3 * sum(used.values()) / tokens if tokens else None
+        engines = {name: seconds for name, seconds in used.items() if name.endswith(" engine")}
+        run["process_cpu_seconds"] = used
+        run["cpu_ms_per_request"] = {name: 1e3 * seconds / run["num_ok"] for name, seconds in used.items()} \
+            if run["num_ok"] else {}
+        run["cpu_busy_cores"] = sum(used.values()) / wall  # of the machine's os.cpu_count()
+        run["engine_cpu_seconds"] = engines
+        run["engine_cpu_ms_per_output_token"] = 1e3 * sum(engines.values()) / tokens if tokens else None
     return runs
 
 
@@ -169,13 +191,16 @@ def main() -> int:
     parser.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
     parser.add_argument("--engine-threads", default="default", help="auto, torch or N (default: the file's)")
     parser.add_argument("--num-requests", type=int, default=40)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of the config (dotted path, YAML value), e.g. "
+                             "pools.ctx.engine.max_num_batched_tokens=256; repeatable")
     parser.add_argument("--aiperf", default=None, help="also run aiperf (this executable) at c=4: the cross-check")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/local_workload.json"))
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still takes its deployment down
     with tempfile.TemporaryDirectory(prefix="disagg-lw-") as tmp:
         run_dir = Path(tmp) / "run"
-        config = _deploy_config(args.config, run_dir, args.engine_threads)
+        config = _deploy_config(args.config, run_dir, args.engine_threads, args.set)
         up = _disagg("up", str(config))
         if up.returncode != 0:
             print(f"disagg up failed:\n{up.stdout}\n{up.stderr}")
@@ -185,7 +210,8 @@ def main() -> int:
             model = yaml.safe_load(config.read_text())["model"]
             load_before = os.getloadavg()
             started = time.time()
-            sequential, concurrent = _measure(state["url"], model, args.num_requests, _engine_pids(state))
+            sequential, concurrent = _measure(state["url"], model, args.num_requests,
+                                              _process_groups(state))
             load_after, elapsed = os.getloadavg(), time.time() - started
             aiperf = _aiperf(args, state["url"], model, Path(tmp)) if args.aiperf else None
             threads = {p["name"]: p["argv"][p["argv"].index("--engine-threads") + 1]
@@ -214,9 +240,9 @@ def _report(args: argparse.Namespace, seq: dict, c4: dict, threads: dict, load_b
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after ({elapsed:.0f} s)")
     for run in (seq, c4):
         print("\n".join(summary_lines(run)))
-        cpu = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in run["engine_cpu_seconds"].items())
-        per_token = run["engine_cpu_ms_per_output_token"]
-        print(f"  engine CPU (/proc): {cpu}; {per_token or 0:.1f} ms per output token")
+        cpu = ", ".join(f"{name} {ms:.0f}" for name, ms in run["cpu_ms_per_request"].items())
+        print(f"  CPU ms per request (/proc): {cpu}; {run['cpu_busy_cores'] or 0:.2f} cores busy; engines "
+              f"{run['engine_cpu_ms_per_output_token'] or 0:.1f} ms per output token")
         parts = "  ".join(f"{name} {ms}" for name, ms in run["ttft_breakdown_p50_ms"].items())
         print(f"  TTFT parts, p50 ms (orchestrator /perf_metrics): {parts or 'none joined'}")
     targets = [
