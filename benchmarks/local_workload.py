@@ -245,6 +245,10 @@ def _report(args: argparse.Namespace, seq: dict, c4: dict, threads: dict, load_b
               f"{run['engine_cpu_ms_per_output_token'] or 0:.1f} ms per output token")
         parts = "  ".join(f"{name} {ms}" for name, ms in run["ttft_breakdown_p50_ms"].items())
         print(f"  TTFT parts, p50 ms (orchestrator /perf_metrics): {parts or 'none joined'}")
+    ceiling = _ceiling(seq, c4, threads)
+    print(f"  2-core ceiling at c=4 from this run's CPU per request: ctx engines {ceiling['ctx_req_per_s']:.2f} req/s "
+          f"(one prefill at a time per engine thread), all processes {ceiling['cpu_req_per_s']:.2f} req/s "
+          f"({os.cpu_count()} cores): output tok/s at most {ceiling['tok_s_ratio']:.2f}x sequential")
     targets = [
         ("c=4 ITL p50 <= 2x sequential", c4["itl"]["p50"] / seq["itl"]["p50"], 2.0, "<="),
         ("c=4 TTFT p50 <= 2x sequential", c4["ttft"]["p50"] / seq["ttft"]["p50"], 2.0, "<="),
@@ -259,9 +263,25 @@ def _report(args: argparse.Namespace, seq: dict, c4: dict, threads: dict, load_b
     args.out.write_text(json.dumps({"config": str(args.config), "engine_threads": threads,
                                     "load_average": {"before": load_before, "after": load_after},
                                     "cpus": os.cpu_count(), "sequential": seq, "concurrency_4": c4, "aiperf_c4": aiperf,
+                                    "ceiling_c4": ceiling,
                                     "targets": results}, indent=1))
     print(f"wrote {args.out}")
     return 0 if all(r["pass"] for r in results) else 1
+
+
+def _ceiling(seq: dict, c4: dict, threads: dict) -> dict:
+    """The most requests/s this machine allows at the c=4 operating point, from the run's own CPU per
+    request (/proc): a ctx engine prefills on its torch threads and no faster, and all processes
+    together (load generator included) fit in the machine's cores. Over sequential requests/s, the
+    bound on the output tok/s ratio (same output length). On a loaded machine CPU per request is
+    inflated (caches, memory bandwidth), so read it from a quiet run."""
+    per_request = c4["cpu_ms_per_request"]
+    ctx_ms = sum(ms for name, ms in per_request.items() if name.startswith("ctx-") and name.endswith(" engine"))
+    ctx_threads = sum(int(n) for name, n in threads.items() if name.startswith("ctx-") and str(n).isdigit()) or 1
+    ctx_bound = 1e3 * ctx_threads / ctx_ms if ctx_ms else float("inf")
+    cpu_bound = 1e3 * (os.cpu_count() or 1) / sum(per_request.values()) if per_request else float("inf")
+    return {"ctx_req_per_s": ctx_bound, "cpu_req_per_s": cpu_bound,
+            "tok_s_ratio": min(ctx_bound, cpu_bound) / seq["requests_per_s"] if seq["requests_per_s"] else 0.0}
 
 
 if __name__ == "__main__":
