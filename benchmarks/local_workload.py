@@ -10,7 +10,9 @@ same workload as ``aiperf profile --endpoint-type chat --streaming --concurrency
   * concurrency 4: ITL p50 <= 2x and TTFT p50 <= 2x sequential,
   * output tokens/s at concurrency 4 >= 3x sequential.
 
-Prints the figures with PASS/FAIL lines and the load average (the machine is shared), writes JSON.
+Prints the figures with PASS/FAIL lines and the load average (the machine is shared), and for each
+level the CPU per request of every process (/proc), each engine's steps (busy share, mean decode
+batch, prefill tokens per step) and the 2-core ceiling those CPU figures allow at c=4; writes JSON.
 
     python benchmarks/local_workload.py [--config configs/local.yaml] [--engine-threads auto|none|N]
         [--set KEY.PATH=VALUE ...] [--num-requests 40] [--aiperf PATH/TO/aiperf] [--out benchmarks/results/local_workload.json]
@@ -87,6 +89,10 @@ def _process_groups(state: dict) -> dict[str, list[int]]:
     return groups
 
 
+def _worker_urls(state: dict) -> dict[str, str]:
+    return {process["name"]: process["url"] for process in state["processes"] if process["name"] != "orchestrator"}
+
+
 def _tree(pid: int) -> list[int]:
     found, todo = [], [pid]
     while todo:
@@ -139,16 +145,18 @@ def _breakdown(url: str, since: float) -> dict[str, float]:
 
 
 class _EngineCpu(PlainProgress):
-    """Plain progress lines, every process's CPU seconds over each level (from /proc) and where the
-    time to first token went (the orchestrator's perf records)."""
+    """Plain progress lines, every process's CPU seconds over each level (from /proc), what each
+    engine's steps did (its worker's /metrics) and where the time to first token went (the
+    orchestrator's perf records)."""
 
-    def __init__(self, groups: dict[str, list[int]], url: str) -> None:
+    def __init__(self, groups: dict[str, list[int]], url: str, workers: dict[str, str]) -> None:
         super().__init__(sys.stderr)
         self.groups, self.url, self.start, self.used, self.breakdowns = groups, url, {}, [], []
-        self.walls: list[float] = []
+        self.workers, self.steps, self.walls = workers, [], []
         self.started = 0.0
 
     def start_level(self, label: str, total: int | None, duration: float | None) -> None:
+        _engine_steps(self.workers, 1.0)  # drains what the steps before this level recorded
         self.start = _group_cpu(self.groups)
         self.started = time.time()
         super().start_level(label, total, duration)
@@ -156,6 +164,7 @@ class _EngineCpu(PlainProgress):
     def end_level(self, summary) -> None:
         self.used.append({name: seconds - self.start[name] for name, seconds in _group_cpu(self.groups).items()})
         self.walls.append(time.time() - self.started)
+        self.steps.append(_engine_steps(self.workers, self.walls[-1]))
         try:
             self.breakdowns.append(_breakdown(self.url, self.started))
         except Exception as exc:  # noqa: BLE001 - a diagnostic: the figures stand without it
@@ -164,17 +173,39 @@ class _EngineCpu(PlainProgress):
         super().end_level(summary)
 
 
-def _measure(url: str, model: str, num_requests: int, groups: dict[str, list[int]]) -> list:
+def _engine_steps(workers: dict[str, str], wall: float) -> dict[str, dict[str, float]]:
+    """Each engine's steps since the last drain of its worker's /metrics (launcher-owned: one complete
+    drain per poll, and nothing else drains it in this deployment): how many, the share of ``wall``
+    they took (busy), and the mean decode batch and prefill tokens of the steps that had any."""
+    import httpx
+
+    steps = {}
+    for name, url in workers.items():
+        try:
+            stats = httpx.get(f"{url}/metrics", timeout=30).json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        decodes = [s["num_decode_tokens"] for s in stats if s["num_decode_tokens"]]
+        prefills = [s["num_prefill_tokens"] for s in stats if s["num_prefill_tokens"]]
+        steps[name] = {"steps": len(stats), "busy": sum(s["step_seconds"] for s in stats) / wall,
+                       "decode_batch": sum(decodes) / len(decodes) if decodes else 0.0,
+                       "prefill_tokens": sum(prefills) / len(prefills) if prefills else 0.0}
+    return steps
+
+
+def _measure(url: str, model: str, num_requests: int, groups: dict[str, list[int]], workers: dict[str, str]) -> list:
     """Sequential, then concurrency 4; each level draws prompts of its own (no level finds the
     previous one's prompts in the prefix cache)."""
     workload = WorkloadConfig(system_tokens=0, isl=LengthDist(200), osl=LengthDist(24), turns=LengthDist(1))
     plan = BenchPlan(url=url, api=OpenAIChat(model, ignore_eos=True), workload=workload, concurrencies=(1, 4),
                      num_requests=num_requests, warmup=4)
-    progress = _EngineCpu(groups, url)
+    progress = _EngineCpu(groups, url, workers)
     levels, _ = asyncio.run(run_bench(plan, progress))
     runs = [level.summary.to_dict() for level in levels]
-    for run, used, wall, breakdown in zip(runs, progress.used, progress.walls, progress.breakdowns):
+    for run, used, wall, steps, breakdown in zip(runs, progress.used, progress.walls, progress.steps,
+                                                 progress.breakdowns):
         run["ttft_breakdown_p50_ms"] = breakdown
+        run["engine_steps"] = steps
         tokens = run["output_tokens"]["mean"] * run["num_ok"] if run["num_ok"] else 0
         engines = {name: seconds for name, seconds in used.items() if name.endswith(" engine")}
         run["process_cpu_seconds"] = used
@@ -211,7 +242,7 @@ def main() -> int:
             load_before = os.getloadavg()
             started = time.time()
             sequential, concurrent = _measure(state["url"], model, args.num_requests,
-                                              _process_groups(state))
+                                              _process_groups(state), _worker_urls(state))
             load_after, elapsed = os.getloadavg(), time.time() - started
             aiperf = _aiperf(args, state["url"], model, Path(tmp)) if args.aiperf else None
             threads = {p["name"]: p["argv"][p["argv"].index("--engine-threads") + 1]
@@ -243,6 +274,9 @@ def _report(args: argparse.Namespace, seq: dict, c4: dict, threads: dict, load_b
         cpu = ", ".join(f"{name} {ms:.0f}" for name, ms in run["cpu_ms_per_request"].items())
         print(f"  CPU ms per request (/proc): {cpu}; {run['cpu_busy_cores'] or 0:.2f} cores busy; engines "
               f"{run['engine_cpu_ms_per_output_token'] or 0:.1f} ms per output token")
+        steps = ", ".join(f"{name} {s['steps']} steps, busy {s['busy']:.0%}, decode batch {s['decode_batch']:.2f}, "
+                          f"prefill {s['prefill_tokens']:.0f} tokens/step" for name, s in run["engine_steps"].items())
+        print(f"  engine steps (workers' /metrics): {steps or 'none'}")
         parts = "  ".join(f"{name} {ms}" for name, ms in run["ttft_breakdown_p50_ms"].items())
         print(f"  TTFT parts, p50 ms (orchestrator /perf_metrics): {parts or 'none joined'}")
     ceiling = _ceiling(seq, c4, threads)
