@@ -68,6 +68,15 @@ def test_shipped_local_yaml_is_valid():
     assert config.pools.ctx.instances >= 1 and config.pools.gen.instances >= 1
 
 
+def test_local_yaml_ctx_worker_prefills_about_one_prompt_a_step():
+    """benchmarks/local_workload.py's prompts (~230 tokens with the chat template): the ctx budget
+    holds one and not two, so concurrent prompts pipeline into gen instead of prefilling as one
+    convoy; gen keeps the wide budget (its steps are decodes)."""
+    config = load_deploy_config("configs/local.yaml")
+    assert 230 <= config.engine_for("ctx").max_num_batched_tokens < 2 * 200
+    assert config.engine_for("gen").max_num_batched_tokens == 1024
+
+
 def test_orchestrator_config_errors(tmp_path):
     path = write(tmp_path, '{"model_dir": "/m", "state_dir": "/s", "workers": [{"role": "gen", "url": "x"}]}',
                  "o.json")

@@ -101,6 +101,29 @@ def test_token_budget_splits_the_last_prompt_and_decodes_go_first():
     assert batch.requests[0].token_ids == [7]  # the sampled token is fed back
 
 
+def test_prompts_are_prefilled_first_come_first_served_one_a_step():
+    """A ctx worker whose budget holds about one prompt (configs/local.yaml): prompts that arrive
+    together finish one per step in arrival order, the oldest's rest before the next one's
+    start, and a later arrival queues behind them (no convoy finishing every prompt in the
+    last step, and no overtaking)."""
+    scheduler = make_scheduler(max_num_batched_tokens=8)
+    for i in range(4):
+        scheduler.add_request(make_request(i, 7, max_tokens=1))  # context-only legs: one token each
+    expected = [
+        ([(0, 0, 7, True), (1, 0, 1, False)], [0]),
+        ([(1, 1, 6, True), (2, 0, 2, False)], [1]),
+        ([(2, 2, 5, True), (3, 0, 3, False)], [2]),
+        ([(3, 3, 4, True), (4, 0, 2, True)], [3, 4]),
+    ]
+    for index, (want_chunks, want_finished) in enumerate(expected):
+        batch, outputs = step(scheduler, scripted())
+        assert chunks(batch) == want_chunks
+        assert [(o.request_id, o.finish_reason) for o in outputs] == [(i, "length") for i in want_finished]
+        if index == 0:
+            scheduler.add_request(make_request(4, 2, max_tokens=1))  # arrives after the first step
+    assert not scheduler.has_unfinished()
+
+
 def test_max_num_seqs_caps_the_running_set():
     scheduler = make_scheduler(max_num_seqs=2)
     for i in range(3):
