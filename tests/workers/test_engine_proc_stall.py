@@ -17,6 +17,7 @@ import zmq
 from tests.workers.test_engine_proc import RawFrontend, health
 from workers.config import CacheConfig, EngineConfig
 from workers.engine.core import EngineCore
+from workers.engine_proc import IDLE_POLL_MS, EngineProc
 from workers.kv_transfer import DisaggEngineSpec
 from workers.launcher import WorkerGroup
 from workers.protocol import AbortRequests, AddContextRequest, AddRequest, EngineRequest, RequestOutput
@@ -147,3 +148,46 @@ def test_the_gen_core_is_stalled_while_pulls_in_flight_hold_the_blocks_a_pull_ne
     assert core.next_parked_deadline() is None  # the idle poll's timeout, woken by KV traffic
     core.finish_remote_kv(1)
     assert core.step() and not core.stalled
+
+
+def test_a_request_waiting_for_blocks_while_others_run_is_not_a_stall():
+    core = small_core()
+    long_decode = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    core.add_request(EngineRequest(1, prompt(1) + prompt(5)[:30], long_decode))  # 90 tokens: 6 of 8 blocks
+    assert core.step() and not core.stalled
+    core.add_request(EngineRequest(2, prompt(2), TWO_TOKENS))  # 4 blocks: waits for request 1
+    for _ in range(5):
+        outputs = core.step()
+        assert [o.request_id for o in outputs] == [1] and not core.stalled  # 1 decodes: every step progresses
+    assert core.scheduler.num_waiting == 1
+
+
+class _Core:
+    def __init__(self, stalled: bool, deadline: float | None) -> None:
+        self.stalled, self.deadline = stalled, deadline
+
+    def next_parked_deadline(self) -> float | None:
+        return self.deadline
+
+
+class _Loop:
+    """What ``EngineProc._idle_timeout_ms`` reads: its core."""
+
+    def __init__(self, core: _Core) -> None:
+        self.core = core
+
+    idle_timeout_ms = EngineProc._idle_timeout_ms
+
+
+@pytest.mark.parametrize("stalled, in_seconds, expected", [
+    (True, 0.0123, 13),  # a stalled loop wakes at the expiry (rounded up: never before it)
+    (True, -1.0, 0),  # already past: at once, and the agent's tick releases it
+    (True, 60.0, IDLE_POLL_MS),  # far away: the idle wake-up still notices SIGTERM
+    (True, None, IDLE_POLL_MS),  # nothing parked expires (gen side): KV traffic wakes it
+    (False, 0.0123, IDLE_POLL_MS),  # nothing waits for blocks: no hurry to expire
+])
+def test_the_idle_poll_of_a_stalled_loop_ends_at_the_earliest_parked_expiry(stalled, in_seconds, expected):
+    now = time.time()
+    deadline = None if in_seconds is None else now + in_seconds
+    timeout = _Loop(_Core(stalled, deadline)).idle_timeout_ms()
+    assert expected - 1 <= timeout <= expected if expected else timeout == 0
