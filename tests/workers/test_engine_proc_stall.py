@@ -97,9 +97,10 @@ def test_a_request_waiting_for_parked_blocks_costs_no_cpu_and_runs_at_their_expi
     outputs = frontend.collect({3}, timeout=10.0)
     ran_after = time.monotonic() - parked_at
     assert outputs[3][-1].finish_reason == "length"
-    # Admitted at the expiry, not at some idle wake-up after it. (Request 2 was parked a moment
-    # before ``parked_at``: its output had to reach this process first.)
-    assert expiry - 0.3 < ran_after < expiry + 0.15, f"ran {ran_after:.3f} s after parking for {expiry} s"
+    # Admitted at the expiry, not at an idle wake-up up to 250 ms after it (the exact timeout is
+    # pinned below; this bound leaves room for a loaded machine). Request 2 was parked a moment
+    # before ``parked_at``: its output had to reach this process first.
+    assert expiry - 0.3 < ran_after < expiry + 0.2, f"ran {ran_after:.3f} s after parking for {expiry} s"
 
 
 def test_an_abort_of_the_waiting_request_wakes_the_loop_and_leaks_nothing(ctx_worker, zmq_ctx):
