@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import math
 import os
 import shutil
 import signal
@@ -163,9 +164,10 @@ class EngineProc:
         self._heartbeat.start()
         try:
             while not self.should_stop:
-                busy = bool(self._pending) or self.core.has_work()
+                core = self.core
+                busy = bool(self._pending) or (core.has_work() and not core.stalled)
                 busy = busy or (self.kv_agent is not None and self.kv_agent.has_work())
-                self._poll_inputs(timeout_ms=0 if busy else IDLE_POLL_MS)
+                self._poll_inputs(timeout_ms=0 if busy else self._idle_timeout_ms())
                 if self.rank_link is not None:
                     self.rank_link.check()
                 if self.kv_agent is not None:
@@ -182,6 +184,17 @@ class EngineProc:
                 self.rank_link.stop()
         log.info("engine loop stopped after %d steps", self.num_steps)
         return 0
+
+    def _idle_timeout_ms(self) -> int:
+        """How long to block in poll with nothing to step. A stalled core (requests wait for
+        blocks) wakes at the earliest parked expiry, which frees blocks without any input;
+        acks, inputs and KV traffic wake the poll themselves. Any wake-up is followed by a step."""
+        if not self.core.stalled:
+            return IDLE_POLL_MS
+        deadline = self.core.next_parked_deadline()
+        if deadline is None:
+            return IDLE_POLL_MS
+        return max(0, min(IDLE_POLL_MS, math.ceil((deadline - time.time()) * 1000)))
 
     def _poll_inputs(self, timeout_ms: int) -> None:
         events = dict(self._poller.poll(timeout_ms))

@@ -251,6 +251,10 @@ class BlockManager:
         self._release_blocks(parked.block_ids)
         return True
 
+    def next_deadline(self) -> float | None:
+        """The earliest parked table's deadline (``time.time()`` seconds); None when none expires."""
+        return min((p.deadline for p in self._parked.values() if p.deadline is not None), default=None)
+
     def release_expired(self, now: float) -> list[int]:
         """Release every parked table whose deadline has passed; their request ids."""
         expired = [rid for rid, p in self._parked.items() if p.deadline is not None and p.deadline <= now]

@@ -68,6 +68,10 @@ class EngineCore:
             self.config.scheduler, self.block_manager, executor.max_model_len, executor.eos_token_ids
         )
         self.stats = StatsQueue()
+        # The last step scheduled nothing, reported nothing and started no pull: requests wait for
+        # blocks only an input, a KV ack or a parked table's expiry can free. Until one of them
+        # comes the next step would do the same, so the loop blocks in its poll instead of spinning.
+        self.stalled = False
         self.grammars = _grammar_compiler(self.config, executor)
 
     @property
@@ -128,6 +132,10 @@ class EngineCore:
         """When the parked table expires: the scheduler set it at finish, the one owner of that fact."""
         return self.block_manager.parked_deadline(request_id)
 
+    def next_parked_deadline(self) -> float | None:
+        """When the earliest parked table expires (``time.time()`` seconds); None when none will."""
+        return self.block_manager.next_deadline()
+
     def release_expired(self, now: float) -> list[int]:
         """Release parked tables past their deadline (also while no step runs); their request ids."""
         return self.block_manager.release_expired(now)
@@ -170,6 +178,9 @@ class EngineCore:
             self._record_stats(batch, time.perf_counter() - started)
             if not self.scheduler.requests:
                 self.block_manager.check_idle()  # O(parked): catches a leak the moment it happens
+            self.stalled = False
+        else:
+            self.stalled = not outputs and not self.scheduler.has_kv_pulls()
         return outputs
 
     # ---- drains, KV transfer, profiling ------------------------------------
