@@ -20,8 +20,9 @@ from typing import Any
 import jinja2
 import tokenizers
 
-from frontends.chat_template_env import ChatTemplateError, compile_template
+from frontends.chat_template_env import ChatTemplateError, compile_template, template_environment
 from frontends.errors import PromptTooLongError
+from frontends.prompt_segments import PromptSegments, template_literals
 
 __all__ = ["Tokenizer", "ChatTemplateError"]
 
@@ -90,6 +91,18 @@ class Tokenizer:
         from frontends.byte_detokenizer import token_byte_table
 
         return token_byte_table(self.backend)
+
+    @functools.cached_property
+    def prompt_segments(self) -> PromptSegments | None:
+        """The chat prompt's tokenizer (``frontends.prompt_segments``), built on first use; None
+        where this tokenizer's pieces do not tokenize alone."""
+        env, literals = template_environment(), []
+        for source in self._template_sources.values():
+            try:
+                literals += template_literals(env, source)
+            except jinja2.TemplateError:  # rendering it reports that; the others' pieces still count
+                pass
+        return PromptSegments.of(self.backend, literals)
 
     @classmethod
     def from_model_path(cls, path: str | Path) -> "Tokenizer":
@@ -199,7 +212,8 @@ class Tokenizer:
         if max_tokens is not None and self.proves_too_long(text, max_tokens):
             raise too_long_error(len(text), max_tokens, self.max_token_chars, "messages")
         # The template writes BOS itself: encode without adding special tokens, as HF does.
-        return self.encode(text, add_special_tokens=False)
+        segments = self.prompt_segments
+        return self.encode(text, add_special_tokens=False) if segments is None else segments.encode(text)
 
     def _template(self, with_tools: bool) -> jinja2.Template:
         if not self._template_sources:
