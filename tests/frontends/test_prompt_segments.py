@@ -118,3 +118,17 @@ def test_tokenizers_whose_pieces_do_not_tokenize_alone_are_encoded_whole(tiny):
         chat = Tokenizer(backend, {"chat_template": CHAT_TEMPLATE})
         messages = [{"role": "user", "content": "Tell me a story, <|eot_id|> ok"}]
         assert chat.encode_chat(messages) == backend.encode(chat.render_chat(messages), add_special_tokens=False).ids
+
+
+def test_a_shipped_models_chat_prompts_give_the_ids_of_the_whole_rendered_text(smollm2_gguf):
+    chat = Tokenizer.from_model_path(smollm2_gguf)  # ChatML: the role and the text share a piece
+    assert chat.prompt_segments is not None
+    fragments = ("<|im_start|>", "<|im_end|>", "<|im", "<|endoftext|>", "user", "assistant", "\n", " ", "Hello",
+                 " world", "é", "中文", "😀", "12345")
+    rng = random.Random(0)
+    for _ in range(1000):
+        messages = [{"role": rng.choice(["system", "user", "assistant"]),
+                     "content": "".join(rng.choice(fragments) for _ in range(rng.randrange(1, 10)))}
+                    for _ in range(rng.randrange(1, 4))]
+        text = chat.render_chat(messages)
+        assert chat.encode_chat(messages) == chat.backend.encode(text, add_special_tokens=False).ids, repr(text)
