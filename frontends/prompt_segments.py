@@ -33,8 +33,8 @@ __all__ = ["PromptSegments", "template_literals"]
 _ROLES = ("system", "developer", "user", "assistant", "tool", "ipython")
 _MAX_PIECE_CHARS = 256
 _MAX_PIECES = 1024
-# Components that work on each piece alone, wherever it sits in the text (Metaspace's
-# prepend_scheme "first" does not; nor do those not tried in the tests).
+# Components that work on each piece alone, wherever it sits in the text, each tried in the tests
+# (Metaspace's prepend_scheme "first" does not).
 _PIECEWISE_NORMALIZERS = frozenset({"NFC", "NFKC"})
 _PIECEWISE_PRE_TOKENIZERS = frozenset({"ByteLevel", "Split", "Digits"})
 _PIECEWISE_MODELS = frozenset({"BPE"})

@@ -51,6 +51,8 @@ def _variants(base: tokenizers.Tokenizer) -> dict[str, tokenizers.Tokenizer]:
         "qwen2": _variant(base, normalizer={"type": "NFC"}, pre_tokenizer=llama3),
         "prefix_space": _variant(base, pre_tokenizer=_byte_level(add_prefix_space=True)),
         "overlapping": _variant(base, add_tokens=overlapping),
+        "digits_nfkc": _variant(base, normalizer={"type": "NFKC"}, pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True}, _byte_level()]}),
     }
 
 
@@ -63,7 +65,7 @@ def _random_text(rng: random.Random) -> str:
     return "".join(rng.choice(_FRAGMENTS) for _ in range(rng.randrange(0, 14)))
 
 
-@pytest.mark.parametrize("name", ["tiny", "llama3", "qwen2", "prefix_space", "overlapping"])
+@pytest.mark.parametrize("name", ["tiny", "llama3", "qwen2", "prefix_space", "overlapping", "digits_nfkc"])
 def test_pieces_give_the_tokenizers_ids_for_any_text(tiny, name):
     backend = _variants(tiny.backend)[name]
     segments = PromptSegments.of(backend, [CHAT_TEMPLATE])
