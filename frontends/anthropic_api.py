@@ -14,6 +14,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from frontends.body_limit import read_body
 from frontends.disaggregation import DisaggLeg
 from frontends.errors import ApiError, InvalidRequestError, anthropic_error_body
 from frontends.generation import Completion, Generation, Piece
@@ -162,7 +163,7 @@ async def generate_message(ctx: ServingContext, body: MessagesRequest, request_i
 
 async def create_message(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
-    body = msgspec.json.decode(await request.body(), type=MessagesRequest)
+    body = msgspec.json.decode(await read_body(request.receive), type=MessagesRequest)
     prepared, encoder, parser = prepare_message(ctx, body, arrival_time, header_value(request.scope, X_REQUEST_ID))
     generation = prepared.generation
     if body.stream:

@@ -11,18 +11,23 @@ cost the orchestrator gigabytes while it decoded and tokenized it).
 
 With a valid ``Content-Length`` under the limit the server itself stops at that
 length, so the common case costs one header scan and no wrapper.
+
+``read_body(receive)`` is ``Request.body()`` for the generating routes, without
+Starlette's stream generator and its ``aclosing``: one ``receive()`` for a body
+that came whole (about 2.5 us a request of the ~3).
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from frontends.errors import RequestTooLargeError
 from frontends.memory import large_body, release_memory_soon
 
-__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "limit_body", "BodyLimitMiddleware"]
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "limit_body", "read_body", "BodyLimitMiddleware"]
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024  # millions of tokens: above any context window served here
 
@@ -57,6 +62,22 @@ def limit_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], max_byt
         return message
 
     return counted
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body, read as ``Request.body()`` reads it: ``ClientDisconnect`` when the
+    client leaves first, the limit's ``RequestTooLargeError`` through a limited ``receive``."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            body = message.get("body", b"")
+            if not message.get("more_body", False):
+                return b"".join([*chunks, body]) if chunks else body
+            if body:
+                chunks.append(body)
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()
 
 
 class BodyLimitMiddleware:

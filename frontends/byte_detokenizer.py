@@ -5,7 +5,7 @@ Qwen2: ``"decoder": {"type": "ByteLevel"}``), ``backend.decode(ids,
 skip_special_tokens=True)`` is exactly the UTF-8 decoding (errors replaced)
 of the concatenated bytes of the ids' tokens, special tokens contributing
 none. So a table from token id to bytes, built once per tokenizer, and one
-incremental UTF-8 decoder per request give the same text as the generic
+request's incremental UTF-8 decoding give the same text as the generic
 ``IncrementalDetokenizer`` (which decodes a window of ids twice per step) at
 O(1) per token: a complete character goes out at once, an incomplete one is
 held until its last byte arrives (or the stream ends: then it is U+FFFD, as
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["ByteLevelDetokenizer", "token_byte_table"]
 
 _REPLACEMENT_CHAR = "\ufffd"
+_utf8_decode = codecs.utf_8_decode  # (data, errors, final) -> (text, bytes consumed)
 
 def _byte_alphabet() -> dict[str, int]:
     """GPT-2's byte-to-unicode map, inverted: the character each byte is written as -> the byte."""
@@ -67,12 +68,13 @@ def token_byte_table(backend: "tokenizers.Tokenizer") -> tuple[bytes, ...] | Non
 class ByteLevelDetokenizer:
     """``IncrementalDetokenizer``'s interface (``add``, ``flush``) over a token byte table."""
 
-    __slots__ = ("_table", "_decoder", "_buffered", "_held_text")
+    __slots__ = ("_table", "_split", "_held_text")
 
     def __init__(self, table: Sequence[bytes]) -> None:
         self._table = table
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self._buffered = False  # the decoder holds a split character's first bytes
+        # A split character's first bytes, until its last arrives: the state of an incremental UTF-8
+        # decoder, kept here, so a token costs one C call, not the codec object's Python methods.
+        self._split = b""
         self._held_text = ""
 
     def add(self, new_token_ids: list[int]) -> str:
@@ -87,18 +89,19 @@ class ByteLevelDetokenizer:
                 [table[token_id] for token_id in new_token_ids])
         except IndexError:  # a model row past the tokenizer's vocabulary: decode() drops those ids
             data = b"".join([table[token_id] for token_id in new_token_ids if token_id < len(table)])
-        if not self._buffered and data.isascii():
-            # The common token: ASCII after complete characters decodes to itself, and the decoder
-            # (its buffer empty) would end as it began: two C calls instead of its Python methods.
+        if not self._split and data.isascii():
+            # The common token: ASCII after complete characters decodes to itself (and leaves no
+            # split character): two C calls.
             text = data.decode("ascii")
-        else:
-            text = self._decoder.decode(data)
-            self._buffered = bool(self._decoder.getstate()[0])
+        else:  # codecs.BufferedIncrementalDecoder.decode's steps
+            data = self._split + data
+            text, consumed = _utf8_decode(data, "replace", False)
+            self._split = data[consumed:]
         if not text:  # nothing new (a special token, a character's first bytes): what is held stays held
             return ""
         # Held while a character is split or the text ends in U+FFFD (a stray byte that a later
         # token may still explain), as the generic detokenizer holds it.
-        if self._buffered or text.endswith(_REPLACEMENT_CHAR):
+        if self._split or text.endswith(_REPLACEMENT_CHAR):
             self._held_text += text
             return ""
         if self._held_text:
@@ -107,6 +110,6 @@ class ByteLevelDetokenizer:
 
     def flush(self) -> str:
         """Everything still held back (the stream ended), an incomplete character as U+FFFD."""
-        text, self._held_text = self._held_text + self._decoder.decode(b"", final=True), ""
-        self._buffered = False
+        text, self._held_text = self._held_text + _utf8_decode(self._split, "replace", True)[0], ""
+        self._split = b""
         return text

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
+from frontends.body_limit import read_body
 from frontends.disaggregation import DisaggLeg
 from frontends.errors import ApiError, InvalidRequestError, openai_error_body
 from frontends.generation import Generation, Piece, StreamEncoder
@@ -151,7 +152,7 @@ class CompletionApi:
 
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
-    body = msgspec.json.decode(await request.body(), type=CompletionRequest)
+    body = msgspec.json.decode(await read_body(request.receive), type=CompletionRequest)
     prepared = prepare_request(ctx, CompletionApi(body), arrival_time, header_value(request.scope, X_REQUEST_ID))
     generation = prepared.generation
     response_id, created = f"cmpl-{ctx.response_ids.next_hex()}", int(time.time())
@@ -224,7 +225,7 @@ class ChatApi:
 
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
-    body = msgspec.json.decode(await request.body(), type=ChatCompletionRequest)
+    body = msgspec.json.decode(await read_body(request.receive), type=ChatCompletionRequest)
     return await serve_chat_completion(ctx, body, request.receive, arrival_time, header_value(request.scope, X_REQUEST_ID))
 
 

@@ -6,8 +6,7 @@ with the ``tokenizers`` library and ``tokenizer_config.json`` for the special
 tokens, ``model_max_length`` and the chat template; from a GGUF file
 (``from_gguf``) it rebuilds them from the file's ``tokenizer.*`` metadata
 (``workers.engine.model.gguf_tokenizer``, torch-free). Templates render in a sandboxed
-jinja2 environment set up as Hugging Face does (``trim_blocks``,
-``lstrip_blocks``, ``raise_exception``, ``tojson``, ``strftime_now``), so a
+jinja2 environment set up as Hugging Face does (``frontends.chat_template_env``), so a
 model's own template gives the same prompt text as ``apply_chat_template``.
 """
 
@@ -15,35 +14,17 @@ from __future__ import annotations
 
 import functools
 import json
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import tokenizers
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from frontends.chat_template_env import ChatTemplateError, compile_template, template_environment
 from frontends.errors import PromptTooLongError
+from frontends.prompt_segments import PromptSegments, template_literals
 
 __all__ = ["Tokenizer", "ChatTemplateError"]
-
-
-class ChatTemplateError(ValueError):
-    """The chat template refused the conversation (its ``raise_exception``) or failed."""
-
-
-def _raise_exception(message: str) -> None:
-    raise ChatTemplateError(message)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
-            sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
 
 
 def _token_text(value: Any) -> str | None:
@@ -74,18 +55,6 @@ def _max_token_chars(backend: tokenizers.Tokenizer) -> int | None:
         if part.get("type") == "Replace" and len(part.get("content", "")) < len(part.get("pattern", {}).get("String") or "x"):
             return None
     return max(len(token) for token in backend.get_vocab(with_added_tokens=True))
-
-
-def _compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    template = env.from_string(source)
-    # jinja keeps the globals as a ChainMap over the environment's, and every render copies it
-    # into the context by iterating it: a plain dict of the same names renders a third faster.
-    template.globals = dict(template.globals)
-    return template
 
 
 def _cut_after_final_message(rendered: str, final: dict[str, Any]) -> str:
@@ -122,6 +91,18 @@ class Tokenizer:
         from frontends.byte_detokenizer import token_byte_table
 
         return token_byte_table(self.backend)
+
+    @functools.cached_property
+    def prompt_segments(self) -> PromptSegments | None:
+        """The chat prompt's tokenizer (``frontends.prompt_segments``), built on first use; None
+        where this tokenizer's pieces do not tokenize alone."""
+        env, literals = template_environment(), []
+        for source in self._template_sources.values():
+            try:
+                literals += template_literals(env, source)
+            except jinja2.TemplateError:  # rendering it reports that; the others' pieces still count
+                pass
+        return PromptSegments.of(self.backend, literals)
 
     @classmethod
     def from_model_path(cls, path: str | Path) -> "Tokenizer":
@@ -231,7 +212,8 @@ class Tokenizer:
         if max_tokens is not None and self.proves_too_long(text, max_tokens):
             raise too_long_error(len(text), max_tokens, self.max_token_chars, "messages")
         # The template writes BOS itself: encode without adding special tokens, as HF does.
-        return self.encode(text, add_special_tokens=False)
+        segments = self.prompt_segments
+        return self.encode(text, add_special_tokens=False) if segments is None else segments.encode(text)
 
     def _template(self, with_tools: bool) -> jinja2.Template:
         if not self._template_sources:
@@ -240,7 +222,7 @@ class Tokenizer:
         if name not in self._template_sources:
             name = next(iter(self._template_sources))
         if name not in self._templates:
-            self._templates[name] = _compile_template(self._template_sources[name])
+            self._templates[name] = compile_template(self._template_sources[name])
         return self._templates[name]
 
 
