@@ -75,14 +75,25 @@ class SyntheticExecutor:
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         started = time.perf_counter()
         sampled: dict[int, SampledToken] = {}
-        vocab_size = self.vocab_size
+        vocab_size, bs, kv, salts = self.vocab_size, self.block_size, self._kv, self._salts
         for scheduled in batch.requests:
-            last_hash = self._fill(scheduled)
+            token_ids = scheduled.token_ids
+            position = scheduled.start_position
+            slot = position % bs
+            if slot and len(token_ids) == 1:  # a decode whose previous slot is in the same block: _fill, inlined
+                block_id = scheduled.block_ids[position // bs]
+                block = kv.get(block_id) or self._block(block_id)
+                last_hash = block[slot] = hash((block[slot - 1], token_ids[0]))  # _chain
+            else:
+                last_hash = self._fill(scheduled)
             if not scheduled.sample:
                 continue
             params = scheduled.sampling_params
             if params.logprobs is None:  # the common case, inlined: one draw per request per step
-                salt = _GREEDY_SALT if params.temperature == 0.0 else self._salt(params.seed or 0)
+                if params.temperature == 0.0:
+                    salt = _GREEDY_SALT
+                else:
+                    salt = salts.get(params.seed or 0) or self._salt(params.seed or 0)
                 sampled[scheduled.request_id] = SampledToken(hash((last_hash, salt)) % vocab_size)  # _chain
             else:
                 sampled[scheduled.request_id] = self._sample(scheduled, last_hash)
