@@ -9,7 +9,7 @@ Torch-free.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import msgspec
@@ -55,6 +55,9 @@ class SchedulerOutput:
     requests: list[ScheduledRequest]
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    # The scheduler's own object of each entry of ``requests`` (its ``Request``), in the same order:
+    # its update reads them back without a lookup by id per request per step. Executors ignore it.
+    owners: list[Any] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

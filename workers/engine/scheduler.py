@@ -230,18 +230,32 @@ class Scheduler:
         self.num_preemptions_last_step = 0
         self.block_manager.release_expired(time.time())
         block_size = self.block_manager.block_size
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)  # (not the property: per request)
-            num_new = min(num_tokens - request.num_computed_tokens, budget)
+        running, scheduled, owners = self.running, batch.requests, batch.owners
+        i = num_decodes = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            output_token_ids = request.output_token_ids
+            num_computed = request.num_computed_tokens
+            num_tokens = len(request.prompt_token_ids) + len(output_token_ids)  # (not the property: per request)
+            num_new = min(num_tokens - num_computed, budget)
             # Most decodes fit in the last block they hold: no allocation to ask for.
-            fits = request.num_computed_tokens + num_new <= len(request.block_ids) * block_size
-            if not fits and not self._allocate_or_preempt(request, num_new):
-                break  # the request preempted itself: it was the last running one
-            self._add_to_batch(batch, request, num_new)
+            fits = num_computed + num_new <= len(request.block_ids) * block_size
+            if fits and num_new == 1 and num_computed == num_tokens - 1 and output_token_ids:
+                # The decode step (the hot path): _add_to_batch's, built here (a running request was
+                # scheduled before, so its first_scheduled_time is set).
+                num_decodes += 1
+                scheduled.append(ScheduledRequest(
+                    request.request_id, [output_token_ids[-1]], num_computed, request.block_ids, True,
+                    request.sampling_params, len(output_token_ids), output_token_ids, request.prompt_token_ids,
+                    request.grammar))
+                owners.append(request)
+            else:
+                if not fits and not self._allocate_or_preempt(request, num_new):
+                    break  # the request preempted itself: it was the last running one
+                self._add_to_batch(batch, request, num_new)
             budget -= num_new
             i += 1
+        batch.num_decode_tokens += num_decodes
         if self.num_preemptions_last_step == 0:
             self._allocate_remote()
             self._admit_waiting(batch, budget)
@@ -327,6 +341,7 @@ class Scheduler:
         batch.requests.append(ScheduledRequest(
             request.request_id, token_ids, start, request.block_ids, end == num_tokens, request.sampling_params,
             len(output_token_ids), output_token_ids, request.prompt_token_ids, request.grammar))
+        batch.owners.append(request)
 
     # ---- results -----------------------------------------------------------
 
@@ -344,11 +359,13 @@ class Scheduler:
         block_size = self.block_manager.block_size
         eos_token_ids, max_model_len = self.eos_token_ids, self.max_model_len
         now: float | None = None
-        for scheduled in batch.requests:
-            request_id = scheduled.request_id
-            request = requests.get(request_id)
+        owners = batch.owners
+        if len(owners) != len(batch.requests):  # a batch that ``schedule`` did not build (tests)
+            owners = [requests.get(scheduled.request_id) for scheduled in batch.requests]
+        for scheduled, request in zip(batch.requests, owners):
             if request is None or request.status is not _RUNNING:
                 continue  # aborted while the step ran
+            request_id = scheduled.request_id
             num_new = len(scheduled.token_ids)
             num_computed = request.num_computed_tokens = request.num_computed_tokens + num_new
             if num_computed % block_size < num_new:  # a block filled up this step
