@@ -28,7 +28,7 @@ from workers.config import SchedulerConfig
 from workers.engine.block_manager import BlockManager
 from workers.engine.executor import ExecutorOutput, ScheduledRequest, SchedulerOutput
 from workers.engine.request import Request, RequestStatus
-from workers.engine.request_rules import admission_error, request_output, stop_status, token_slice
+from workers.engine.request_rules import admission_error, request_output, stop_filter, stop_status, token_slice
 from workers.protocol import RequestOutput
 
 __all__ = ["Scheduler", "KVPull"]
@@ -168,6 +168,7 @@ class Scheduler:
         if error is not None:
             self.reject(request, error)
             return False
+        stop_filter(request, self.eos_token_ids, self.max_model_len)
         self.requests[request.request_id] = request
         return True
 
@@ -374,18 +375,25 @@ class Scheduler:
                 continue
             sampled = sampled_tokens[request_id]
             token_id = sampled.token_id
-            request.output_token_ids.append(token_id)
-            if request.grammar is not None and not request.grammar.consume_token(token_id):
-                request.error = f"the grammar rejected token {token_id}: {request.grammar.get_error()}"
+            output_token_ids = request.output_token_ids
+            output_token_ids.append(token_id)
+            grammar = request.grammar
+            if grammar is not None and not grammar.consume_token(token_id):
+                request.error = f"the grammar rejected token {token_id}: {grammar.get_error()}"
             is_first = request.first_token_time is None  # nothing reported for it before
             if is_first:
                 if now is None:
                     now = time.time()
                 request.first_token_time = now
-            status = stop_status(request, token_id, eos_token_ids, max_model_len)
-            if status is not None:
-                request.status = status
-                finished.append(request)
+            # Most tokens certainly stop nothing (request_rules.stop_filter): no stop_status call.
+            if (token_id in request.stop_ids or len(output_token_ids) >= request.length_limit
+                    or request.error is not None or grammar is not None):
+                status = stop_status(request, token_id, eos_token_ids, max_model_len)
+                if status is not None:
+                    request.status = status
+                    finished.append(request)
+            else:
+                status = None
             num_unreported = request.num_unreported_tokens + 1
             if sampled.logprobs is not None:
                 request.unreported_logprobs.append(sampled.logprobs)
