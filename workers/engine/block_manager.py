@@ -163,7 +163,9 @@ class BlockManager:
 
     def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
         """Whether ``allocate`` can cover ``num_new_tokens`` more tokens (after the hits)."""
-        num_new_blocks = self._num_new_blocks(request, num_new_tokens, computed_blocks)
+        return self._fits(self._num_new_blocks(request, num_new_tokens, computed_blocks), computed_blocks)
+
+    def _fits(self, num_new_blocks: int, computed_blocks: Sequence[int]) -> bool:
         if not computed_blocks:
             return num_new_blocks <= len(self._free) + len(self._evictable)
         # A hit on a cached block takes it out of the evictable pool.
@@ -176,11 +178,11 @@ class BlockManager:
         Slots cover positions up to ``num_computed_tokens + len(hits) * block_size
         + num_new_tokens``; the caller advances ``num_computed_tokens``.
         """
-        if not self.can_allocate(request, num_new_tokens, computed_blocks):
+        num_new_blocks = self._num_new_blocks(request, num_new_tokens, computed_blocks)
+        if not self._fits(num_new_blocks, computed_blocks):
             raise NoFreeBlocksError(
                 f"request {request.request_id} needs more blocks than the {self.num_available_blocks} available"
             )
-        num_new_blocks = self._num_new_blocks(request, num_new_tokens, computed_blocks)
         table = self._tables.setdefault(request.request_id, _Table(request))
         for block_id in computed_blocks:
             self._touch(block_id)
