@@ -238,7 +238,9 @@ class Scheduler:
             output_token_ids = request.output_token_ids
             num_computed = request.num_computed_tokens
             num_tokens = len(request.prompt_token_ids) + len(output_token_ids)  # (not the property: per request)
-            num_new = min(num_tokens - num_computed, budget)
+            num_new = num_tokens - num_computed
+            if num_new > budget:  # (not min(): per request)
+                num_new = budget
             # Most decodes fit in the last block they hold: no allocation to ask for.
             fits = num_computed + num_new <= len(request.block_ids) * block_size
             if fits and num_new == 1 and num_computed == num_tokens - 1 and output_token_ids:
