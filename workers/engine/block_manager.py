@@ -183,7 +183,9 @@ class BlockManager:
             raise NoFreeBlocksError(
                 f"request {request.request_id} needs more blocks than the {self.num_available_blocks} available"
             )
-        table = self._tables.setdefault(request.request_id, _Table(request))
+        table = self._tables.get(request.request_id)
+        if table is None:  # (not setdefault: that built a _Table at every allocation, a decode's new block too)
+            table = self._tables[request.request_id] = _Table(request)
         for block_id in computed_blocks:
             self._touch(block_id)
             request.block_ids.append(block_id)
