@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from itertools import repeat
 from dataclasses import dataclass
 
 from workers.config import SchedulerConfig
@@ -357,7 +358,7 @@ class Scheduler:
         """
         outputs: list[RequestOutput] = []
         finished: list[Request] = []
-        requests, sampled_tokens = self.requests, result.sampled
+        requests = self.requests
         default_interval = self.config.stream_interval
         block_size = self.block_manager.block_size
         eos_token_ids, max_model_len = self.eos_token_ids, self.max_model_len
@@ -365,7 +366,10 @@ class Scheduler:
         owners = batch.owners
         if len(owners) != len(batch.requests):  # a batch that ``schedule`` did not build (tests)
             owners = [requests.get(scheduled.request_id) for scheduled in batch.requests]
-        for scheduled, request in zip(batch.requests, owners):
+        if len(result.token_ids) != len(batch.requests):
+            raise ValueError(f"the executor sampled {len(result.token_ids)} entries of a batch of {len(batch.requests)}")
+        entries = zip(batch.requests, owners, result.token_ids, result.logprobs or repeat(None))
+        for scheduled, request, token_id, logprobs in entries:
             if request is None or request.status is not _RUNNING:
                 continue  # aborted while the step ran
             request_id = scheduled.request_id
@@ -375,8 +379,6 @@ class Scheduler:
                 self.block_manager.cache_full_blocks(request)
             if not scheduled.sample:
                 continue
-            sampled = sampled_tokens[request_id]
-            token_id = sampled.token_id
             output_token_ids = request.output_token_ids
             output_token_ids.append(token_id)
             grammar = request.grammar
@@ -397,15 +399,15 @@ class Scheduler:
             else:
                 status = None
             num_unreported = request.num_unreported_tokens + 1
-            if sampled.logprobs is not None:
-                request.unreported_logprobs.append(sampled.logprobs)
+            if logprobs is not None:
+                request.unreported_logprobs.append(logprobs)
             # The first token goes out at once (time to first token), the last with the finish
             # reason, the rest every stream_interval tokens.
             if is_first or status is not None:
                 request.num_unreported_tokens = num_unreported
                 outputs.append(_report(request, is_first))
             elif num_unreported >= (request.sampling_params.stream_interval or default_interval):
-                if num_unreported == 1 and sampled.logprobs is None:  # = _report(request, False), built directly
+                if num_unreported == 1 and logprobs is None:  # = _report(request, False), built directly
                     request.num_unreported_tokens = 0
                     outputs.append(RequestOutput(request_id, [token_id]))
                 else:

@@ -22,6 +22,7 @@ import time
 
 from workers.config import EngineConfig
 from workers.engine.executor import (
+    NOT_SAMPLED,
     ExecutorOutput,
     ProfilingUnsupported,
     SampledToken,
@@ -74,7 +75,8 @@ class SyntheticExecutor:
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         started = time.perf_counter()
-        sampled: dict[int, SampledToken] = {}
+        token_ids_out: list[int] = []
+        logprobs: list[TokenLogprobs | None] | None = None
         vocab_size, bs, kv, salts = self.vocab_size, self.block_size, self._kv, self._salts
         for scheduled in batch.requests:
             token_ids = scheduled.token_ids
@@ -87,6 +89,7 @@ class SyntheticExecutor:
             else:
                 last_hash = self._fill(scheduled)
             if not scheduled.sample:
+                token_ids_out.append(NOT_SAMPLED)
                 continue
             params = scheduled.sampling_params
             if params.logprobs is None:  # the common case, inlined: one draw per request per step
@@ -94,13 +97,17 @@ class SyntheticExecutor:
                     salt = _GREEDY_SALT
                 else:
                     salt = salts.get(params.seed or 0) or self._salt(params.seed or 0)
-                sampled[scheduled.request_id] = SampledToken(hash((last_hash, salt)) % vocab_size)  # _chain
+                token_ids_out.append(hash((last_hash, salt)) % vocab_size)  # _chain
             else:
-                sampled[scheduled.request_id] = self._sample(scheduled, last_hash)
+                sampled = self._sample(scheduled, last_hash)
+                if logprobs is None:
+                    logprobs = [None] * len(batch.requests)
+                logprobs[len(token_ids_out)] = sampled.logprobs
+                token_ids_out.append(sampled.token_id)
         remaining = self.step_seconds(batch) - (time.perf_counter() - started)
         if remaining > 0:
             time.sleep(remaining)
-        return ExecutorOutput(sampled=sampled)
+        return ExecutorOutput(token_ids_out, logprobs)
 
     def step_seconds(self, batch: SchedulerOutput) -> float:
         """What the timing model says this step costs (decodes are one token each)."""
