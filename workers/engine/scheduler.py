@@ -272,10 +272,9 @@ class Scheduler:
             hits = block_manager.get_computed_blocks(request)
             num_cached = len(hits) * block_manager.block_size
             num_remote = request.num_tokens - 1 - num_cached  # the last token is computed here
-            if not block_manager.can_allocate(request, num_remote, hits):
+            if not block_manager.try_allocate(request, num_remote, hits):
                 return
             self.remote_waiting.popleft()
-            block_manager.allocate(request, num_remote, hits)
             request.num_computed_tokens = request.num_cached_tokens = num_cached
             self._count_prefix_lookup(request, num_cached)
             pull = KVPull(request.request_id, request.block_ids[len(hits) :], len(hits), request.num_tokens - 1)
@@ -286,12 +285,11 @@ class Scheduler:
         self.num_prefix_hits += num_cached
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
-        while not self.block_manager.can_allocate(request, num_new):
+        while not self.block_manager.try_allocate(request, num_new):
             victim = self.running.pop()  # newest; never one already in this batch
             self._preempt(victim)
             if victim is request:
                 return False
-        self.block_manager.allocate(request, num_new)
         return True
 
     def _preempt(self, request: Request) -> None:
@@ -315,10 +313,9 @@ class Scheduler:
                 if not self.config.enable_chunked_prefill and num_new <= max_batched:
                     break  # wait for a step with room for the whole prompt
                 num_new = budget
-            if not block_manager.can_allocate(request, num_new, hits):
+            if not block_manager.try_allocate(request, num_new, hits):
                 break
             self.waiting.popleft()
-            block_manager.allocate(request, num_new, hits)
             if fresh:
                 request.num_computed_tokens = request.num_cached_tokens = num_cached
                 self._count_prefix_lookup(request, num_cached)
