@@ -251,11 +251,12 @@ class EngineProc:
         self.num_steps += 1
         num_lanes = self.num_lanes
         batches: list[list[RequestOutput]] = [[] for _ in range(num_lanes)]
+        appends = [batch.append for batch in batches]  # (bound once a step, not looked up per output)
         for output in outputs:
             lane = output.request_id >> FRONTEND_SHIFT  # workers.client_ids.lane_of, inlined: per output
             if lane >= num_lanes:
                 lane = 0
-            batches[lane].append(output)
+            appends[lane](output)
             if output.finish_reason is not None:
                 self._live[lane].discard(output.request_id)
                 self._stamp_timing(output)
