@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from workers.config import CacheConfig, EngineConfig
-from workers.engine.executor import NOT_SAMPLED, ScheduledRequest, SchedulerOutput
+from workers.engine.executor import ScheduledRequest, SchedulerOutput
 from workers.engine.model.tiny import make_tiny_model
 from workers.engine.model_runner import ModelRunner
 from workers.sampling_params import SamplingParams
@@ -43,7 +43,7 @@ def test_execute_samples_only_final_chunks(runner: ModelRunner) -> None:
         num_prefill_tokens=17,
     )
     output = runner.execute(batch)
-    assert output.token_ids[1] == NOT_SAMPLED and NOT_SAMPLED not in (output.token_ids[0], output.token_ids[2])
+    assert output.token_ids[1] is None and None not in (output.token_ids[0], output.token_ids[2])
     logits = runner.compute_logits(SchedulerOutput([ScheduledRequest(10, PROMPT, 0, [5, 6], True, greedy, 0)]))
     assert output.token_ids[0] == int(logits[0].argmax())
     assert output.logprobs is not None

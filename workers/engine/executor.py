@@ -71,27 +71,23 @@ class SampledToken(msgspec.Struct, gc=False):
     logprobs: TokenLogprobs | None = None
 
 
-NOT_SAMPLED = -1
-"""``ExecutorOutput.token_ids`` of an entry whose ``sample`` is false (a non-final prefill chunk)."""
-
-
 @dataclass(slots=True)
 class ExecutorOutput:
     """What a step sampled, entry by entry in the batch's order (``SchedulerOutput.requests``).
 
-    ``token_ids[i]`` is entry i's sampled token, ``NOT_SAMPLED`` where its ``sample`` is false;
-    ``logprobs`` is None unless an entry asked for them, then ``logprobs[i]`` is entry i's (None
-    where not asked). Plain lists read back by position: an object and a dict entry per request
-    per step cost the synthetic engine a tenth of its step.
+    ``token_ids[i]`` is entry i's sampled token, None where its ``sample`` is false (a non-final
+    prefill chunk); ``logprobs`` is None unless an entry asked for them, then ``logprobs[i]`` is
+    entry i's (None where not asked). Plain lists read back by position: an object and a dict
+    entry per request per step cost the synthetic engine a tenth of its step.
     """
 
-    token_ids: list[int]
+    token_ids: list[int | None]
     logprobs: list[TokenLogprobs | None] | None = None
 
     @classmethod
     def of(cls, batch: SchedulerOutput, sampled: Sequence[SampledToken]) -> ExecutorOutput:
         """From the sampled tokens of the batch's entries with ``sample`` set, in order."""
-        token_ids = [NOT_SAMPLED] * len(batch.requests)
+        token_ids: list[int | None] = [None] * len(batch.requests)
         logprobs: list[TokenLogprobs | None] | None = None
         tokens = iter(sampled)
         for i, scheduled in enumerate(batch.requests):

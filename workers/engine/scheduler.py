@@ -374,7 +374,7 @@ class Scheduler:
             num_computed = request.num_computed_tokens = request.num_computed_tokens + num_new
             if num_computed % block_size < num_new:  # a block filled up this step
                 self.block_manager.cache_full_blocks(request)
-            if not scheduled.sample:
+            if token_id is None:  # (the entry's ``sample`` is false)
                 continue
             output_token_ids = request.output_token_ids
             output_token_ids.append(token_id)

@@ -22,7 +22,6 @@ import time
 
 from workers.config import EngineConfig
 from workers.engine.executor import (
-    NOT_SAMPLED,
     ExecutorOutput,
     ProfilingUnsupported,
     SampledToken,
@@ -75,7 +74,7 @@ class SyntheticExecutor:
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         started = time.perf_counter()
-        token_ids_out: list[int] = []
+        token_ids_out: list[int | None] = []
         logprobs: list[TokenLogprobs | None] | None = None
         vocab_size, bs, kv, salts = self.vocab_size, self.block_size, self._kv, self._salts
         for scheduled in batch.requests:
@@ -89,7 +88,7 @@ class SyntheticExecutor:
             else:
                 last_hash = self._fill(scheduled)
             if not scheduled.sample:
-                token_ids_out.append(NOT_SAMPLED)
+                token_ids_out.append(None)
                 continue
             params = scheduled.sampling_params
             if params.logprobs is None:  # the common case, inlined: one draw per request per step
