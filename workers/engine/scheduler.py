@@ -239,12 +239,9 @@ class Scheduler:
             output_token_ids = request.output_token_ids
             num_computed = request.num_computed_tokens
             num_tokens = len(request.prompt_token_ids) + len(output_token_ids)  # (not the property: per request)
-            num_new = num_tokens - num_computed
-            if num_new > budget:  # (not min(): per request)
-                num_new = budget
             # Most decodes fit in the last block they hold: no allocation to ask for.
-            fits = num_computed + num_new <= len(request.block_ids) * block_size
-            if fits and num_new == 1 and num_computed == num_tokens - 1 and output_token_ids:
+            if (num_computed == num_tokens - 1 and output_token_ids
+                    and num_tokens <= len(request.block_ids) * block_size):
                 # The decode step (the hot path): _add_to_batch's, built here (a running request was
                 # scheduled before, so its first_scheduled_time is set).
                 num_decodes += 1
@@ -253,11 +250,14 @@ class Scheduler:
                     request.sampling_params, len(output_token_ids), output_token_ids, request.prompt_token_ids,
                     request.grammar))
                 owners.append(request)
+                budget -= 1
             else:
+                num_new = min(num_tokens - num_computed, budget)
+                fits = num_computed + num_new <= len(request.block_ids) * block_size
                 if not fits and not self._allocate_or_preempt(request, num_new):
                     break  # the request preempted itself: it was the last running one
                 self._add_to_batch(batch, request, num_new)
-            budget -= num_new
+                budget -= num_new
             i += 1
         batch.num_decode_tokens += num_decodes
         if self.num_preemptions_last_step == 0:
