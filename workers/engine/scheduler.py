@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from itertools import repeat
 from dataclasses import dataclass
+from itertools import repeat
 
 from workers.config import SchedulerConfig
 from workers.engine.block_manager import BlockManager
