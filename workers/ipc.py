@@ -111,7 +111,11 @@ class FrameCodec(Generic[T]):
         if len(frames) != 2:
             self._reject(f"{len(frames)} frames instead of 2")
             return None
-        mac, payload = (f.bytes if isinstance(f, zmq.Frame) else f for f in frames)
+        mac, payload = frames  # (unpacked as they are: a generator per message cost a tenth of the decode)
+        if isinstance(mac, zmq.Frame):
+            mac = mac.bytes
+        if isinstance(payload, zmq.Frame):
+            payload = payload.bytes
         if not hmac.compare_digest(mac, self.mac(payload)):
             self._reject("HMAC check failed")
             return None

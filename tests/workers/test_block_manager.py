@@ -161,6 +161,21 @@ def test_can_allocate_counts_revived_cached_blocks():
     manager.check_integrity()
 
 
+def test_try_allocate_takes_nothing_when_it_does_not_fit_and_allocates_when_it_does():
+    manager = make_block_manager(num_blocks=3)
+    first = make_request(0, list(range(8)))
+    admit(manager, first)
+    manager.free(first)
+    second = make_request(1, list(range(8)) + [40] * 5)
+    hits = manager.get_computed_blocks(second)
+    assert not manager.try_allocate(second, 5, hits)  # as can_allocate: the revived hits count
+    assert second.block_ids == [] and usage(manager) == (1, 2, 0)
+    manager.check_integrity()
+    assert manager.try_allocate(second, 4, hits)
+    assert second.block_ids == [0, 1, 2] and usage(manager) == (0, 0, 3)
+    manager.check_integrity()
+
+
 def test_allocate_with_hits_requires_an_empty_table():
     manager = make_block_manager()
     request = make_request(0, list(range(10)))

@@ -83,13 +83,17 @@ def test_forged_frames_are_dropped_and_counted_while_the_engine_keeps_serving(zm
         forged = AddRequest(EngineRequest(100, [1, 2], GREEDY))
         frontend.ingress.send_multipart(forger.encode(forged))
         frontend.ingress.send_multipart([b"not a mac", b"\x93\x01\x02\x03"])
+        # Wrong frame counts, one of them a genuine message with a frame too many: each is one message.
+        frontend.ingress.send_multipart([b"one frame"])
+        genuine = AddRequest(EngineRequest(101, [1, 2], GREEDY))
+        frontend.ingress.send_multipart([*FrameCodec(group.key, IngressMessage, "t").encode(genuine), b"extra"])
         frontend.add(1)
         outputs = frontend.collect({1})
-        assert set(outputs) == {1}  # nothing for the forged request 100
+        assert set(outputs) == {1}  # nothing for the forged request 100 nor the three-frame 101
         assert sum(len(o.new_token_ids) for o in outputs[1]) == 4
         assert outputs[1][-1].finish_reason == "length"
         status = health(group)
-        assert status.num_rejected_frames == 2
+        assert status.num_rejected_frames == 4
         assert status.num_unfinished == 0
 
 

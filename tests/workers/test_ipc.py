@@ -22,6 +22,15 @@ def test_round_trip_of_a_tagged_union():
     assert codec.num_rejected == 0
 
 
+def test_frames_received_without_copy_decode_and_are_checked_alike():
+    codec = FrameCodec(KEY, IngressMessage, "test")
+    mac, payload = codec.encode(AbortRequests([4]))
+    assert codec.decode([zmq.Frame(mac), zmq.Frame(payload)]) == AbortRequests([4])
+    assert codec.decode([zmq.Frame(mac), zmq.Frame(payload + b"\x00")]) is None
+    assert codec.decode([zmq.Frame(mac), zmq.Frame(payload), zmq.Frame(b"")]) is None
+    assert codec.num_rejected == 2
+
+
 def test_a_frame_signed_with_another_key_is_dropped_and_counted():
     codec = FrameCodec(KEY, IngressMessage, "test")
     forged = FrameCodec(b"x" * 32, IngressMessage, "forger").encode(AbortRequests([1]))

@@ -90,7 +90,7 @@ def test_num_blocks_from_memory_budget() -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_export_import_between_runners_continues_identically(model_dir: Path, dtype: str) -> None:
     context, generation = _runner(model_dir, dtype), _runner(model_dir, dtype)
-    first = context.execute(_step(PROMPT, 0, [7, 2, 10])).sampled[1].token_id
+    first = context.execute(_step(PROMPT, 0, [7, 2, 10])).token_ids[0]
     buffers = context.export_blocks([7, 2, 10])
     shape = context.kv_cache.shape
     assert [memoryview(b).nbytes for b in buffers] == [3 * shape.bytes_per_block // (2 * shape.num_layers)] * (

@@ -141,11 +141,11 @@ def test_greedy_execute_matches_transformers_generate(models: dict[str, Path]) -
     blocks = [9, 3, 14, 2, 6, 1]
     tokens = list(PROMPT[:8])
     output = runner.execute(SchedulerOutput([_step(1, tokens, 0, blocks)]))
-    generated = [output.sampled[1].token_id]
+    generated = [output.token_ids[0]]
     for step in range(1, 10):
         position = len(tokens) + len(generated) - 1
         output = runner.execute(SchedulerOutput([_step(1, generated[-1:], position, blocks, step)]))
-        generated.append(output.sampled[1].token_id)
+        generated.append(output.token_ids[0])
     reference = AutoModelForCausalLM.from_pretrained(models["llama"], dtype=torch.float32)
     expected = list(tokens)
     with torch.no_grad():

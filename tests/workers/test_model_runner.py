@@ -43,13 +43,13 @@ def test_execute_samples_only_final_chunks(runner: ModelRunner) -> None:
         num_prefill_tokens=17,
     )
     output = runner.execute(batch)
-    assert sorted(output.sampled) == [10, 12]
+    assert output.token_ids[1] is None and None not in (output.token_ids[0], output.token_ids[2])
     logits = runner.compute_logits(SchedulerOutput([ScheduledRequest(10, PROMPT, 0, [5, 6], True, greedy, 0)]))
-    sampled = output.sampled[10]
-    assert sampled.token_id == int(logits[0].argmax())
-    assert sampled.logprobs is not None and sampled.logprobs.top_token_ids[0] == sampled.token_id
-    assert output.sampled[12].logprobs is None
-    assert runner.execute(SchedulerOutput([])).sampled == {}
+    assert output.token_ids[0] == int(logits[0].argmax())
+    assert output.logprobs is not None
+    assert output.logprobs[0] is not None and output.logprobs[0].top_token_ids[0] == output.token_ids[0]
+    assert output.logprobs[1] is None and output.logprobs[2] is None
+    assert runner.execute(SchedulerOutput([])).token_ids == []
 
 
 def test_positions_past_max_model_len_are_refused(tmp_path: Path) -> None:

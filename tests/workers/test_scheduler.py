@@ -41,13 +41,13 @@ def scripted(scripts: dict[int, list[int]] | None = None, default: int = 7) -> E
     """An executor that samples scripts[request_id][output position], else ``default``."""
 
     def execute(batch: SchedulerOutput) -> ExecutorOutput:
-        sampled = {}
+        sampled = []
         for r in batch.requests:
             script = (scripts or {}).get(r.request_id, [])
             if r.sample:
                 token = script[r.num_output_tokens] if r.num_output_tokens < len(script) else default
-                sampled[r.request_id] = SampledToken(token)
-        return ExecutorOutput(sampled)
+                sampled.append(SampledToken(token))
+        return ExecutorOutput.of(batch, sampled)
 
     return execute
 

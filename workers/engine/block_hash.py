@@ -39,20 +39,32 @@ BlockHash = NewType("BlockHash", int)
 
 _PERSON = b"disagg-blockv1"
 _MAX_SEED = 2**64
+# What one hash costs is mostly its setup (at 16 tokens a block: 1.6 us, 0.7 us without): the
+# BLAKE2b state with the personalisation is built once and copied, the header's and the common
+# block sizes' struct formats compiled once.
+_BLAKE2B = hashlib.blake2b(digest_size=8, person=_PERSON)
+_HEADER = struct.Struct("<QBQI")
+_BODIES: dict[int, struct.Struct] = {}
+_MAX_BODIES = 64  # distinct token counts kept compiled (a pool has one block size)
 
 
 def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], seed: int) -> BlockHash:
     """The hash of one block whose predecessor hashes to ``parent`` (None for the first)."""
     if not 0 <= seed < _MAX_SEED:
         raise ValueError(f"hash seed must be in [0, 2**64), got {seed}")
-    has_parent = parent is not None
-    header = struct.pack("<QBQI", seed, has_parent, parent if has_parent else 0, len(token_ids))
+    num_tokens = len(token_ids)
+    body = _BODIES.get(num_tokens)
+    if body is None:
+        body = struct.Struct(f"<{num_tokens}I")
+        if len(_BODIES) < _MAX_BODIES:
+            _BODIES[num_tokens] = body
+    state = _BLAKE2B.copy()
+    state.update(_HEADER.pack(seed, parent is not None, parent or 0, num_tokens))
     try:
-        body = struct.pack(f"<{len(token_ids)}I", *token_ids)
+        state.update(body.pack(*token_ids))
     except struct.error as exc:
         raise ValueError(f"token ids must be in [0, 2**32): {exc}") from None
-    digest = hashlib.blake2b(header + body, digest_size=8, person=_PERSON).digest()
-    return BlockHash(int.from_bytes(digest, "little"))
+    return BlockHash(int.from_bytes(state.digest(), "little"))
 
 
 def compute_block_hashes(

@@ -145,7 +145,9 @@ class BlockManager:
         """The longest chain of cached full blocks that prefixes the request's tokens."""
         if not self.enable_prefix_caching:
             return []
-        bs, tokens = self.block_size, request.all_token_ids
+        # (A fresh request's tokens are its prompt: no concatenation per admission.)
+        tokens = request.all_token_ids if request.output_token_ids else request.prompt_token_ids
+        bs = self.block_size
         hits: list[int] = []
         parent: BlockHash | None = None
         for i in range((len(tokens) - 1) // bs):  # never the last token
@@ -163,11 +165,16 @@ class BlockManager:
 
     def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
         """Whether ``allocate`` can cover ``num_new_tokens`` more tokens (after the hits)."""
-        num_new_blocks = self._num_new_blocks(request, num_new_tokens, computed_blocks)
+        return self._fits(self._num_new_blocks(request, num_new_tokens, computed_blocks), computed_blocks)
+
+    def _fits(self, num_new_blocks: int, computed_blocks: Sequence[int]) -> bool:
         if not computed_blocks:
             return num_new_blocks <= len(self._free) + len(self._evictable)
         # A hit on a cached block takes it out of the evictable pool.
-        num_revived = sum(1 for b in computed_blocks if self._blocks[b].ref_count == 0)
+        num_revived = 0
+        for block_id in computed_blocks:  # (a loop, not a generator: per admission)
+            if self._blocks[block_id].ref_count == 0:
+                num_revived += 1
         return num_new_blocks + num_revived <= self.num_available_blocks
 
     def allocate(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> None:
@@ -176,12 +183,19 @@ class BlockManager:
         Slots cover positions up to ``num_computed_tokens + len(hits) * block_size
         + num_new_tokens``; the caller advances ``num_computed_tokens``.
         """
-        if not self.can_allocate(request, num_new_tokens, computed_blocks):
+        if not self.try_allocate(request, num_new_tokens, computed_blocks):
             raise NoFreeBlocksError(
                 f"request {request.request_id} needs more blocks than the {self.num_available_blocks} available"
             )
+
+    def try_allocate(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
+        """``allocate`` when ``can_allocate`` would say yes, in one count; False (nothing taken) otherwise."""
         num_new_blocks = self._num_new_blocks(request, num_new_tokens, computed_blocks)
-        table = self._tables.setdefault(request.request_id, _Table(request))
+        if not self._fits(num_new_blocks, computed_blocks):
+            return False
+        table = self._tables.get(request.request_id)
+        if table is None:  # (not setdefault: that built a _Table at every allocation, a decode's new block too)
+            table = self._tables[request.request_id] = _Table(request)
         for block_id in computed_blocks:
             self._touch(block_id)
             request.block_ids.append(block_id)
@@ -191,6 +205,7 @@ class BlockManager:
             request.block_ids.append(self._take_block(evicted))
         if evicted:
             self.events.publish(BlockRemoved(block_hashes=evicted))
+        return True
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the request's blocks that became full and computed since the last call."""

@@ -81,7 +81,7 @@ class ModelRunner:
         ]
         with torch.inference_mode():
             tokens = self.sampler.sample(logits, rows) if rows else []
-        return ExecutorOutput(sampled={r.request_id: t for r, t in zip(sampled_requests, tokens)})
+        return ExecutorOutput.of(batch, tokens)
 
     def compute_logits(self, batch: SchedulerOutput) -> torch.Tensor:
         """Run the step; (S, vocab) float32 logits of the requests with ``sample`` set, in order."""

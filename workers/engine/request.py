@@ -63,6 +63,8 @@ class Request:
         "grammar",
         "num_unreported_tokens",
         "unreported_logprobs",
+        "stop_ids",
+        "length_limit",
     )
 
     def __init__(
@@ -92,6 +94,10 @@ class Request:
         # logprobs, are sampled but not yet in any output.
         self.num_unreported_tokens = 0
         self.unreported_logprobs: list[TokenLogprobs] = []
+        # Set at admission (``request_rules.stop_filter``): the token ids that may stop the request and
+        # the output count that does; below it, any other token certainly does not.
+        self.stop_ids: frozenset[int] = frozenset()
+        self.length_limit = 0
 
     @property
     def num_prompt_tokens(self) -> int:

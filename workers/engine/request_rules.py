@@ -18,7 +18,7 @@ from __future__ import annotations
 from workers.engine.request import FINISH_REASONS, Request, RequestStatus
 from workers.protocol import RequestOutput, TokenLogprobs
 
-__all__ = ["admission_error", "stop_status", "request_output", "token_slice"]
+__all__ = ["admission_error", "stop_filter", "stop_status", "request_output", "token_slice"]
 
 
 def admission_error(request: Request, max_model_len: int) -> str | None:
@@ -54,6 +54,21 @@ def stop_status(
     if num_output_tokens >= params.max_tokens or num_output_tokens + len(request.prompt_token_ids) >= max_model_len:
         return RequestStatus.FINISHED_LENGTH_CAPPED
     return None
+
+
+_NONE: frozenset[int] = frozenset()
+
+
+def stop_filter(request: Request, eos_token_ids: frozenset[int], max_model_len: int) -> None:
+    """Precompute, at admission, what lets the per-token loop skip ``stop_status``: a sampled token
+    outside ``request.stop_ids`` while the output is shorter than ``request.length_limit``, with
+    no error and no grammar, certainly does not stop the request (``stop_status`` returns None:
+    the stop and EOS ids are in the set, whatever ``min_tokens`` says, and both length caps are in
+    the limit). Anything else asks ``stop_status``, the one place the rules are decided."""
+    params = request.sampling_params
+    stop_ids = frozenset(params.stop_token_ids) if params.stop_token_ids else _NONE
+    request.stop_ids = stop_ids if params.ignore_eos or not eos_token_ids else (stop_ids | eos_token_ids)
+    request.length_limit = min(params.max_tokens, max_model_len - len(request.prompt_token_ids))
 
 
 def request_output(

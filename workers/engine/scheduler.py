@@ -23,12 +23,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from itertools import repeat
 
 from workers.config import SchedulerConfig
 from workers.engine.block_manager import BlockManager
 from workers.engine.executor import ExecutorOutput, ScheduledRequest, SchedulerOutput
 from workers.engine.request import Request, RequestStatus
-from workers.engine.request_rules import admission_error, request_output, stop_status, token_slice
+from workers.engine.request_rules import admission_error, request_output, stop_filter, stop_status, token_slice
 from workers.protocol import RequestOutput
 
 __all__ = ["Scheduler", "KVPull"]
@@ -168,6 +169,7 @@ class Scheduler:
         if error is not None:
             self.reject(request, error)
             return False
+        stop_filter(request, self.eos_token_ids, self.max_model_len)
         self.requests[request.request_id] = request
         return True
 
@@ -230,18 +232,34 @@ class Scheduler:
         self.num_preemptions_last_step = 0
         self.block_manager.release_expired(time.time())
         block_size = self.block_manager.block_size
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)  # (not the property: per request)
-            num_new = min(num_tokens - request.num_computed_tokens, budget)
+        running, scheduled, owners = self.running, batch.requests, batch.owners
+        i = num_decodes = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            output_token_ids = request.output_token_ids
+            num_computed = request.num_computed_tokens
+            num_tokens = len(request.prompt_token_ids) + len(output_token_ids)  # (not the property: per request)
             # Most decodes fit in the last block they hold: no allocation to ask for.
-            fits = request.num_computed_tokens + num_new <= len(request.block_ids) * block_size
-            if not fits and not self._allocate_or_preempt(request, num_new):
-                break  # the request preempted itself: it was the last running one
-            self._add_to_batch(batch, request, num_new)
-            budget -= num_new
+            if (num_computed == num_tokens - 1 and output_token_ids
+                    and num_tokens <= len(request.block_ids) * block_size):
+                # The decode step (the hot path): _add_to_batch's, built here (a running request was
+                # scheduled before, so its first_scheduled_time is set).
+                num_decodes += 1
+                scheduled.append(ScheduledRequest(
+                    request.request_id, [output_token_ids[-1]], num_computed, request.block_ids, True,
+                    request.sampling_params, len(output_token_ids), output_token_ids, request.prompt_token_ids,
+                    request.grammar))
+                owners.append(request)
+                budget -= 1
+            else:
+                num_new = min(num_tokens - num_computed, budget)
+                fits = num_computed + num_new <= len(request.block_ids) * block_size
+                if not fits and not self._allocate_or_preempt(request, num_new):
+                    break  # the request preempted itself: it was the last running one
+                self._add_to_batch(batch, request, num_new)
+                budget -= num_new
             i += 1
+        batch.num_decode_tokens += num_decodes
         if self.num_preemptions_last_step == 0:
             self._allocate_remote()
             self._admit_waiting(batch, budget)
@@ -254,10 +272,9 @@ class Scheduler:
             hits = block_manager.get_computed_blocks(request)
             num_cached = len(hits) * block_manager.block_size
             num_remote = request.num_tokens - 1 - num_cached  # the last token is computed here
-            if not block_manager.can_allocate(request, num_remote, hits):
+            if not block_manager.try_allocate(request, num_remote, hits):
                 return
             self.remote_waiting.popleft()
-            block_manager.allocate(request, num_remote, hits)
             request.num_computed_tokens = request.num_cached_tokens = num_cached
             self._count_prefix_lookup(request, num_cached)
             pull = KVPull(request.request_id, request.block_ids[len(hits) :], len(hits), request.num_tokens - 1)
@@ -268,12 +285,11 @@ class Scheduler:
         self.num_prefix_hits += num_cached
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
-        while not self.block_manager.can_allocate(request, num_new):
+        while not self.block_manager.try_allocate(request, num_new):
             victim = self.running.pop()  # newest; never one already in this batch
             self._preempt(victim)
             if victim is request:
                 return False
-        self.block_manager.allocate(request, num_new)
         return True
 
     def _preempt(self, request: Request) -> None:
@@ -297,10 +313,9 @@ class Scheduler:
                 if not self.config.enable_chunked_prefill and num_new <= max_batched:
                     break  # wait for a step with room for the whole prompt
                 num_new = budget
-            if not block_manager.can_allocate(request, num_new, hits):
+            if not block_manager.try_allocate(request, num_new, hits):
                 break
             self.waiting.popleft()
-            block_manager.allocate(request, num_new, hits)
             if fresh:
                 request.num_computed_tokens = request.num_cached_tokens = num_cached
                 self._count_prefix_lookup(request, num_cached)
@@ -327,6 +342,7 @@ class Scheduler:
         batch.requests.append(ScheduledRequest(
             request.request_id, token_ids, start, request.block_ids, end == num_tokens, request.sampling_params,
             len(output_token_ids), output_token_ids, request.prompt_token_ids, request.grammar))
+        batch.owners.append(request)
 
     # ---- results -----------------------------------------------------------
 
@@ -339,46 +355,56 @@ class Scheduler:
         """
         outputs: list[RequestOutput] = []
         finished: list[Request] = []
-        requests, sampled_tokens = self.requests, result.sampled
+        requests = self.requests
         default_interval = self.config.stream_interval
         block_size = self.block_manager.block_size
         eos_token_ids, max_model_len = self.eos_token_ids, self.max_model_len
         now: float | None = None
-        for scheduled in batch.requests:
-            request_id = scheduled.request_id
-            request = requests.get(request_id)
+        owners = batch.owners
+        if len(owners) != len(batch.requests):  # a batch that ``schedule`` did not build (tests)
+            owners = [requests.get(scheduled.request_id) for scheduled in batch.requests]
+        if len(result.token_ids) != len(batch.requests):
+            raise ValueError(f"the executor sampled {len(result.token_ids)} entries of a batch of {len(batch.requests)}")
+        entries = zip(batch.requests, owners, result.token_ids, result.logprobs or repeat(None))
+        for scheduled, request, token_id, logprobs in entries:
             if request is None or request.status is not _RUNNING:
                 continue  # aborted while the step ran
+            request_id = scheduled.request_id
             num_new = len(scheduled.token_ids)
             num_computed = request.num_computed_tokens = request.num_computed_tokens + num_new
             if num_computed % block_size < num_new:  # a block filled up this step
                 self.block_manager.cache_full_blocks(request)
-            if not scheduled.sample:
+            if token_id is None:  # (the entry's ``sample`` is false)
                 continue
-            sampled = sampled_tokens[request_id]
-            token_id = sampled.token_id
-            request.output_token_ids.append(token_id)
-            if request.grammar is not None and not request.grammar.consume_token(token_id):
-                request.error = f"the grammar rejected token {token_id}: {request.grammar.get_error()}"
+            output_token_ids = request.output_token_ids
+            output_token_ids.append(token_id)
+            grammar = request.grammar
+            if grammar is not None and not grammar.consume_token(token_id):
+                request.error = f"the grammar rejected token {token_id}: {grammar.get_error()}"
             is_first = request.first_token_time is None  # nothing reported for it before
             if is_first:
                 if now is None:
                     now = time.time()
                 request.first_token_time = now
-            status = stop_status(request, token_id, eos_token_ids, max_model_len)
-            if status is not None:
-                request.status = status
-                finished.append(request)
+            # Most tokens certainly stop nothing (request_rules.stop_filter): no stop_status call.
+            if (token_id in request.stop_ids or len(output_token_ids) >= request.length_limit
+                    or request.error is not None or grammar is not None):
+                status = stop_status(request, token_id, eos_token_ids, max_model_len)
+                if status is not None:
+                    request.status = status
+                    finished.append(request)
+            else:
+                status = None
             num_unreported = request.num_unreported_tokens + 1
-            if sampled.logprobs is not None:
-                request.unreported_logprobs.append(sampled.logprobs)
+            if logprobs is not None:
+                request.unreported_logprobs.append(logprobs)
             # The first token goes out at once (time to first token), the last with the finish
             # reason, the rest every stream_interval tokens.
             if is_first or status is not None:
                 request.num_unreported_tokens = num_unreported
                 outputs.append(_report(request, is_first))
             elif num_unreported >= (request.sampling_params.stream_interval or default_interval):
-                if num_unreported == 1 and sampled.logprobs is None:  # = _report(request, False), built directly
+                if num_unreported == 1 and logprobs is None:  # = _report(request, False), built directly
                     request.num_unreported_tokens = 0
                     outputs.append(RequestOutput(request_id, [token_id]))
                 else:

@@ -74,22 +74,39 @@ class SyntheticExecutor:
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         started = time.perf_counter()
-        sampled: dict[int, SampledToken] = {}
-        vocab_size = self.vocab_size
+        token_ids_out: list[int | None] = []
+        logprobs: list[TokenLogprobs | None] | None = None
+        vocab_size, bs, kv, salts = self.vocab_size, self.block_size, self._kv, self._salts
         for scheduled in batch.requests:
-            last_hash = self._fill(scheduled)
+            token_ids = scheduled.token_ids
+            position = scheduled.start_position
+            slot = position % bs
+            if slot and len(token_ids) == 1:  # a decode whose previous slot is in the same block: _fill, inlined
+                block_id = scheduled.block_ids[position // bs]
+                block = kv.get(block_id) or self._block(block_id)
+                last_hash = block[slot] = hash((block[slot - 1], token_ids[0]))  # _chain
+            else:
+                last_hash = self._fill(scheduled)
             if not scheduled.sample:
+                token_ids_out.append(None)
                 continue
             params = scheduled.sampling_params
             if params.logprobs is None:  # the common case, inlined: one draw per request per step
-                salt = _GREEDY_SALT if params.temperature == 0.0 else self._salt(params.seed or 0)
-                sampled[scheduled.request_id] = SampledToken(hash((last_hash, salt)) % vocab_size)  # _chain
+                if params.temperature == 0.0:
+                    salt = _GREEDY_SALT
+                else:
+                    salt = salts.get(params.seed or 0) or self._salt(params.seed or 0)
+                token_ids_out.append(hash((last_hash, salt)) % vocab_size)  # _chain
             else:
-                sampled[scheduled.request_id] = self._sample(scheduled, last_hash)
+                sampled = self._sample(scheduled, last_hash)
+                if logprobs is None:
+                    logprobs = [None] * len(batch.requests)
+                logprobs[len(token_ids_out)] = sampled.logprobs
+                token_ids_out.append(sampled.token_id)
         remaining = self.step_seconds(batch) - (time.perf_counter() - started)
         if remaining > 0:
             time.sleep(remaining)
-        return ExecutorOutput(sampled=sampled)
+        return ExecutorOutput(token_ids_out, logprobs)
 
     def step_seconds(self, batch: SchedulerOutput) -> float:
         """What the timing model says this step costs (decodes are one token each)."""
