@@ -264,7 +264,7 @@ class EngineProc:
         appends = [batch.append for batch in batches]  # (bound once a step, not looked up per output)
         for output in outputs:
             lane = output.request_id >> FRONTEND_SHIFT  # workers.client_ids.lane_of, inlined: per output
-            if lane >= num_lanes:
+            if lane >= num_lanes or lane < 0:  # a negative id too: ingress put it in lane 0's live set
                 lane = 0
             appends[lane](output)
             if output.finish_reason is not None:

@@ -104,8 +104,10 @@ def test_outputs_go_to_their_frontends_lane_and_unroutable_ids_to_lane_zero(zmq_
         lane0.add(own0)
         lane1.add(own1)
         lane1.add(unroutable)  # frontend 5 has no lane in a 2-frontend worker
-        assert set(lane0.collect({own0, unroutable})) == {own0, unroutable}
+        lane1.add(-3)  # a negative id (msgspec decodes any int) has no frontend either
+        assert set(lane0.collect({own0, unroutable, -3})) == {own0, unroutable, -3}
         assert set(lane1.collect({own1})) == {own1}
+        assert health(group).num_unfinished == 0  # each finished request left its lane's live set
 
 
 def test_a_full_lane_drops_its_outputs_and_aborts_its_requests(zmq_ctx):
