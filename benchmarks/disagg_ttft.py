@@ -15,6 +15,21 @@ same cores and its first step took ~240 ms instead of ~7 ms (512 tokens, c=8,
 token received. Sequential (one at a time) and at concurrency 8; lengths
 alternate aggregated and disaggregated so both see the same machine.
 
+Concurrency 8 is a closed loop: each of 8 clients sends its next request as
+soon as its last one ended. There TTFT also depends on what a request does
+after its first token, because that decides how soon its client is back in the
+queue (Little's law: 8 = first-token rate x (TTFT + after first token)).
+Aggregated, the second token waits for the engine's next step (a whole prefill
+of other prompts: ~400 ms at 2,048 tokens on 2 cores); disaggregated, the gen
+engine makes it in ~20 ms, so at the same throughput the disaggregated clients
+wait that step in front of their first token instead. Each row prints the time
+after the first token (``after_first``) and the first-token rate, and each
+length a line with the end-to-end latency (TTFT + after first token) of both,
+which the loop holds equal at equal throughput. ``--waves`` adds rows where
+each 8 requests are sent together and the next 8 once all ended (no feedback,
+but the orchestrator's hop spreads a wave's arrivals, so the ctx engine may
+start a step before the wave's last prompts are in).
+
 Breakdown (all ``time.time()`` on this host; the orchestrator's
 ``/perf_metrics`` joins its record with both workers', the workers' own
 ``/perf_metrics`` for the aggregated path). Disaggregated, consecutive
@@ -40,10 +55,10 @@ first token), ``relay`` (first token -> client). ``unaccounted`` is the total
 less the segments' sum (non-zero only where a stamp is missing).
 
 Targets (PASS/FAIL): disaggregated TTFT p50 <= 1.1x aggregated + 3 ms at every
-length (sequential and at concurrency 8); |unaccounted| <= 1 ms (median).
+length (sequential and at concurrency 8, closed loop); |unaccounted| <= 1 ms (median).
 
     python benchmarks/disagg_ttft.py [--lengths 512,1024,2048,4096,8192] [--requests 8]
-        [--concurrency 1,8] [--agg-threads N] [--ctx-threads N] [--gen-threads N]
+        [--concurrency 1,8] [--waves] [--agg-threads N] [--ctx-threads N] [--gen-threads N]
         [--out benchmarks/results/disagg_ttft.json]
 """
 
@@ -51,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import secrets
 import statistics
 import sys
@@ -101,10 +117,17 @@ async def one_request(client: httpx.AsyncClient, url: str, length: int, serial: 
         async for line in response.aiter_lines():
             if first is None and line.startswith("data: {"):
                 first = time.time()
-    return {"request_id": request_id, "t0": t0, "t1": first, "ttft_ms": (first - t0) * 1e3}
+    end = time.time()
+    if first is None:
+        raise RuntimeError(f"{url}: no token streamed for {request_id}")
+    return {"request_id": request_id, "t0": t0, "t1": first, "t2": end, "ttft_ms": (first - t0) * 1e3,
+            "after_first_ms": (end - first) * 1e3}
 
 
-async def run_batch(url: str, length: int, concurrency: int, count: int, tag: str, serial0: int) -> list[dict]:
+async def run_batch(url: str, length: int, concurrency: int, count: int, tag: str, serial0: int,
+                    loop: bool) -> list[dict]:
+    """``count`` requests, ``concurrency`` at a time: in waves (all of a wave sent together), or
+    in a closed loop (``loop``: each client sends its next request when its last one ended)."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await one_request(client, url, 16, serial0 + 10_000, f"{tag}-warm")  # a warm connection per batch
@@ -115,7 +138,12 @@ async def run_batch(url: str, length: int, concurrency: int, count: int, tag: st
             while queue:
                 results.append(await one_request(client, url, length, queue.pop(0), tag))
 
-        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        if loop:
+            await asyncio.gather(*(lane() for _ in range(concurrency)))
+            return results
+        for start in range(0, count, concurrency):
+            wave = queue[start:start + concurrency]
+            results += await asyncio.gather(*(one_request(client, url, length, serial, tag) for serial in wave))
     return results
 
 
@@ -170,11 +198,14 @@ def summed(path: str, parts: dict) -> tuple[str, ...]:
     return SUMMED["disagg-early" if "gen_leg" in parts else path]
 
 
-def summarize(path: str, length: int, concurrency: int, results: list[dict]) -> dict:
+def summarize(path: str, length: int, concurrency: int, mode: str, results: list[dict]) -> dict:
     ttfts = sorted(r["ttft_ms"] for r in results)
-    row = {"path": path, "tokens": length, "concurrency": concurrency, "requests": len(results),
+    firsts = sorted(r["t1"] for r in results)
+    row = {"path": path, "tokens": length, "concurrency": concurrency, "mode": mode, "requests": len(results),
            "ttft_p50_ms": round(statistics.median(ttfts), 3),
-           "ttft_p99_ms": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 3)}
+           "ttft_p99_ms": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 3),
+           "after_first_p50_ms": round(statistics.median(r["after_first_ms"] for r in results), 3),
+           "first_tokens_per_s": round((len(firsts) - 1) / max(firsts[-1] - firsts[0], 1e-9), 3)}
     parts = [r["breakdown"] for r in results if r["breakdown"]]
     row["joined"] = len(parts)
     if parts:
@@ -191,9 +222,10 @@ def measure(args: argparse.Namespace, urls: dict[str, str], rows: list[dict], ra
     for concurrency in args.concurrency:
         for length in args.lengths:
             count = args.requests if concurrency == 1 else max(args.requests, 2 * concurrency)
-            for path in ("agg", "disagg"):
-                tag = f"{path}-{length}-c{concurrency}"
-                results = asyncio.run(run_batch(urls[path], length, concurrency, count, tag, serial))
+            for mode, path in itertools.product(modes(args, concurrency), ("agg", "disagg")):
+                tag = f"{path}-{length}-c{concurrency}-{mode}"
+                results = asyncio.run(run_batch(urls[path], length, concurrency, count, tag, serial,
+                                                mode == "loop"))
                 serial += count + 1
                 time.sleep(0.3)  # the workers ship perf records every 50 ms
                 records = {r.get("x_request_id") if path == "agg" else r.get("request_id"): r
@@ -201,29 +233,50 @@ def measure(args: argparse.Namespace, urls: dict[str, str], rows: list[dict], ra
                 join = breakdown_agg if path == "agg" else breakdown_disagg
                 for result in results:
                     result["breakdown"] = join(result, records.get(result["request_id"]))
-                raw.extend({"path": path, "tokens": length, "concurrency": concurrency, **r} for r in results)
-                rows.append(summarize(path, length, concurrency, results))
+                raw.extend({"path": path, "tokens": length, "concurrency": concurrency, "mode": mode, **r}
+                           for r in results)
+                rows.append(summarize(path, length, concurrency, mode, results))
                 print_row(rows[-1])
+                if path == "disagg":
+                    print_end_to_end(rows[-2], rows[-1])
+
+
+def modes(args: argparse.Namespace, concurrency: int) -> list[str]:
+    """The closed loop (the target's; at concurrency 1, sequential requests), then waves if asked."""
+    return ["loop", "waves"] if args.waves and concurrency > 1 else ["loop"]
+
+
+def print_end_to_end(agg: dict, disagg: dict) -> None:
+    """TTFT + time after the first token (p50s) of both paths: what a closed loop holds equal at equal
+    throughput, whichever path spends it before the first token (see the docstring)."""
+    agg_ms = agg["ttft_p50_ms"] + agg["after_first_p50_ms"]
+    disagg_ms = disagg["ttft_p50_ms"] + disagg["after_first_p50_ms"]
+    print(f"{'':6} {disagg['tokens']:>5} tok c={disagg['concurrency']} {disagg['mode']}: TTFT + after first token "
+          f"p50 agg {agg_ms:.1f} ms, disagg {disagg_ms:.1f} ms ({disagg_ms / agg_ms:.3f}x); first tokens/s "
+          f"disagg/agg {disagg['first_tokens_per_s'] / agg['first_tokens_per_s']:.3f}", flush=True)
 
 
 def print_row(row: dict) -> None:
     parts = "  ".join(f"{k[:-7]} {v}" for k, v in row.items() if k.endswith("_p50_ms") and k != "ttft_p50_ms")
-    print(f"{row['path']:<6} {row['tokens']:>5} tok c={row['concurrency']}: TTFT p50 {row['ttft_p50_ms']} ms "
-          f"p99 {row['ttft_p99_ms']} ms | p50 ms: {parts} (joined {row['joined']}/{row['requests']})", flush=True)
+    mode = " waves" if row["mode"] == "waves" else ""
+    print(f"{row['path']:<6} {row['tokens']:>5} tok c={row['concurrency']}{mode}: TTFT p50 {row['ttft_p50_ms']} ms "
+          f"p99 {row['ttft_p99_ms']} ms, {row['first_tokens_per_s']} first tokens/s | p50 ms: {parts} "
+          f"(joined {row['joined']}/{row['requests']})", flush=True)
 
 
 def targets_of(rows: list[dict]) -> list[dict]:
     targets = []
-    for row in (r for r in rows if r["path"] == "disagg"):
+    for row in (r for r in rows if r["path"] == "disagg" and r["mode"] == "loop"):  # waves: for the record
         agg = next(r for r in rows if r["path"] == "agg" and r["tokens"] == row["tokens"]
-                   and r["concurrency"] == row["concurrency"])
+                   and r["concurrency"] == row["concurrency"] and r["mode"] == "loop")
         limit = RATIO_TARGET * agg["ttft_p50_ms"] + SLACK_MS
         label = f"{row['tokens']} tokens, concurrency {row['concurrency']}"
         targets.append({"target": f"disagg TTFT p50 <= {RATIO_TARGET}x agg + {SLACK_MS} ms = {limit:.1f} ms ({label})",
                         "value": row["ttft_p50_ms"], "pass": row["ttft_p50_ms"] <= limit})
     for row in rows:
         if "unaccounted_p50_ms" in row:
-            label = f"{row['path']} {row['tokens']} tokens, concurrency {row['concurrency']}"
+            waves = ", waves" if row["mode"] == "waves" else ""
+            label = f"{row['path']} {row['tokens']} tokens, concurrency {row['concurrency']}{waves}"
             targets.append({"target": f"breakdown sums to TTFT within {SUM_TOLERANCE_MS} ms ({label})",
                             "value": row["unaccounted_p50_ms"],
                             "pass": abs(row["unaccounted_p50_ms"]) <= SUM_TOLERANCE_MS})
@@ -237,6 +290,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lengths", type=ints, default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--concurrency", type=ints, default=[1, 8])
     parser.add_argument("--requests", type=int, default=8, help="per length and path (at least 2x concurrency)")
+    parser.add_argument("--waves", action="store_true",
+                        help="also run each concurrency > 1 in waves sent together (for the record, not a target)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/disagg_ttft.json"))
     for role, default in (("agg", None), ("ctx", None), ("gen", 1)):
         parser.add_argument(f"--{role}-threads", type=int, default=default,
