@@ -20,8 +20,8 @@ soon as its last one ended. There TTFT also depends on what a request does
 after its first token, because that decides how soon its client is back in the
 queue (Little's law: 8 = first-token rate x (TTFT + after first token)).
 Aggregated, the second token waits for the engine's next step (a whole prefill
-of other prompts: ~400 ms at 2,048 tokens on 2 cores); disaggregated, the gen
-engine makes it in ~20 ms, so at the same throughput the disaggregated clients
+of other prompts: 200-550 ms at 2,048 tokens on 2 cores); disaggregated, the gen
+engine makes it in 20-40 ms, so at the same throughput the disaggregated clients
 wait that step in front of their first token instead. Each row prints the time
 after the first token (``after_first``) and the first-token rate, and each
 length a line with the end-to-end latency (TTFT + after first token) of both,
