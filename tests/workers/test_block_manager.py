@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -71,6 +72,28 @@ def test_hash_rejects_token_ids_outside_uint32():
         hash_block_tokens(None, [2**32], 0)
     with pytest.raises(ValueError, match="seed"):
         hash_block_tokens(None, [1], -1)
+
+
+def test_whole_prompt_hashes_are_the_block_by_block_chain():
+    # compute_block_hashes packs the ids once and the header in pieces; hash_block_tokens, as the
+    # block manager calls it, is the reference: any difference in a byte of the encoding shows here.
+    rng = random.Random(5)
+    for block_size in (1, 3, 16, 32):
+        for length in (0, block_size - 1, block_size, 5 * block_size + 2):
+            tokens = [rng.choice((0, 1, 255, 256, 65_535, 2**31, 2**32 - 1, rng.randrange(2**32)))
+                      for _ in range(length)]
+            for seed, parent in ((0, None), (2**64 - 1, None), (7, BlockHash(0)), (7, BlockHash(2**64 - 1))):
+                expected, chain = [], parent
+                for start in range(0, length - block_size + 1, block_size):
+                    chain = hash_block_tokens(chain, tokens[start:start + block_size], seed)
+                    expected.append(chain)
+                assert compute_block_hashes(tokens, block_size, seed, parent) == expected, (block_size, length)
+
+
+@pytest.mark.parametrize("tokens", [[2**32] * 4, [1, 2, -1, 4], [1.0, 2, 3, 4]])
+def test_whole_prompt_hashes_reject_ids_outside_uint32(tokens):
+    with pytest.raises(ValueError, match="token ids"):
+        compute_block_hashes(tokens, 4, 0)
 
 
 def test_hashes_are_identical_in_another_process():
