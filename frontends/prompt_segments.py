@@ -7,7 +7,9 @@ such pieces that the template wrote itself (``user``, ``assistant``, ``\\n\\n`` 
 ``PromptSegments`` makes the same cut in Python, takes the added tokens' ids and the
 template's pieces from tables built once per model, and asks the tokenizer only for the
 rest (the messages' text): a third of the prompt's tokenizing, most of it the pre-tokenizer's
-regex, which costs about 1 us a match.
+regex, which costs about 1 us a match. The ids of long pieces (a system prompt, an earlier
+message) are kept by their text (``frontends.piece_cache``): a conversation's next turn
+tokenizes only its new messages.
 
 The tables hold only what the model's files fix (the template's literal text, the API's
 roles), never a request's text. ``PromptSegments.of`` returns None for a tokenizer whose
@@ -26,6 +28,8 @@ from typing import Any, Callable, Iterable
 import jinja2
 import tokenizers
 from jinja2 import nodes
+
+from frontends.piece_cache import MIN_CHARS, PieceCache
 
 __all__ = ["PromptSegments", "template_literals"]
 
@@ -65,10 +69,10 @@ def template_literals(environment: jinja2.Environment, source: str) -> list[str]
 class PromptSegments:
     """``encode(text)``: ``backend.encode(text, add_special_tokens=False).ids``, piece by piece."""
 
-    __slots__ = ("_cut", "_token_ids", "_known", "_encode")
+    __slots__ = ("_cut", "_token_ids", "_known", "_encode", "cache")
 
     def __init__(self, token_ids: dict[str, int], known: dict[str, list[int]],
-                 encode: Callable[[str], list[int]]) -> None:
+                 encode: Callable[[str], list[int]], cache: PieceCache | None = None) -> None:
         # Longest first: at the leftmost match the alternation takes the longest token, as the
         # tokenizer's leftmost-longest automaton does (re moves a shared prefix such as "<|" out).
         alternatives = "|".join(re.escape(token) for token in sorted(token_ids, key=len, reverse=True))
@@ -76,11 +80,13 @@ class PromptSegments:
         self._token_ids = token_ids
         self._known = known
         self._encode = encode
+        self.cache = cache  # the ids of long pieces by their text; None: none kept
 
     @classmethod
-    def of(cls, backend: tokenizers.Tokenizer, literals: Iterable[str]) -> "PromptSegments | None":
+    def of(cls, backend: tokenizers.Tokenizer, literals: Iterable[str],
+           cache: PieceCache | None = None) -> "PromptSegments | None":
         """For a tokenizer whose pieces tokenize alone (module doc), with the pieces of
-        ``literals`` (a template's text) known; else None."""
+        ``literals`` (a template's text) known and long pieces kept in ``cache``; else None."""
         if getattr(backend, "encode_special_tokens", False) or not _piecewise(json.loads(backend.to_str())):
             return None
         added = backend.get_added_tokens_decoder()
@@ -92,7 +98,7 @@ class PromptSegments:
         def encode(text: str) -> list[int]:
             return backend.encode(text, add_special_tokens=False).ids
 
-        segments = cls(token_ids, {}, encode)
+        segments = cls(token_ids, {}, encode, cache)
         pieces = {piece for text in (*literals, *_ROLES) for piece in segments._cut(text)[::2]
                   if piece and len(piece) <= _MAX_PIECE_CHARS}
         segments._known = {piece: encode(piece) for piece in sorted(pieces)[:_MAX_PIECES]}
@@ -110,6 +116,21 @@ class PromptSegments:
                 ids.append(token_ids[part])
             elif part:
                 piece_ids = known.get(part)
-                ids += encode(part) if piece_ids is None else piece_ids
+                if piece_ids is not None:
+                    ids += piece_ids
+                elif len(part) >= MIN_CHARS and self.cache is not None:
+                    ids += self._encode_long(part)
+                else:
+                    ids += encode(part)
             is_token = not is_token
         return ids
+
+    def _encode_long(self, piece: str) -> Iterable[int]:
+        cache = self.cache
+        assert cache is not None
+        kept = cache.get(piece)
+        if kept is not None:
+            return kept
+        piece_ids = self._encode(piece)
+        cache.put(piece, piece_ids)
+        return piece_ids

@@ -22,6 +22,7 @@ import tokenizers
 
 from frontends.chat_template_env import ChatTemplateError, compile_template, template_environment
 from frontends.errors import PromptTooLongError
+from frontends.piece_cache import PieceCache
 from frontends.prompt_segments import PromptSegments, template_literals
 
 __all__ = ["Tokenizer", "ChatTemplateError"]
@@ -102,7 +103,7 @@ class Tokenizer:
                 literals += template_literals(env, source)
             except jinja2.TemplateError:  # rendering it reports that; the others' pieces still count
                 pass
-        return PromptSegments.of(self.backend, literals)
+        return PromptSegments.of(self.backend, literals, PieceCache())
 
     @classmethod
     def from_model_path(cls, path: str | Path) -> "Tokenizer":
