@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm.jobs import TERMINAL_STATES, cancel_job, job_in_queue, wait_for_state, wait_until_gone
+from slurm.jobs import TERMINAL_STATES, JobInfo, cancel_job, job_in_queue, wait_for_state, wait_until_gone
 from slurm.rendezvous import publish_orchestrator_url
 from slurm.submit import submit_script
 
@@ -60,14 +60,19 @@ else:
 
 
 def _run_job(tmp_path: Path, script_text: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    info = _finished_job(tmp_path, script_text, env, monkeypatch)
+    assert (info.state, info.exit_code) == ("COMPLETED", "0:0"), (info, _outputs(tmp_path))
+
+
+def _finished_job(tmp_path: Path, script_text: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> JobInfo:
+    """Submit the script from ``tmp_path`` and wait until the job has ended (cancelled if it does not)."""
     monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # slurm.jobs' scontrol/squeue use this environment
     script = tmp_path / "job.sbatch"
     script.write_text(script_text)
     job_id = submit_script(script, tmp_path, env={"SLURM_CONF": env["SLURM_CONF"]})
     try:
-        # Longer than slurm.ranks' 120 s MPI watchdog: a stuck rank shows its log line here.
-        info = wait_for_state(job_id, TERMINAL_STATES, timeout=150)
-        assert (info.state, info.exit_code) == ("COMPLETED", "0:0"), (info, _outputs(tmp_path))
+        # Longer than slurm.ranks' MPI watchdog: a stuck rank shows its log line here.
+        return wait_for_state(job_id, TERMINAL_STATES, timeout=150)
     finally:
         if job_in_queue(job_id):
             cancel_job(job_id)
@@ -99,11 +104,21 @@ def _tp_step_script(run_dir: Path, mpi: str) -> str:
 @pytest.mark.parametrize("mpi", ["pmix", "none"])
 def test_a_tp_step_finds_its_ranks_and_rank_0(emulated_cluster: dict[str, str], tmp_path: Path, mpi: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    publish_orchestrator_url(run_dir, "http://orchestrator.invalid:1")  # rank 0 waits for it, then registers
-    _run_job(tmp_path, _tp_step_script(run_dir, mpi), emulated_cluster, monkeypatch)
-    lines = _outputs(tmp_path)["job.sbatch-ranks.txt"]
+    # One more try when a rank's MPI_Init hangs in a cross-node PMIx fence of the emulated cluster
+    # (every emulated node's slurmstepd on one host; seen in a loaded CI run, as in
+    # test_emulated_tp's fixture): the rank watchdog ends that step before every rank was found.
+    # Any other failure, or the same hang twice, fails the test.
+    for attempt in range(2):
+        job_dir = tmp_path / f"attempt-{attempt}"
+        run_dir = job_dir / "run"
+        run_dir.mkdir(parents=True)
+        publish_orchestrator_url(run_dir, "http://orchestrator.invalid:1")  # rank 0 waits for it, then registers
+        info = _finished_job(job_dir, _tp_step_script(run_dir, mpi), emulated_cluster, monkeypatch)
+        found = sum("(found through" in line for line in _outputs(job_dir).get("job.sbatch-ranks.txt", []))
+        if info.state == "COMPLETED" or attempt == 1 or mpi != "pmix" or found == 6:
+            break
+    assert (info.state, info.exit_code) == ("COMPLETED", "0:0"), (info, _outputs(job_dir))
+    lines = _outputs(job_dir)["job.sbatch-ranks.txt"]
     reports = sorted(line.split(": ", 1)[1] for line in lines if " rank " in line and " of 6 local " in line)
     assert reports == [
         "rank 0 of 6 local 0 on n1 gpus 0,1,2,3 registers",
