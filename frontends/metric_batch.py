@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["MetricBatch", "observe_all"]
 
@@ -30,6 +30,13 @@ class MetricBatch:
         self._counts: dict[Any, float] = {}  # a counter (labelled child) -> amount since the last flush
         self._observed: dict[Any, list[float]] = {}  # a histogram (labelled child) -> values
         self._timer: asyncio.TimerHandle | None = None
+        self._sources: list[Callable[["MetricBatch"], None]] = []
+        self._flushing = False  # the sources count inside flush: that must not flush again
+
+    def on_flush(self, source: Callable[["MetricBatch"], None]) -> None:
+        """Call ``source(batch)`` at every flush, before the writes: for counts kept elsewhere
+        (``frontends.piece_cache``'s lookups), counted here since the last flush."""
+        self._sources.append(source)
 
     def count(self, counter: Any, amount: float = 1.0) -> None:
         counts = self._counts
@@ -49,6 +56,12 @@ class MetricBatch:
 
     def flush(self) -> None:
         """Write everything counted since the last flush into the metrics now."""
+        self._flushing = True
+        try:
+            for source in self._sources:
+                source(self)
+        finally:
+            self._flushing = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -60,7 +73,7 @@ class MetricBatch:
             observe_all(histogram, values)
 
     def _schedule(self) -> None:
-        if self._timer is not None:
+        if self._timer is not None or self._flushing:
             return
         try:
             loop = asyncio.get_running_loop()

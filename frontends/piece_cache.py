@@ -22,8 +22,11 @@ from __future__ import annotations
 import sys
 import threading
 from array import array
+from typing import Any
 
-__all__ = ["PieceCache", "MIN_CHARS", "DEFAULT_BUDGET_BYTES"]
+from frontends.metric_batch import MetricBatch
+
+__all__ = ["PieceCache", "MIN_CHARS", "DEFAULT_BUDGET_BYTES", "count_lookups"]
 
 MIN_CHARS = 512  # ~100 tokens: ~0.1 ms to tokenize, where a lookup costs ~1 us
 DEFAULT_BUDGET_BYTES = 32 * 2**20  # ~250 conversations of 24,000 tokens
@@ -74,3 +77,23 @@ class PieceCache:
                 self.num_bytes -= self._entries.pop(next(iter(self._entries)))[1]
             self._entries[text] = (kept, size)
             self.num_bytes += size
+
+
+def count_lookups(cache: PieceCache | None, counter: Any, batch: MetricBatch) -> None:
+    """Export ``cache``'s lookups as ``counter{result="hit"|"miss"}`` (both created at zero), counted
+    into ``batch`` at each of its flushes: the lookup itself stays a dict access."""
+    hit, miss = counter.labels("hit"), counter.labels("miss")
+    if cache is None:  # a tokenizer that encodes prompts whole keeps nothing: the series stay at 0
+        return
+    seen = [cache.hits, cache.misses]
+
+    def source(batch: MetricBatch) -> None:
+        hits, misses = cache.hits, cache.misses
+        new_hits, new_misses = hits - seen[0], misses - seen[1]
+        seen[:] = hits, misses  # first: counting may flush (outside an event loop: at once)
+        if new_hits:
+            batch.count(hit, new_hits)
+        if new_misses:
+            batch.count(miss, new_misses)
+
+    batch.on_flush(source)

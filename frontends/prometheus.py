@@ -21,6 +21,7 @@ import os
 from typing import Any
 
 from frontends.metric_batch import MetricBatch
+from frontends.piece_cache import PieceCache, count_lookups
 from workers.protocol import PerfRecord
 
 __all__ = ["MULTIPROC_ENV", "FrontendMetrics", "LauncherMetrics", "render", "mark_process_dead", "CONTENT_TYPE"]
@@ -39,9 +40,10 @@ def _multiproc_dir() -> str | None:
 
 
 class FrontendMetrics:
-    """Counters and histograms of one frontend process, fed by its perf records."""
+    """Counters and histograms of one frontend process, fed by its perf records; ``piece_cache``:
+    its tokenizer's (``Tokenizer.piece_cache``), whose lookups it exports."""
 
-    def __init__(self) -> None:
+    def __init__(self, piece_cache: PieceCache | None = None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry(auto_describe=True)
@@ -82,6 +84,9 @@ class FrontendMetrics:
         self._finished = {reason: self.success.labels(reason) for reason in ("stop", "length")}
         self._failed = {reason: self.failure.labels(reason) for reason in ("abort", "incomplete")}
         self._batch = MetricBatch(FLUSH_SECONDS)
+        lookups = Counter("disagg_prompt_piece_cache_lookups", "Long chat-prompt pieces looked up in the "
+                          "tokenizer's piece cache (hit: not tokenized again).", ["result"], registry=r)
+        count_lookups(piece_cache, lookups, self._batch)
 
     def observe(self, record: PerfRecord) -> None:
         """Count one ended request (batched: written within ``FLUSH_SECONDS``, or by ``flush``)."""

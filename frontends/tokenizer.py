@@ -105,6 +105,13 @@ class Tokenizer:
                 pass
         return PromptSegments.of(self.backend, literals, PieceCache())
 
+    @property
+    def piece_cache(self) -> PieceCache | None:
+        """Where chat prompts' long pieces are kept (``frontends.piece_cache``); None when this
+        tokenizer's prompts are encoded whole."""
+        segments = self.prompt_segments
+        return None if segments is None else segments.cache
+
     @classmethod
     def from_model_path(cls, path: str | Path) -> "Tokenizer":
         """A Hugging Face model directory or a ``.gguf`` file."""

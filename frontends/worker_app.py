@@ -109,7 +109,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
                       control: Control, config_labels: dict[str, str], state_dir: Path) -> ASGIApp:
     """Frontend 0's app. ``control``: ``WorkerGroup.control``. ``state_dir``: where the
     launcher keeps state that outlives it (the Message Batches database)."""
-    metrics = FrontendMetrics()
+    metrics = FrontendMetrics(tokenizer.piece_cache)
     launcher_metrics = LauncherMetrics(metrics.registry, config_labels)
     store = PerfStore(config.max_perf_records, config.perf_record_seconds)
     recorder = PerfRecorder(store.extend, _observer(metrics, client))
@@ -145,7 +145,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
 def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: FrontendConfig, attach: AttachInfo,
                       *, admin_timeout: float = 30.0) -> Starlette:
     """An attached frontend's app: launcher-owned routes forwarded, perf records shipped."""
-    metrics = FrontendMetrics()
+    metrics = FrontendMetrics(tokenizer.piece_cache)
     forwarder = LauncherForwarder(str(attach.paths.launcher_admin), attach.frontend_id, read_timeout=admin_timeout)
     sender = PerfSender(attach.paths.perf, attach.key, attach.frontend_id)
     recorder = PerfRecorder(sender.send, _observer(metrics, client))

@@ -80,7 +80,7 @@ class Orchestrator:
         # Every client body is checked whole here, by the workers' own code, before any leg.
         self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self))
         self.link = StateLink(config.state_socket, self.view, push_loads=config.processes > 1)
-        self.metrics = Metrics()
+        self.metrics = Metrics(tokenizer.piece_cache)
         # One count per process of the generation requests in flight, for the app and the fast lane.
         self.admission = AdmissionGate(config.max_concurrent_requests or None, "this orchestrator process", "")
         timeouts = config.timeouts

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from frontends.metric_batch import MetricBatch
+from frontends.piece_cache import PieceCache, count_lookups
 
 __all__ = ["Metrics", "CONTENT_TYPE", "FLUSH_SECONDS"]
 
@@ -42,7 +43,9 @@ _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """``piece_cache``: the validator's tokenizer's (``Tokenizer.piece_cache``), whose lookups it exports."""
+
+    def __init__(self, piece_cache: PieceCache | None = None) -> None:
         # Own registry: the default one would also export this process's own
         # (non-multiprocess) collectors, double counting under K_o > 1.
         self.registry = CollectorRegistry()
@@ -69,6 +72,9 @@ class Metrics:
         self._served: dict[tuple[str, str], Counter] = {}
         # What the request path counted since the last flush (module docstring: batched writes).
         self._batch = MetricBatch(FLUSH_SECONDS)
+        lookups = Counter(f"{prefix}_prompt_piece_cache_lookups", "Long chat-prompt pieces looked up in the "
+                          "tokenizer's piece cache (hit: not tokenized again).", ["result"], registry=self.registry)
+        count_lookups(piece_cache, lookups, self._batch)
 
     def phase(self, name: str) -> Histogram:
         """``phase_seconds`` of one phase."""

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from frontends.piece_cache import MIN_CHARS, PieceCache
+from frontends.metric_batch import MetricBatch
+from frontends.piece_cache import MIN_CHARS, PieceCache, count_lookups
 from frontends.prompt_segments import PromptSegments
 from frontends.tokenizer import Tokenizer
 from workers.engine.model.tiny_tokenizer import CHAT_TEMPLATE
@@ -94,3 +95,34 @@ def test_pieces_evicted_under_a_small_budget_are_tokenized_again_the_same(tiny):
         cache = segments.cache
         assert cache.num_bytes == sum(size for _, size in cache._entries.values()) <= cache.budget_bytes
     assert segments.cache.hits and segments.cache.misses > 20  # some came back after they were evicted
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.children: dict[str, _Child] = {}
+
+    def labels(self, result: str) -> "_Child":
+        return self.children.setdefault(result, _Child())
+
+
+class _Child:
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+def test_lookups_are_counted_into_the_metrics_once_at_each_flush():
+    cache, counter, batch = PieceCache(), _Counter(), MetricBatch(flush_seconds=0.1)
+    cache.get("x" * 600)  # before export: not counted
+    count_lookups(cache, counter, batch)
+    assert {name: child.value for name, child in counter.children.items()} == {"hit": 0.0, "miss": 0.0}
+    cache.put("x" * 600, [1, 2])
+    for _ in range(3):
+        cache.get("x" * 600)
+    cache.get("y" * 600)
+    batch.flush()
+    batch.flush()  # nothing new: nothing added twice
+    assert (counter.children["hit"].value, counter.children["miss"].value) == (3.0, 1.0)
+    count_lookups(None, _Counter(), batch)  # a tokenizer that keeps nothing: the series exist, at zero

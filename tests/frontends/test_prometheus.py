@@ -63,3 +63,21 @@ async def test_counters_of_all_frontends_sum_in_every_scrape(worker):
         (config,) = samples(text, "disagg_config_info")
         assert 'engine="synthetic"' in config and 'num_frontends="4"' in config and 'num_blocks="128"' in config
         assert text.count("# TYPE disagg_config_info gauge") == 1
+
+
+@pytest.mark.asyncio
+async def test_long_chat_pieces_are_tokenized_once_per_frontend_and_counted(worker):
+    system = "You are a careful assistant. " * 24  # one piece of ~700 characters: kept (frontends.piece_cache)
+    served = []
+    async with httpx.AsyncClient(base_url=worker, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as http:
+        for i in range(12):
+            response = await http.post("/v1/chat/completions", json={
+                "model": "tiny", "max_tokens": 2, "messages": [{"role": "system", "content": system},
+                                                               {"role": "user", "content": f"question {i}"}]})
+            assert response.status_code == 200, response.text
+            served.append(response.headers["x-disagg-frontend"])
+        text = (await http.get("/prometheus/metrics")).text
+    # Each frontend tokenized the system prompt the first time it saw it and found it after that.
+    frontends = len(set(served))
+    assert samples(text, "disagg_prompt_piece_cache_lookups_total") == {
+        '{result="hit"}': float(12 - frontends), '{result="miss"}': float(frontends)}

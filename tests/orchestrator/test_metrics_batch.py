@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from frontends.piece_cache import PieceCache
 from orchestrator.metrics import FLUSH_SECONDS, Metrics
 
 VALUES = [0.001, 0.005, 0.0051, 0.3, 0.25, 7.0, 400.0, 0.0]  # bucket bounds, between them, past the last
@@ -41,5 +42,21 @@ def test_counts_are_written_within_the_flush_period_and_before_a_render():
         assert _samples(metrics)[("disagg_orchestrator_legs_total", (("phase", "ctx"),))] == 1
         metrics.count_leg("ctx")
         assert b'disagg_orchestrator_legs_total{phase="ctx"} 2.0' in metrics.render()
+
+    asyncio.run(run())
+
+
+def test_the_tokenizers_piece_cache_lookups_are_exported_at_each_flush():
+    async def run() -> None:
+        cache = PieceCache()
+        metrics = Metrics(cache)
+        name = "disagg_orchestrator_prompt_piece_cache_lookups_total"
+        assert _samples(metrics)[(name, (("result", "hit"),))] == 0  # created at zero
+        cache.put("x" * 600, [1])
+        for text in ("x" * 600, "x" * 600, "y" * 600):
+            cache.get(text)
+        metrics.flush()
+        assert _samples(metrics)[(name, (("result", "hit"),))] == 2
+        assert _samples(metrics)[(name, (("result", "miss"),))] == 1
 
     asyncio.run(run())
