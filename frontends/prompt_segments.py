@@ -108,7 +108,7 @@ class PromptSegments:
         return segments
 
     def encode(self, text: str) -> list[int]:
-        known, encode, token_ids = self._known, self._encode, self._token_ids
+        known, encode, token_ids, cache = self._known, self._encode, self._token_ids, self.cache
         ids: list[int] = []
         is_token = False  # the cut alternates: piece, token, piece, ..., piece
         for part in self._cut(text):
@@ -118,19 +118,18 @@ class PromptSegments:
                 piece_ids = known.get(part)
                 if piece_ids is not None:
                     ids += piece_ids
-                elif len(part) >= MIN_CHARS and self.cache is not None:
-                    ids += self._encode_long(part)
+                elif len(part) >= MIN_CHARS and cache is not None:
+                    ids += _kept_or_encoded(cache, part, encode)
                 else:
                     ids += encode(part)
             is_token = not is_token
         return ids
 
-    def _encode_long(self, piece: str) -> Iterable[int]:
-        cache = self.cache
-        assert cache is not None
-        kept = cache.get(piece)
-        if kept is not None:
-            return kept
-        piece_ids = self._encode(piece)
-        cache.put(piece, piece_ids)
-        return piece_ids
+
+def _kept_or_encoded(cache: PieceCache, piece: str, encode: Callable[[str], list[int]]) -> Iterable[int]:
+    kept = cache.get(piece)
+    if kept is not None:
+        return kept
+    piece_ids = encode(piece)
+    cache.put(piece, piece_ids)
+    return piece_ids
