@@ -1,4 +1,4 @@
-"""The worker side of disaggregated serving in a frontend (DESIGN.md §6).
+"""The worker side of disaggregated serving in a frontend (docs/architecture.md, "A request's path").
 
 A request body's ``disaggregated_params`` (``workers.disagg_params``) turns it
 into one leg of a disaggregated request:

@@ -1,4 +1,4 @@
-"""The launcher's side of launcher-owned routes (DESIGN.md §4).
+"""The launcher's side of launcher-owned routes (docs/architecture.md, "Launcher-owned state").
 
 The launcher (frontend 0) answers these itself, on the worker's port and on
 its admin socket ``<ipc_dir>/launcher.sock``, where attached frontends replay

@@ -2,7 +2,7 @@
 
 As vLLM's ``EngineCoreProc.run_busy_loop``: drain the inputs (block in poll
 when there is no work, never spin), add and abort requests, ``step()``, send
-each lane at most one ``OutputBatch`` per step. Sockets (see DESIGN.md §3):
+each lane at most one ``OutputBatch`` per step. Sockets (docs/architecture.md, "Sockets inside a worker"):
 
     ingress.sock   bound PULL    requests and aborts from every frontend
     lane-<i>.sock  PUSH-connect  outputs to frontend i (client id >> 48)

@@ -164,7 +164,7 @@ class IpcPaths:
 
     @property
     def launcher_admin(self) -> Path:
-        """The launcher's admin HTTP Unix socket (launcher-owned routes, DESIGN.md §4)."""
+        """The launcher's admin HTTP Unix socket (launcher-owned routes, docs/architecture.md)."""
         return self.dir / "launcher.sock"
 
     @property

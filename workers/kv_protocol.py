@@ -1,4 +1,4 @@
-"""Wire types of the engine <-> engine boundary: KV transfer (DESIGN.md §6).
+"""Wire types of the engine <-> engine boundary: KV transfer (docs/architecture.md, "A request's path").
 
 The gen engine's DEALER talks to the ctx engine's ROUTER over TCP::
 

@@ -1,4 +1,4 @@
-"""The KV-transfer agent of one engine: ctx-side server and gen-side puller (DESIGN.md §6).
+"""The KV-transfer agent of one engine: ctx-side server and gen-side puller (docs/architecture.md, "A request's path").
 
 Ctx side: a ``context_only`` request parks its prompt's blocks at finish; ``KVServer``
 (``workers.kv_server``) answers pulls of them from a thread of its own, so a pull never waits

@@ -1,6 +1,6 @@
 """Stored responses (``store: true``) with a TTL, in one SQLite file, and the clients that reach it.
 
-On a worker the launcher owns the store (DESIGN.md §4): it serves
+On a worker the launcher owns the store (docs/architecture.md, "Launcher-owned state"): it serves
 ``GET|DELETE /v1/responses/{id}`` from it (attached frontends forward
 those), and every frontend's ``POST /v1/responses`` reads the conversation
 it continues and writes its answer through a ``ResponsesClient``: the

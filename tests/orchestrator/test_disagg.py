@@ -1,6 +1,6 @@
 """Disaggregated serving through the orchestrator: a ctx worker, a gen worker (torch engine).
 
-Invariant (DESIGN §6): greedy tokens of a disaggregated request equal those
+Invariant (docs/architecture.md, "A request's path"): greedy tokens of a disaggregated request equal those
 of the same request on one aggregated worker. Skipped while this checkout's
 ``disagg serve`` does not accept ``--role ctx|gen``.
 """

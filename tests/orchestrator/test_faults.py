@@ -1,4 +1,4 @@
-"""Faults through the orchestrator (DESIGN §7): timeouts, client disconnects, dead workers.
+"""Faults through the orchestrator (docs/operations.md, "Recover"): timeouts, client disconnects, dead workers.
 
 Two slow synthetic workers (50 ms per decode step). Health checks run once at
 start (interval 60 s), so a worker killed during the test stays in the
