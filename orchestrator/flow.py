@@ -143,7 +143,7 @@ class Flow:
         answer, gen_worker = await watch(
             self._within(deadline, self.run_gen(request, request_id, gen, payload, record)))
         headers["x-disagg-gen-worker"] = gen_worker.worker_id
-        self.finish(record, request)
+        self.finish(record, request, answer)
         return JsonAnswer(answer, headers)
 
     async def ctx_phase(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, record: RequestTrace,
@@ -172,11 +172,12 @@ class Flow:
     async def _within(self, deadline: float, work):
         return await within(deadline, work, self.config.timeouts.request_seconds)
 
-    def finish(self, record: RequestTrace, request: ParsedRequest) -> None:
+    def finish(self, record: RequestTrace, request: ParsedRequest, answer_tail: bytes = b"") -> None:
+        """``answer_tail``: the answer's JSON or its stream's last bytes, where its usage is."""
         record.end = time.time()
         self.metrics.count_served(request.api, record.mode)
         self.metrics.observe("e2e", record.end - record.arrival)
-        self.ends.end(record, 200)
+        self.ends.end(record, 200, answer_tail)
         if not self.view.local_load:  # nothing else in flight: no batch to wait for (orchestrator.metrics)
             self.metrics.flush()
 

@@ -8,16 +8,20 @@ metrics polls never get one (uvicorn's own lines for them go to DEBUG, ``workers
 request refused before it reached the flow (429 at the admission gate, 401) has uvicorn's line.
 
 The access line, on the ``disagg.access`` logger (its fields top-level in JSON):
-``POST /v1/chat/completions 200 41.3ms`` then ``request_id``, ``status``, ``latency_ms``,
-``mode``, ``ctx_worker``, ``gen_worker``, ``prompt_tokens``, ``retries`` and ``error``.
-Completion tokens are in the gen worker's own access line and perf record (the orchestrator
-relays the answer's bytes without decoding them).
+``POST /v1/chat/completions 200 41.3ms`` then ``method``, ``path``, ``request_id``, ``status``,
+``latency_ms``, ``mode``, ``ctx_worker``, ``gen_worker``, ``prompt_tokens``, ``completion_tokens``,
+``retries`` and ``error``. The orchestrator relays a stream's bytes without decoding them: its
+completion tokens are read from the last events, where a usage is when the client asked for one
+(OpenAI's ``stream_options.include_usage``; Anthropic's always); else ``completion_tokens`` is
+None and the gen worker's perf record has them. Only read while the access log or tracing is on.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from workers.log_format import REQUEST_ID
 
@@ -108,14 +112,18 @@ class RequestEnds:
 
     # -- the end ------------------------------------------------------------------------------
 
-    def end(self, record: RequestTrace, status: int) -> None:
+    def end(self, record: RequestTrace, status: int, answer_tail: bytes = b"") -> None:
+        """``answer_tail``: a JSON answer, or the last bytes of a stream: its completion tokens when
+        they hold the usage (a stream's only with OpenAI's ``include_usage``, or Anthropic's)."""
         self.link.perf_queue.append(record)
-        if self.access_log:
-            _log_access(record, status)
-        if self.tracing is not None:
-            self._end_spans(record, status)
+        if self.access_log or self.tracing is not None:  # the usage is read only for them
+            fields = _fields(record, status, output_tokens(answer_tail))
+            if self.access_log:
+                _log_access(record, fields)
+            if self.tracing is not None:
+                self._end_spans(record, fields)
 
-    def _end_spans(self, record: RequestTrace, status: int) -> None:
+    def _end_spans(self, record: RequestTrace, fields: dict[str, Any]) -> None:
         spans = self._spans.pop(id(record), None)
         tracing = self.tracing
         if spans is None or tracing is None:
@@ -126,26 +134,57 @@ class RequestEnds:
         if spans.gen_leg is not None:
             gen = record.gen
             tracing.finish(spans.gen_leg, gen.end if gen is not None and gen.end is not None else end,
-                           record.error if status == 200 else None)
+                           record.error if fields["status"] == 200 else None)
         root = spans.root
-        for key, value in _fields(record, status).items():
+        for key, value in fields.items():
             if value is not None and key != "request_id":
                 root.set_attribute(f"disagg.{key}", value)
         tracing.finish(root, end, record.error if record.error is not None else None)
 
 
-def _fields(record: RequestTrace, status: int) -> dict[str, Any]:
+def _fields(record: RequestTrace, status: int, completion_tokens: int | None) -> dict[str, Any]:
     end = record.end or record.arrival
     return {
-        "request_id": record.request_id, "status": status, "latency_ms": round((end - record.arrival) * 1000, 1),
-        "mode": record.mode, "ctx_worker": record.ctx.worker_id if record.ctx is not None else None,
+        "method": "POST", "path": API_PATHS.get(record.api, record.api), "request_id": record.request_id,
+        "status": status, "latency_ms": round((end - record.arrival) * 1000, 1), "mode": record.mode,
+        "ctx_worker": record.ctx.worker_id if record.ctx is not None else None,
         "gen_worker": record.gen.worker_id if record.gen is not None else None,
-        "prompt_tokens": record.num_prompt_tokens, "retries": record.retries, "error": record.error,
+        "prompt_tokens": record.num_prompt_tokens, "completion_tokens": completion_tokens,
+        "retries": record.retries, "error": record.error,
     }
 
 
-def _log_access(record: RequestTrace, status: int) -> None:
-    path = API_PATHS.get(record.api, record.api)
-    fields = {"method": "POST", "path": path, **_fields(record, status)}
-    access_log.info("POST %s %d %.1fms", path, status, fields["latency_ms"],
+def _log_access(record: RequestTrace, fields: dict[str, Any]) -> None:
+    access_log.info("POST %s %d %.1fms", fields["path"], fields["status"], fields["latency_ms"],
                     extra={"fields": fields, "request_id": record.request_id})
+
+
+class _Usage(msgspec.Struct):
+    completion_tokens: int | None = None  # OpenAI
+    output_tokens: int | None = None  # Anthropic
+
+
+class _WithUsage(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+_usage_decoder = msgspec.json.Decoder(_WithUsage)
+
+
+def output_tokens(tail: bytes) -> int | None:
+    """The completion tokens of the last usage in ``tail``: a JSON answer, or SSE events whose last
+    ``data:`` with a usage has them (None: no usage there)."""
+    if b'"usage"' not in tail:
+        return None
+    pieces = [tail] if tail.lstrip().startswith(b"{") else [
+        line[5:] for line in tail.split(b"\n") if line.startswith(b"data:") and b'"usage"' in line]
+    for piece in reversed(pieces):
+        try:
+            usage = _usage_decoder.decode(piece).usage
+        except msgspec.DecodeError:
+            continue
+        if usage is not None:
+            count = usage.completion_tokens if usage.completion_tokens is not None else usage.output_tokens
+            if count is not None:
+                return count
+    return None

@@ -33,7 +33,8 @@ def _up(tmp_path: Path, port: int, extra: str, env: dict[str, str] | None = None
 
 
 def _chat(port: int, headers: dict[str, str], stream: bool) -> httpx.Response:
-    body = {"model": "m", "max_tokens": 4, "stream": stream, "messages": [{"role": "user", "content": "follow me"}]}
+    body = {"model": "m", "max_tokens": 4, "stream": stream, "messages": [{"role": "user", "content": "follow me"}],
+            **({"stream_options": {"include_usage": True}} if stream else {})}
     with httpx.Client(timeout=60) as client:
         model = client.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"]
         response = client.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={**body, "model": model},
@@ -138,8 +139,8 @@ def test_json_logs_name_one_request_in_every_process(tmp_path):
     for name in ("orchestrator", "ctx-0", "gen-0"):
         assert any(e.get("request_id", "").startswith("follow-me-7") for e in entries[name]), (name, entries[name])
     access = [e for e in entries["orchestrator"] if e["logger"] == "disagg.access"]
-    assert [(e["request_id"], e["path"], e["status"], e["mode"]) for e in access] == [
-        ("follow-me-7", "/v1/chat/completions", 200, "disagg"), ("follow-me-8", "/v1/chat/completions", 200, "disagg")]
+    assert [(e["request_id"], e["path"], e["status"], e["mode"], e["completion_tokens"]) for e in access] == [
+        ("follow-me-7", "/v1/chat/completions", 200, "disagg", 4), ("follow-me-8", "/v1/chat/completions", 200, "disagg", 4)]
     assert all(e["ctx_worker"] and e["gen_worker"] and e["prompt_tokens"] > 0 and e["latency_ms"] > 0 for e in access)
     for name, suffix in (("ctx-0", "ctx"), ("gen-0", "gen")):  # the workers' access lines carry the leg's id
         lines = [e for e in entries[name] if e["logger"] == "uvicorn.access"]
