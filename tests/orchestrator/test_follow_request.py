@@ -32,12 +32,12 @@ def _up(tmp_path: Path, port: int, extra: str, env: dict[str, str] | None = None
     return run
 
 
-def _chat(port: int, headers: dict[str, str], stream: bool) -> httpx.Response:
+def _chat(port: int, headers: dict[str, str], stream: bool, query: str = "") -> httpx.Response:
     body = {"model": "m", "max_tokens": 4, "stream": stream, "messages": [{"role": "user", "content": "follow me"}],
             **({"stream_options": {"include_usage": True}} if stream else {})}
     with httpx.Client(timeout=60) as client:
         model = client.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"]
-        response = client.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={**body, "model": model},
+        response = client.post(f"http://127.0.0.1:{port}/v1/chat/completions{query}", json={**body, "model": model},
                                headers=headers)
     assert response.status_code == 200, response.text
     return response
@@ -61,27 +61,39 @@ def _spans(spans_file: Path, trace_id: str) -> list[dict]:
     return [span for span in spans if span["trace_id"] == trace_id]
 
 
+WANTED = {"request", "orchestrator.prepare", "ctx_leg", "gen_leg", "worker.request", "engine.queue", "engine.prefill",
+          "engine.kv_transfer", "engine.decode"}
+
+
 def test_a_requests_spans_link_up_across_the_orchestrator_and_both_workers(tmp_path, receiver):
     receiver_port, spans_file = receiver
     port = free_port()
     run = _up(tmp_path, port, f"tracing: {{otlp_endpoint: 'http://127.0.0.1:{receiver_port}', service_name: t}}\n",
               env={"OTEL_BSP_SCHEDULE_DELAY": "100"})  # the SDK's batch delay: spans out within 0.1 s
-    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    traces = {}
     try:
-        response = _chat(port, {"traceparent": f"00-{trace_id}-{client_span}-01", "x-request-id": "traced-1"},
-                         stream=True)
-        assert response.headers["x-disagg-mode"] == "disagg"
-        wanted = {"request", "orchestrator.prepare", "ctx_leg", "gen_leg", "worker.request", "engine.queue",
-                  "engine.prefill", "engine.kv_transfer", "engine.decode"}
+        # Streamed on the fast lane; then JSON on the ASGI routes (a query string leaves the fast lane).
+        for request_id, stream, query in (("traced-1", True, ""), ("traced-2", False, "?via=asgi")):
+            trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+            response = _chat(port, {"traceparent": f"00-{trace_id}-{client_span}-01", "x-request-id": request_id},
+                             stream=stream, query=query)
+            assert response.headers["x-disagg-mode"] == "disagg"
+            traces[request_id] = trace_id, client_span
         deadline = time.monotonic() + 30
-        while not wanted <= {s["name"] for s in _spans(spans_file, trace_id)} and time.monotonic() < deadline:
+        while (not all(WANTED <= {s["name"] for s in _spans(spans_file, trace_id)} for trace_id, _ in traces.values())
+               and time.monotonic() < deadline):
             time.sleep(0.2)
-        spans = _spans(spans_file, trace_id)
+        spans = {request_id: _spans(spans_file, trace_id) for request_id, (trace_id, _) in traces.items()}
     finally:
         down = disagg("down", "--run-dir", str(run), cwd=tmp_path)
         assert down.returncode == 0, down.stdout + down.stderr
+    for request_id, (_, client_span) in traces.items():
+        _check_trace(spans[request_id], client_span, request_id)
+
+
+def _check_trace(spans: list[dict], client_span: str, request_id: str) -> None:
     names = sorted(s["name"] for s in spans)
-    assert wanted <= set(names), names
+    assert WANTED <= set(names), names
     by_id = {s["span_id"]: s for s in spans}
 
     def one(name: str, service: str) -> dict:
@@ -90,15 +102,17 @@ def test_a_requests_spans_link_up_across_the_orchestrator_and_both_workers(tmp_p
 
     root = one("request", "t-orchestrator")
     assert root["parent_span_id"] == client_span  # the client's trace continues
-    assert root["attributes"]["disagg.request_id"] == "traced-1" and root["attributes"]["disagg.status"] == 200
+    attributes = root["attributes"]
+    assert attributes["disagg.request_id"] == request_id and attributes["disagg.status"] == 200
+    assert attributes["disagg.completion_tokens"] == 4 and attributes["disagg.prompt_tokens"] > 0
     ctx_leg, gen_leg = one("ctx_leg", "t-orchestrator"), one("gen_leg", "t-orchestrator")
     assert ctx_leg["parent_span_id"] == gen_leg["parent_span_id"] == root["span_id"]
     assert ctx_leg["end"] <= gen_leg["start"]
     ctx_worker, gen_worker = one("worker.request", "t-ctx"), one("worker.request", "t-gen")
     assert ctx_worker["parent_span_id"] == ctx_leg["span_id"]  # across processes, through the leg's traceparent
     assert gen_worker["parent_span_id"] == gen_leg["span_id"]
-    assert ctx_worker["attributes"]["disagg.x_request_id"] == "traced-1-ctx"
-    assert gen_worker["attributes"]["disagg.x_request_id"] == "traced-1-gen"
+    assert ctx_worker["attributes"]["disagg.x_request_id"] == f"{request_id}-ctx"
+    assert gen_worker["attributes"]["disagg.x_request_id"] == f"{request_id}-gen"
     assert one("engine.prefill", "t-ctx")["parent_span_id"] == ctx_worker["span_id"]
     for name in ("engine.queue", "engine.kv_transfer", "engine.decode"):
         assert one(name, "t-gen")["parent_span_id"] == gen_worker["span_id"]

@@ -20,3 +20,23 @@ from orchestrator.request_end import output_tokens
 ])
 def test_completion_tokens_come_from_the_last_usage_or_are_unknown(tail, tokens):
     assert output_tokens(tail) == tokens
+
+
+def test_with_tracing_off_a_request_gets_no_span_and_its_legs_no_traceparent():
+    import time
+    from collections import deque
+
+    from orchestrator.request_end import RequestEnds
+    from orchestrator.state_protocol import RequestTrace
+
+    class Link:
+        perf_queue: deque = deque()
+
+    ends = RequestEnds(Link(), access_log=False, tracing=None)
+    record = RequestTrace(request_id="r", api="chat", arrival=time.time())
+    ends.begin(record, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    headers = {"x-request-id": "r-ctx"}
+    assert ends.open_leg(record, "ctx", "w", time.time(), headers) is None
+    assert headers == {"x-request-id": "r-ctx"}
+    ends.end(record, 200)
+    assert list(Link.perf_queue) == [record] and ends._spans == {}
