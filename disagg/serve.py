@@ -350,6 +350,10 @@ def _check_limits(args: ServeSettings) -> None:
         raise ConfigError("max_perf_records", f"must be >= 1, got {args.max_perf_records}")
     if args.perf_record_seconds is not None and args.perf_record_seconds <= 0:
         raise ConfigError("perf_record_seconds", f"must be > 0, got {args.perf_record_seconds}")
+    if args.otlp_endpoint is not None:
+        from frontends.tracing import require_sdk
+
+        require_sdk("otlp_endpoint")
 
 
 def _serve_launcher(args: ServeSettings, group: Any, make_app: Any) -> int:

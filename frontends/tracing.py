@@ -27,10 +27,29 @@ if TYPE_CHECKING:
 
     from workers.protocol import PerfRecord
 
-__all__ = ["Tracing", "traceparent_of", "nanos"]
+__all__ = ["Tracing", "traceparent_of", "nanos", "require_sdk", "EXTRA_HINT"]
 
 TRACES_PATH = "/v1/traces"
 EXPORT_TIMEOUT_SECONDS = 3.0  # a collector that is down delays a process's shutdown this long, not the SDK's 10 s
+
+
+EXTRA_HINT = "tracing needs the OpenTelemetry SDK and OTLP exporter: pip install 'disagg[tracing]'"
+
+
+def require_sdk(key: str) -> None:
+    """A ConfigError naming ``key`` (the setting that turns tracing on) when the packages are missing:
+    said when the deployment is checked, not as an ImportError in every process it starts."""
+    import importlib.util
+
+    from workers.config import ConfigError
+
+    for module in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ModuleNotFoundError, ValueError):  # a parent package is missing
+            found = False
+        if not found:
+            raise ConfigError(key, EXTRA_HINT)
 
 
 def nanos(seconds: float) -> int:

@@ -110,8 +110,12 @@ class TracingConfig:
     ``<it>-ctx``, a gen worker's ``<it>-gen``."""
 
     def validate(self, prefix: str) -> None:
-        if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
-            raise ConfigError(f"{prefix}.otlp_endpoint", f"must be an http(s) URL, got {self.otlp_endpoint!r}")
+        if self.otlp_endpoint is not None:
+            if not self.otlp_endpoint.startswith(("http://", "https://")):
+                raise ConfigError(f"{prefix}.otlp_endpoint", f"must be an http(s) URL, got {self.otlp_endpoint!r}")
+            from frontends.tracing import require_sdk
+
+            require_sdk(f"{prefix}.otlp_endpoint")
         if not self.service_name or any(c.isspace() for c in self.service_name):
             raise ConfigError(f"{prefix}.service_name", f"must be a word without spaces, got {self.service_name!r}")
 

@@ -104,3 +104,17 @@ def test_a_bad_log_or_tracing_setting_names_its_key(tmp_path, yaml, key):
     with pytest.raises(ConfigError) as error:
         load_deploy_config(path)
     assert key in str(error.value)
+
+
+def test_tracing_without_the_extra_installed_is_an_error_naming_the_key(tmp_path, monkeypatch):
+    import importlib.util
+
+    from workers.config import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.startswith("opentelemetry.sdk") else real(name, *a))
+    path = tmp_path / "d.yaml"
+    path.write_text("model: tiny\ntracing: {otlp_endpoint: 'http://127.0.0.1:4318'}\n")
+    with pytest.raises(ConfigError, match=r"tracing.otlp_endpoint: .*pip install 'disagg\[tracing\]'"):
+        load_deploy_config(path)

@@ -43,8 +43,18 @@ def _chat(port: int, headers: dict[str, str], stream: bool, query: str = "") -> 
     return response
 
 
+def _require_tracing_extra() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is None:
+        if os.environ.get("CI"):
+            pytest.fail("the [tracing] extra is not installed; make setup installs it")
+        pytest.skip("the [tracing] extra is not installed (pip install -e '.[tracing]')")
+
+
 @pytest.fixture
 def receiver(tmp_path):
+    _require_tracing_extra()
     spans_file = tmp_path / "spans.jsonl"
     proc = subprocess.Popen([sys.executable, str(RECEIVER), str(spans_file)], stdout=subprocess.PIPE, text=True)
     try:
