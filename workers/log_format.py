@@ -124,6 +124,27 @@ class PollFilter(logging.Filter):
         return False
 
 
+def _json_everywhere() -> None:
+    """What reaches stderr outside logging (an uncaught exception's traceback, in the main thread or
+    another; a Python warning) goes through it too, so a JSON log holds nothing but JSON."""
+    import threading
+
+    crashes = logging.getLogger("disagg.uncaught")
+
+    def excepthook(kind, value, traceback) -> None:
+        crashes.critical("uncaught %s: %s", kind.__name__, value, exc_info=(kind, value, traceback))
+
+    def thread_excepthook(args) -> None:
+        if args.exc_type is not SystemExit:
+            crashes.critical("uncaught %s in thread %s: %s", args.exc_type.__name__,
+                             args.thread.name if args.thread else "?", args.exc_value,
+                             exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+    sys.excepthook = excepthook
+    threading.excepthook = thread_excepthook
+    logging.captureWarnings(True)
+
+
 def stdout_line(message: str, log_format: str, role: str) -> str:
     """A line for stdout (the ready line tools wait for): ``message`` itself in text, a JSON object
     whose ``msg`` it is in json, so that a JSON log holds nothing but JSON."""
@@ -139,6 +160,7 @@ def configure_logging(level: str, log_format: str, role: str, text_format: str |
     handler = logging.StreamHandler(sys.stderr)
     if LogFormat(log_format) is LogFormat.JSON:
         handler.setFormatter(JsonFormatter(role))
+        _json_everywhere()
     else:
         handler.setFormatter(TextFormatter(
             text_format or f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s"))

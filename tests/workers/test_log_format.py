@@ -105,3 +105,13 @@ def test_the_engine_process_logs_json():
                           capture_output=True, text=True, timeout=60)
     entry = json.loads(proc.stderr)
     assert entry["process"] == "engine" and entry["request_id"] == "req-7-gen" and entry["msg"] == "rejected request 7"
+
+
+def test_with_json_an_uncaught_exception_and_a_warning_are_json_lines_too():
+    code = ("import warnings; from workers.log_format import configure_logging; "
+            "configure_logging('info', 'json', 'launcher'); warnings.warn('careful'); raise RuntimeError('crash')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    entries = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert [e["logger"] for e in entries] == ["py.warnings", "disagg.uncaught"], proc.stderr
+    assert "careful" in entries[0]["msg"] and "RuntimeError: crash" in entries[1]["exc"]
