@@ -115,3 +115,28 @@ def test_compare_says_within_noise_for_the_same_server_and_names_a_real_shift():
     slower = compare_lines(a, make_result(0.150, seed=2), ("a", "b"))
     assert _line(slower, "TTFT p50").endswith("B higher (worse)")
     assert _line(slower, "ITL p50").endswith("within noise")  # the same gaps in both
+
+
+def test_plots_tick_the_levels_legend_every_line_and_draw_the_slo(monkeypatch, tmp_path):
+    from disagg.bench import plots
+
+    result = make_result(0.1, seed=1)
+    result["runs"] = [{**result["runs"][0], "level": level} for level in (1.0, 4.0, 16.0)]
+    result["slo"] = {"ttft": 0.12, "itl": 0.02}
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    plots.plot_sweep(result, tmp_path / "sweep.png")
+    plots.plot_turns(result, tmp_path / "turns.png")
+    plots.plot_latency_cdfs(result, tmp_path / "cdf.png")
+    sweep, turns, cdfs = figures
+    for ax in sweep.axes:
+        assert list(ax.get_xticks()) == [1.0, 4.0, 16.0] and ax.get_xscale() == "log"
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "4", "16"]
+    for figure in figures:
+        for ax in figure.axes:
+            legend = {t.get_text() for t in ax.get_legend().get_texts()}
+            assert {line.get_label() for line in ax.get_lines()} == legend
+    labels = [{t.get_text() for t in ax.get_legend().get_texts()} for ax in sweep.axes]
+    assert "goodput (met the SLO)" in labels[1]
+    assert "SLO ttft 120 ms" in labels[2] and "SLO itl 20 ms" in labels[3]
+    assert "SLO ttft 120 ms" in {t.get_text() for t in cdfs.axes[0].get_legend().get_texts()}
