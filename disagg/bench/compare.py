@@ -19,7 +19,8 @@ from disagg.bench.metrics import RequestRecord, meets_slo
 __all__ = ["compare_lines", "matched_runs", "workload_differences", "compare_stem", "METHOD_NOTE"]
 
 METHOD_NOTE = (f"95% intervals of B - A: medians by a bootstrap over requests ({stats.BOOTSTRAP_RESAMPLES} "
-               "resamples), throughputs by Welch's t over time windows (docs/operations.md)")
+               "resamples), throughputs by Welch's t over time windows; they hold the noise within each run, "
+               "and a busy machine drifts more than that between runs (docs/operations.md)")
 
 # Prompts are words; a tokenizer that makes 5% more tokens of them is a different workload.
 _TOKENS_PER_WORD_TOLERANCE = 0.05

@@ -84,9 +84,15 @@ def test_bench_writes_json_and_plots(worker, tmp_path):
     assert (out / "compare-run-vs-other.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def _figure_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("  ") and "figure" not in line]
+
+
 def test_compare_of_two_runs_of_one_workload_prints_intervals(worker, tmp_path):
-    """Two cold runs (seeds differ, the shape does not) of one level: every figure gets an interval,
-    and a verdict; most figures of the same server are within noise."""
+    """Two cold runs (seeds differ, the shape does not) of one level: every figure gets an interval
+    and the verdict it implies. Whether these two are within noise depends on this machine's load
+    between the runs (a shared CI machine drifts): test_bench_stats checks verdicts on known inputs,
+    and a run compared with itself must be within noise on every figure."""
     for seed in ("1", "2"):
         done = bench(worker, "--concurrency", "2", "--num-requests", "30", "--turns", "1", "--isl", "20",
                      "--osl", "6", "--system-tokens", "0", "--slo", "ttft=5s", "--seed", seed, "--no-plots",
@@ -95,16 +101,23 @@ def test_compare_of_two_runs_of_one_workload_prints_intervals(worker, tmp_path):
     compared = bench("compare", str(tmp_path / "seed1.json"), str(tmp_path / "seed2.json"), "--no-plots",
                      cwd=tmp_path)
     assert compared.returncode == 0 and not compared.stderr, compared.stderr
-    lines = compared.stdout.splitlines()
-    assert lines[2].startswith("95% intervals of B - A: medians by a bootstrap over requests")
-    figures = [line for line in lines if line.startswith("  ") and "figure" not in line]
+    assert compared.stdout.splitlines()[2].startswith("95% intervals of B - A: medians by a bootstrap over requests")
+    figures = _figure_lines(compared.stdout)
     assert [f.split()[0] for f in figures] == ["TTFT", "TPOT", "ITL", "E2E", "out", "req/s", "goodput"]
     for figure in figures:
-        assert re.search(r"\[[+-][\d.]+, [+-][\d.]+\]", figure), figure
-        assert figure.endswith(("within noise", "(better)", "(worse)")), figure
+        low, high = (float(v) for v in re.search(r"\[([+-][\d.]+), ([+-][\d.]+)\]", figure).groups())
+        if low <= 0 <= high:
+            assert figure.endswith("within noise"), figure
+        else:
+            assert figure.endswith("higher (worse)" if low > 0 else "lower (better)") or \
+                figure.endswith("higher (better)" if low > 0 else "lower (worse)"), figure
     # goodput under a 5 s TTFT bound is every request in both runs: the same figure as req/s
-    assert figures[-1].split()[2:5] == figures[-2].split()[1:4]
-    assert sum(f.endswith("within noise") for f in figures) >= 4, compared.stdout
+    assert figures[-1].split()[2:] == figures[-2].split()[1:]
+
+    itself = bench("compare", str(tmp_path / "seed1.json"), str(tmp_path / "seed1.json"), "--no-plots",
+                   cwd=tmp_path)
+    assert itself.returncode == 0, itself.stderr
+    assert all(f.endswith("within noise") for f in _figure_lines(itself.stdout)), itself.stdout
 
 
 def test_an_orchestrator_s_cluster_info_is_recorded(worker, tiny_model_dir, tmp_path):
