@@ -129,6 +129,11 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def write_plots(result: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
-    return [plot_latency_cdfs(result, out_dir / f"{stem}-latency-cdf.png"),
-            plot_sweep(result, out_dir / f"{stem}-sweep.png"),
-            plot_turns(result, out_dir / f"{stem}-turns.png")]
+    """The latency CDFs; the sweep when the file has concurrency or rate levels (a trace replay has
+    neither), and TTFT per turn when requests come in sessions."""
+    plots = [plot_latency_cdfs(result, out_dir / f"{stem}-latency-cdf.png")]
+    if _levels(result, "concurrency") or _levels(result, "rate"):
+        plots.append(plot_sweep(result, out_dir / f"{stem}-sweep.png"))
+    if any(r["mode"] != "trace" for r in result["runs"]):
+        plots.append(plot_turns(result, out_dir / f"{stem}-turns.png"))
+    return plots

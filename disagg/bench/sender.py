@@ -10,20 +10,20 @@ measures. Every failure becomes an ``error_kind`` on the record, never an except
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 
 from disagg.bench.api_clients import ApiClient, StreamDelta, Usage
 from disagg.bench.metrics import RequestRecord
-from disagg.bench.workload import Conversation
 
 __all__ = ["send_request"]
 
 
-async def send_request(client: httpx.AsyncClient, api: ApiClient, base_url: str, conversation: Conversation,
-                       max_tokens: int, record: RequestRecord, run_start: float) -> str:
-    """Send, stream, fill ``record``; returns the generated text (the next turn's assistant message)."""
-    body = api.body(conversation, max_tokens)
+async def send_request(client: httpx.AsyncClient, api: ApiClient, base_url: str, body: dict[str, Any],
+                       record: RequestRecord, run_start: float) -> str:
+    """Send ``body`` to the API's path, stream, fill ``record``; returns the generated text (the next
+    turn's assistant message)."""
     start = time.perf_counter()
     record.start = start - run_start
     parts: list[str] = []
