@@ -55,6 +55,12 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench_command(args)
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from disagg.sim.replay import run_simulate_command
+
+    return run_simulate_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="disagg", description="disagg: disaggregated prefill/decode LLM serving")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -98,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_arguments(bench)
     bench.set_defaults(func=_bench)
+    simulate = sub.add_parser("simulate", help="replay a trace on a deployment YAML in simulated time (the real "
+                                               "routers, KV index and block managers; no processes)")
+    from disagg.sim.replay import add_simulate_arguments
+
+    add_simulate_arguments(simulate)
+    simulate.set_defaults(func=_simulate)
     return parser
 
 

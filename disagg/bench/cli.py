@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_bench_arguments", "run_bench_command", "build_plan"]
+__all__ = ["add_bench_arguments", "add_trace_arguments", "run_bench_command", "build_plan", "build_trace_plan"]
 
 INSTALL_HINT = "disagg bench: needs matplotlib and rich: pip install 'disagg[bench]' (or `make setup`)"
 
@@ -48,10 +48,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=".", help="directory for the JSON and PNG files (default: cwd)")
     parser.add_argument("--name", default=None, help="file stem (default bench-<api>-<UTC time>)")
     parser.add_argument("--no-plots", action="store_true")
+    add_trace_arguments(parser)
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    """The trace-replay options, shared with ``disagg simulate``."""
     trace = parser.add_argument_group("trace replay", "replay a Mooncake-format trace (JSON lines of timestamp, "
                                       "input_length, output_length, hash_ids) instead of agentic sessions")
-    trace.add_argument("--trace", default=None, metavar="FILE", help="the trace to replay (openai completions, "
-                       "prompts as token ids, ignore_eos)")
+    trace.add_argument("--trace", default=None, required=required, metavar="FILE",
+                       help="the trace to replay (openai completions, prompts as token ids, ignore_eos)")
     trace.add_argument("--time-scale", type=float, default=1.0, help="trace time x this = replay time "
                        "(2: half the trace's rate; default 1)")
     trace.add_argument("--window", default=None, metavar="START:END", help="seconds of the trace to replay "
@@ -120,10 +125,6 @@ def _check_trace_args(args: argparse.Namespace) -> None:
     if args.api != "openai":
         raise ValueError(f"--trace: replays through the OpenAI completions API (prompts as token ids), "
                          f"not --api {args.api}")
-    for name in ("time_scale", "block_tokens", "trace_block_tokens", "max_output_tokens"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {value:g}")
 
 
 def build_trace_plan(args: argparse.Namespace, model: str) -> Any:
@@ -133,6 +134,10 @@ def build_trace_plan(args: argparse.Namespace, model: str) -> Any:
     from disagg.bench.trace import TokenMap, load_trace, parse_window
     from disagg.bench.trace_replay import TracePlan
 
+    for name in ("time_scale", "block_tokens", "trace_block_tokens", "max_output_tokens"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {value:g}")
     low, colon, high = args.token_ids.partition(":")
     if not (colon and low.strip().isdigit() and high.strip().isdigit() and int(low) < int(high)):
         raise ValueError(f"--token-ids: expected LOW:HIGH with 0 <= LOW < HIGH, got {args.token_ids!r}")
