@@ -79,6 +79,9 @@ class FrontendMetrics:
                                          registry=r)
         self.kv_transfer_rate = Histogram("disagg_kv_transfer_bytes_per_second", "KV pull rate per request.",
                                           buckets=_RATE_BUCKETS, registry=r)
+        self.kv_recomputed = Counter("disagg_kv_transfer_recomputed", "Disaggregated gen legs whose KV pull failed "
+                                     "(ctx engine gone, parked KV expired): the gen engine prefilled the prompt "
+                                     "itself.", registry=r)
         # Created at zero ("no failures" is a 0 series, not none), and looked up once: labels()
         # takes a lock and builds a key per call.
         self._finished = {reason: self.success.labels(reason) for reason in ("stop", "length")}
@@ -109,6 +112,8 @@ class FrontendMetrics:
                 batch.observe(self.itl, max(0.0, record.finished - first_token) / (record.num_output_tokens - 1))
         if record.first_scheduled is not None and record.engine_arrival is not None:
             batch.observe(self.queue, max(0.0, record.first_scheduled - record.engine_arrival))
+        if record.kv_recomputed:
+            batch.count(self.kv_recomputed, 1)
         if record.kv_transfer_seconds is not None:
             batch.observe(self.kv_transfer, record.kv_transfer_seconds)
             batch.count(self.kv_transfer_bytes, record.kv_transfer_bytes)
