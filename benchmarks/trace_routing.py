@@ -19,7 +19,7 @@ TTFT p50 within 15%). Writes JSON. Host and disk tiers (the issue's "tiers on" c
 
     python benchmarks/trace_routing.py [--trace ../shared/traces/mooncake_conversation_trace.jsonl]
         [--window 0:600] [--time-scale 0.25] [--policies round_robin,least_load,kv_cache_aware]
-        [--ctx 12] [--gen 4] [--num-blocks 4096] [--out benchmarks/results/trace_routing.json]
+        [--ctx 12] [--gen 4] [--num-blocks 2048] [--out benchmarks/results/trace_routing.json]
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def main() -> int:
     parser.add_argument("--policies", default="round_robin,least_load,kv_cache_aware")
     parser.add_argument("--ctx", type=int, default=12)
     parser.add_argument("--gen", type=int, default=4)
-    parser.add_argument("--num-blocks", type=int, default=4096, help="KV blocks per engine")
+    parser.add_argument("--num-blocks", type=int, default=2048, help="KV blocks per engine (the 12 ctx pools "
+                        "together hold less than the default window's working set)")
     parser.add_argument("--prefill-ms-per-block", type=float, default=25.0,
                         help="prefill time of one trace block (default 25 ms: ~20k tokens/s at 512 a block)")
     parser.add_argument("--decode-step-ms", type=float, default=30.0)
