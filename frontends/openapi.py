@@ -39,8 +39,8 @@ __all__ = ["RouteDoc", "DocumentedApp", "openapi_document", "undocumented_routes
            "OPENAPI_PATHS"]
 
 OPENAPI_PATHS = ("/openapi.json", "/docs", "/docs/assets/{name}")  # what DocumentedApp adds to an app's routes
-# The Swagger UI files /docs loads, served from the swagger-ui-bundle package: no CDN (a server
-# room without internet still gets its docs page).
+# The Swagger UI files /docs loads, served from the swagger-ui-bundle-v2 package (Swagger UI 5, the
+# first to read OpenAPI 3.1): no CDN (a server room without internet still gets its docs page).
 _SWAGGER_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css",
                    "favicon-32x32.png": "image/png"}
 _REF = "#/components/schemas/{name}"
