@@ -69,8 +69,15 @@ def resolve_model(name: str) -> Path:
         return shipped_model_path(SHIPPED_MODELS[name])
     if path.is_file():
         raise ModelNotFoundError(f"model {name!r} is a file but not a .gguf file; give a model directory or a .gguf")
+    if _is_path(name):  # a mistyped path is never a name: say it is missing, not unknown
+        raise ModelNotFoundError(f"model {name!r}: {path} does not exist; give a Hugging Face model directory "
+                                 f"or a .gguf file")
     raise ModelNotFoundError(f"model {name!r} is not a model directory, a .gguf file or a known model name "
                              f"({', '.join(sorted(SHIPPED_MODELS))})")
+
+
+def _is_path(name: str) -> bool:
+    return "/" in name or name.startswith(("~", ".")) or name.endswith(".gguf")
 
 
 def default_served_name(name: str) -> str:
