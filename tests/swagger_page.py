@@ -19,9 +19,16 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
-__all__ = ["SwaggerPage"]
+__all__ = ["SwaggerPage", "loaded"]
 
-TIMEOUT = 60.0  # a loaded 2-core machine: rendering 1.5 MB of script, a request through two workers
+TIMEOUT = 120.0  # a loaded 2-core machine: rendering 1.5 MB of script, a request through two servers
+
+
+def loaded(browser: WebDriver) -> dict[str, int]:
+    """URL -> HTTP status of every resource the open page loaded (the browser's Resource Timing)."""
+    entries = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => [e.name, e.responseStatus])")
+    return dict(entries)
 
 
 class SwaggerPage:
@@ -42,10 +49,10 @@ class SwaggerPage:
         return {e.get_attribute("data-path") or "" for e in
                 self.browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
 
-    def loaded_urls(self) -> list[str]:
-        """Every URL the page loaded (its scripts, styles, images and fetches), as the browser records them."""
-        return self.browser.execute_script(
-            "return performance.getEntriesByType('resource').map(e => e.name)")
+    def loaded(self) -> dict[str, int]:
+        """Every URL the page loaded (scripts, styles, images, fetches) and its HTTP status, as the browser
+        records them."""
+        return loaded(self.browser)
 
     def authorize(self, scheme: str, value: str) -> None:
         """Enter ``value`` for the security scheme ``scheme`` in the Authorize dialog."""
