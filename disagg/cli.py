@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
@@ -61,8 +63,38 @@ def _simulate(args: argparse.Namespace) -> int:
     return run_simulate_command(args)
 
 
+def version_line() -> str:
+    """``disagg VERSION``, the version every server's ``/version`` reports, with the git commit of the
+    checkout this code runs from when it is one (an installed wheel has none)."""
+    from frontends.serving import FrontendConfig  # the workers' and the orchestrator's /version
+
+    line = f"disagg {FrontendConfig.version}"
+    root = Path(__file__).resolve().parents[1]
+    if (root / ".git").exists():  # a directory, or a worktree's file
+        try:
+            head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                  timeout=10)
+        except (OSError, subprocess.TimeoutExpired):  # no git on this host: the version alone
+            return line
+        if head.returncode == 0:
+            line += f" (commit {head.stdout.strip()})"
+    return line
+
+
+class _PrintVersion(argparse.Action):
+    """``--version``: computed when asked for, so no other command pays for a ``git`` run."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version (and git commit) and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="disagg", description="disagg: disaggregated prefill/decode LLM serving")
+    parser.add_argument("--version", action=_PrintVersion)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     tiny = sub.add_parser("make-tiny-model", help="write a deterministic random-weight Llama checkpoint")

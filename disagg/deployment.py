@@ -108,7 +108,7 @@ def add_deployment_commands(sub: Any, func: Callable[[argparse.Namespace], int])
 
 
 def run_deployment_command(args: argparse.Namespace) -> int:
-    from disagg.deploy_config import load_deploy_config, resolve_deploy_model
+    from disagg.deploy_config import TINY_MODEL, check_deploy_model, load_deploy_config, resolve_deploy_model
     from disagg.model_names import ModelNotFoundError
     from orchestrator.typed import ConfigError
 
@@ -118,6 +118,8 @@ def run_deployment_command(args: argparse.Namespace) -> int:
             if (args.launcher or config.launcher) == "slurm":
                 from disagg.slurm_deployment import slurm_up
 
+                if config.model != TINY_MODEL:  # before a job waits in the queue (the file system is shared)
+                    check_deploy_model(config)
                 return slurm_up(config, args.config, config.run_path)
             resolve_deploy_model(config, config.run_path)  # here, so a missing model is one line, not a log
             refusal = _refusal(config)
