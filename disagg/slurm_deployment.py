@@ -65,7 +65,8 @@ def run_render(args: argparse.Namespace) -> int:
 
     try:
         config = load_deploy_config(args.config)
-        script = render_script(build_slurm_plan(config, args.config))
+        # Absolute: the job runs the setup from wherever it was submitted.
+        script = render_script(build_slurm_plan(config, str(Path(args.config).resolve())))
     except ConfigError as exc:
         print(f"disagg render: {exc}", file=sys.stderr)
         return 2
