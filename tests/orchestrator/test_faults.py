@@ -76,6 +76,7 @@ def test_client_disconnect_aborts_the_worker_request(faults):
         lines = stream.iter_lines()
         assert next(lines).startswith("data: ")
         worker = stream.headers["x-disagg-gen-worker"]
+        assert _sample(url, "disagg_orchestrator_requests_in_flight") == 1.0  # this stream's gen leg
     worker_url = workers[int(worker.split("-")[1])][0]
     time.sleep(0.5)
     _running_steps(worker_url)  # drain what ran until the abort
@@ -86,6 +87,7 @@ def test_client_disconnect_aborts_the_worker_request(faults):
     # The client's leaving is counted as a disconnect, not as a failed stream.
     assert _sample(url, STREAM_ERRORS) == errors
     assert _sample(url, DISCONNECTS) == disconnects + 1
+    assert _sample(url, "disagg_orchestrator_requests_in_flight") == 0.0
 
 
 def test_dead_worker_is_retried_before_the_first_byte(faults):
