@@ -22,6 +22,7 @@ from typing import Any
 
 from frontends.metric_batch import MetricBatch
 from frontends.piece_cache import PieceCache, count_lookups
+from frontends.process_metrics import ProcessMetrics
 from workers.protocol import PerfRecord
 
 __all__ = ["MULTIPROC_ENV", "FrontendMetrics", "LauncherMetrics", "render", "mark_process_dead", "CONTENT_TYPE"]
@@ -43,11 +44,14 @@ class FrontendMetrics:
     """Counters and histograms of one frontend process, fed by its perf records; ``piece_cache``:
     its tokenizer's (``Tokenizer.piece_cache``), whose lookups it exports."""
 
-    def __init__(self, piece_cache: PieceCache | None = None) -> None:
+    def __init__(self, piece_cache: PieceCache | None = None, process: str = "frontend") -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # process_* of this process (and, for the launcher, its engine's) and disagg_build_info;
+        # the app's lifespan starts its sampling thread (frontends.process_metrics).
+        self.process = ProcessMetrics(r, process)
         # 1 per live frontend process, summed over the live ones: the frontends serving the port
         # (a dead frontend's file is dropped by ``mark_process_dead``).
         self.frontends = Gauge("disagg_frontends", "Frontend processes serving the worker's port.", registry=r,
@@ -126,6 +130,7 @@ class FrontendMetrics:
 
     def render(self) -> bytes:
         self.flush()
+        self.process.sample()
         return render(self.registry)
 
 
