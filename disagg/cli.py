@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
@@ -65,20 +63,12 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def version_line() -> str:
     """``disagg VERSION``, the version every server's ``/version`` reports, with the git commit of the
-    checkout this code runs from when it is one (an installed wheel has none)."""
-    from frontends.serving import FrontendConfig  # the workers' and the orchestrator's /version
+    checkout this code runs from when it is one (an installed wheel has none): the same figures as
+    every process's ``disagg_build_info``."""
+    from frontends.process_metrics import build_commit, build_version
 
-    line = f"disagg {FrontendConfig.version}"
-    root = Path(__file__).resolve().parents[1]
-    if (root / ".git").exists():  # a directory, or a worktree's file
-        try:
-            head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                  timeout=10)
-        except (OSError, subprocess.TimeoutExpired):  # no git on this host: the version alone
-            return line
-        if head.returncode == 0:
-            line += f" (commit {head.stdout.strip()})"
-    return line
+    commit = build_commit()
+    return f"disagg {build_version()}" + ("" if commit == "unknown" else f" (commit {commit})")
 
 
 class _PrintVersion(argparse.Action):

@@ -21,7 +21,7 @@ def test_version_prints_the_served_version_and_the_commit(tmp_path):
     assert VERSION == disagg.__version__ == importlib.metadata.version("disagg")
     line = f"disagg {VERSION}"
     if (ROOT / ".git").exists():  # CI and developers run from a clone
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
         line += f" (commit {head})"
     assert result.stdout == line + "\n"
