@@ -156,6 +156,8 @@ def _step(plan: JobPlan, step: Step) -> str:
     if step.num_tasks > 1:
         # One PMIx world of num_tasks ranks; a rank that dies takes the world down with it.
         lines.append("--mpi=pmix --kill-on-bad-exit=1 --label")
+    if step.gpus_per_node:  # Slurm allots the GPUs and sets each task's CUDA_VISIBLE_DEVICES
+        lines.append(f"--gres=gpu:{step.gpus_per_node}" + (f" --gpu-bind={step.gpu_bind}" if step.gpu_bind else ""))
     lines.append(f'-w "{hosts}" --output="$RUN_DIR/{LOGS_DIR}/{step.name}.log"')
     if plan.slurm.container is not None:  # srun's pyxis options, or the apptainer exec of the command
         lines.append(_container_words(plan.slurm, plan.slurm.container))

@@ -1,7 +1,7 @@
 """``disagg bench compare A.json B.json``: two results files, level by level, signal or noise.
 
 ``workload_differences`` lists what makes two files not comparable (API, model, levels, lengths,
-session shape, SLO, prompt text); the command refuses such a pair unless ``--force``. Runs are
+session shape, SLO, prompt text, a trace and how it was replayed); the command refuses such a pair unless ``--force``. Runs are
 matched by (mode, level); each line prints A, B, B/A and the 95% interval of B - A from the
 per-request records (``stats``), then ``within noise`` when the interval holds 0, else which way
 B moved. Levels only one file has are listed as such.
@@ -90,10 +90,17 @@ def workload_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
                     for key in sorted((set(wa) | set(wb)) - {"seed"}) if wa.get(key) != wb.get(key)]
     if (a.get("slo") or {}) != (b.get("slo") or {}):
         differences.append(f"--slo: {_slo(a)} vs {_slo(b)} (goodput is not comparable)")
-    tpw_a, tpw_b = a["tokens_per_word"], b["tokens_per_word"]
-    if abs(tpw_b - tpw_a) > _TOKENS_PER_WORD_TOLERANCE * tpw_a:
+    tpw_a, tpw_b = a.get("tokens_per_word"), b.get("tokens_per_word")  # None: a trace's token ids
+    if tpw_a is None or tpw_b is None:
+        if a["tokenizer"] != b["tokenizer"]:
+            differences.append(f"prompts: {a['tokenizer']} vs {b['tokenizer']}")
+    elif abs(tpw_b - tpw_a) > _TOKENS_PER_WORD_TOLERANCE * tpw_a:
         differences.append(f"prompt text: {tpw_a:.3f} vs {tpw_b:.3f} tokens per word (tokenizer "
                            f"{a['tokenizer']} vs {b['tokenizer']}): the same token counts are different prompts")
+    trace_a, trace_b = a.get("trace") or {}, b.get("trace") or {}
+    differences += [f"--{key.replace('_', '-')}: {trace_a.get(key)} vs {trace_b.get(key)}"
+                    for key in ("window", "time_scale", "block_tokens", "trace_block_tokens", "max_output_tokens")
+                    if trace_a.get(key) != trace_b.get(key)]
     return differences
 
 

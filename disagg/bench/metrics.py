@@ -7,6 +7,8 @@ Definitions (times in seconds; the JSON holds them as they are):
   token per chunk unless the server coalesces (``stream_interval``).
 - TPOT: (E2E - TTFT) / (output tokens - 1) per request (aiperf and genai-perf call this their
   inter-token latency); output tokens from the usage fields, else the chunk count.
+- Cached fraction: the requests' cached prompt tokens (from the usage) over their prompt tokens, the
+  prefix cache's share of the prompt work; None when the server reports no cached tokens.
 - Goodput: requests/s of the requests that met every SLO (``--slo ttft=2s,itl=50ms,e2e=10s``;
   ``itl`` and ``tpot`` both bound the request's TPOT).
 """
@@ -76,9 +78,9 @@ class Distribution:
 
 @dataclass
 class RunSummary:
-    mode: str  # "concurrency" or "rate"
+    mode: str  # "concurrency", "rate" or "trace"
     level: float
-    """The concurrency, or the arrival rate in sessions/s."""
+    """The concurrency, the arrival rate in sessions/s, or a trace replay's time scale."""
     num_requests: int
     num_ok: int
     errors_by_kind: dict[str, int]
@@ -93,6 +95,7 @@ class RunSummary:
     prompt_tokens: Distribution
     output_tokens: Distribution
     cached_tokens: Distribution
+    cached_fraction: float | None
     ttft_p50_by_turn: dict[str, float]
     """TTFT p50 of each turn index: flat as the context grows when the prefix cache works."""
 
@@ -132,6 +135,13 @@ def meets_slo(record: RequestRecord, slo: dict[str, float]) -> bool:
     return True
 
 
+def _cached_fraction(records: list[RequestRecord]) -> float | None:
+    reported = [r for r in records if r.cached_tokens is not None and r.prompt_tokens]
+    if not reported:
+        return None
+    return sum(r.cached_tokens or 0 for r in reported) / sum(r.prompt_tokens or 0 for r in reported)
+
+
 def summarize(records: list[RequestRecord], mode: str, level: float, duration: float,
               slo: dict[str, float]) -> RunSummary:
     ok = [r for r in records if r.ok]
@@ -153,5 +163,5 @@ def summarize(records: list[RequestRecord], mode: str, level: float, duration: f
         tpot=Distribution.of(r.tpot for r in ok), e2e=Distribution.of(r.e2e for r in ok),
         prompt_tokens=Distribution.of(r.prompt_tokens for r in ok),
         output_tokens=Distribution.of(r.output_tokens for r in ok),
-        cached_tokens=Distribution.of(r.cached_tokens for r in ok),
+        cached_tokens=Distribution.of(r.cached_tokens for r in ok), cached_fraction=_cached_fraction(ok),
         ttft_p50_by_turn={str(t): percentile(sorted(v), 50) for t, v in sorted(by_turn.items())})

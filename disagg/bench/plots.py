@@ -63,7 +63,8 @@ def _level_axis(ax: Any, levels: list[float], mode: str) -> None:
     ax.xaxis.set_major_locator(FixedLocator(levels))
     ax.xaxis.set_major_formatter(FixedFormatter([f"{v:g}" for v in levels]))
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("concurrency (sessions in flight)" if mode == "concurrency" else "rate (sessions/s)")
+    ax.set_xlabel({"concurrency": "concurrency (sessions in flight)", "rate": "rate (sessions/s)"}.get(
+        mode, "trace time scale"))
 
 
 def _legend(ax: Any, outside: bool = False) -> None:
@@ -152,7 +153,7 @@ def plot_turns(result: dict[str, Any], path: Path) -> Path:
 def plot_compare(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str], path: Path) -> Path:
     """Two results against the levels of each mode: TTFT p50, ITL p50 and output tokens/s."""
     plt = _pyplot()
-    modes = [m for m in _MODES if _runs(a, m) or _runs(b, m)]
+    modes = [m for m in (*_MODES, "trace") if _runs(a, m) or _runs(b, m)]
     fig, axes = plt.subplots(len(modes), 3, figsize=(17, 4.5 * len(modes)), squeeze=False)
     panels = (("TTFT p50 (ms)", "ttft", lambda r: _ms(r, "ttft", "p50")),
               ("ITL p50 (ms)", "itl", lambda r: _ms(r, "itl", "p50")),
@@ -183,6 +184,11 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def write_plots(result: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
-    return [plot_latency_cdfs(result, out_dir / f"{stem}-latency-cdf.png"),
-            plot_sweep(result, out_dir / f"{stem}-sweep.png"),
-            plot_turns(result, out_dir / f"{stem}-turns.png")]
+    """The latency CDFs; the sweep when the file has concurrency or rate levels (a trace replay has
+    neither), and TTFT per turn when requests come in sessions."""
+    plots = [plot_latency_cdfs(result, out_dir / f"{stem}-latency-cdf.png")]
+    if _runs(result, "concurrency") or _runs(result, "rate"):
+        plots.append(plot_sweep(result, out_dir / f"{stem}-sweep.png"))
+    if any(r["mode"] != "trace" for r in result["runs"]):
+        plots.append(plot_turns(result, out_dir / f"{stem}-turns.png"))
+    return plots

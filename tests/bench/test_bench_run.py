@@ -15,20 +15,11 @@ from disagg.bench import BenchPlan, WorkloadConfig, run_bench
 from disagg.bench.api_clients import API_CLIENTS
 from disagg.bench.lengths import LengthDist
 from tests.orchestrator.orchestrator_process import start_orchestrator, stop_orchestrator
-from tests.worker_process import start_worker, stop_worker
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RUN_FIELDS = {"mode", "level", "num_requests", "num_ok", "errors_by_kind", "duration_s", "requests_per_s",
               "output_tokens_per_s", "goodput_requests_per_s", "ttft", "itl", "tpot", "e2e", "prompt_tokens",
               "output_tokens", "cached_tokens", "ttft_p50_by_turn", "records"}
-
-
-@pytest.fixture(scope="module")
-def worker(tiny_model_dir):
-    url, proc = start_worker(tiny_model_dir, num_frontends=1,
-                             extra_args=["--synthetic-decode-step-seconds", "0.002", "--max-model-len", "8192"])
-    yield url
-    assert stop_worker(proc) == 0
 
 
 def bench(*argv: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -140,3 +140,16 @@ def test_plots_tick_the_levels_legend_every_line_and_draw_the_slo(monkeypatch, t
     assert "goodput (met the SLO)" in labels[1]
     assert "SLO ttft 120 ms" in labels[2] and "SLO itl 20 ms" in labels[3]
     assert "SLO ttft 120 ms" in {t.get_text() for t in cdfs.axes[0].get_legend().get_texts()}
+
+
+def test_trace_replays_compare_by_their_replay_settings():
+    def trace(time_scale: float) -> dict:
+        result = make_result(0.1, seed=1)
+        result.update(workload={"trace": "t.jsonl"}, tokens_per_word=None, tokenizer="token ids",
+                      trace={"file": "t.jsonl", "window": "0:60", "time_scale": time_scale, "block_tokens": 16,
+                             "trace_block_tokens": 512, "max_output_tokens": None})
+        return result
+
+    assert workload_differences(trace(1.0), trace(1.0)) == []
+    assert workload_differences(trace(1.0), trace(2.0)) == ["--time-scale: 1.0 vs 2.0"]
+    assert "prompts: deployment vs token ids" in workload_differences(make_result(0.1, seed=1), trace(1.0))
