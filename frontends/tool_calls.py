@@ -72,7 +72,7 @@ class ToolPolicy:
         forced call streams its arguments as they come: its grammar guarantees its form."""
         if syntax is None or not self.parses_calls:
             return None
-        return ToolCallParser(syntax, (tool.name for tool in self.tools), stream_arguments=streaming and self.is_forced)
+        return ToolCallParser(syntax, (tool.name for tool in self.tools), forced=self.is_forced, streaming=streaming)
 
     def guided(self, syntax: CallSyntax | None) -> GuidedDecoding | None:
         """The grammar that enforces a forced choice (None for auto and none)."""
