@@ -144,8 +144,13 @@ def anthropic_tool_policy(body: MessagesRequest | CountTokensRequest) -> ToolPol
         return ToolPolicy()
     for i, tool in enumerate(body.tools):
         if tool.type not in (None, "custom"):
-            raise InvalidRequestError(f"tool type {tool.type!r} is not supported (client tools only)",
-                                      param=f"tools[{i}].type")
+            raise InvalidRequestError(
+                f"server tools are not supported: tools[{i}] ({tool.name!r}) has type {tool.type!r}, a tool that "
+                "Anthropic's API defines and runs; pass a custom tool instead (a name, a description and an "
+                "input_schema) and run it in your client", param=f"tools[{i}].type")
+        if tool.input_schema is None:
+            raise InvalidRequestError(f"tools[{i}] ({tool.name!r}) needs an input_schema (a JSON schema of its input)",
+                                      param=f"tools[{i}].input_schema")
     tools = tuple(tool_spec(t.name, t.input_schema, f"tools[{i}].input_schema", f"tools[{i}].name")
                   for i, t in enumerate(body.tools))
     check_tool_schemas(list(tools))
