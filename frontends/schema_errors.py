@@ -9,6 +9,7 @@ such as ``properties.when.format``), and what to do instead.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -16,9 +17,15 @@ from typing import Any, Callable
 __all__ = ["SchemaProblem", "describe_unsupported"]
 
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[([^\]]*)\]')
-_FORMAT = re.compile(r"Unknown format: (\S+)")
 _REGEX = re.compile(r"regex parse error:.*?\nerror: ([^\n]+)", re.S)
-_REMOTE_REF = re.compile(r"Resource '([^']*)' is not present")
+# (llguidance's reason, naming a keyword's value; the keyword; what to tell the user about that value)
+_BAD_VALUES = (
+    (re.compile(r"Unknown format: (\S+)"), "format",
+     '"format": "{}" is not a known format: remove it, or describe the string with a "pattern"'),
+    (re.compile(r"Resource '([^']*)' is not present"), "$ref",
+     '"$ref": "{}" points outside the schema, and nothing is fetched: put the referenced schema in "$defs" '
+     'and refer to it as "#/$defs/..."'),
+)
 # Keywords whose value maps names (not keywords) to subschemas.
 _NAMED_SUBSCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _DATA = ("enum", "const", "default", "examples")  # values, not schemas
@@ -41,24 +48,22 @@ def describe_unsupported(schema: dict[str, Any], error: str) -> SchemaProblem:
         return SchemaProblem(f"the keyword{'s' if several else ''} {named} {'are' if several else 'is'} not "
                              f"supported: remove {'them' if several else 'it'} (state the rule in the description "
                              "instead)", _at(path, "" if several else keywords[0]))
-    match = _FORMAT.search(error)
-    if match:
-        name = match.group(1)
-        path = _find(schema, lambda node: node.get("format") == name)
-        return SchemaProblem(f'"format": "{name}" is not a known format: remove it, or describe the string with '
-                             'a "pattern"', _at(path, "format"))
     match = _REGEX.search(error)
     if match:
         path = _find(schema, lambda node: isinstance(node.get("pattern"), str) and node["pattern"] in error)
         return SchemaProblem(f'the "pattern" is not supported as written ({match.group(1).rstrip(".")}): '
                              "rewrite the regular expression without that", _at(path, "pattern"))
-    match = _REMOTE_REF.search(error)
-    if match:
-        ref = match.group(1)
-        path = _find(schema, lambda node: node.get("$ref") == ref)
-        return SchemaProblem(f'"$ref": "{ref}" points outside the schema, and nothing is fetched: put the '
-                             'referenced schema in "$defs" and refer to it as "#/$defs/..."', _at(path, "$ref"))
+    for reason, keyword, message in _BAD_VALUES:
+        match = reason.search(error)
+        if match:
+            value = match.group(1)
+            path = _find(schema, functools.partial(_has_value, keyword, value))
+            return SchemaProblem(message.format(value), _at(path, keyword))
     return SchemaProblem(error.strip().splitlines()[0] if error.strip() else "unknown reason", "")
+
+
+def _has_value(keyword: str, value: str, node: dict[str, Any]) -> bool:
+    return node.get(keyword) == value
 
 
 def _find(node: Any, match: Callable[[dict[str, Any]], bool], path: str = "") -> str | None:
