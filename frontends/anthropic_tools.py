@@ -229,7 +229,7 @@ class ToolUseMessageStream:
         frames = [self._frames(self.parser.finish(cut=last.finish_reason == "length"))]
         if self.index == 0 and not (self.text_open or self.tool_open):  # nothing: one empty text block
             frames.append(self._open_text())
-        if self.text_open or self.tool_open:  # a call cut short (max_tokens) ends here too
+        if self.text_open or self.tool_open:  # the last block (the parser ends every call it started)
             frames.append(encoder.block_stop(self.index))
         reason = stop_reason(last.finish_reason, last.stop_string, self.parser.num_calls)
         frames.append(encoder.message_delta(reason, last.stop_string, generation.num_prompt_tokens,

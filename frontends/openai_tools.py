@@ -115,7 +115,7 @@ class ToolCallChatStream:
         self.inner = inner
         self.encoder = encoder
         self.parser = parser
-        self.streamed_call = -1  # the index of the call whose head went out before its end
+        self.streamed_call: int | None = None  # the call whose head went out before its end
 
     def start(self, generation: Generation) -> list[bytes]:
         return self.inner.start(generation)
