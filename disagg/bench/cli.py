@@ -48,6 +48,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=".", help="directory for the JSON and PNG files (default: cwd)")
     parser.add_argument("--name", default=None, help="file stem (default bench-<api>-<UTC time>)")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--force", action="store_true",
+                        help="compare: go on when A and B ran different workloads (printed as warnings)")
     add_trace_arguments(parser)
 
 
@@ -161,7 +163,7 @@ def _served_model(url: str, api_key: str | None) -> str:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from disagg.bench.compare import compare_lines, compare_stem
+    from disagg.bench.compare import compare_lines, compare_stem, workload_differences
     from disagg.bench.plots import plot_compare
     from disagg.bench.report import load_result
 
@@ -173,6 +175,13 @@ def _compare(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"disagg bench compare: {exc}", file=sys.stderr)
         return 2
+    differences = workload_differences(a, b)
+    if differences and not args.force:
+        print("disagg bench compare: A and B ran different workloads; compare like with like, or pass --force:",
+              *(f"  {line}" for line in differences), sep="\n", file=sys.stderr)
+        return 2
+    for line in differences:
+        print(f"disagg bench compare: warning: the workloads differ: {line}", file=sys.stderr)
     names = (Path(args.files[0]).stem, Path(args.files[1]).stem)
     print("\n".join(compare_lines(a, b, names)))
     if not args.no_plots:
@@ -229,12 +238,14 @@ def _write(args: argparse.Namespace, result: dict[str, Any], api: str) -> Path:
 def _run_trace(args: argparse.Namespace, plan: Any) -> int:
     from disagg.bench.progress import make_progress
     from disagg.bench.report import summary_lines
+    from disagg.bench.server_info import server_info
     from disagg.bench.trace_replay import replay_trace, trace_lines, trace_result
 
+    server = server_info(plan.url, plan.api.headers())  # before the run: the configuration it ran on
     print(f"disagg bench: replaying {len(plan.requests)} requests of {plan.path} (window {plan.window}, "
           f"time scale {plan.time_scale:g})", file=sys.stderr)
     level = asyncio.run(replay_trace(plan, make_progress()))
-    result = trace_result(plan, level)
+    result = {**trace_result(plan, level), "server": server}
     print("\n".join(summary_lines(result["runs"][0]) + trace_lines(result)))
     _write(args, result, "trace")
     return 0 if level.summary.num_ok else 1
@@ -244,9 +255,11 @@ def _run(args: argparse.Namespace, plan: Any) -> int:
     from disagg.bench.progress import make_progress
     from disagg.bench.report import build_result, summary_lines
     from disagg.bench.runner import run_bench
+    from disagg.bench.server_info import server_info
 
+    server = server_info(plan.url, plan.api.headers())  # before the run: the configuration it ran on
     results, text = asyncio.run(run_bench(plan, make_progress()))
-    result = build_result(plan, results, text)
+    result = build_result(plan, results, text, server)
     for run in result["runs"]:
         print("\n".join(summary_lines(run)))
     _write(args, result, plan.api.name)

@@ -19,7 +19,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-__all__ = ["RequestRecord", "RunSummary", "Distribution", "percentile", "summarize", "parse_slo", "PERCENTILES"]
+__all__ = ["RequestRecord", "RunSummary", "Distribution", "percentile", "summarize", "parse_slo", "meets_slo", "PERCENTILES"]
 
 PERCENTILES = (50, 90, 99)
 
@@ -123,7 +123,8 @@ def parse_slo(text: str | None) -> dict[str, float]:
     return slo
 
 
-def _meets(record: RequestRecord, slo: dict[str, float]) -> bool:
+def meets_slo(record: RequestRecord, slo: dict[str, float]) -> bool:
+    """Whether a request counts towards goodput: it succeeded and met every bound of ``slo``."""
     values = {"ttft": record.ttft, "e2e": record.e2e, "itl": record.tpot, "tpot": record.tpot}
     if not record.ok:
         return False
@@ -157,7 +158,7 @@ def summarize(records: list[RequestRecord], mode: str, level: float, duration: f
         mode=mode, level=level, num_requests=len(records), num_ok=len(ok), errors_by_kind=errors,
         duration_s=duration, requests_per_s=len(ok) / duration,
         output_tokens_per_s=sum(r.output_tokens for r in ok) / duration,
-        goodput_requests_per_s=sum(_meets(r, slo) for r in ok) / duration if slo else None,
+        goodput_requests_per_s=sum(meets_slo(r, slo) for r in ok) / duration if slo else None,
         ttft=Distribution.of(r.ttft for r in ok), itl=Distribution.of(g for r in ok for g in r.itls),
         tpot=Distribution.of(r.tpot for r in ok), e2e=Distribution.of(r.e2e for r in ok),
         prompt_tokens=Distribution.of(r.prompt_tokens for r in ok),

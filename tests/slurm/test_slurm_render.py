@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -10,8 +11,8 @@ import pytest
 
 from disagg.deploy_config import load_deploy_config
 from disagg.slurm_deployment import build_slurm_plan
-from slurm.config import SlurmConfig
-from slurm.plan import JobPlan, Step
+from slurm.config import ContainerConfig, SlurmConfig
+from slurm.plan import RUN_DIR, JobPlan, Step
 from slurm.render import render_script
 from slurm_plans import dsv4_plan, local_plan, narrow_plan
 from workers.config import ConfigError
@@ -81,6 +82,41 @@ def test_dsv4_runs_all_twelve_workers_pinned_to_their_nodes() -> None:
                "--container-mounts=/shared:/shared,/models:/models:ro" in s for s in steps)
     assert "#SBATCH --nodes=15\n" in script and "#SBATCH --gpus-per-node=4\n" in script
     assert script.rstrip().endswith("wait")
+
+
+def _in_container(container: ContainerConfig) -> JobPlan:
+    plan = dsv4_plan()
+    setup = (("python", "-m", "disagg.orchestrator_plan", "/shared/dsv4.yaml", "--run-dir", RUN_DIR),)
+    return dataclasses.replace(plan, slurm=dataclasses.replace(plan.slurm, container=container), setup=setup)
+
+
+def test_pyxis_runs_the_setup_in_the_image_too(tmp_path: Path) -> None:
+    """The batch shell is on the host: its setup line goes through a one-task srun with the image."""
+    script = render_script(_in_container(ContainerConfig("/shared/disagg-cpu.sqsh", ("/shared:/shared",))))
+    assert "# ---- setup, once, in the container before any step ----\n" \
+           'srun --overlap --nodes=1 --ntasks=1 -w "${NODES[0]}" --container-image=/shared/disagg-cpu.sqsh ' \
+           '--container-mounts=/shared:/shared python -m disagg.orchestrator_plan /shared/dsv4.yaml ' \
+           '--run-dir "$RUN_DIR"\n' in script
+    steps = _srun_steps(script)
+    assert "--container-mounts=/shared:/shared disagg orchestrator " in steps[0]
+    assert all("--gres=gpu:4 -w " in step and
+               "--container-image=/shared/disagg-cpu.sqsh --container-mounts=/shared:/shared disagg serve " in step
+               for step in steps[1:])
+
+
+def test_apptainer_wraps_the_setup_and_every_step_command(tmp_path: Path) -> None:
+    container = ContainerConfig("/shared/disagg-cpu.sif", ("/shared:/shared", "/models:/models:ro"), "apptainer")
+    script = render_script(_in_container(container))
+    wrap = "apptainer exec --nv --bind=/shared:/shared,/models:/models:ro /shared/disagg-cpu.sif"
+    assert f'\n{wrap} python -m disagg.orchestrator_plan /shared/dsv4.yaml --run-dir "$RUN_DIR"\n' in script
+    steps = _srun_steps(script)
+    assert steps[0].count(wrap) == 1 and f"{wrap} disagg orchestrator " in steps[0]
+    # srun (with its GPU request) starts apptainer on each rank's node; the command runs inside
+    assert all("--gres=gpu:4 -w " in step and f'.log" {wrap} disagg serve ' in step for step in steps[1:])
+    assert "--container-image" not in script
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True).returncode == 0
 
 
 def test_local_has_no_mpi_and_one_cpu_node() -> None:
