@@ -117,7 +117,8 @@ class Tracing:
             "disagg.role": role, "disagg.x_request_id": record.x_request_id,
             "disagg.engine_request_id": str(record.request_id), "disagg.prompt_tokens": record.num_prompt_tokens,
             "disagg.output_tokens": record.num_output_tokens, "disagg.cached_tokens": record.num_cached_tokens,
-            "disagg.finish_reason": record.finish_reason})
+            "disagg.finish_reason": record.finish_reason,
+            "disagg.kv_recomputed": record.kv_recomputed or None})  # the pull failed: prefilled here
         self.span("frontend.prepare", record.frontend_arrival, record.tokenized, root)
         arrival, scheduled, first = record.engine_arrival, record.first_scheduled, record.first_token
         if arrival is not None and record.kv_transfer_seconds is not None:

@@ -343,6 +343,7 @@ class KVTransferAgent:
         named = {"request_id": pull.x_request_id if pull is not None else None}  # workers.log_format
         self.abort(request_id)
         if self.core.recompute_remote(request_id):
+            self._stats[request_id] = KVTransferStats(0, 0, 0.0, recomputed=True)
             log.warning("KV pull for request %d failed (%s): its prompt is prefilled here instead", request_id, why,
                         extra=named)
         else:  # no longer waiting for this KV (aborted meanwhile): nothing left to end
