@@ -66,22 +66,26 @@ def traceparent_of(span: Span) -> str:
 class Tracing:
     """This process's tracer: ``service_name`` as ``service.name``, spans to ``endpoint``/v1/traces."""
 
-    def __init__(self, endpoint: str, service_name: str, attributes: dict[str, str] | None = None) -> None:
+    def __init__(self, endpoint: str, service_name: str, attributes: dict[str, str] | None = None,
+                 sample_ratio: float = 1.0) -> None:
+        """``sample_ratio``: of the traces this process starts (no sampled parent); a remote parent's
+        sampled flag decides for its children (a worker follows the orchestrator's choice)."""
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
         from opentelemetry.trace import SpanKind, Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        self._provider = TracerProvider(resource=Resource.create({"service.name": service_name, **(attributes or {})}))
+        self._provider = TracerProvider(resource=Resource.create({"service.name": service_name, **(attributes or {})}),
+                                        sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
         exporter = OTLPSpanExporter(endpoint.rstrip("/") + TRACES_PATH, timeout=EXPORT_TIMEOUT_SECONDS)
         self._provider.add_span_processor(BatchSpanProcessor(exporter))
         self._tracer = self._provider.get_tracer("disagg")
         self._propagator = TraceContextTextMapPropagator()
         self._set_span = _set_span_in_context()
         self.SERVER, self.CLIENT, self.INTERNAL = SpanKind.SERVER, SpanKind.CLIENT, SpanKind.INTERNAL
-        self._error = Status(StatusCode.ERROR)
         self._status, self._code = Status, StatusCode
 
     def remote_parent(self, traceparent: str | None) -> Context | None:

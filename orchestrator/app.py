@@ -174,7 +174,8 @@ def _tracing(config: OrchestratorConfig) -> Tracing | None:
         return None
     from frontends.tracing import Tracing
 
-    return Tracing(settings.otlp_endpoint, f"{settings.service_name}-orchestrator", {"disagg.role": "orchestrator"})
+    return Tracing(settings.otlp_endpoint, f"{settings.service_name}-orchestrator", {"disagg.role": "orchestrator"},
+                   settings.sample_ratio)
 
 
 def error_parts(exc: BaseException, anthropic: bool) -> tuple[int, bytes, dict[str, str]]:

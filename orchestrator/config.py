@@ -108,6 +108,9 @@ class TracingConfig:
     service_name: str = "disagg"
     """The orchestrator's spans carry ``service.name`` ``<it>-orchestrator``, a ctx worker's
     ``<it>-ctx``, a gen worker's ``<it>-gen``."""
+    sample_ratio: float = 1.0
+    """The share of requests traced (by trace id), where the client sent no ``traceparent`` (one
+    it sent decides: its sampled flag); the workers follow the orchestrator's decision."""
 
     def validate(self, prefix: str) -> None:
         if self.otlp_endpoint is not None:
@@ -116,6 +119,8 @@ class TracingConfig:
             from frontends.tracing import require_sdk
 
             require_sdk(f"{prefix}.otlp_endpoint")
+        if not 0.0 <= self.sample_ratio <= 1.0:
+            raise ConfigError(f"{prefix}.sample_ratio", f"must be in [0, 1], got {self.sample_ratio}")
         if not self.service_name or any(c.isspace() for c in self.service_name):
             raise ConfigError(f"{prefix}.service_name", f"must be a word without spaces, got {self.service_name!r}")
 

@@ -81,7 +81,8 @@ class RequestEnds:
             return
         root = tracing.start("request", record.arrival, tracing.remote_parent(traceparent), tracing.SERVER,
                              {"disagg.request_id": record.request_id, "disagg.api": record.api})
-        self._spans[id(record)] = RequestSpans(root)
+        if root.is_recording():  # not sampled: no more spans, and the legs go without a traceparent
+            self._spans[id(record)] = RequestSpans(root)
 
     def open_leg(self, record: RequestTrace, phase: str, worker_id: str, start: float,
                  headers: dict[str, str]) -> Span | None:

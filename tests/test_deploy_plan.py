@@ -96,6 +96,7 @@ def test_log_format_and_tracing_reach_every_process_of_both_launchers(tmp_path):
 @pytest.mark.parametrize("yaml, key", [("log_format: xml", "log_format"),
                                        ("tracing: {otlp_endpoint: 'ftp://x'}", "tracing.otlp_endpoint"),
                                        ("tracing: {service_name: ''}", "tracing.service_name"),
+                                       ("tracing: {sample_ratio: 2}", "tracing.sample_ratio"),
                                        ("tracing: {endpoint: 'http://x'}", "tracing.endpoint")])
 def test_a_bad_log_or_tracing_setting_names_its_key(tmp_path, yaml, key):
     from workers.config import ConfigError

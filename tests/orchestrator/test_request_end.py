@@ -40,3 +40,38 @@ def test_with_tracing_off_a_request_gets_no_span_and_its_legs_no_traceparent():
     assert headers == {"x-request-id": "r-ctx"}
     ends.end(record, 200)
     assert list(Link.perf_queue) == [record] and ends._spans == {}
+
+
+def test_sample_ratio_zero_traces_only_what_a_client_asked_to_be_traced():
+    pytest.importorskip("opentelemetry.sdk")  # the [tracing] extra (make setup installs it)
+    import time
+    from collections import deque
+
+    from frontends.tracing import Tracing
+    from orchestrator.request_end import RequestEnds
+    from orchestrator.state_protocol import RequestTrace
+
+    class Link:
+        perf_queue: deque = deque()
+
+    tracing = Tracing("http://127.0.0.1:9", "test", sample_ratio=0.0)  # a closed port: nothing leaves
+    ends = RequestEnds(Link(), access_log=False, tracing=tracing)
+    try:
+        for traceparent, traced in ((None, False), ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00", False),
+                                    ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", True)):
+            record = RequestTrace(request_id="r", api="chat", arrival=time.time())
+            ends.begin(record, traceparent)
+            headers = {"x-request-id": "r-gen"}
+            span = ends.open_leg(record, "gen", "w", time.time(), headers)
+            assert (span is not None) == traced
+            if traced:  # the leg's own span, in the client's trace
+                assert headers["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
+                assert headers["traceparent"].endswith("-01") and "b7ad6b7169203331" not in headers["traceparent"]
+                ends.keep_gen_leg(record, span)
+            else:
+                assert "traceparent" not in headers
+            record.end = time.time()
+            ends.end(record, 200)
+        assert ends._spans == {}
+    finally:
+        tracing.shutdown()
