@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch that pip finds locally; a bare `torch` pulls a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[engine,dev,slurm,bench]'
+	$(PY) -m pip install --quiet -e '.[engine,dev,slurm,bench,tracing]'
 	touch $@
 
 # The default model (configs/local.yaml): SmolLM2-135M-Instruct as a GGUF file inside a wheel.

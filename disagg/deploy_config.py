@@ -43,10 +43,12 @@ from orchestrator.config import (
     HealthConfig,
     RouterConfig,
     TimeoutConfig,
+    TracingConfig,
 )
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES
+from workers.log_format import LOG_FORMATS
 from workers.sampling_params import MAX_STREAM_INTERVAL
 
 __all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "PrometheusSettings", "RestartPolicy",
@@ -282,7 +284,12 @@ class DeployConfig:
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     startup_timeout_seconds: float = 600.0
     access_log: bool = False
-    """One INFO line per HTTP request in every worker's and the orchestrator's log."""
+    """One INFO line per client request in every worker's and the orchestrator's log, with its request id
+    (health and metrics polls only at debug)."""
+    log_format: str = "text"
+    """text, or json (one object a line) for every process: orchestrator, launchers, frontends, engines."""
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    """OpenTelemetry spans of every request, over OTLP/HTTP; off while ``tracing.otlp_endpoint`` is unset."""
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     source: str = ""
@@ -298,6 +305,8 @@ class DeployConfig:
                                                            f"got {self.tool_call_parser!r}")
         if self.startup_timeout_seconds <= 0:
             raise ConfigError(f"{prefix}startup_timeout_seconds", "must be > 0")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"{prefix}log_format", f"must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
 
     @property
     def served_model_name(self) -> str:

@@ -125,6 +125,7 @@ def orchestrator_config(config: DeployConfig, *, model: Path | str, state_dir: P
         max_request_bytes=s.max_request_bytes, max_concurrent_requests=s.max_concurrent_requests,
         grace_seconds=s.grace_seconds, max_process_restarts=s.max_process_restarts,
         process_restart_window_seconds=s.process_restart_window_seconds, access_log=config.access_log,
+        log_format=config.log_format, tracing=config.tracing,
         prometheus_targets_dir=None if targets_dir is None else str(targets_dir))
 
 
@@ -135,8 +136,11 @@ def _serve_argv(config: DeployConfig, pool: str, *, python: str, model: str, hos
     role = config.pools.ctx.role if pool == "ctx" else config.pools.gen.role
     argv = [python, "-m", "disagg.cli", "serve", model, "--role", role or pool, "--host", host, "--port", str(port),
             "--num-frontends", str(frontends), *head]
+    tracing = config.tracing
     return argv + render_flags({**config.engine_for(pool).serve_options(), **options,
-                                "--access-log": config.access_log or None})
+                                "--access-log": config.access_log or None, "--log-format": config.log_format,
+                                "--otlp-endpoint": tracing.otlp_endpoint,
+                                "--trace-service-name": f"{tracing.service_name}-{pool}" if tracing.enabled else None})
 
 
 def _names(config: DeployConfig) -> dict[str, object]:

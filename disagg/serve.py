@@ -31,6 +31,7 @@ from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from workers.attach import attach_file_from_env, read_attach_file
 from workers.rank_env import from_environ
+from workers.log_format import LOG_FORMATS, configure_logging, stdout_line
 from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
 from workers.config import (
     DECODE_ATTENTION_MODES,
@@ -110,6 +111,11 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--frontend-command", dict(default=None, help="the command attached frontends run, the serve arguments "
                                                    "appended (default: this interpreter, `-m disagg.cli serve`)")),
     ("--log-level", dict(choices=("debug", "info", "warning", "error"), default="info")),
+    ("--log-format", dict(choices=LOG_FORMATS, default="text",
+                          help="text, or json: one object a line (every process of the worker, the engine too)")),
+    ("--otlp-endpoint", dict(default=None, help="export OpenTelemetry spans of each request over OTLP/HTTP to this "
+                                                "collector URL, e.g. http://127.0.0.1:4318 (default: no tracing)")),
+    ("--trace-service-name", dict(default="disagg-worker", help="the service.name of this worker's spans")),
     *DISAGG_OPTIONS,
 ]
 
@@ -189,7 +195,9 @@ def _frontend_config(args: ServeSettings, frontend_id: int, engine_info: Any = N
                             tool_call_parser=args.tool_call_parser, max_request_bytes=args.max_request_bytes,
                             max_concurrent_requests=per_frontend_limit(worker_limit,
                                                                        resolve_num_frontends(args.num_frontends)),
-                            max_perf_records=args.max_perf_records, perf_record_seconds=args.perf_record_seconds)
+                            max_perf_records=args.max_perf_records, perf_record_seconds=args.perf_record_seconds,
+                            otlp_endpoint=args.otlp_endpoint, trace_service_name=args.trace_service_name,
+                            role=args.role)
     return Tokenizer.from_model_path(args.model_dir), config
 
 
@@ -250,8 +258,7 @@ def run_serve(parsed: argparse.Namespace) -> int:
     role = "launcher" if attach_file is None else "frontend"
     if rank_env is not None and rank_env.rank > 0:
         role = f"rank{rank_env.rank}"  # an engine follower only: ranks started by srun
-    logging.basicConfig(level=args.log_level.upper(),
-                        format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format, role)
     if args.log_level != "debug":  # httpx logs every forwarded admin call (the KV-event polls: ~50 a minute)
         logging.getLogger("httpx").setLevel(logging.WARNING)
     if attach_file is not None:
@@ -309,7 +316,7 @@ def _run_launcher(args: ServeSettings, rank_env: Any = None) -> int:
 
     signal.signal(signal.SIGTERM, _raise_terminated)
     group = WorkerGroup(config, num_frontends, args.host, args.port, grace_seconds=args.grace_seconds,
-                        log_level=args.log_level, disagg=disagg_spec,
+                        log_level=args.log_level, log_format=args.log_format, disagg=disagg_spec,
                         engine_wedged_seconds=args.engine_wedged_seconds,
                         tensor_parallel_size=args.tensor_parallel_size, rank_env=rank_env)
     # Before anything imports prometheus_client or is spawned: every process of the worker writes here.
@@ -343,6 +350,10 @@ def _check_limits(args: ServeSettings) -> None:
         raise ConfigError("max_perf_records", f"must be >= 1, got {args.max_perf_records}")
     if args.perf_record_seconds is not None and args.perf_record_seconds <= 0:
         raise ConfigError("perf_record_seconds", f"must be > 0, got {args.perf_record_seconds}")
+    if args.otlp_endpoint is not None:
+        from frontends.tracing import require_sdk
+
+        require_sdk("otlp_endpoint")
 
 
 def _serve_launcher(args: ServeSettings, group: Any, make_app: Any) -> int:
@@ -358,8 +369,9 @@ def _serve_launcher(args: ServeSettings, group: Any, make_app: Any) -> int:
     async def on_ready() -> None:
         await asyncio.to_thread(group.wait_frontends_ready, args.frontend_start_timeout)
         info = group.engine_info
-        print(f"{READY_MESSAGE} http://{args.host}:{args.port} ({group.num_frontends} frontends, "
-              f"{info.kind} engine, max_model_len {info.max_model_len})", flush=True)
+        print(stdout_line(f"{READY_MESSAGE} http://{args.host}:{args.port} ({group.num_frontends} frontends, "
+                          f"{info.kind} engine, max_model_len {info.max_model_len})", args.log_format, "launcher"),
+              flush=True)
         def engine_alive() -> bool:  # an unresponsive engine is alive: its frontends still get respawned
             return all(c.dead_reason is None for c in clients)
 

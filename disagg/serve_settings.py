@@ -58,6 +58,9 @@ class ServeSettings:
     frontend_start_timeout: float
     frontend_command: str | None
     log_level: str
+    log_format: str
+    otlp_endpoint: str | None
+    trace_service_name: str
     kv_host: str
     kv_port: int
     kv_advertise_host: str | None

@@ -38,7 +38,7 @@ from frontends.streaming import run_until_disconnect
 from frontends.tokenizer import ChatTemplateError
 from frontends.tool_calls import ToolPolicy
 from frontends.tool_parsers import ToolCallParser
-from frontends.request_headers import X_REQUEST_ID, header_value
+from frontends.request_context import enter_request
 from workers.sampling_params import SamplingParams
 
 __all__ = ["create_message", "count_message_tokens", "MessagesApi", "prepare_message", "encode_message",
@@ -163,8 +163,9 @@ async def generate_message(ctx: ServingContext, body: MessagesRequest, request_i
 
 async def create_message(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
+    x_request_id = enter_request(request.scope)
     body = msgspec.json.decode(await read_body(request.receive), type=MessagesRequest)
-    prepared, encoder, parser = prepare_message(ctx, body, arrival_time, header_value(request.scope, X_REQUEST_ID))
+    prepared, encoder, parser = prepare_message(ctx, body, arrival_time, x_request_id)
     generation = prepared.generation
     if body.stream:
         stream = _MessageStream(encoder) if parser is None else ToolUseMessageStream(encoder, parser)

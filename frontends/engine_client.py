@@ -35,6 +35,7 @@ import zmq.asyncio
 
 from frontends.errors import EngineDeadError, EngineUnresponsiveError
 from frontends.perf_records import build_record
+from frontends.request_context import TRACEPARENT
 from workers.attach import AttachInfo
 from workers.client_ids import ClientIdAllocator
 from workers.ipc import ENGINE_SILENCE_LIMIT, HEARTBEAT_SECONDS, FrameCodec, configure_frontend_push, send_nowait
@@ -84,6 +85,9 @@ class EngineClient:
         self.unresponsive_reason: str | None = None  # silent past the heartbeat limit, not yet wedged
         # Called with each request's PerfRecord when it ends (frontends.perf_records.PerfRecorder.add).
         self.on_request_done: Callable[[PerfRecord], None] | None = None
+        # Called with the record and the request's incoming traceparent when it came with one and
+        # tracing is on (frontends.tracing: the worker's spans); None: off.
+        self.on_traced_request: Callable[[PerfRecord, str], None] | None = None
 
     @property
     def is_healthy(self) -> bool:
@@ -204,7 +208,8 @@ class EngineClient:
         track = _RequestTrack(self._ids.next_id(), len(prompt_token_ids), arrival_time, x_request_id)
         self._queues[track.request_id] = sink
         try:
-            request = EngineRequest(track.request_id, list(prompt_token_ids), params, track.arrival_time)
+            request = EngineRequest(track.request_id, list(prompt_token_ids), params, track.arrival_time,
+                                    x_request_id)
             message = AddRequest(request) if make_message is None else make_message(request)
             if not send_nowait(self._ingress, self._ingress_codec, message):
                 raise EngineDeadError("the engine is not accepting requests (its input queue is full)")
@@ -220,8 +225,12 @@ class EngineClient:
             return  # ended before
         if not track.finished and self.dead_reason is None:
             send_nowait(self._ingress, self._ingress_codec, AbortRequests([request_id]))
-        if self.on_request_done is not None:
-            self.on_request_done(track.record(self.frontend_id))
+        if self.on_request_done is not None or self.on_traced_request is not None:
+            record = track.record(self.frontend_id)
+            if self.on_request_done is not None:
+                self.on_request_done(record)
+            if track.traceparent is not None and self.on_traced_request is not None:
+                self.on_traced_request(record, track.traceparent)
 
     async def abort(self, request_id: int) -> None:
         """Abort a request; its generate() then ends with a finish reason ``abort``."""
@@ -310,8 +319,8 @@ class EngineClient:
 class _RequestTrack:
     """What one request's perf record needs, noted output by output."""
 
-    __slots__ = ("request_id", "num_prompt_tokens", "arrival_time", "tokenized", "x_request_id", "last",
-                 "last_token_time", "num_output_tokens", "num_cached_tokens", "finished")
+    __slots__ = ("request_id", "num_prompt_tokens", "arrival_time", "tokenized", "x_request_id", "traceparent",
+                 "last", "last_token_time", "num_output_tokens", "num_cached_tokens", "finished")
 
     def __init__(self, request_id: int, num_prompt_tokens: int, arrival_time: float | None,
                  x_request_id: str | None) -> None:
@@ -320,6 +329,7 @@ class _RequestTrack:
         self.tokenized = time.time()
         self.arrival_time = self.tokenized if arrival_time is None else arrival_time
         self.x_request_id = x_request_id
+        self.traceparent = TRACEPARENT.get()  # the HTTP request's, set at ingress (frontends.request_context)
         self.last: RequestOutput | None = None
         self.last_token_time: float | None = None
         self.num_output_tokens = 0

@@ -40,7 +40,7 @@ from frontends.structured import openai_controls, openai_guided
 from frontends.push_stream import stream_response
 from frontends.streaming import run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer, too_long_error
-from frontends.request_headers import X_REQUEST_ID, header_value
+from frontends.request_context import enter_request
 from workers.sampling_params import SamplingParams
 
 __all__ = ["create_completion", "create_chat_completion", "serve_chat_completion", "list_models",
@@ -152,8 +152,9 @@ class CompletionApi:
 
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
+    x_request_id = enter_request(request.scope)
     body = msgspec.json.decode(await read_body(request.receive), type=CompletionRequest)
-    prepared = prepare_request(ctx, CompletionApi(body), arrival_time, header_value(request.scope, X_REQUEST_ID))
+    prepared = prepare_request(ctx, CompletionApi(body), arrival_time, x_request_id)
     generation = prepared.generation
     response_id, created = f"cmpl-{ctx.response_ids.next_hex()}", int(time.time())
     if body.stream:
@@ -225,8 +226,9 @@ class ChatApi:
 
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
+    x_request_id = enter_request(request.scope)
     body = msgspec.json.decode(await read_body(request.receive), type=ChatCompletionRequest)
-    return await serve_chat_completion(ctx, body, request.receive, arrival_time, header_value(request.scope, X_REQUEST_ID))
+    return await serve_chat_completion(ctx, body, request.receive, arrival_time, x_request_id)
 
 
 async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, receive: Receive,

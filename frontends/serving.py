@@ -52,6 +52,11 @@ class FrontendConfig:
     max_perf_records: int | None = None
     perf_record_seconds: float | None = None
     """The launcher's perf-record store bounds (``frontends.perf_records.PerfStore``; None: its defaults)."""
+    otlp_endpoint: str | None = None
+    """Export each request's spans over OTLP/HTTP to this collector (``frontends.tracing``); None: off."""
+    trace_service_name: str = "disagg-worker"
+    role: str = "both"
+    """The worker's role (ctx, gen, both), on its spans."""
 
     @classmethod
     def for_model_dir(cls, model_dir: str | Path, frontend_id: int = 0,

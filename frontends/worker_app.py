@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -43,6 +43,9 @@ from frontends.serving import FrontendConfig, ServingContext
 from frontends.tokenizer import Tokenizer
 from workers.attach import AttachInfo
 from workers.protocol import PerfRecord
+
+if TYPE_CHECKING:
+    from frontends.tracing import Tracing
 
 __all__ = ["make_launcher_app", "make_attached_app", "ForwardedCounter"]
 
@@ -105,6 +108,27 @@ def _observer(metrics: FrontendMetrics, client: EngineClient) -> Callable[[PerfR
     return _safe(observe)
 
 
+def _tracing(client: EngineClient, config: FrontendConfig) -> Tracing | None:
+    """With an OTLP endpoint: this frontend's tracer, drawing the spans of each request that came with a
+    ``traceparent`` once it ends (``EngineClient.on_traced_request``). None (nothing imported): off."""
+    if config.otlp_endpoint is None:
+        return None
+    from frontends.tracing import Tracing
+
+    tracing = Tracing(config.otlp_endpoint, config.trace_service_name,
+                      {"disagg.role": config.role, "disagg.frontend_id": str(config.frontend_id)})
+    role = config.role
+
+    def spans(record: PerfRecord, traceparent: str) -> None:
+        try:
+            tracing.worker_spans(record, traceparent, role)
+        except Exception as exc:  # noqa: BLE001 - tracing is best effort: never fail the request's bookkeeping
+            log.warning("could not record a request's spans: %s", exc)
+
+    client.on_traced_request = spans
+    return tracing
+
+
 def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: FrontendConfig, attach: AttachInfo,
                       control: Control, config_labels: dict[str, str], state_dir: Path) -> ASGIApp:
     """Frontend 0's app. ``control``: ``WorkerGroup.control``. ``state_dir``: where the
@@ -115,6 +139,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     store = PerfStore(config.max_perf_records, config.perf_record_seconds)
     recorder = PerfRecorder(store.extend, _observer(metrics, client))
     client.on_request_done = recorder.add
+    tracing = _tracing(client, config)
     state = LauncherState(control, store, launcher_metrics, recorder, attach.engine.kind)
     # Opened here, before serving: a second worker on the same state dir fails at start-up.
     batches = BatchRunner(BatchStore(state_dir / BATCHES_FILE),
@@ -136,6 +161,8 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
             await receiver.close()
             responses.store.close()
             metrics.flush()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)
 
     app = build_app(client, tokenizer, config, lifespan=lifespan,
                     prefix_routes=[*launcher_routes(state), *batch_routes(batches), *admin_routes(responses)],
@@ -153,6 +180,7 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     sender = PerfSender(attach.paths.perf, attach.key, attach.frontend_id)
     recorder = PerfRecorder(sender.send, _observer(metrics, client))
     client.on_request_done = recorder.add
+    tracing = _tracing(client, config)
     responses = LauncherResponses(str(attach.paths.launcher_admin), timeout=admin_timeout)
 
     @contextlib.asynccontextmanager
@@ -167,6 +195,8 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
             sender.close()
             await forwarder.aclose()
             await responses.aclose()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)
 
     app = build_app(client, tokenizer, config, lifespan=lifespan, prefix_routes=forwarder.routes(),
                     extra_routes=[_prometheus_route(metrics)], responses_store=responses)

@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import httpx
 import msgspec
@@ -57,8 +57,13 @@ from orchestrator.metrics import CONTENT_TYPE, Metrics
 from orchestrator.openapi_routes import DESCRIPTION, OPEN_PATHS, ORCHESTRATOR_DOCS
 from orchestrator.prompt import parse_request
 from orchestrator.validation import RequestValidator
+from orchestrator.request_end import RequestEnds
 from orchestrator.view import ClusterView, StateLink
 from orchestrator.http_client import HttpClient
+from workers.log_format import REQUEST_ID
+
+if TYPE_CHECKING:
+    from frontends.tracing import Tracing
 
 __all__ = ["build_app", "Orchestrator", "error_parts", "CLIENT_CLOSED_REQUEST"]
 
@@ -88,7 +93,10 @@ class Orchestrator:
         self.legs = HttpClient(timeouts.connect_seconds, timeouts.idle_seconds)  # request legs: the hot path
         # Health, worker info, KV events, perf: a few calls a second.
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeouts.idle_seconds, connect=timeouts.connect_seconds))
-        self.flow = Flow(config, self.view, self.link, self.legs, self.metrics)
+        self.tracing = _tracing(config)
+        # Every client request's end: its perf record, access line and spans (orchestrator.request_end).
+        self.ends = RequestEnds(self.link, config.access_log, self.tracing)
+        self.flow = Flow(config, self.view, self.link, self.legs, self.metrics, self.ends)
         # Stored responses (/v1/responses): one file that every process shares (orchestrator.responses).
         self.responses = LocalResponses(ResponseStore(Path(config.state_dir) / RESPONSES_FILE))
         self._id_prefix = uuid.uuid4().hex[:16]
@@ -104,11 +112,14 @@ class Orchestrator:
         return f"req-{self._id_prefix}{next(self._id_counter):x}"
 
     async def generate(self, api: str, read_body: Callable[[], Awaitable[bytes]], request_id: str | None,
-                       session_header: str | None, watch: Watch) -> Answer:
+                       session_header: str | None, watch: Watch, traceparent: str | None = None) -> Answer:
         """A client's generation request (API ``api``), read, checked, tokenized and run through the
-        flow; a failure is counted and leaves a perf record, then propagates."""
+        flow; a failure is counted and leaves a perf record, then propagates. ``traceparent``: the
+        client's W3C header, the parent of the request's spans."""
         request_id = request_id or self.new_request_id()
+        REQUEST_ID.set(request_id)  # every log line of this request's task (workers.log_format)
         record = RequestTrace(request_id=request_id, api=api, arrival=time.time())
+        self.ends.begin(record, traceparent)
         try:
             parsed = parse_request(api, await read_body(), self.validator, session_header)
             record.tokenized = time.time()
@@ -119,10 +130,15 @@ class Orchestrator:
                     await asyncio.wait_for(self.link.first_snapshot.wait(), FIRST_SNAPSHOT_WAIT_SECONDS)
             return await self.flow.answer(parsed, request_id, watch, record)
         except Exception as exc:
-            self.metrics.count_failure(exc)
-            record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
-            self.link.perf_queue.append(record)
+            self.failed(record, exc, api == "messages")
             raise
+
+    def failed(self, record: RequestTrace, exc: Exception, anthropic: bool) -> None:
+        """A request that ends in ``exc``: counted, and ended with the status its client gets."""
+        self.metrics.count_failure(exc)
+        record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
+        status = CLIENT_CLOSED_REQUEST if isinstance(exc, ClientDisconnected) else error_parts(exc, anthropic)[0]
+        self.ends.end(record, status)
 
     async def start(self) -> None:
         self.link.start()
@@ -134,6 +150,8 @@ class Orchestrator:
         self.legs.close()
         await self.client.aclose()
         self.responses.store.close()
+        if self.tracing is not None:  # the spans still batched go out (a thread: it posts them)
+            await asyncio.to_thread(self.tracing.shutdown)
 
 
 class _KnownLimits:
@@ -147,6 +165,17 @@ class _KnownLimits:
 
     def vocab_size(self) -> int | None:
         return surface.vocab_size(self.orch)
+
+
+def _tracing(config: OrchestratorConfig) -> Tracing | None:
+    """This process's tracer, None (nothing imported) while ``tracing.otlp_endpoint`` is unset."""
+    settings = config.tracing
+    if settings.otlp_endpoint is None:
+        return None
+    from frontends.tracing import Tracing
+
+    return Tracing(settings.otlp_endpoint, f"{settings.service_name}-orchestrator", {"disagg.role": "orchestrator"},
+                   settings.sample_ratio)
 
 
 def error_parts(exc: BaseException, anthropic: bool) -> tuple[int, bytes, dict[str, str]]:
@@ -200,8 +229,9 @@ def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True)
 
 def _generate(api: str):
     async def handler(orch: Orchestrator, request: Request) -> Response:
-        answer = await orch.generate(api, request.body, request.headers.get("x-request-id"),
-                                     request.headers.get("x-session-id"), disconnect_watch(request.receive))
+        headers = request.headers
+        answer = await orch.generate(api, request.body, headers.get("x-request-id"), headers.get("x-session-id"),
+                                     disconnect_watch(request.receive), headers.get("traceparent"))
         return to_response(answer)
 
     return handler

@@ -14,9 +14,10 @@ import yaml
 
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
+from workers.log_format import LOG_FORMATS
 
 __all__ = [
-    "RouterConfig", "ConditionalDisaggConfig", "HealthConfig", "TimeoutConfig", "StaticWorker",
+    "RouterConfig", "ConditionalDisaggConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",
     "OrchestratorConfig", "load_orchestrator_config", "ROUTER_POLICIES", "WORKER_ROLES",
     "DEFAULT_MAX_CONCURRENT_REQUESTS",
 ]
@@ -98,6 +99,37 @@ class TimeoutConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry spans of every request (``frontends.tracing``), exported over OTLP/HTTP; off
+    while ``otlp_endpoint`` is unset (nothing is imported, no span is made)."""
+
+    otlp_endpoint: str | None = None
+    """The collector's OTLP/HTTP base URL, e.g. http://127.0.0.1:4318 (spans go to ``<it>/v1/traces``)."""
+    service_name: str = "disagg"
+    """The orchestrator's spans carry ``service.name`` ``<it>-orchestrator``, a ctx worker's
+    ``<it>-ctx``, a gen worker's ``<it>-gen``."""
+    sample_ratio: float = 1.0
+    """The share of requests traced (by trace id), where the client sent no ``traceparent`` (one
+    it sent decides: its sampled flag); the workers follow the orchestrator's decision."""
+
+    def validate(self, prefix: str) -> None:
+        if self.otlp_endpoint is not None:
+            if not self.otlp_endpoint.startswith(("http://", "https://")):
+                raise ConfigError(f"{prefix}.otlp_endpoint", f"must be an http(s) URL, got {self.otlp_endpoint!r}")
+            from frontends.tracing import require_sdk
+
+            require_sdk(f"{prefix}.otlp_endpoint")
+        if not 0.0 <= self.sample_ratio <= 1.0:
+            raise ConfigError(f"{prefix}.sample_ratio", f"must be in [0, 1], got {self.sample_ratio}")
+        if not self.service_name or any(c.isspace() for c in self.service_name):
+            raise ConfigError(f"{prefix}.service_name", f"must be a word without spaces, got {self.service_name!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.otlp_endpoint is not None
+
+
+@dataclass(frozen=True)
 class StaticWorker:
     role: str
     url: str
@@ -136,6 +168,9 @@ class OrchestratorConfig:
     """Block hashing for workers that do not report theirs in /worker_info."""
     perf_records: int = 1000
     log_level: str = "info"
+    log_format: str = "text"
+    """text, or json: one object a line (``workers.log_format``)."""
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Request bodies over this are refused with 413 before they are buffered."""
     grace_seconds: float = 30.0
@@ -151,7 +186,8 @@ class OrchestratorConfig:
     """Generation requests each process serves at once (0: no limit); more get 429 with
     Retry-After at once (``frontends.admission``), never an unbounded queue."""
     access_log: bool = False
-    """One INFO line per request (uvicorn's access log: client, method, path, status)."""
+    """One INFO line per client request on the ``disagg.access`` logger (method, path, status, latency,
+    workers, tokens, request id); uvicorn's access lines for the other routes, polls at DEBUG."""
     prometheus_targets_dir: str | None = None
     """Process 0 keeps Prometheus file_sd target files here (``orchestrator.prometheus_sd``):
     itself and every worker it knows; ``disagg up`` sets it to ``<run dir>/prometheus/targets``."""
@@ -163,6 +199,8 @@ class OrchestratorConfig:
             raise ConfigError(f"{prefix}.port", f"must be in [0, 65535], got {self.port}")
         if self.max_retries < 0:
             raise ConfigError(f"{prefix}.max_retries", "must be >= 0")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"{prefix}.log_format", f"must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if self.api_key == "":
             raise ConfigError(f"{prefix}.api_key", "must not be empty (omit it for no key)")
         if self.max_request_bytes < 1024:

@@ -39,6 +39,7 @@ from frontends.streaming import ClientDisconnected, FinalFrame
 from orchestrator.answers import JsonAnswer, StreamAnswer
 from orchestrator.clean_ends import INTERNAL_ERROR, SHUTTING_DOWN, STREAM_CUT, stream_error_frame
 from orchestrator.errors import UnauthorizedError
+from workers.log_format import REQUEST_ID
 
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator
@@ -204,7 +205,7 @@ class FastCycle:
     # -- the request --------------------------------------------------------------------------
 
     async def _serve(self) -> None:
-        request_id = session = None
+        request_id = session = traceparent = None
         given = None
         for name, value in self.headers:
             if name == b"content-length":
@@ -213,6 +214,8 @@ class FastCycle:
                 request_id = value.decode("latin-1")
             elif name == b"x-session-id" and session is None:
                 session = value.decode("latin-1")
+            elif name == b"traceparent" and traceparent is None:
+                traceparent = value.decode("latin-1")
             elif name == b"x-api-key":
                 given = value
             elif name == b"authorization" and given is None and value[:7].lower() == b"bearer ":
@@ -223,7 +226,7 @@ class FastCycle:
             if key is not None and (given is None or not hmac.compare_digest(given, key)):
                 raise UnauthorizedError("a valid API key is required (Authorization: Bearer KEY or x-api-key)")
             answer = await self.lane.orch.generate(self.api, self._read_body, request_id or None, session or None,
-                                                   self._watch)
+                                                   self._watch, traceparent)
         except ClientDisconnected:
             return
         except asyncio.CancelledError:
@@ -275,9 +278,9 @@ class FastCycle:
     def _head(self, status: int, headers: dict[str, str], fixed: bytes) -> list[bytes]:
         self.response_started = True
         protocol = self.protocol
-        if protocol.access_log:
-            protocol.access_logger.info('%s - "POST %s HTTP/1.1" %d', f"{protocol.client[0]}:{protocol.client[1]}"
-                                        if protocol.client else "-", protocol.url.decode(), status)
+        if protocol.access_log and REQUEST_ID.get() is None:  # refused before the flow: no line at its end
+            protocol.access_logger.info('%s - "%s %s HTTP/%s" %d', f"{protocol.client[0]}:{protocol.client[1]}"
+                                        if protocol.client else "-", "POST", protocol.url.decode(), "1.1", status)
         head = [_status_line(status)]
         for name, value in protocol.server_state.default_headers:  # server, date: as uvicorn writes them
             head += (name, b": ", value, b"\r\n")

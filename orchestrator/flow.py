@@ -54,6 +54,7 @@ from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, U
 from orchestrator.metrics import Metrics
 from orchestrator.prompt import ParsedRequest, client_answer, ctx_body, gen_body
 from orchestrator.relay import Relay
+from orchestrator.request_end import RequestEnds
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
 from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout, UpstreamUnreachable
@@ -69,8 +70,9 @@ T = TypeVar("T")
 
 class Flow:
     def __init__(self, config: OrchestratorConfig, view: ClusterView, link: StateLink, upstream: HttpClient,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, ends: RequestEnds) -> None:
         self.config = config
+        self.ends = ends
         self.view = view
         self.link = link
         self.upstream = upstream
@@ -141,7 +143,7 @@ class Flow:
         answer, gen_worker = await watch(
             self._within(deadline, self.run_gen(request, request_id, gen, payload, record)))
         headers["x-disagg-gen-worker"] = gen_worker.worker_id
-        self.finish(record, request)
+        self.finish(record, request, answer)
         return JsonAnswer(answer, headers)
 
     async def ctx_phase(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, record: RequestTrace,
@@ -170,11 +172,12 @@ class Flow:
     async def _within(self, deadline: float, work):
         return await within(deadline, work, self.config.timeouts.request_seconds)
 
-    def finish(self, record: RequestTrace, request: ParsedRequest) -> None:
+    def finish(self, record: RequestTrace, request: ParsedRequest, answer_tail: bytes = b"") -> None:
+        """``answer_tail``: the answer's JSON or its stream's last bytes, where its usage is."""
         record.end = time.time()
         self.metrics.count_served(request.api, record.mode)
         self.metrics.observe("e2e", record.end - record.arrival)
-        self.link.perf_queue.append(record)
+        self.ends.end(record, 200, answer_tail)
         if not self.view.local_load:  # nothing else in flight: no batch to wait for (orchestrator.metrics)
             self.metrics.flush()
 
@@ -226,17 +229,24 @@ class Flow:
     # -- legs -------------------------------------------------------------------------------
 
     async def _post(self, phase: str, worker: WorkerRecord, path: str, body: bytes, request_id: str,
-                    tokens: int) -> bytes:
+                    tokens: int, record: RequestTrace, start: float) -> bytes:
         self.metrics.count_leg(phase)
         self.view.acquire(worker.worker_id, tokens)
+        headers = {"x-request-id": request_id, "content-type": "application/json"}
+        span = self.ends.open_leg(record, phase, worker.worker_id, start, headers)
+        failure: BaseException | None = None
         try:
-            status, content = await self.upstream.call(
-                "POST", worker.url + path, body,
-                {"x-request-id": request_id, "content-type": "application/json"})
+            status, content = await self.upstream.call("POST", worker.url + path, body, headers)
         except UpstreamError as exc:
+            failure = exc
             raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}", unanswered=True) from exc
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             self.view.release(worker.worker_id, tokens)
+            if span is not None:
+                self.ends.close_leg(span, time.time(), failure)
         if status == 429:
             raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)", refused=True)
         if status >= 500:
@@ -251,7 +261,8 @@ class Flow:
 
         async def leg(worker: WorkerRecord, replay: bool) -> dict[str, Any]:
             start = time.time()
-            raw = await self._post("ctx", worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids))
+            raw = await self._post("ctx", worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids),
+                                   record, start)
             record.ctx = CtxLegTrace(worker_id=worker.worker_id, start=start, end=time.time())
             self.metrics.observe("ctx", record.ctx.end - start)
             return msgspec.json.decode(raw)
@@ -263,7 +274,7 @@ class Flow:
         async def leg(worker: WorkerRecord, replay: bool) -> bytes:
             start = time.time()
             raw = await self._post("gen", worker, request.path, request.encode(request.body if replay else payload),
-                                   f"{request_id}-gen", len(request.prompt_ids))
+                                   f"{request_id}-gen", len(request.prompt_ids), record, start)
             end = time.time()
             record.gen = GenLegTrace(worker_id=worker.worker_id, start=start, first_byte=end, end=end)
             self.metrics.observe("gen", end - start)
@@ -282,10 +293,11 @@ class Flow:
             self.metrics.count_leg("gen")
             self.view.acquire(worker.worker_id, tokens)
             upstream = None
+            headers = {"x-request-id": f"{request_id}-gen", "content-type": "application/json"}
+            span = self.ends.open_leg(record, "gen", worker.worker_id, start, headers)
             try:
                 upstream = await self._within(deadline, self.upstream.post(
-                    worker.url + request.path, request.encode(body),
-                    {"x-request-id": f"{request_id}-gen", "content-type": "application/json"}))
+                    worker.url + request.path, request.encode(body), headers))
                 if upstream.status == 429:
                     raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)",
                                     refused=True)
@@ -299,6 +311,8 @@ class Flow:
                     raise LegFailed(f"{worker.worker_id}: the KV pull failed", kv_source_lost=True)
             except BaseException as exc:
                 self.view.release(worker.worker_id, tokens)
+                if span is not None:
+                    self.ends.close_leg(span, time.time(), exc)
                 if upstream is not None:
                     upstream.close()
                 if isinstance(exc, (UpstreamError, StopAsyncIteration)):
@@ -309,6 +323,8 @@ class Flow:
                                     unanswered=isinstance(exc, UpstreamError), connection_lost=lost) from exc
                 raise
             record.gen = GenLegTrace(worker_id=worker.worker_id, start=start, first_byte=time.time())
+            if span is not None:
+                self.ends.keep_gen_leg(record, span)
             self.metrics.observe("gen_first_byte", record.gen.first_byte - start)
             self.metrics.observe("ttft", record.gen.first_byte - record.arrival)
             return upstream, chunks, first_chunk

@@ -55,6 +55,7 @@ class Relay:
         self.record = record
         self.deadline = deadline
         self.last = first_chunk  # the last bytes relayed: an error event must start on a line of its own
+        self.previous = b""  # the bytes before ``last``: with it, where the answer's usage is (the access log)
         self._expiry: asyncio.TimerHandle | None = None
         self._closed = False
         self._ended = False  # the stream reached its end (or its error event): closed before, the client left
@@ -71,7 +72,7 @@ class Relay:
         try:
             yield self.first_chunk
             async for chunk in self.chunks:
-                self.last = chunk
+                self.previous, self.last = self.last, chunk
                 yield chunk
             self._ended = True
         except (UpstreamError, asyncio.TimeoutError) as exc:
@@ -92,7 +93,7 @@ class Relay:
                 return
             self._ended = end
             if data:
-                self.last = data
+                self.previous, self.last = self.last, data
             if error is not None:
                 data += self.error_frame(error)
             sink(data, end)
@@ -130,4 +131,4 @@ class Relay:
             flow.metrics.observe("gen", gen.end - gen.start)
         flow.view.release(self.worker.worker_id, self.tokens)
         self.upstream.close()  # a client that left: the worker sees the disconnect and aborts
-        flow.finish(self.record, self.request)
+        flow.finish(self.record, self.request, self.previous + self.last)

@@ -21,7 +21,6 @@ routing keeps a conversation where its KV is. Perf records say
 from __future__ import annotations
 
 import time
-import uuid
 
 import msgspec
 from starlette.requests import Request
@@ -36,6 +35,7 @@ from orchestrator.answers import disconnect_watch
 from orchestrator.errors import UpstreamRejected
 from orchestrator.state_protocol import RequestTrace
 from orchestrator.prompt import parse_request
+from workers.log_format import REQUEST_ID
 
 __all__ = ["create_response", "retrieve_response", "list_input_items", "delete_response"]
 
@@ -55,8 +55,10 @@ def _renamed(exc: UpstreamRejected) -> UpstreamRejected:
 
 
 async def create_response(orch, request: Request) -> Response:
-    request_id = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex}"
+    request_id = request.headers.get("x-request-id") or orch.new_request_id()
+    REQUEST_ID.set(request_id)  # every log line of this request's task (workers.log_format)
     record = RequestTrace(request_id=request_id, api="responses", arrival=time.time())
+    orch.ends.begin(record, request.headers.get("traceparent"))
     store = orch.responses
     try:
         turn = await begin_turn(await request.body(), store)
@@ -71,9 +73,7 @@ async def create_response(orch, request: Request) -> Response:
         except UpstreamRejected as exc:
             raise _renamed(exc) from None
     except Exception as exc:
-        orch.metrics.count_failure(exc)
-        record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
-        orch.link.perf_queue.append(record)
+        orch.failed(record, exc, False)
         raise
     if isinstance(answer, EventStreamResponse):  # its headers (x-disagg-*) stay
 

@@ -81,11 +81,15 @@ class OrchestratorSettings:
 def run_orchestrator(parsed: argparse.Namespace) -> int:
     from frontends.server import make_listen_socket, run_event_loop
     from orchestrator.config import load_orchestrator_config
+    from orchestrator.request_end import not_a_client_request
+    from workers.log_format import configure_logging
 
     args = OrchestratorSettings.from_args(parsed)
 
     config = load_orchestrator_config(args.config)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = dataclasses.replace(config, access_log=_access_log(args, config))  # the flag over the file
+    configure_logging(config.log_level, config.log_format, "orchestrator")
+    logging.getLogger("uvicorn.access").addFilter(not_a_client_request)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per worker poll otherwise
     state_dir = Path(config.state_dir)
     port = config.port if args.port is None else args.port
@@ -110,12 +114,13 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
     from frontends.header_limit import h11_head_limit
     from orchestrator.app import Orchestrator, build_app
     from orchestrator.fast_http import fast_http_protocol
+    from workers.log_format import stdout_line
 
     index = args.process_index
     orch = Orchestrator(config, index, Tokenizer.from_model_path(config.model_dir))
     # Drains at least as long as the workers do: `disagg down` stops the orchestrator first.
     server = FrontendServer(uvicorn.Config(
-        build_app(orch), log_level=config.log_level, access_log=_access_log(args, config),
+        build_app(orch), log_level=config.log_level, access_log=config.access_log,
         log_config=None,  # uvicorn's lines (the access log too) through the root logger: stderr, our format
         lifespan="on",
         timeout_graceful_shutdown=config.grace_seconds,  # type: ignore[arg-type]  # stub says int; wait_for takes float
@@ -156,7 +161,8 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
         if group is not None:
             await _wait_ready(config, group.children)
             group_watch = asyncio.create_task(group.watch())
-            print(f"{READY_MESSAGE} http://{config.host}:{port} ({config.processes} processes)", flush=True)
+            print(stdout_line(f"{READY_MESSAGE} http://{config.host}:{port} ({config.processes} processes)",
+                              config.log_format, "orchestrator"), flush=True)
         await asyncio.wait([serving, asyncio.create_task(stopping.wait())], return_when=asyncio.FIRST_COMPLETED)
     finally:
         if parent_watch is not None:

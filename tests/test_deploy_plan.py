@@ -74,3 +74,49 @@ def test_the_slurm_setup_step_writes_the_orchestrator_config_of_the_same_plan(tm
     written = load_orchestrator_config(run / "orchestrator.json")
     assert written == slurm_plan(config, str(path), run_dir=str(run.resolve()), model=str(model)).orchestrator.config
     assert (written.port, written.processes, written.workers, written.model_dir) == (8123, 3, (), str(model))
+
+
+def test_log_format_and_tracing_reach_every_process_of_both_launchers(tmp_path):
+    path = tmp_path / "d.yaml"
+    path.write_text("model: tiny\nlog_format: json\ntracing: {otlp_endpoint: 'http://127.0.0.1:4318', service_name: s}\n"
+                    "pools: {ctx: {base_port: 9100}, gen: {base_port: 9200}}\n")
+    config = load_deploy_config(path)
+    for plan in (local_plan(config, tmp_path, tmp_path / "model"), slurm_plan(config, str(path))):
+        for worker in plan.workers:
+            flags = _serve_flags(worker.argv)
+            assert flags["--log-format"] == "json" and flags["--otlp-endpoint"] == "http://127.0.0.1:4318"
+            assert flags["--trace-service-name"] == f"s-{worker.pool}"
+        orchestrator = plan.orchestrator.config
+        assert orchestrator.log_format == "json" and orchestrator.tracing.otlp_endpoint == "http://127.0.0.1:4318"
+    path.write_text("model: tiny\n")
+    untraced = local_plan(load_deploy_config(path), tmp_path, tmp_path / "model")
+    assert "--otlp-endpoint" not in untraced.workers[0].argv and "--log-format" in untraced.workers[0].argv
+
+
+@pytest.mark.parametrize("yaml, key", [("log_format: xml", "log_format"),
+                                       ("tracing: {otlp_endpoint: 'ftp://x'}", "tracing.otlp_endpoint"),
+                                       ("tracing: {service_name: ''}", "tracing.service_name"),
+                                       ("tracing: {sample_ratio: 2}", "tracing.sample_ratio"),
+                                       ("tracing: {endpoint: 'http://x'}", "tracing.endpoint")])
+def test_a_bad_log_or_tracing_setting_names_its_key(tmp_path, yaml, key):
+    from workers.config import ConfigError
+
+    path = tmp_path / "d.yaml"
+    path.write_text(f"model: tiny\n{yaml}\n")
+    with pytest.raises(ConfigError) as error:
+        load_deploy_config(path)
+    assert key in str(error.value)
+
+
+def test_tracing_without_the_extra_installed_is_an_error_naming_the_key(tmp_path, monkeypatch):
+    import importlib.util
+
+    from workers.config import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.startswith("opentelemetry.sdk") else real(name, *a))
+    path = tmp_path / "d.yaml"
+    path.write_text("model: tiny\ntracing: {otlp_endpoint: 'http://127.0.0.1:4318'}\n")
+    with pytest.raises(ConfigError, match=r"tracing.otlp_endpoint: .*pip install 'disagg\[tracing\]'"):
+        load_deploy_config(path)

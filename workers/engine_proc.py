@@ -55,6 +55,7 @@ from workers.ipc import (
     send_nowait,
 )
 from workers.kv_transfer import DisaggEngineSpec, KVTransferAgent
+from workers.log_format import LOG_FORMATS, configure_logging
 from workers.rank_env import RankEnv
 from workers.rank_link import LeaderLink, RankLost
 from workers.protocol import (
@@ -236,7 +237,8 @@ class EngineProc:
                 else:
                     engine_request = self._add_to_core(message)
             except Exception as exc:  # noqa: BLE001 - a bad request must not take the engine down
-                log.warning("rejected request %d: %s", request.request_id, exc)
+                log.warning("rejected request %d: %s", request.request_id, exc,
+                            extra={"request_id": request.x_request_id})
                 self._pending.append(RequestOutput(request.request_id, [], "abort", error=str(exc),
                                                    timing=EngineTiming(arrival, None, None, time.time())))
                 return
@@ -481,8 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="EngineProcSpec JSON file (mode 0600; deleted once read)")
     parser.add_argument("--launcher-pid", type=int, default=None, help="stop when this parent process is gone")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s engine[%(process)d] %(levelname)s %(message)s")
+    configure_logging(args.log_level, args.log_format, "engine", "%(asctime)s engine[%(process)d] %(levelname)s %(message)s")
     spec_path = Path(args.spec)
     spec = msgspec.json.decode(spec_path.read_bytes(), type=EngineProcSpec)
     spec_path.unlink()

@@ -87,6 +87,7 @@ class _Pull:
     num_received: int = 0
     num_bytes: int = 0
     layout: str | None = None  # pulled by every rank from the ctx ranks (``kv_rank_pulls``)
+    x_request_id: str | None = None  # the request's HTTP id, for the log lines about it
 
 
 class KVTransferAgent:
@@ -151,7 +152,8 @@ class KVTransferAgent:
         if self.ranks is not None and self.ranks.wants(endpoint):
             endpoint, layout = self.ranks.ack_endpoint(endpoint), endpoint  # ValueError: a bad layout
         engine_request = self.core.add_remote_request(request, [message.first_token_id])
-        self._pulls[request.request_id] = _Pull(endpoint, message.ctx_request_id, layout=layout)
+        self._pulls[request.request_id] = _Pull(endpoint, message.ctx_request_id, layout=layout,
+                                                x_request_id=request.x_request_id)
         return engine_request
 
     def abort(self, request_id: int) -> None:
@@ -337,12 +339,15 @@ class KVTransferAgent:
         """Release the ctx side and prefill the request here instead (``recompute_remote``: its
         client may hold its first token already); ended with a clear error only when it cannot be."""
         self.num_pulls_failed += 1
+        pull = self._pulls.get(request_id)
+        named = {"request_id": pull.x_request_id if pull is not None else None}  # workers.log_format
         self.abort(request_id)
         if self.core.recompute_remote(request_id):
             self._stats[request_id] = KVTransferStats(0, 0, 0.0, recomputed=True)
-            log.warning("KV pull for request %d failed (%s): its prompt is prefilled here instead", request_id, why)
+            log.warning("KV pull for request %d failed (%s): its prompt is prefilled here instead", request_id, why,
+                        extra=named)
         else:  # no longer waiting for this KV (aborted meanwhile): nothing left to end
-            log.warning("KV pull for request %d failed: %s", request_id, why)
+            log.warning("KV pull for request %d failed: %s", request_id, why, extra=named)
 
     def _check_timeouts(self, now: float) -> None:
         stalled = [rid for rid, p in self._pulls.items()  # ranked pulls: each rank's puller times out

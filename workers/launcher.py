@@ -135,7 +135,7 @@ class WorkerGroup:
 
     def __init__(self, engine_config: EngineConfig, num_frontends: int, host: str, port: int,
                  *, grace_seconds: float = 30.0, lane_sndhwm: int = LANE_SNDHWM, log_level: str = "info",
-                 disagg: DisaggEngineSpec | None = None,
+                 log_format: str = "text", disagg: DisaggEngineSpec | None = None,
                  engine_wedged_seconds: float = ENGINE_WEDGED_SECONDS,
                  tensor_parallel_size: int = 1, rank_env: RankEnv | None = None) -> None:
         if num_frontends < 1:
@@ -151,6 +151,7 @@ class WorkerGroup:
         self.engine_wedged_seconds = engine_wedged_seconds
         self.lane_sndhwm = lane_sndhwm
         self.log_level = log_level
+        self.log_format = log_format  # workers.log_format: the engine and its ranks log as the launcher does
         sweep_stale_ipc_dirs()  # those of workers whose processes were all killed before they could clean up
         self.paths = make_ipc_dir()
         record_owner(self.paths.dir, os.getpid())
@@ -183,6 +184,10 @@ class WorkerGroup:
 
     # --- start -----------------------------------------------------------------
 
+    def log_flags(self) -> list[str]:
+        """The engine's and its ranks' ``--log-level`` and ``--log-format``."""
+        return ["--log-level", self.log_level.upper(), "--log-format", self.log_format]
+
     def start_engine(self, timeout: float = 600.0) -> EngineInfo:
         cluster_key = bytes.fromhex(self.disagg.cluster_key_hex) if self.disagg is not None else None
         try:
@@ -194,11 +199,11 @@ class WorkerGroup:
                               rank_key_hex=None if plan is None else plan.key.hex(), rank_start_timeout=timeout)
         write_private_file(self.paths.engine_spec_file, msgspec.json.encode(spec))
         argv = [sys.executable, "-m", "workers.engine_proc", "--spec", str(self.paths.engine_spec_file),
-                "--launcher-pid", str(os.getpid()), "--log-level", self.log_level.upper()]
+                "--launcher-pid", str(os.getpid()), *self.log_flags()]
         self.engine = _Child("the engine", argv)
         record_owner(self.paths.dir, self.engine.popen.pid)  # it outlives us for a moment if we are killed
         if plan is not None and plan.spawn_followers:
-            self.followers = LocalFollowers(plan, self.engine_config, self.paths.dir, os.getpid(), self.log_level,
+            self.followers = LocalFollowers(plan, self.engine_config, self.paths.dir, os.getpid(), self.log_flags(),
                                             _Child, self.disagg)
         deadline = time.monotonic() + timeout
         while self.engine_info is None:

@@ -36,6 +36,7 @@ from workers.config import EngineConfig
 from workers.rank_env import RankEnv
 from workers.rank_link import FollowerLink, RankLost
 from workers.kv_transfer import DisaggEngineSpec
+from workers.log_format import LOG_FORMATS, configure_logging
 from workers.rank_protocol import (
     RankAbortPull,
     RankFailed,
@@ -224,12 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="FollowerSpec JSON file (mode 0600; deleted once read)")
     parser.add_argument("--launcher-pid", type=int, default=None, help="stop when this parent process is gone")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     args = parser.parse_args(argv)
     spec_path = Path(args.spec)
     spec = msgspec.json.decode(spec_path.read_bytes(), type=FollowerSpec)
     spec_path.unlink()
-    logging.basicConfig(level=args.log_level,
-                        format=f"%(asctime)s rank{spec.rank.rank}[%(process)d] %(levelname)s %(message)s")
+    role = f"rank{spec.rank.rank}"
+    configure_logging(args.log_level, args.log_format, role, f"%(asctime)s {role}[%(process)d] %(levelname)s %(message)s")
     return run_rank_follower(spec, args.launcher_pid)
 
 

@@ -85,7 +85,7 @@ def free_port(host: str) -> int:
 class LocalFollowers:
     """Ranks 1..N-1 as children of the launcher, each with a 0600 spec file holding the key."""
 
-    def __init__(self, plan: RankPlan, config: EngineConfig, spec_dir: Path, launcher_pid: int, log_level: str,
+    def __init__(self, plan: RankPlan, config: EngineConfig, spec_dir: Path, launcher_pid: int, log_flags: list[str],
                  start_child, disagg: Any = None) -> None:
         from workers.rank_follower import FollowerSpec
 
@@ -95,7 +95,7 @@ class LocalFollowers:
             spec_file = spec_dir / f"rank-{rank}.spec"
             write_private_file(spec_file, msgspec.json.encode(FollowerSpec(env, plan.key.hex(), config, disagg=disagg)))
             argv = [sys.executable, "-m", "workers.rank_follower", "--spec", str(spec_file),
-                    "--launcher-pid", str(launcher_pid), "--log-level", log_level.upper()]
+                    "--launcher-pid", str(launcher_pid), *log_flags]
             self.children.append(start_child(f"tensor-parallel rank {rank}", argv))
 
     def exited(self) -> list[str]:

@@ -35,7 +35,7 @@ from frontends.responses.translate import parse_input, rename_param, validate_re
 from frontends.schemas_openai import ChatCompletionRequest
 from frontends.serving import ServingContext
 from frontends.streaming import EventStreamResponse
-from frontends.request_headers import X_REQUEST_ID, header_value
+from frontends.request_context import enter_request
 
 __all__ = ["PreviousResponseNotFoundError", "begin_turn", "store_turn", "create_response", "retrieve_response",
            "list_input_items", "delete_response", "admin_routes"]
@@ -73,11 +73,12 @@ def _store(request: Request) -> ResponsesClient:
 
 async def create_response(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
+    x_request_id = enter_request(request.scope)
     store = _store(request)
     turn = await begin_turn(await request.body(), store)
     chat = msgspec.convert(turn.chat_body(), ChatCompletionRequest)
     try:
-        answer = await serve_chat_completion(ctx, chat, request.receive, arrival_time, header_value(request.scope, X_REQUEST_ID))
+        answer = await serve_chat_completion(ctx, chat, request.receive, arrival_time, x_request_id)
     except FrontendError as exc:
         raise rename_param(exc) from None
     if isinstance(answer, EventStreamResponse):

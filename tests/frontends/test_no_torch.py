@@ -25,3 +25,16 @@ def test_frontend_modules_do_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_the_opentelemetry_sdk_loads_only_when_tracing_is_on():
+    """Tracing off (the default), a request's path holds ``tracing = None``: the SDK and exporter,
+    imported inside ``frontends.tracing.Tracing``, are never loaded by the apps' modules."""
+    modules = [*MODULES, "frontends.tracing", "frontends.request_context", "orchestrator.app", "orchestrator.server",
+               "orchestrator.request_end", "orchestrator.fast_http", "disagg.serve"]
+    code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + (
+        "print(','.join(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter')))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""

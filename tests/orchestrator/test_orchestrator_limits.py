@@ -111,6 +111,6 @@ def test_the_access_log_has_one_line_per_request_and_no_traceback_for_client_err
     time.sleep(0.3)
     log = orchestrator_log(proc)
     assert sum(marker in line for line in log.splitlines()) == 1, log[-3000:]
-    assert re.search(r'"POST /v1/completions HTTP/1.1" 400', log)
-    assert re.search(r'"POST /v1/completions HTTP/1.1" 429', log)  # the refusals of the first test
+    assert re.search(r'disagg.access: POST /v1/completions 400 .* status=400', log)  # reached the flow
+    assert re.search(r'"POST /v1/completions HTTP/1.1" 429', log)  # the gate's refusals of the first test
     assert "Traceback" not in log
