@@ -52,7 +52,7 @@ from orchestrator.clean_ends import CleanEndsMiddleware
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamRejected
 from orchestrator.flow import Flow
-from orchestrator.state_protocol import RequestTrace
+from orchestrator.state_protocol import DrainRequest, RequestTrace, WorkerRef
 from orchestrator.metrics import CONTENT_TYPE, Metrics
 from orchestrator.openapi_routes import DESCRIPTION, OPEN_PATHS, ORCHESTRATOR_DOCS
 from orchestrator.prompt import parse_request
@@ -246,6 +246,21 @@ def _forward(path: str):
     return handler
 
 
+def _drain(draining: bool):
+    """POST /workers/drain and /workers/undrain ``{"worker": ID or URL}``: the state owner's /drain."""
+
+    async def handler(orch: Orchestrator, request: Request) -> Response:
+        try:
+            body = msgspec.json.decode(await request.body(), type=WorkerRef)
+        except msgspec.DecodeError as exc:
+            raise InvalidRequestError(f"invalid request body: {exc}", param="worker") from None
+        forwarded = msgspec.json.encode(DrainRequest(worker=body.worker, draining=draining))
+        response = await orch.link.forward("POST", "/drain", forwarded)
+        return Response(response.content, status_code=response.status_code, media_type="application/json")
+
+    return handler
+
+
 async def _workers(orch: Orchestrator, request: Request) -> Response:
     return _json({"workers": msgspec.to_builtins(sorted(orch.view.workers.values(), key=lambda w: w.worker_id))})
 
@@ -289,6 +304,8 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/workers/register", _endpoint(_forward("/register")), methods=["POST"]),
         Route("/workers/heartbeat", _endpoint(_forward("/heartbeat")), methods=["POST"]),
         Route("/workers/deregister", _endpoint(_forward("/deregister")), methods=["POST"]),
+        Route("/workers/drain", _endpoint(_drain(True)), methods=["POST"]),
+        Route("/workers/undrain", _endpoint(_drain(False)), methods=["POST"]),
     ]
     app = DocumentedApp(ORCHESTRATOR_DOCS, title="disagg orchestrator", version=surface.VERSION,
                         description=DESCRIPTION, open_paths=OPEN_PATHS if orch.config.api_key else None,

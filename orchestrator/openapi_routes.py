@@ -14,7 +14,7 @@ import msgspec
 
 from frontends.openapi import RouteDoc
 from frontends.openapi_routes import BATCH_DOCS, GENERATION_DOCS, PROMETHEUS_DOC, SURFACE_DOCS
-from orchestrator.state_protocol import Ok, Registration, RegistrationAck, WorkerIdBody
+from orchestrator.state_protocol import DrainAck, Ok, Registration, RegistrationAck, WorkerIdBody, WorkerRef
 
 __all__ = ["ORCHESTRATOR_DOCS", "DESCRIPTION", "OPEN_PATHS"]
 
@@ -69,4 +69,7 @@ ORCHESTRATOR_DOCS: tuple[RouteDoc, ...] = (
              _WORKERS, WorkerIdBody, Ok),
     RouteDoc("POST", "/workers/deregister", "Take a registered worker out of the rotation", _WORKERS,
              WorkerIdBody, Ok),
+    RouteDoc("POST", "/workers/drain", "Route nothing new to a worker (by id or URL); answers once every "
+             "orchestrator process holds the drain", _WORKERS, WorkerRef, DrainAck),
+    RouteDoc("POST", "/workers/undrain", "Put a drained worker back in the rotation", _WORKERS, WorkerRef, DrainAck),
 )

@@ -6,12 +6,14 @@ in-flight load that every process reports, and the perf records. It serves
 them on a Unix socket (``<state_dir>/state.sock``) with ``state_app``:
 
     POST /register /heartbeat /deregister   registration, forwarded verbatim by any process
+    POST /drain       drain or undrain a worker; answers once every process's view holds it
     POST /load        this process's in-flight load, {worker_id: [requests, tokens]}
     POST /perf        finished requests' orchestrator timings
     GET  /perf        the records joined with the workers' timings (``orchestrator.perf``)
-    GET  /snapshot?after=V&kv_after=K   long poll: the state once its version exceeds V (or
-                      after 5 s); the KV index only if its own version exceeds K (else null),
-                      so load changes, the frequent ones, stay small
+    GET  /snapshot?after=V&kv_after=K&process=I   long poll: the state once its version exceeds V
+                      (or after 5 s); the KV index only if its own version exceeds K (else null),
+                      so load changes, the frequent ones, stay small. Process I asking after V
+                      has applied version V: what /drain waits for
     /v1/messages/batches*   the Message Batches (``orchestrator.batches``), replayed by any process
 
 Every process, process 0 included, learns the state the same way: a
@@ -38,17 +40,19 @@ from frontends.errors import FrontendError, InvalidRequestError, NotFoundError, 
 from orchestrator.config import OrchestratorConfig
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import Registry, RegistryError
-from orchestrator.state_protocol import (LoadPush, Ok, PerfPush, Registration, RegistrationAck, RequestTrace,
-                                         Snapshot, WorkerIdBody)
+from orchestrator.state_protocol import (DrainAck, DrainRequest, LoadPush, Ok, PerfPush, Registration,
+                                         RegistrationAck, RequestTrace, Snapshot, WorkerIdBody)
 
-__all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS"]
+__all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS", "CONFIRM_SECONDS"]
 
 SNAPSHOT_WAIT_SECONDS = 5.0
+CONFIRM_SECONDS = 5.0
+"""How long /drain waits for every process to hold the change (a process that is down never does)."""
 
 S = TypeVar("S")
 _ENCODER = msgspec.json.Encoder()
 _DECODERS: dict[type, msgspec.json.Decoder] = {
-    body: msgspec.json.Decoder(body) for body in (Registration, WorkerIdBody, LoadPush, PerfPush)}
+    body: msgspec.json.Decoder(body) for body in (Registration, WorkerIdBody, LoadPush, PerfPush, DrainRequest)}
 
 
 class StateOwner:
@@ -68,6 +72,8 @@ class StateOwner:
         self._kv_version = 0
         self._load_version = 0
         self._changed = asyncio.Event()
+        self.applied: dict[int, int] = {}
+        """The state version each process last asked after, i.e. holds (``/snapshot?process=``)."""
         self.closing = False
         for worker in config.workers:
             self.registry.add_static(worker.role, worker.url)
@@ -117,6 +123,20 @@ class StateOwner:
             except asyncio.TimeoutError:
                 pass
         return self.snapshot(kv_after)
+
+    def note_applied(self, process: int, version: int) -> None:
+        if 0 <= process < self.config.processes:
+            self.applied[process] = version
+
+    async def confirmed(self, version: int, timeout: float) -> int:
+        """How many processes hold ``version`` (they asked for anything newer), waiting up to
+        ``timeout`` for all of them."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            count = sum(1 for p in range(self.config.processes) if self.applied.get(p, -1) >= version)
+            if count == self.config.processes or asyncio.get_running_loop().time() >= deadline or self.closing:
+                return count
+            await asyncio.sleep(0.01)
 
     def forget_worker(self, worker_id: str) -> None:
         self.kv_index.remove_worker(worker_id)
@@ -196,6 +216,13 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         owner.notify()
         return _json(Ok())
 
+    async def drain(request: Request) -> Response:
+        body = await _body(request, DrainRequest)
+        record = owner.registry.set_draining(body.worker, body.draining)
+        owner.notify()
+        confirmed = await owner.confirmed(owner.version, CONFIRM_SECONDS)
+        return _json(DrainAck(worker=record, processes_confirmed=confirmed, processes=owner.config.processes))
+
     async def load(request: Request) -> Response:
         body = await _body(request, LoadPush)
         owner.set_loads(body.process, body.loads)
@@ -210,13 +237,15 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         return Response(_ENCODER.encode({"records": await join_perf(owner)}), media_type="application/json")
 
     async def snapshot(request: Request) -> Response:
-        after, kv_after = (_query_int(request, name) for name in ("after", "kv_after"))
+        after, kv_after, process = (_query_int(request, name) for name in ("after", "kv_after", "process"))
+        owner.note_applied(process, after)
         return _json(await owner.wait_newer(after, kv_after, SNAPSHOT_WAIT_SECONDS))
 
     return Starlette(routes=[
         Route("/register", _typed(register), methods=["POST"]),
         Route("/heartbeat", _typed(heartbeat), methods=["POST"]),
         Route("/deregister", _typed(deregister), methods=["POST"]),
+        Route("/drain", _typed(drain), methods=["POST"]),
         Route("/load", _typed(load), methods=["POST"]),
         Route("/perf", _typed(perf_push), methods=["POST"]),
         Route("/perf", perf_get, methods=["GET"]),

@@ -9,6 +9,7 @@ with ``msgspec.json.Decoder(type=...)``, so a malformed body is refused with a
     POST /register      Registration       -> RegistrationAck
     POST /heartbeat     WorkerIdBody       -> Ok   (404: register again)
     POST /deregister    WorkerIdBody       -> Ok
+    POST /drain         DrainRequest       -> DrainAck  (once every process holds the change)
     POST /load          LoadPush           -> Ok
     POST /perf          PerfPush           -> Ok
     GET  /snapshot      -> Snapshot
@@ -20,7 +21,7 @@ import msgspec
 
 from orchestrator.registry import WorkerRecord
 
-__all__ = ["Registration", "WorkerIdBody", "RegistrationAck", "Ok", "LoadPush", "CtxLegTrace", "GenLegTrace",
+__all__ = ["Registration", "WorkerIdBody", "RegistrationAck", "Ok", "WorkerRef", "DrainRequest", "DrainAck", "LoadPush", "CtxLegTrace", "GenLegTrace",
            "FailedLeg", "RequestTrace", "PerfPush", "Snapshot"]
 
 
@@ -39,6 +40,28 @@ class WorkerIdBody(msgspec.Struct, frozen=True):
     """POST /workers/heartbeat and /workers/deregister."""
 
     worker_id: str
+
+
+class WorkerRef(msgspec.Struct, frozen=True):
+    """POST /workers/drain and /workers/undrain (``disagg drain``): which worker, by id or URL."""
+
+    worker: str
+
+
+class DrainRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The state owner's POST /drain: what a process's /workers/drain or /workers/undrain asks."""
+
+    worker: str
+    draining: bool
+
+
+class DrainAck(msgspec.Struct, frozen=True, kw_only=True):
+    """The drained (or undrained) worker as the registry holds it, once ``processes_confirmed`` of the
+    ``processes`` orchestrator processes route with the change (all of them, unless one is down)."""
+
+    worker: WorkerRecord
+    processes_confirmed: int
+    processes: int
 
 
 class RegistrationAck(msgspec.Struct, frozen=True):

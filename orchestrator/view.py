@@ -71,10 +71,11 @@ class ClusterView:
     def healthy(self, phase: str) -> list[WorkerRecord]:
         now = time.monotonic()
         return [w for w in self.workers.values()
-                if w.healthy and w.serves(phase) and self.suspects.get(w.worker_id, 0.0) <= now]
+                if w.healthy and not w.draining and w.serves(phase) and self.suspects.get(w.worker_id, 0.0) <= now]
 
     def has_healthy(self, phase: str) -> bool:
-        return any(w.healthy and w.serves(phase) for w in self.workers.values())
+        """A worker of ``phase`` in the rotation (healthy, not drained)."""
+        return any(w.healthy and not w.draining and w.serves(phase) for w in self.workers.values())
 
     def hashing(self, worker: WorkerRecord) -> tuple[int, int]:
         block_size = worker.block_size if worker.block_size is not None else self.default_block_size
@@ -156,7 +157,8 @@ class StateLink:
         while True:
             try:
                 snapshot = await self._call("GET", f"/snapshot?after={self.view.version}"
-                                                   f"&kv_after={self.view.kv_version}")
+                                                   f"&kv_after={self.view.kv_version}"
+                                                   f"&process={self.view.process_index}")
                 self.view.apply(_SNAPSHOT.decode(snapshot))
                 self.first_snapshot.set()
             except UpstreamError as exc:
