@@ -1,0 +1,248 @@
+"""``disagg drain | undrain | scale | reload``: change a running local deployment.
+
+Two parties are asked, each for what it owns. The orchestrator routes: over
+its API (``POST /workers/drain`` and ``/workers/undrain``, with the
+deployment's API key when it has one; ``GET /cluster_info`` for each worker's
+requests in flight) a drained worker gets no new request from any of its
+processes. The supervisor runs processes: over the control channel
+(``disagg.supervisor_control``) it stops a drained worker for good, starts new
+ones, and reloads the YAML.
+
+``drain WORKER``: no new requests (every orchestrator process holds the drain
+before the command goes on), then it waits until the worker has no request in
+flight, then (unless ``--keep``) the supervisor stops it (SIGTERM: it still
+finishes anything a slower path handed it within its grace period) and it
+leaves the orchestrator's list. Stopping is the default because a drained
+worker that keeps running holds its memory and cores for nothing, and
+``disagg status`` would show a worker that serves nobody; ``--keep`` is for
+looking at it (logs, ``/metrics``, a profile) before deciding: ``undrain``
+puts it back.
+
+``scale POOL N``: more workers are started by the supervisor and join by
+registration; fewer are the highest-numbered ones, drained as above.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from disagg.run_state import STOP_SECONDS, LocalRunState, ProcessRecord, SlurmRunState, find_state
+from disagg.supervisor_control import AddWorkers, ControlAnswer, ControlRequest, RetireWorkers, SupervisorSilent, \
+    ask_supervisor
+
+__all__ = ["add_live_commands", "run_live_command", "LiveChangeError"]
+
+POLL_SECONDS = 0.2
+DRAIN_TIMEOUT_SECONDS = 600.0
+"""How long ``drain`` waits for a worker's requests in flight by default (the orchestrator's request timeout)."""
+
+
+class LiveChangeError(RuntimeError):
+    """The change could not be made (or not finished); the message says what state it left."""
+
+
+def add_live_commands(sub: Any, func: Callable[[argparse.Namespace], int]) -> None:
+    for name, text in (("drain", "route no new requests to a worker; once its in-flight ones finish, stop it"),
+                       ("undrain", "put a drained (still running) worker back in the rotation")):
+        parser = sub.add_parser(name, help=text)
+        parser.add_argument("worker", nargs="+", help="a worker's name as `disagg status` shows it (ctx-0) or its URL")
+        _where(parser)
+        if name == "drain":
+            parser.add_argument("--keep", "--no-stop", action="store_true", dest="keep",
+                                help="leave it running once drained (default: its supervisor stops it)")
+            parser.add_argument("--timeout", type=float, default=DRAIN_TIMEOUT_SECONDS,
+                                help="seconds to wait for its requests in flight (default %(default)g)")
+        parser.set_defaults(func=func, action=name)
+    scale = sub.add_parser("scale", help="start or stop workers of a pool (ctx or gen) of a running deployment")
+    scale.add_argument("pool", choices=("ctx", "gen"))
+    scale.add_argument("instances", type=int, help="how many workers the pool should have (>= 1)")
+    _where(scale)
+    scale.add_argument("--timeout", type=float, default=DRAIN_TIMEOUT_SECONDS,
+                       help="seconds to wait for new workers to be healthy, or removed ones to drain")
+    scale.set_defaults(func=func, action="scale")
+
+
+def _where(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, help="the YAML used with up (for its run dir)")
+    parser.add_argument("--run-dir", default=None)
+
+
+def run_live_command(args: argparse.Namespace) -> int:
+    from disagg.deployment import find_run_dir
+    from orchestrator.typed import ConfigError
+
+    try:
+        run_dir = find_run_dir(args)
+        state = None if run_dir is None else find_state(run_dir)
+        if isinstance(state, SlurmRunState):
+            raise LiveChangeError(f"{run_dir} is a Slurm deployment: `disagg {args.action}` changes local "
+                                  "deployments only (docs/operations.md, Changing a running deployment)")
+        if run_dir is None or state is None:
+            raise LiveChangeError(f"no local deployment running{'' if run_dir is None else f' from {run_dir}'}")
+        live = _Live(run_dir, state)
+        if args.action == "drain":
+            live.drain(args.worker, keep=args.keep, timeout=args.timeout)
+        elif args.action == "undrain":
+            live.undrain(args.worker)
+        else:
+            live.scale(args.pool, args.instances, args.timeout)
+        return 0
+    except ConfigError as exc:
+        print(f"disagg {args.action}: {exc}", file=sys.stderr)
+        return 2
+    except (LiveChangeError, SupervisorSilent, httpx.HTTPError) as exc:
+        print(f"disagg {args.action}: {exc}", file=sys.stderr)
+        return 1
+
+
+class _Live:
+    """One command's view of the deployment: its state, its orchestrator (with the API key)."""
+
+    def __init__(self, run_dir: Path, state: LocalRunState) -> None:
+        self.run_dir, self.state = run_dir, state
+        from disagg.deploy_plan import ORCHESTRATOR_CONFIG_FILE
+
+        try:
+            api_key = json.loads((run_dir / ORCHESTRATOR_CONFIG_FILE).read_text()).get("api_key")
+        except (OSError, ValueError):
+            api_key = None
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=state.url, headers=headers, timeout=httpx.Timeout(30.0, connect=5.0))
+
+    # -- what runs ----------------------------------------------------------------------------
+
+    def workers(self) -> list[ProcessRecord]:
+        return [p for p in self.state.processes if p.name != "orchestrator"]
+
+    def resolve(self, worker: str) -> tuple[str | None, str]:
+        """(name or None, URL) of a worker named as ``status`` shows it or by its URL."""
+        by_name = {p.name: p for p in self.workers()}
+        if worker in by_name:
+            return worker, by_name[worker].url
+        if worker.startswith(("http://", "https://")):
+            url = worker.rstrip("/")
+            return next((p.name for p in self.workers() if p.url == url and not p.retired), None), url
+        raise LiveChangeError(f"no worker {worker!r} in {self.run_dir} (workers: "
+                              f"{', '.join(p.name for p in self.workers() if not p.retired)}; or a worker's URL)")
+
+    def cluster(self) -> dict[str, dict[str, Any]]:
+        """The orchestrator's workers by URL (``/cluster_info``: draining, healthy, in flight)."""
+        response = self.http.get("/cluster_info")
+        response.raise_for_status()
+        return {w["url"]: w for w in response.json()["workers"]}
+
+    def ask(self, request: ControlRequest) -> ControlAnswer:
+        answer = ask_supervisor(self.run_dir, request)
+        if not answer.ok:
+            raise LiveChangeError(f"the supervisor refused: {answer.message}")
+        return answer
+
+    # -- drain --------------------------------------------------------------------------------
+
+    def set_draining(self, url: str, draining: bool) -> dict[str, Any]:
+        response = self.http.post("/workers/drain" if draining else "/workers/undrain", json={"worker": url})
+        if response.status_code != 200:
+            raise LiveChangeError(f"the orchestrator answered {response.status_code}: {response.text}")
+        ack = response.json()
+        if ack["processes_confirmed"] < ack["processes"]:
+            print(f"  warning: {ack['processes'] - ack['processes_confirmed']} of {ack['processes']} orchestrator "
+                  "processes did not confirm (down?); they hold it once they come back")
+        return ack
+
+    def drain(self, targets: list[str], keep: bool, timeout: float) -> None:
+        resolved = [self.resolve(target) for target in targets]
+        for name, _url in resolved:
+            record = next((p for p in self.workers() if p.name == name), None)
+            if record is not None and record.retired:
+                raise LiveChangeError(f"{name} was stopped ({record.retired}); `disagg scale` starts workers")
+        for name, url in resolved:
+            self.set_draining(url, True)
+            print(f"{name or url}: draining (no new requests)", flush=True)
+        self.wait_idle([url for _, url in resolved], timeout)
+        print(f"{', '.join(n or u for n, u in resolved)}: drained (nothing in flight)", flush=True)
+        if keep:
+            print("left running (--keep): `disagg undrain` puts it back", flush=True)
+            return
+        named = [name for name, _ in resolved if name is not None]
+        for name, url in resolved:
+            if name is None:
+                print(f"{url}: not a process of this deployment: drained, left running (stop it yourself)")
+        if named:
+            self.retire(named)
+
+    def wait_idle(self, urls: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            cluster = self.cluster()
+            busy = {url: cluster[url]["in_flight_requests"] for url in urls
+                    if url in cluster and cluster[url]["in_flight_requests"] > 0}
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                raise LiveChangeError(f"still in flight after {timeout:g} s: {busy}; left draining "
+                                      "(`disagg undrain` puts them back)")
+            time.sleep(POLL_SECONDS)
+
+    def retire(self, names: list[str]) -> None:
+        """The supervisor stops ``names`` (drained); once gone they leave the orchestrator's list."""
+        from disagg.run_dir_guard import RecordedProcess
+
+        by_name = {p.name: p for p in self.workers()}
+        self.ask(RetireWorkers(names=names))
+        recorded = [RecordedProcess(n, by_name[n].pid or 0, by_name[n].start_time) for n in names]
+        deadline = time.monotonic() + STOP_SECONDS + 10
+        while any(p.running() for p in recorded) and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        urls = {by_name[n].url for n in names}
+        for worker in self.cluster().values():
+            if worker["url"] in urls:  # a static worker stays listed (unhealthy) until removed
+                self.http.post("/workers/deregister", json={"worker_id": worker["worker_id"]})
+        print(f"{', '.join(names)}: stopped", flush=True)
+
+    def undrain(self, targets: list[str]) -> None:
+        for target in targets:
+            name, url = self.resolve(target)
+            record = next((p for p in self.workers() if p.name == name), None)
+            if record is not None and record.retired:
+                raise LiveChangeError(f"{name} was stopped ({record.retired}); `disagg scale` starts workers")
+            self.set_draining(url, False)
+            print(f"{name or url}: back in the rotation", flush=True)
+
+    # -- scale --------------------------------------------------------------------------------
+
+    def scale(self, pool: str, instances: int, timeout: float) -> None:
+        if instances < 1:
+            raise LiveChangeError(f"a pool keeps at least 1 worker, got {instances}")
+        current = sorted((p for p in self.workers() if _pool(p) == pool and not p.retired),
+                         key=lambda p: int(p.name.rsplit("-", 1)[1]))
+        if instances == len(current):
+            print(f"{pool}: already {instances} worker{'s' if instances > 1 else ''}")
+            return
+        if instances < len(current):
+            self.drain([p.name for p in current[instances:]], keep=False, timeout=timeout)
+            print(f"{pool}: {instances} worker{'s' if instances > 1 else ''}", flush=True)
+            return
+        started = self.ask(AddWorkers(pool=pool, count=instances - len(current))).started
+        print(f"{pool}: started {', '.join(started)}; waiting for the orchestrator to see them healthy", flush=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            cluster = self.cluster()
+            waiting = [name for name, url in started.items() if not cluster.get(url, {}).get("healthy")]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                raise LiveChangeError(f"{', '.join(waiting)} not healthy after {timeout:g} s; see "
+                                      f"{self.run_dir / 'logs'}")
+            time.sleep(POLL_SECONDS)
+        print(f"{pool}: {instances} workers ({', '.join(started)} in the rotation)", flush=True)
+
+
+def _pool(process: ProcessRecord) -> str:
+    return process.pool or process.name.rsplit("-", 1)[0]

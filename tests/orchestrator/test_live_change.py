@@ -1,0 +1,114 @@
+"""A running deployment changes under a steady load with no failed request: `disagg drain`, `undrain`, `scale`.
+
+Real processes: `disagg up` (synthetic engines, two orchestrator processes),
+a loop of 6 clients sending completions through the orchestrator the whole
+time (``live_load``), the commands as a user runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+
+import pytest
+
+from live_load import LoadLoop
+from test_up import disagg, write_deployment
+from worker_process import free_port
+
+from workers.processes import pid_alive
+
+pytestmark = pytest.mark.slow
+
+ENGINE = ", synthetic_decode_step_seconds: 0.01"
+
+
+def _up(tmp_path, name: str, pools: str, api_key: str | None = None) -> tuple[str, str, object]:
+    port = free_port()
+    config = write_deployment(tmp_path, name, port=port, processes=2, engine=ENGINE)
+    text = open(config).read().replace("pools: {ctx: {instances: 1, frontends: 1}, gen: {instances: 1, frontends: 1}}",
+                                       f"pools: {pools}")
+    if api_key:
+        text = text.replace("processes: 2,", f"processes: 2, api_key: {api_key},")
+    open(config, "w").write(text)
+    up = disagg("up", config, cwd=tmp_path)
+    run = tmp_path / "run"
+    assert up.returncode == 0, up.stdout + up.stderr + (run / "up.log").read_text()
+    return f"http://127.0.0.1:{port}", config, run
+
+
+def _process(run, name: str) -> dict:
+    return next(p for p in json.loads((run / "state.json").read_text())["processes"] if p["name"] == name)
+
+
+def test_drain_keep_undrain_then_drain_and_stop_under_load(tmp_path):
+    url, config, run = _up(tmp_path, "drain", "{ctx: {instances: 1}, gen: {instances: 2}}")
+    gen1 = _process(run, "gen-1")
+    try:
+        with LoadLoop(url, str(tmp_path / "model")) as load:
+            load.wait_for(20)
+            assert load.to(gen1["url"]) > 0  # both gen workers serve
+
+            drain = disagg("drain", "gen-1", "--keep", "--run-dir", str(run), cwd=tmp_path)
+            drained_at = time.monotonic()
+            assert drain.returncode == 0, drain.stdout + drain.stderr
+            assert "gen-1: draining" in drain.stdout and "drained (nothing in flight)" in drain.stdout
+            load.wait_for(30)
+            assert load.to(gen1["url"], after=drained_at) == 0
+            status = disagg("status", "--run-dir", str(run), cwd=tmp_path)
+            assert f"{gen1['url']:<26} drained;" in status.stdout, status.stdout
+            assert pid_alive(gen1["pid"])  # --keep: still running
+
+            undrain = disagg("undrain", "gen-1", "--run-dir", str(run), cwd=tmp_path)
+            assert undrain.returncode == 0, undrain.stdout + undrain.stderr
+            back_at = time.monotonic()
+            load.wait_for(30)
+            assert load.to(gen1["url"], after=back_at) > 0
+
+            drain = disagg("drain", gen1["url"], "--run-dir", str(run), cwd=tmp_path)  # by URL, and stop
+            stopped_at = time.monotonic()
+            assert drain.returncode == 0, drain.stdout + drain.stderr
+            assert "gen-1: stopped" in drain.stdout
+            assert not pid_alive(gen1["pid"])
+            load.wait_for(30)
+        assert load.failed() == [], load.failed()[:5]
+        assert load.to(gen1["url"], after=stopped_at) == 0
+        assert _process(run, "gen-1")["retired"] == "drained"
+        status = disagg("status", "--json", "--run-dir", str(run), cwd=tmp_path)
+        shown = json.loads(status.stdout)
+        assert [p["state"] for p in shown["processes"] if p["name"] == "gen-1"] == ["retired"]
+        assert gen1["url"] not in [w["url"] for w in shown["workers"]]  # out of the orchestrator's list
+        assert gen1["url"] not in (run / "orchestrator.json").read_text()  # a restart would not bring it back
+        refused = disagg("undrain", "gen-1", "--run-dir", str(run), cwd=tmp_path)
+        assert refused.returncode == 1 and "was stopped" in refused.stderr
+    finally:
+        disagg("down", "--run-dir", str(run), cwd=tmp_path)
+
+
+def test_scale_a_pool_out_then_in_under_load_with_an_api_key(tmp_path):
+    url, config, run = _up(tmp_path, "scale", "{ctx: {instances: 1}, gen: {instances: 1}}", api_key="sesame")
+    try:
+        with LoadLoop(url, str(tmp_path / "model"), api_key="sesame") as load:
+            load.wait_for(10)
+            out = disagg("scale", "gen", "2", "--run-dir", str(run), cwd=tmp_path)
+            assert out.returncode == 0, out.stdout + out.stderr
+            added = _process(run, "gen-1")
+            assert "--register-api-key-file" in added["argv"]  # it registered past the API key
+            assert stat.S_IMODE((run / "api.key").stat().st_mode) == 0o600
+            added_at = time.monotonic()
+            load.wait_for(30)
+            assert load.to(added["url"], after=added_at) > 0  # the new worker serves
+
+            scaled_in = disagg("scale", "gen", "1", "--run-dir", str(run), cwd=tmp_path)
+            removed_at = time.monotonic()
+            assert scaled_in.returncode == 0, scaled_in.stdout + scaled_in.stderr
+            assert "gen-1: stopped" in scaled_in.stdout
+            load.wait_for(30)
+        assert load.failed() == [], load.failed()[:5]
+        assert load.to(added["url"], after=removed_at) == 0
+        assert not pid_alive(added["pid"])
+        again = disagg("scale", "gen", "1", "--run-dir", str(run), cwd=tmp_path)
+        assert again.returncode == 0 and "already 1 worker" in again.stdout
+    finally:
+        disagg("down", "--run-dir", str(run), cwd=tmp_path)
