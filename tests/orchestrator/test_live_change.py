@@ -1,4 +1,5 @@
-"""A running deployment changes under a steady load with no failed request: `disagg drain`, `undrain`, `scale`.
+"""A running deployment changes under a steady load with no failed request: `disagg drain`, `undrain`, `scale`,
+a worker started by hand with `disagg serve --register URL`.
 
 Real processes: `disagg up` (synthetic engines, two orchestrator processes),
 a loop of 6 clients sending completions through the orchestrator the whole
@@ -9,28 +10,35 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
+import sys
 import time
 
+import httpx
 import pytest
 
 from live_load import LoadLoop
+from orchestrator_process import wait_until
 from test_up import disagg, write_deployment
 from worker_process import free_port
 
-from workers.processes import pid_alive
+from workers.processes import pid_alive, stop_process
 
 pytestmark = pytest.mark.slow
 
 ENGINE = ", synthetic_decode_step_seconds: 0.01"
 
 
-def _up(tmp_path, name: str, pools: str, api_key: str | None = None) -> tuple[str, str, object]:
+def _up(tmp_path, name: str, pools: str, api_key: str | None = None, health: str | None = None
+        ) -> tuple[str, str, object]:
     port = free_port()
     config = write_deployment(tmp_path, name, port=port, processes=2, engine=ENGINE)
     text = open(config).read().replace("pools: {ctx: {instances: 1, frontends: 1}, gen: {instances: 1, frontends: 1}}",
                                        f"pools: {pools}")
     if api_key:
         text = text.replace("processes: 2,", f"processes: 2, api_key: {api_key},")
+    if health:
+        text = text.replace("health: {interval_seconds: 0.2}", f"health: {health}")
     open(config, "w").write(text)
     up = disagg("up", config, cwd=tmp_path)
     run = tmp_path / "run"
@@ -111,4 +119,48 @@ def test_scale_a_pool_out_then_in_under_load_with_an_api_key(tmp_path):
         again = disagg("scale", "gen", "1", "--run-dir", str(run), cwd=tmp_path)
         assert again.returncode == 0 and "already 1 worker" in again.stdout
     finally:
+        disagg("down", "--run-dir", str(run), cwd=tmp_path)
+
+
+def _serve_by_hand(tmp_path, run, url: str, port: int) -> subprocess.Popen:
+    """A gen worker an operator starts on the side: the deployment's key and model name, --register."""
+    model = str(tmp_path / "model")
+    log = open(tmp_path / f"by-hand-{port}.log", "w")
+    return subprocess.Popen(
+        [sys.executable, "-m", "disagg.cli", "serve", model, "--engine", "synthetic", "--role", "gen",
+         "--port", str(port), "--num-frontends", "1", "--served-model-name", model, "--synthetic-decode-step-seconds",
+         "0.01", "--cluster-key-file", str(run / "cluster.key"), "--register", url], stdout=log, stderr=log)
+
+
+def _listed(url: str, worker_url: str) -> dict | None:
+    workers = httpx.get(f"{url}/cluster_info", timeout=5).json()["workers"]
+    return next((w for w in workers if w["url"] == worker_url), None)
+
+
+def test_a_worker_started_by_hand_registers_serves_and_leaves_when_stopped_or_silent(tmp_path):
+    url, config, run = _up(tmp_path, "by-hand", "{ctx: {instances: 1}, gen: {instances: 1}}",
+                           health="{interval_seconds: 0.2, registration_ttl_seconds: 2}")
+    port = free_port()
+    worker_url = f"http://127.0.0.1:{port}"
+    worker = _serve_by_hand(tmp_path, run, url, port)
+    try:
+        wait_until(lambda: (_listed(url, worker_url) or {}).get("healthy"), 90)
+        with LoadLoop(url, str(tmp_path / "model")) as load:
+            joined_at = time.monotonic()
+            load.wait_for(30)
+            assert load.to(worker_url, after=joined_at) > 0
+            assert stop_process(worker, 40) == 0  # SIGTERM: it finishes what it holds, deregisters
+            left_at = time.monotonic()
+            assert _listed(url, worker_url) is None
+            load.wait_for(20)
+        assert load.failed() == [], load.failed()[:5]
+        assert load.to(worker_url, after=left_at) == 0
+
+        worker = _serve_by_hand(tmp_path, run, url, port)
+        wait_until(lambda: (_listed(url, worker_url) or {}).get("healthy"), 90)
+        worker.kill()  # no deregistration: its heartbeats stop, the TTL (2 s) drops it
+        worker.wait()
+        wait_until(lambda: _listed(url, worker_url) is None, 15)
+    finally:
+        stop_process(worker, 40)
         disagg("down", "--run-dir", str(run), cwd=tmp_path)
