@@ -127,6 +127,7 @@ def orchestrator_config(config: DeployConfig, *, model: Path | str, state_dir: P
         max_request_bytes=s.max_request_bytes, max_concurrent_requests=s.max_concurrent_requests,
         grace_seconds=s.grace_seconds, max_process_restarts=s.max_process_restarts,
         process_restart_window_seconds=s.process_restart_window_seconds, access_log=config.access_log,
+        log_level=s.log_level,
         prometheus_targets_dir=None if targets_dir is None else str(targets_dir))
 
 

@@ -20,6 +20,9 @@ puts it back.
 
 ``scale POOL N``: more workers are started by the supervisor and join by
 registration; fewer are the highest-numbered ones, drained as above.
+
+``reload [CONFIG]``: the supervisor re-reads the YAML and applies its live
+settings (``disagg.live_settings``).
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from typing import Any, Callable
 import httpx
 
 from disagg.run_state import STOP_SECONDS, LocalRunState, ProcessRecord, SlurmRunState, find_state
-from disagg.supervisor_control import AddWorkers, ControlAnswer, ControlRequest, RetireWorkers, SupervisorSilent, \
-    ask_supervisor
+from disagg.supervisor_control import (AddWorkers, ControlAnswer, ControlRequest, Reload, RetireWorkers,
+                                       SupervisorSilent, ask_supervisor)
 
 __all__ = ["add_live_commands", "run_live_command", "LiveChangeError"]
 
@@ -67,6 +70,11 @@ def add_live_commands(sub: Any, func: Callable[[argparse.Namespace], int]) -> No
     scale.add_argument("--timeout", type=float, default=DRAIN_TIMEOUT_SECONDS,
                        help="seconds to wait for new workers to be healthy, or removed ones to drain")
     scale.set_defaults(func=func, action="scale")
+    reload = sub.add_parser("reload", help="re-read the deployment YAML and apply what can change live (exit 3: "
+                                           "some changed keys need a restart)")
+    reload.add_argument("config", nargs="?", default=None, help="the YAML (default: the one up read)")
+    reload.add_argument("--run-dir", default=None)
+    reload.set_defaults(func=func, action="reload")
 
 
 def _where(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +94,8 @@ def run_live_command(args: argparse.Namespace) -> int:
                                   "deployments only (docs/operations.md, Changing a running deployment)")
         if run_dir is None or state is None:
             raise LiveChangeError(f"no local deployment running{'' if run_dir is None else f' from {run_dir}'}")
+        if args.action == "reload":
+            return _reload(run_dir, args.config)
         live = _Live(run_dir, state)
         if args.action == "drain":
             live.drain(args.worker, keep=args.keep, timeout=args.timeout)
@@ -242,6 +252,15 @@ class _Live:
                                       f"{self.run_dir / 'logs'}")
             time.sleep(POLL_SECONDS)
         print(f"{pool}: {instances} workers ({', '.join(started)} in the rotation)", flush=True)
+
+
+def _reload(run_dir: Path, config: str | None) -> int:
+    """The supervisor re-reads the YAML (``disagg.live_settings``); 0 applied, 1 refused, 3 some keys need a restart."""
+    answer = ask_supervisor(run_dir, Reload(config=None if config is None else str(Path(config).resolve())))
+    print(answer.message, file=sys.stdout if answer.ok else sys.stderr)
+    if not answer.ok:
+        return 1
+    return 3 if answer.needs_restart else 0
 
 
 def _pool(process: ProcessRecord) -> str:

@@ -123,7 +123,8 @@ class _Supervisor:
             time.sleep(ROUND_SECONDS)
             while signals and signals[0] == signal.SIGHUP:
                 signals.pop(0)
-                print(f"disagg up: SIGHUP: {self.reload(Reload()).message}", flush=True)
+                print("disagg up: SIGHUP: reloading the configuration", flush=True)
+                self.reload(Reload())
             if signals:
                 return 0
             self.restart_exited()
@@ -217,7 +218,19 @@ class _Supervisor:
         return ControlAnswer(ok=True, message=f"started {', '.join(started)}", started=started)
 
     def reload(self, request: Reload) -> ControlAnswer:
-        return ControlAnswer(ok=False, message="reload is not supported by this supervisor")
+        from disagg.live_settings import live_settings, reload_config
+
+        orch = self.plan.orchestrator
+        result = reload_config(self.config, request.config or self.config.source, self.run_dir, self.state.url,
+                               orch.config.api_key)
+        if result.ok and result.running != self.config:
+            self.config = result.running
+            config = orch.config.with_live(live_settings(self.config))  # what a restarted orchestrator reads
+            self.plan = dataclasses.replace(self.plan, orchestrator=dataclasses.replace(orch, config=config))
+            self.plan.write_orchestrator_config()
+        for line in result.lines:
+            print(f"disagg up: reload: {line}", flush=True)
+        return ControlAnswer(ok=result.ok, message="\n".join(result.lines), needs_restart=list(result.needs_restart))
 
     def stop_all(self) -> None:
         # The orchestrator goes first and drains: its in-flight requests finish on the still-running

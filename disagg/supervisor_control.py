@@ -59,6 +59,8 @@ class ControlAnswer(msgspec.Struct, kw_only=True):
     """What was done, or why not (a line per change for a reload)."""
     started: dict[str, str] = {}
     """AddWorkers: each new worker's name and URL."""
+    needs_restart: list[str] = []
+    """Reload: the changed keys that cannot change live (not applied)."""
 
 
 class SupervisorSilent(RuntimeError):

@@ -14,7 +14,9 @@ import msgspec
 
 from frontends.openapi import RouteDoc
 from frontends.openapi_routes import BATCH_DOCS, GENERATION_DOCS, PROMETHEUS_DOC, SURFACE_DOCS
-from orchestrator.state_protocol import DrainAck, Ok, Registration, RegistrationAck, WorkerIdBody, WorkerRef
+from orchestrator.config import LiveSettings
+from orchestrator.state_protocol import (DrainAck, Ok, Registration, RegistrationAck, SettingsAck, WorkerIdBody,
+                                         WorkerRef)
 
 __all__ = ["ORCHESTRATOR_DOCS", "DESCRIPTION", "OPEN_PATHS"]
 
@@ -62,6 +64,10 @@ ORCHESTRATOR_DOCS: tuple[RouteDoc, ...] = (
              _CLUSTER, response=ClusterInfo),
     RouteDoc("GET", "/perf_metrics", "Per-request timing records, joined with the workers' (drained)", _CLUSTER,
              response=JoinedPerfRecords),
+    RouteDoc("GET", "/settings", "The settings that change live (routers, timeouts, retries, limits, log level)",
+             _CLUSTER, response=SettingsAck),
+    RouteDoc("POST", "/settings", "Change live settings in every process (keys left out keep their value); "
+             "answers once every process holds them", _CLUSTER, LiveSettings, SettingsAck),
     RouteDoc("GET", "/workers", "The registered and static workers", _WORKERS, response=WorkerList),
     RouteDoc("POST", "/workers/register", "Register a worker (then heartbeat within the TTL)", _WORKERS,
              Registration, RegistrationAck),

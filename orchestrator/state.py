@@ -7,6 +7,8 @@ them on a Unix socket (``<state_dir>/state.sock``) with ``state_app``:
 
     POST /register /heartbeat /deregister   registration, forwarded verbatim by any process
     POST /drain       drain or undrain a worker; answers once every process's view holds it
+    GET|POST /settings   the live settings (``LiveSettings``); a POST validates and publishes them,
+                      answering once every process holds them (``disagg reload``)
     POST /load        this process's in-flight load, {worker_id: [requests, tokens]}
     POST /perf        finished requests' orchestrator timings
     GET  /perf        the records joined with the workers' timings (``orchestrator.perf``)
@@ -37,11 +39,12 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from frontends.errors import FrontendError, InvalidRequestError, NotFoundError, http_error, openai_error_body
-from orchestrator.config import OrchestratorConfig
+from orchestrator.config import LiveSettings, OrchestratorConfig
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import Registry, RegistryError
 from orchestrator.state_protocol import (DrainAck, DrainRequest, LoadPush, Ok, PerfPush, Registration,
-                                         RegistrationAck, RequestTrace, Snapshot, WorkerIdBody)
+                                         RegistrationAck, RequestTrace, SettingsAck, Snapshot, WorkerIdBody)
+from orchestrator.typed import ConfigError, from_mapping, to_mapping
 
 __all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS", "CONFIRM_SECONDS"]
 
@@ -71,6 +74,7 @@ class StateOwner:
         """Worker perf records by x-request-id, kept because a worker's /perf_metrics may drain."""
         self._kv_version = 0
         self._load_version = 0
+        self.settings_version = 0
         self._changed = asyncio.Event()
         self.applied: dict[int, int] = {}
         """The state version each process last asked after, i.e. holds (``/snapshot?process=``)."""
@@ -86,7 +90,7 @@ class StateOwner:
 
     @property
     def version(self) -> int:
-        return self.registry.version + self._kv_version + self._load_version
+        return self.registry.version + self._kv_version + self._load_version + self.settings_version
 
     def notify(self) -> None:
         self._announce_workers()
@@ -113,7 +117,8 @@ class StateOwner:
         kv_changed = self._kv_version > kv_after
         return Snapshot(version=self.version, kv_version=self._kv_version, workers=self.registry.snapshot(),
                         kv=self.kv_index.export() if kv_changed else None,
-                        loads={str(p): loads for p, loads in self.loads.items()})
+                        loads={str(p): loads for p, loads in self.loads.items()},
+                        settings=self.config.live(), settings_version=self.settings_version)
 
     async def wait_newer(self, after: int, kv_after: int, timeout: float) -> Snapshot:
         if self.version <= after and not self.closing:
@@ -123,6 +128,19 @@ class StateOwner:
             except asyncio.TimeoutError:
                 pass
         return self.snapshot(kv_after)
+
+    def set_settings(self, data: object) -> LiveSettings:
+        """Validate ``data`` (``LiveSettings`` keys; those left out keep their value; ConfigError naming
+        the key) and publish the result."""
+        live = from_mapping(LiveSettings, _merged(to_mapping(self.config.live()), data), "orchestrator")
+        old = self.config.max_concurrent_requests
+        if (old == 0) != (live.max_concurrent_requests == 0):
+            raise ConfigError("orchestrator.max_concurrent_requests",
+                              f"from {old} to {live.max_concurrent_requests}: to or from 0 (no limit) needs a restart")
+        self.config = self.config.with_live(live)
+        self.settings_version += 1
+        self.notify()
+        return live
 
     def note_applied(self, process: int, version: int) -> None:
         if 0 <= process < self.config.processes:
@@ -143,6 +161,14 @@ class StateOwner:
         self._kv_version += 1
         for loads in self.loads.values():
             loads.pop(worker_id, None)
+
+
+def _merged(base: Any, changes: Any) -> Any:
+    """``changes`` over ``base``, mapping by mapping (``{"timeouts": {"idle_seconds": 5}}`` keeps the other
+    timeouts); anything but a mapping replaces, and is validated as that."""
+    if not isinstance(base, dict) or not isinstance(changes, dict):
+        return changes
+    return {**base, **{key: _merged(base.get(key), value) for key, value in changes.items()}}
 
 
 def _json(payload: msgspec.Struct, status: int = 200) -> Response:
@@ -223,6 +249,18 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         confirmed = await owner.confirmed(owner.version, CONFIRM_SECONDS)
         return _json(DrainAck(worker=record, processes_confirmed=confirmed, processes=owner.config.processes))
 
+    async def settings_get(request: Request) -> Response:
+        return _json(SettingsAck(settings=owner.config.live(), processes_confirmed=len(owner.applied),
+                                 processes=owner.config.processes))
+
+    async def settings_post(request: Request) -> Response:
+        try:
+            live = owner.set_settings(msgspec.json.decode(await request.body()))
+        except ConfigError as exc:
+            raise InvalidRequestError(str(exc), param=exc.key) from None
+        confirmed = await owner.confirmed(owner.version, CONFIRM_SECONDS)
+        return _json(SettingsAck(settings=live, processes_confirmed=confirmed, processes=owner.config.processes))
+
     async def load(request: Request) -> Response:
         body = await _body(request, LoadPush)
         owner.set_loads(body.process, body.loads)
@@ -246,6 +284,8 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         Route("/heartbeat", _typed(heartbeat), methods=["POST"]),
         Route("/deregister", _typed(deregister), methods=["POST"]),
         Route("/drain", _typed(drain), methods=["POST"]),
+        Route("/settings", _typed(settings_get), methods=["GET"]),
+        Route("/settings", _typed(settings_post), methods=["POST"]),
         Route("/load", _typed(load), methods=["POST"]),
         Route("/perf", _typed(perf_push), methods=["POST"]),
         Route("/perf", perf_get, methods=["GET"]),

@@ -10,6 +10,7 @@ with ``msgspec.json.Decoder(type=...)``, so a malformed body is refused with a
     POST /heartbeat     WorkerIdBody       -> Ok   (404: register again)
     POST /deregister    WorkerIdBody       -> Ok
     POST /drain         DrainRequest       -> DrainAck  (once every process holds the change)
+    POST /settings      a LiveSettings mapping -> SettingsAck (the same; a bad key is a 400 naming it)
     POST /load          LoadPush           -> Ok
     POST /perf          PerfPush           -> Ok
     GET  /snapshot      -> Snapshot
@@ -19,9 +20,10 @@ from __future__ import annotations
 
 import msgspec
 
+from orchestrator.config import LiveSettings
 from orchestrator.registry import WorkerRecord
 
-__all__ = ["Registration", "WorkerIdBody", "RegistrationAck", "Ok", "WorkerRef", "DrainRequest", "DrainAck", "LoadPush", "CtxLegTrace", "GenLegTrace",
+__all__ = ["Registration", "WorkerIdBody", "RegistrationAck", "Ok", "WorkerRef", "DrainRequest", "DrainAck", "SettingsAck", "LoadPush", "CtxLegTrace", "GenLegTrace",
            "FailedLeg", "RequestTrace", "PerfPush", "Snapshot"]
 
 
@@ -60,6 +62,14 @@ class DrainAck(msgspec.Struct, frozen=True, kw_only=True):
     ``processes`` orchestrator processes route with the change (all of them, unless one is down)."""
 
     worker: WorkerRecord
+    processes_confirmed: int
+    processes: int
+
+
+class SettingsAck(msgspec.Struct, frozen=True, kw_only=True):
+    """The settings every process now serves with (``processes_confirmed`` of ``processes`` hold them)."""
+
+    settings: LiveSettings
     processes_confirmed: int
     processes: int
 
@@ -143,3 +153,6 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The KV index (``KVIndex.export``), only when it changed after the caller's ``kv_after``."""
     loads: dict[str, dict[str, list[int]]]
     """Each process's pushed load by its index (a string: a JSON object key)."""
+    settings: LiveSettings
+    settings_version: int
+    """Bumped by every POST /settings: a process applies ``settings`` when this moves."""

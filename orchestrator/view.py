@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import httpx
 import msgspec
 
+from orchestrator.config import LiveSettings
 from orchestrator.http_client import HttpClient, UpstreamError
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import WorkerRecord
@@ -51,8 +52,15 @@ class ClusterView:
         self.local_load: dict[str, list[int]] = {}
         self.suspects: dict[str, float] = {}
         self.load_dirty = asyncio.Event()
+        self.settings_version = -1
+        self.on_settings: Callable[[LiveSettings], None] | None = None
+        """Called with the owner's live settings when they change (``Orchestrator.apply_settings``)."""
 
     def apply(self, snapshot: Snapshot) -> None:
+        if snapshot.settings_version != self.settings_version:
+            self.settings_version = snapshot.settings_version
+            if self.on_settings is not None:
+                self.on_settings(snapshot.settings)
         self.version = snapshot.version
         self.workers = {w.worker_id: w for w in snapshot.workers}
         if snapshot.kv is not None:

@@ -9,6 +9,8 @@ time (``live_load``), the commands as a user runs them.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import stat
 import subprocess
 import sys
@@ -163,4 +165,65 @@ def test_a_worker_started_by_hand_registers_serves_and_leaves_when_stopped_or_si
         wait_until(lambda: _listed(url, worker_url) is None, 15)
     finally:
         stop_process(worker, 40)
+        disagg("down", "--run-dir", str(run), cwd=tmp_path)
+
+
+def _settings(url: str) -> dict:
+    return httpx.get(f"{url}/settings", timeout=5).json()["settings"]
+
+
+def _gen_workers(url: str, model: str, n: int, session: str | None = None, max_tokens: int = 2) -> list[str]:
+    headers = {"x-session-id": session} if session else {}
+    served = []
+    for i in range(n):
+        response = httpx.post(f"{url}/v1/completions", headers=headers, timeout=30,
+                              json={"model": model, "prompt": f"route {i}", "max_tokens": max_tokens})
+        assert response.status_code == 200, response.text
+        served.append(response.headers["x-disagg-gen-worker"])
+    return served
+
+
+def test_reload_changes_the_routing_policy_and_a_timeout_and_refuses_a_bad_file(tmp_path):
+    url, config, run = _up(tmp_path, "reload", "{ctx: {instances: 1}, gen: {instances: 2}}")
+    model = str(tmp_path / "model")
+    original = open(config).read()
+    try:
+        assert len(set(_gen_workers(url, model, 6, session="s1"))) == 2  # round robin: sessions ignored
+        long = {"model": model, "prompt": "a long answer", "max_tokens": 150}  # 150 steps of 10 ms
+        assert httpx.post(f"{url}/v1/completions", json=long, timeout=30).status_code == 200
+
+        changed = original.replace("health: {interval_seconds: 0.2}",
+                                   "health: {interval_seconds: 0.2}, gen_router: {policy: session}, "
+                                   "timeouts: {request_seconds: 1.0}, log_level: debug")
+        open(config, "w").write(changed)
+        reload = disagg("reload", config, cwd=tmp_path)
+        assert reload.returncode == 0, reload.stdout + reload.stderr
+        assert "orchestrator.gen_router.policy: 'round_robin' -> 'session' (applied: 2 of 2" in reload.stdout
+        assert "orchestrator.timeouts.request_seconds: 600.0 -> 1.0" in reload.stdout
+        for _ in range(6):  # every process routes with it
+            assert httpx.get(f"{url}/cluster_info").json()["gen_router"]["policy"] == "session"
+        assert len(set(_gen_workers(url, model, 6, session="s1"))) == 1  # one session, one worker
+        late = httpx.post(f"{url}/v1/completions", json=long, timeout=30)
+        assert late.status_code == 504, late.text  # past the new whole-request timeout
+        assert json.loads((run / "orchestrator.json").read_text())["gen_router"]["policy"] == "session"
+        assert _settings(url)["log_level"] == "debug"
+
+        bad = changed.replace("policy: session", "policy: fastest")
+        open(config, "w").write(bad)
+        refused = disagg("reload", "--run-dir", str(run), cwd=tmp_path)  # the file up read, re-read
+        assert refused.returncode == 1 and "orchestrator.gen_router.policy" in refused.stderr, refused.stderr
+        assert _settings(url)["gen_router"]["policy"] == "session"  # nothing changed
+        assert _settings(url)["timeouts"]["request_seconds"] == 1.0
+
+        restart = changed.replace("engine: {kind: synthetic", "engine: {kind: synthetic, max_num_seqs: 8") \
+                         .replace("request_seconds: 1.0", "request_seconds: 30")
+        open(config, "w").write(restart)
+        supervisor = json.loads((run / "state.json").read_text())["supervisor_pid"]
+        os.kill(supervisor, signal.SIGHUP)  # the same reload, from the supervisor's signal
+        wait_until(lambda: _settings(url)["timeouts"]["request_seconds"] == 30, 10)
+        wait_until(lambda: "engine.max_num_seqs: None -> 8 NEEDS A RESTART" in (run / "up.log").read_text(), 10)
+        assert httpx.post(f"{url}/v1/completions", json=long, timeout=30).status_code == 200
+        again = disagg("reload", "--run-dir", str(run), cwd=tmp_path)  # still not applied: said again
+        assert again.returncode == 3 and "engine.max_num_seqs" in again.stdout, again.stdout + again.stderr
+    finally:
         disagg("down", "--run-dir", str(run), cwd=tmp_path)
