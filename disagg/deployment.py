@@ -23,6 +23,9 @@ orchestrator's /health answers 200; it prints the URL and returns. With
    ``STOP_SECONDS``) and removes the runtime files (state,
    key, orchestrator state dir). Logs stay.
 
+The supervisor is ``disagg.supervisor``; while it runs, ``disagg drain``,
+``scale`` and ``reload`` change what it runs (``disagg.live_commands``).
+
 ``up`` refuses while the run dir has a live owner (its supervisor, or, when
 that was killed, any recorded process: an orphan) or a port the config fixes
 is taken. ``down`` signals the supervisor and waits for it; if the supervisor
