@@ -12,10 +12,11 @@ them on a Unix socket (``<state_dir>/state.sock``) with ``state_app``:
     POST /load        this process's in-flight load, {worker_id: [requests, tokens]}
     POST /perf        finished requests' orchestrator timings
     GET  /perf        the records joined with the workers' timings (``orchestrator.perf``)
-    GET  /snapshot?after=V&kv_after=K&process=I   long poll: the state once its version exceeds V
-                      (or after 5 s); the KV index only if its own version exceeds K (else null),
-                      so load changes, the frequent ones, stay small. Process I asking after V
-                      has applied version V: what /drain waits for
+    GET  /snapshot?after=V&kv_after=K&settings_after=S&process=I   long poll: the state once its
+                      version exceeds V (or after 5 s); the KV index only if its own version
+                      exceeds K, the live settings only if theirs exceeds S (else null), so load
+                      changes, the frequent ones, stay small. Process I asking after V has
+                      applied version V: what /drain and /settings wait for
     /v1/messages/batches*   the Message Batches (``orchestrator.batches``), replayed by any process
 
 Every process, process 0 included, learns the state the same way: a
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import msgspec
@@ -49,6 +51,7 @@ from orchestrator.typed import ConfigError, from_mapping, to_mapping
 __all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS", "CONFIRM_SECONDS"]
 
 SNAPSHOT_WAIT_SECONDS = 5.0
+DRAINS_FILE = "drained.json"
 CONFIRM_SECONDS = 5.0
 """How long /drain waits for every process to hold the change (a process that is down never does)."""
 
@@ -79,9 +82,22 @@ class StateOwner:
         self.applied: dict[int, int] = {}
         """The state version each process last asked after, i.e. holds (``/snapshot?process=``)."""
         self.closing = False
+        self.registry.drained_urls = _read_drains(self.drains_path)
         for worker in config.workers:
             self.registry.add_static(worker.role, worker.url)
         self._announce_workers()
+
+    @property
+    def drains_path(self) -> Path:
+        """The drained workers' URLs: a restarted orchestrator (``disagg up`` restarts it when its process
+        0 dies) must not put a drained worker back in the rotation."""
+        return Path(self.config.state_dir) / DRAINS_FILE
+
+    def save_drains(self) -> None:
+        self.drains_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.drains_path.with_name(f".{DRAINS_FILE}.tmp")
+        tmp.write_bytes(msgspec.json.encode(sorted(self.registry.drained_urls)))
+        tmp.replace(self.drains_path)
 
     def _announce_workers(self) -> None:
         if self._on_workers_changed is not None and self.registry.version != self._announced_version:
@@ -112,22 +128,24 @@ class StateOwner:
         self._load_version += 1
         self.notify()
 
-    def snapshot(self, kv_after: int = -1) -> Snapshot:
-        """The state; the KV index (the large part) only when it changed after ``kv_after``."""
+    def snapshot(self, kv_after: int = -1, settings_after: int = -1) -> Snapshot:
+        """The state; the KV index (the large part) only when it changed after ``kv_after``, the
+        live settings after ``settings_after``."""
         kv_changed = self._kv_version > kv_after
+        settings = self.config.live() if self.settings_version > settings_after else None
         return Snapshot(version=self.version, kv_version=self._kv_version, workers=self.registry.snapshot(),
                         kv=self.kv_index.export() if kv_changed else None,
                         loads={str(p): loads for p, loads in self.loads.items()},
-                        settings=self.config.live(), settings_version=self.settings_version)
+                        settings=settings, settings_version=self.settings_version)
 
-    async def wait_newer(self, after: int, kv_after: int, timeout: float) -> Snapshot:
+    async def wait_newer(self, after: int, kv_after: int, settings_after: int, timeout: float) -> Snapshot:
         if self.version <= after and not self.closing:
             changed = self._changed
             try:
                 await asyncio.wait_for(changed.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
-        return self.snapshot(kv_after)
+        return self.snapshot(kv_after, settings_after)
 
     def set_settings(self, data: object) -> LiveSettings:
         """Validate ``data`` (``LiveSettings`` keys; those left out keep their value; ConfigError naming
@@ -161,6 +179,13 @@ class StateOwner:
         self._kv_version += 1
         for loads in self.loads.values():
             loads.pop(worker_id, None)
+
+
+def _read_drains(path: Path) -> set[str]:
+    try:
+        return set(msgspec.json.decode(path.read_bytes(), type=list[str]))
+    except (OSError, msgspec.DecodeError):  # none yet (or torn): nothing drained
+        return set()
 
 
 def _merged(base: Any, changes: Any) -> Any:
@@ -238,6 +263,7 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         worker_id = (await _body(request, WorkerIdBody)).worker_id
         if not owner.registry.deregister(worker_id):
             raise NotFoundError("unknown worker id", param="worker_id")
+        owner.save_drains()  # its drain, if any, ended with it
         owner.forget_worker(worker_id)
         owner.notify()
         return _json(Ok())
@@ -245,6 +271,7 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
     async def drain(request: Request) -> Response:
         body = await _body(request, DrainRequest)
         record = owner.registry.set_draining(body.worker, body.draining)
+        owner.save_drains()
         owner.notify()
         confirmed = await owner.confirmed(owner.version, CONFIRM_SECONDS)
         return _json(DrainAck(worker=record, processes_confirmed=confirmed, processes=owner.config.processes))
@@ -275,9 +302,10 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         return Response(_ENCODER.encode({"records": await join_perf(owner)}), media_type="application/json")
 
     async def snapshot(request: Request) -> Response:
-        after, kv_after, process = (_query_int(request, name) for name in ("after", "kv_after", "process"))
+        after, kv_after, settings_after, process = (
+            _query_int(request, name) for name in ("after", "kv_after", "settings_after", "process"))
         owner.note_applied(process, after)
-        return _json(await owner.wait_newer(after, kv_after, SNAPSHOT_WAIT_SECONDS))
+        return _json(await owner.wait_newer(after, kv_after, settings_after, SNAPSHOT_WAIT_SECONDS))
 
     return Starlette(routes=[
         Route("/register", _typed(register), methods=["POST"]),

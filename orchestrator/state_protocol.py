@@ -153,6 +153,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The KV index (``KVIndex.export``), only when it changed after the caller's ``kv_after``."""
     loads: dict[str, dict[str, list[int]]]
     """Each process's pushed load by its index (a string: a JSON object key)."""
-    settings: LiveSettings
-    settings_version: int
-    """Bumped by every POST /settings: a process applies ``settings`` when this moves."""
+    settings: LiveSettings | None = None
+    """The live settings, only when they changed after the caller's ``settings_after``."""
+    settings_version: int = 0
+    """Bumped by every POST /settings."""

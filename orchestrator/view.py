@@ -57,7 +57,7 @@ class ClusterView:
         """Called with the owner's live settings when they change (``Orchestrator.apply_settings``)."""
 
     def apply(self, snapshot: Snapshot) -> None:
-        if snapshot.settings_version != self.settings_version:
+        if snapshot.settings is not None:
             self.settings_version = snapshot.settings_version
             if self.on_settings is not None:
                 self.on_settings(snapshot.settings)
@@ -166,6 +166,7 @@ class StateLink:
             try:
                 snapshot = await self._call("GET", f"/snapshot?after={self.view.version}"
                                                    f"&kv_after={self.view.kv_version}"
+                                                   f"&settings_after={self.view.settings_version}"
                                                    f"&process={self.view.process_index}")
                 self.view.apply(_SNAPSHOT.decode(snapshot))
                 self.first_snapshot.set()

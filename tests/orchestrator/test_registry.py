@@ -103,3 +103,16 @@ def test_a_drain_outlives_the_record_until_undrained_or_deregistered():
     with pytest.raises(RegistryError) as refused:
         registry.set_draining("http://nobody:1", True)
     assert refused.value.param == "worker"
+
+
+def test_drains_outlive_a_restarted_state_owner(tmp_path):
+    from orchestrator.config import OrchestratorConfig, StaticWorker
+    from orchestrator.state import StateOwner
+
+    config = OrchestratorConfig(model_dir="m", state_dir=str(tmp_path / "orch"),
+                                workers=(StaticWorker("gen", "http://h:1"), StaticWorker("gen", "http://h:2")))
+    owner = StateOwner(config)
+    owner.registry.set_draining("http://h:2", True)
+    owner.save_drains()
+    again = StateOwner(config)  # what `disagg up` starts after orchestrator process 0 died
+    assert {w.url: w.draining for w in again.registry.snapshot()} == {"http://h:1": False, "http://h:2": True}
