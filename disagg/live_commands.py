@@ -62,6 +62,8 @@ def add_live_commands(sub: Any, func: Callable[[argparse.Namespace], int]) -> No
                                 help="leave it running once drained (default: its supervisor stops it)")
             parser.add_argument("--timeout", type=float, default=DRAIN_TIMEOUT_SECONDS,
                                 help="seconds to wait for its requests in flight (default %(default)g)")
+            parser.add_argument("--force", action="store_true",
+                                help="drain even the last worker of a phase in the rotation (its requests then fail)")
         parser.set_defaults(func=func, action=name)
     scale = sub.add_parser("scale", help="start or stop workers of a pool (ctx or gen) of a running deployment")
     scale.add_argument("pool", choices=("ctx", "gen"))
@@ -98,7 +100,7 @@ def run_live_command(args: argparse.Namespace) -> int:
             return _reload(run_dir, args.config)
         live = _Live(run_dir, state)
         if args.action == "drain":
-            live.drain(args.worker, keep=args.keep, timeout=args.timeout)
+            live.drain(args.worker, keep=args.keep, timeout=args.timeout, force=args.force)
         elif args.action == "undrain":
             live.undrain(args.worker)
         else:
@@ -166,12 +168,14 @@ class _Live:
                   "processes did not confirm (down?); they hold it once they come back")
         return ack
 
-    def drain(self, targets: list[str], keep: bool, timeout: float) -> None:
+    def drain(self, targets: list[str], keep: bool, timeout: float, force: bool = False) -> None:
         resolved = [self.resolve(target) for target in targets]
         for name, _url in resolved:
             record = next((p for p in self.workers() if p.name == name), None)
             if record is not None and record.retired:
                 raise LiveChangeError(f"{name} was stopped ({record.retired}); `disagg scale` starts workers")
+        if not force:
+            self.check_rotation_kept({url for _, url in resolved})
         for name, url in resolved:
             self.set_draining(url, True)
             print(f"{name or url}: draining (no new requests)", flush=True)
@@ -186,6 +190,17 @@ class _Live:
                 print(f"{url}: not a process of this deployment: drained, left running (stop it yourself)")
         if named:
             self.retire(named)
+
+    def check_rotation_kept(self, leaving: set[str]) -> None:
+        """Refuse a drain that would leave a phase with no worker in the rotation: every request
+        would then fail (503), the opposite of what a drain is for."""
+        cluster = self.cluster()
+        for phase in ("ctx", "gen"):
+            serving = [w for w in cluster.values() if w["role"] in (phase, "both") and w["healthy"]
+                       and not w["draining"]]
+            if serving and all(w["url"] in leaving for w in serving):
+                raise LiveChangeError(f"that would leave no {phase} worker in the rotation, and requests would "
+                                      f"fail; start one first (`disagg scale {phase} N`), or drain with --force")
 
     def wait_idle(self, urls: list[str], timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -29,7 +29,7 @@ from orchestrator.typed import ConfigError, to_mapping
 if TYPE_CHECKING:
     from disagg.deploy_config import DeployConfig
 
-__all__ = ["ReloadResult", "reload_config", "changed_keys"]
+__all__ = ["ReloadResult", "reload_config", "changed_keys", "is_live", "live_settings"]
 
 IGNORED_KEYS = ("source",)
 """Where the file was read from: not a setting."""
@@ -60,7 +60,7 @@ def changed_keys(old: DeployConfig, new: DeployConfig) -> dict[str, tuple[Any, A
             if before.get(key) != after.get(key) and key.split(".", 1)[0] not in IGNORED_KEYS}
 
 
-def _is_live(key: str) -> bool:
+def is_live(key: str) -> bool:
     section, _, rest = key.partition(".")
     return section == "orchestrator" and rest.split(".", 1)[0] in LIVE_FIELDS
 
@@ -79,8 +79,8 @@ def reload_config(running: DeployConfig, path: str, run_dir: Path, url: str, api
     except ConfigError as exc:
         return ReloadResult(False, running, (f"refused, nothing changed: {exc}",))
     changes = changed_keys(running, new)
-    live = {key: change for key, change in changes.items() if _is_live(key)}
-    restart = [key for key in changes if not _is_live(key)]
+    live = {key: change for key, change in changes.items() if is_live(key)}
+    restart = [key for key in changes if not is_live(key)]
     lines = []
     if live:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

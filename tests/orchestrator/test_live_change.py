@@ -52,48 +52,63 @@ def _process(run, name: str) -> dict:
     return next(p for p in json.loads((run / "state.json").read_text())["processes"] if p["name"] == name)
 
 
-def test_drain_keep_undrain_then_drain_and_stop_under_load(tmp_path):
+@pytest.fixture
+def two_gen(tmp_path):
+    """A deployment of one ctx and two gen workers: (orchestrator URL, run dir, gen-1's state record)."""
     url, config, run = _up(tmp_path, "drain", "{ctx: {instances: 1}, gen: {instances: 2}}")
-    gen1 = _process(run, "gen-1")
     try:
-        with LoadLoop(url, str(tmp_path / "model")) as load:
-            load.wait_for(20)
-            assert load.to(gen1["url"]) > 0  # both gen workers serve
-
-            drain = disagg("drain", "gen-1", "--keep", "--run-dir", str(run), cwd=tmp_path)
-            drained_at = time.monotonic()
-            assert drain.returncode == 0, drain.stdout + drain.stderr
-            assert "gen-1: draining" in drain.stdout and "drained (nothing in flight)" in drain.stdout
-            load.wait_for(30)
-            assert load.to(gen1["url"], after=drained_at) == 0
-            status = disagg("status", "--run-dir", str(run), cwd=tmp_path)
-            assert f"{gen1['url']:<26} drained;" in status.stdout, status.stdout
-            assert pid_alive(gen1["pid"])  # --keep: still running
-
-            undrain = disagg("undrain", "gen-1", "--run-dir", str(run), cwd=tmp_path)
-            assert undrain.returncode == 0, undrain.stdout + undrain.stderr
-            back_at = time.monotonic()
-            load.wait_for(30)
-            assert load.to(gen1["url"], after=back_at) > 0
-
-            drain = disagg("drain", gen1["url"], "--run-dir", str(run), cwd=tmp_path)  # by URL, and stop
-            stopped_at = time.monotonic()
-            assert drain.returncode == 0, drain.stdout + drain.stderr
-            assert "gen-1: stopped" in drain.stdout
-            assert not pid_alive(gen1["pid"])
-            load.wait_for(30)
-        assert load.failed() == [], load.failed()[:5]
-        assert load.to(gen1["url"], after=stopped_at) == 0
-        assert _process(run, "gen-1")["retired"] == "drained"
-        status = disagg("status", "--json", "--run-dir", str(run), cwd=tmp_path)
-        shown = json.loads(status.stdout)
-        assert [p["state"] for p in shown["processes"] if p["name"] == "gen-1"] == ["retired"]
-        assert gen1["url"] not in [w["url"] for w in shown["workers"]]  # out of the orchestrator's list
-        assert gen1["url"] not in (run / "orchestrator.json").read_text()  # a restart would not bring it back
-        refused = disagg("undrain", "gen-1", "--run-dir", str(run), cwd=tmp_path)
-        assert refused.returncode == 1 and "was stopped" in refused.stderr
+        yield url, run, _process(run, "gen-1")
     finally:
         disagg("down", "--run-dir", str(run), cwd=tmp_path)
+
+
+def test_drain_keep_then_undrain_under_load(tmp_path, two_gen):
+    url, run, gen1 = two_gen
+    with LoadLoop(url, str(tmp_path / "model")) as load:
+        load.wait_for(12)
+        assert load.to(gen1["url"]) > 0  # both gen workers serve
+        last = disagg("drain", "ctx-0", "--run-dir", str(run), cwd=tmp_path)  # the only ctx worker
+        assert last.returncode == 1 and "no ctx worker in the rotation" in last.stderr, last.stderr
+        assert not any(w["draining"] for w in httpx.get(f"{url}/cluster_info").json()["workers"])
+
+        drain = disagg("drain", "gen-1", "--keep", "--run-dir", str(run), cwd=tmp_path)
+        drained_at = time.monotonic()
+        assert drain.returncode == 0, drain.stdout + drain.stderr
+        assert "gen-1: draining" in drain.stdout and "drained (nothing in flight)" in drain.stdout
+        load.wait_for(15)
+        assert load.to(gen1["url"], after=drained_at) == 0
+        status = disagg("status", "--run-dir", str(run), cwd=tmp_path)
+        assert f"{gen1['url']:<26} drained;" in status.stdout, status.stdout
+        assert pid_alive(gen1["pid"])  # --keep: still running
+
+        undrain = disagg("undrain", "gen-1", "--run-dir", str(run), cwd=tmp_path)
+        assert undrain.returncode == 0, undrain.stdout + undrain.stderr
+        back_at = time.monotonic()
+        load.wait_for(15)
+    assert load.failed() == [], load.failed()[:5]
+    assert load.to(gen1["url"], after=back_at) > 0
+
+
+def test_drain_stops_the_worker_for_good_under_load(tmp_path, two_gen):
+    url, run, gen1 = two_gen
+    with LoadLoop(url, str(tmp_path / "model")) as load:
+        load.wait_for(12)
+        drain = disagg("drain", gen1["url"], "--run-dir", str(run), cwd=tmp_path)  # by URL
+        stopped_at = time.monotonic()
+        assert drain.returncode == 0, drain.stdout + drain.stderr
+        assert "gen-1: stopped" in drain.stdout
+        assert not pid_alive(gen1["pid"])
+        load.wait_for(15)
+    assert load.failed() == [], load.failed()[:5]
+    assert load.to(gen1["url"], after=stopped_at) == 0
+    assert _process(run, "gen-1")["retired"] == "drained"
+    status = disagg("status", "--json", "--run-dir", str(run), cwd=tmp_path)
+    shown = json.loads(status.stdout)
+    assert [p["state"] for p in shown["processes"] if p["name"] == "gen-1"] == ["retired"]
+    assert gen1["url"] not in [w["url"] for w in shown["workers"]]  # out of the orchestrator's list
+    assert gen1["url"] not in (run / "orchestrator.json").read_text()  # a restart would not bring it back
+    refused = disagg("undrain", "gen-1", "--run-dir", str(run), cwd=tmp_path)
+    assert refused.returncode == 1 and "was stopped" in refused.stderr
 
 
 def test_scale_a_pool_out_then_in_under_load_with_an_api_key(tmp_path):
