@@ -61,8 +61,36 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench_command(args)
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from disagg.sim.replay import run_simulate_command
+
+    return run_simulate_command(args)
+
+
+def version_line() -> str:
+    """``disagg VERSION``, the version every server's ``/version`` reports, with the git commit of the
+    checkout this code runs from when it is one (an installed wheel has none): the same figures as
+    every process's ``disagg_build_info``."""
+    from frontends.process_metrics import build_commit, build_version
+
+    commit = build_commit()
+    return f"disagg {build_version()}" + ("" if commit == "unknown" else f" (commit {commit})")
+
+
+class _PrintVersion(argparse.Action):
+    """``--version``: computed when asked for, so no other command pays for a ``git`` run."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version (and git commit) and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="disagg", description="disagg: disaggregated prefill/decode LLM serving")
+    parser.add_argument("--version", action=_PrintVersion)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     tiny = sub.add_parser("make-tiny-model", help="write a deterministic random-weight Llama checkpoint")
@@ -107,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_arguments(bench)
     bench.set_defaults(func=_bench)
+    simulate = sub.add_parser("simulate", help="replay a trace on a deployment YAML in simulated time (the real "
+                                               "routers, KV index and block managers; no processes)")
+    from disagg.sim.replay import add_simulate_arguments
+
+    add_simulate_arguments(simulate)
+    simulate.set_defaults(func=_simulate)
     return parser
 
 

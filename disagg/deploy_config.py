@@ -6,8 +6,8 @@
             job_name, env_setup, container: {image, mounts}, extra_sbatch, run_root}  # slurm.config
     run_dir: null                   # default: ./.disagg/<name>
     model: smollm2-135m-instruct    # a model dir, a .gguf file or a short name (disagg.model_names); served
-                                    #   under this id as written. "tiny" (or a dir path that does not exist) ->
-    tiny_model_size: bench          #   `up` writes a random-weight tiny model there first
+                                    #   under this id as written; a path must exist. "tiny" ->
+    tiny_model_size: bench          #   `up` writes a random-weight tiny model into the run dir first
     tool_call_parser: null          # hermes | llama3_json; default: detected from the chat template
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
              max_num_batched_tokens, stream_interval, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
@@ -51,7 +51,8 @@ from workers.config import DECODE_ATTENTION_MODES
 from workers.sampling_params import MAX_STREAM_INTERVAL
 
 __all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "PrometheusSettings", "RestartPolicy",
-           "DeployConfig", "load_deploy_config", "render_flags", "resolve_deploy_model", "TINY_MODEL", "LAUNCHERS"]
+           "DeployConfig", "load_deploy_config", "render_flags", "resolve_deploy_model", "check_deploy_model",
+           "TINY_MODEL", "LAUNCHERS"]
 
 TINY_MODEL = "tiny"
 LAUNCHERS = ("local", "slurm")
@@ -338,21 +339,31 @@ class DeployConfig:
 
 
 def resolve_deploy_model(config: DeployConfig, run_dir: Path) -> Path:
-    """The model ``up`` serves. ``tiny``: ``<run_dir>/model``; a path (containing a ``/``) that does not
-    exist: there. Both get a random-weight tiny model written at the first ``up``. Anything else
-    is resolved by ``disagg.model_names`` (ModelNotFoundError when it cannot be)."""
-    from disagg.model_names import resolve_model
+    """The model ``up`` serves. ``tiny``: ``<run_dir>/model``, a random-weight tiny model written at the
+    first ``up`` (the only name that writes one: a path that does not exist is an error, never a
+    random model). Anything else is resolved by ``disagg.model_names``."""
+    if config.model != TINY_MODEL:
+        return check_deploy_model(config)
+    path = run_dir / "model"
+    if not (path / "config.json").exists():
+        from workers.engine.model.tiny import make_tiny_model
 
-    model = config.model
-    path = run_dir / "model" if model == TINY_MODEL else Path(model).expanduser()
-    if model == TINY_MODEL or ("/" in model and not path.exists() and path.suffix != ".gguf"):
-        if not (path / "config.json").exists():
-            from workers.engine.model.tiny import make_tiny_model
+        print(f"disagg: writing a random-weight {config.tiny_model_size} model to {path}", flush=True)
+        make_tiny_model(path, size=config.tiny_model_size)
+    return path.resolve()
 
-            print(f"disagg: writing a random-weight {config.tiny_model_size} model to {path}", flush=True)
-            make_tiny_model(path, size=config.tiny_model_size)
-        return path.resolve()
-    return resolve_model(model).resolve()
+
+def check_deploy_model(config: DeployConfig) -> Path:
+    """The path of ``model`` (not ``tiny``: that one is written by ``resolve_deploy_model``); a
+    ModelNotFoundError naming the file, the key and what is missing, so ``up`` fails before it starts anything."""
+    from disagg.model_names import SHIPPED_MODELS, ModelNotFoundError, resolve_model
+
+    try:
+        return resolve_model(config.model).resolve()
+    except ModelNotFoundError as exc:
+        # Who wanted a random test model (what a missing path once gave) learns how to ask for one.
+        hint = "" if config.model in SHIPPED_MODELS else f" (`model: {TINY_MODEL}` writes a random-weight test model)"
+        raise ModelNotFoundError(f"{config.source}: {exc}{hint}") from None
 
 
 def load_deploy_config(path: str | Path, run_dir: str | None = None) -> DeployConfig:

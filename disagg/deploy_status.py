@@ -52,6 +52,8 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     role: str
     url: str
     healthy: bool
+    degraded: bool = False
+    """Serving on fewer frontends than configured (one left down by its restart budget)."""
     last_error: str | None = None
     in_flight_requests: int = 0
     num_cached_blocks: int = 0
@@ -175,6 +177,8 @@ def _print_text(status: DeploymentStatus) -> None:
         print("  the orchestrator's view of the workers:")
         for worker in status.workers:
             health = f"UNHEALTHY ({worker.last_error})" if worker.rotation == "UNHEALTHY" else worker.rotation
+            if worker.rotation == "healthy" and worker.degraded:
+                health = "DEGRADED (a frontend left down by its restart budget; see its log)"
             print(f"    {worker.worker_id:<10} {worker.role:<5} {worker.url:<26} {health}; in flight "
                   f"{worker.in_flight_requests}, cached blocks {worker.num_cached_blocks}")
     if status.prometheus_command:

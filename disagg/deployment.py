@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from disagg.deploy_logs import tail
 from disagg.progress import ProgressLine
+from disagg.run_dir_link import down_command, link_run_dir
 from disagg.run_dir_guard import busy_ports, live_processes, recorded_processes, stop_recorded
 from disagg.run_state import (STATE_FILES, STOP_SECONDS, LocalRunState, SlurmRunState, clean,
                               find_state, orchestrator_stop_seconds, read_state)
@@ -103,17 +104,21 @@ def add_deployment_commands(sub: Any, func: Callable[[argparse.Namespace], int])
 
 
 def run_deployment_command(args: argparse.Namespace) -> int:
-    from disagg.deploy_config import load_deploy_config, resolve_deploy_model
+    from disagg.deploy_config import TINY_MODEL, check_deploy_model, load_deploy_config, resolve_deploy_model
     from disagg.model_names import ModelNotFoundError
     from orchestrator.typed import ConfigError
 
     try:
         if args.action == "up":
             config = load_deploy_config(args.config, args.run_dir)
+            # Bare status/down/logs look under ./.disagg: a run dir elsewhere is linked from there.
+            stop = down_command(link_run_dir(RUNS_ROOT, config.name, config.run_path), config.run_path)
             if (args.launcher or config.launcher) == "slurm":
                 from disagg.slurm_deployment import slurm_up
 
-                return slurm_up(config, args.config, config.run_path)
+                if config.model != TINY_MODEL:  # before a job waits in the queue (the file system is shared)
+                    check_deploy_model(config)
+                return slurm_up(config, args.config, config.run_path, stop)
             resolve_deploy_model(config, config.run_path)  # here, so a missing model is one line, not a log
             refusal = _refusal(config)
             if refusal:
@@ -123,7 +128,7 @@ def run_deployment_command(args: argparse.Namespace) -> int:
                 from disagg.supervisor import supervise
 
                 return supervise(config)
-            return _up_detached(config, args)
+            return _up_detached(config, args, stop)
         run_dir = find_run_dir(args)
         if run_dir is None:
             return _nothing_found(args)
@@ -157,7 +162,8 @@ def find_run_dir(args: argparse.Namespace) -> Path | None:
     config = getattr(args, "config", None)
     if config:
         return load_deploy_config(config).run_path
-    runs = sorted({p.parent for name in STATE_FILES for p in RUNS_ROOT.glob(f"*/{name}")})
+    # A link (``disagg.run_dir_link``) leads to a run dir elsewhere: named by where it really is.
+    runs = sorted({_real(p.parent) for name in STATE_FILES for p in RUNS_ROOT.glob(f"*/{name}")})
     if len(runs) > 1:
         raise ConfigError("run_dir", f"{len(runs)} deployments run under ./{RUNS_ROOT} "
                                      f"({', '.join(r.name for r in runs)}): name one (CONFIG or --run-dir)")
@@ -166,10 +172,14 @@ def find_run_dir(args: argparse.Namespace) -> Path | None:
     if args.action == "logs":
         logged = [d for d in RUNS_ROOT.glob("*") if (d / "up.log").is_file()]
         if logged:
-            last = max(logged, key=lambda d: (d / "up.log").stat().st_mtime)
+            last = _real(max(logged, key=lambda d: (d / "up.log").stat().st_mtime))
             print(f"disagg logs: nothing runs; the last run's logs, {last}", file=sys.stderr)
             return last
     return None
+
+
+def _real(run_dir: Path) -> Path:
+    return run_dir.resolve() if run_dir.is_symlink() else run_dir
 
 
 def _nothing_found(args: argparse.Namespace) -> int:
@@ -210,7 +220,8 @@ def _refusal(config: DeployConfig) -> str | None:
     return None
 
 
-def _up_detached(config: DeployConfig, args: argparse.Namespace) -> int:
+def _up_detached(config: DeployConfig, args: argparse.Namespace, stop: str) -> int:
+    """``stop``: the ``down`` command that finds this deployment (``disagg.run_dir_link``)."""
     run_dir = config.run_path
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "disagg.cli", "up", str(args.config), "--run-dir", str(run_dir), "--foreground"]
@@ -233,7 +244,7 @@ def _up_detached(config: DeployConfig, args: argparse.Namespace) -> int:
             progress.update(f"disagg up: starting {len(state.processes)} processes ... {line}")
             if line == "ready":
                 progress.finish()
-                print(f"disagg up: ready on {state.url} (run dir {run_dir}; `disagg down` stops it)", flush=True)
+                print(f"disagg up: ready on {state.url} (run dir {run_dir}; `{stop}` stops it)", flush=True)
                 return 0
         time.sleep(0.5)
     progress.finish()

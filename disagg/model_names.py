@@ -1,6 +1,7 @@
 """What ``model:`` (YAML) and ``disagg serve MODEL`` accept, resolved to a path the engine loads.
 
-- a Hugging Face model directory (``config.json``, ``*.safetensors``, ``tokenizer.json``);
+- a Hugging Face model directory (``config.json``, ``*.safetensors``, ``tokenizer.json``; one without
+  ``tokenizer.json`` is refused here, as a path that does not exist is);
 - a llama.cpp ``.gguf`` file;
 - the short name of a model that an installed Python package ships (``SHIPPED_MODELS``),
   found through the package's installed file list (``importlib.metadata``), so the package
@@ -63,14 +64,26 @@ def resolve_model(name: str) -> Path:
     """The directory or .gguf file that ``name`` stands for; ModelNotFoundError otherwise.
     An existing path wins over a short name of the same spelling."""
     path = Path(name).expanduser()
-    if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
+    if path.is_dir():
+        if not (path / "tokenizer.json").is_file():  # every engine's frontends tokenize with it
+            raise ModelNotFoundError(f"model {name!r}: {path} has no tokenizer.json; give a Hugging Face model "
+                                     f"directory or a .gguf file")
+        return path
+    if path.is_file() and path.suffix == ".gguf":
         return path
     if name in SHIPPED_MODELS:
         return shipped_model_path(SHIPPED_MODELS[name])
     if path.is_file():
         raise ModelNotFoundError(f"model {name!r} is a file but not a .gguf file; give a model directory or a .gguf")
+    if _is_path(name):  # a mistyped path is never a name: say it is missing, not unknown
+        raise ModelNotFoundError(f"model {name!r}: {path} does not exist; give a Hugging Face model directory "
+                                 f"or a .gguf file")
     raise ModelNotFoundError(f"model {name!r} is not a model directory, a .gguf file or a known model name "
                              f"({', '.join(sorted(SHIPPED_MODELS))})")
+
+
+def _is_path(name: str) -> bool:
+    return "/" in name or name.startswith(("~", ".")) or name.endswith(".gguf")
 
 
 def default_served_name(name: str) -> str:

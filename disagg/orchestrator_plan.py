@@ -21,6 +21,7 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     from disagg.deploy_config import load_deploy_config, resolve_deploy_model
     from disagg.deploy_plan import slurm_plan
+    from disagg.model_names import ModelNotFoundError
 
     parser = argparse.ArgumentParser(prog="python -m disagg.orchestrator_plan")
     parser.add_argument("config")
@@ -28,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = load_deploy_config(args.config)
     run_dir = Path(args.run_dir).resolve()
-    model = resolve_deploy_model(config, run_dir)  # writes the tiny model on first use
+    try:
+        model = resolve_deploy_model(config, run_dir)  # writes the tiny model on first use
+    except ModelNotFoundError as exc:  # one line in the job's log, not a traceback
+        print(f"disagg setup: {exc}", file=sys.stderr)
+        return 2
     slurm_plan(config, args.config, run_dir=str(run_dir), model=str(model)).write_orchestrator_config()
     return 0
 

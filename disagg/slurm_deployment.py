@@ -65,7 +65,8 @@ def run_render(args: argparse.Namespace) -> int:
 
     try:
         config = load_deploy_config(args.config)
-        script = render_script(build_slurm_plan(config, args.config))
+        # Absolute: the job runs the setup from wherever it was submitted.
+        script = render_script(build_slurm_plan(config, str(Path(args.config).resolve())))
     except ConfigError as exc:
         print(f"disagg render: {exc}", file=sys.stderr)
         return 2
@@ -79,7 +80,8 @@ def run_render(args: argparse.Namespace) -> int:
 
 # -- up ----------------------------------------------------------------------------------------
 
-def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
+def slurm_up(config: DeployConfig, config_path: str, run_dir: Path, stop: str = "disagg down") -> int:
+    """``stop``: the ``down`` command that finds this deployment (``disagg.run_dir_link``)."""
     from slurm.jobs import job_in_queue
     from slurm.rendezvous import LOGS_DIR, create_cluster_key
     from slurm.submit import submit_with_submitit
@@ -107,7 +109,7 @@ def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
     write_state(run_dir, state)
     print(f"disagg up: submitted job {job_id} ({len(plan.steps)} steps); run dir {run_dir}", flush=True)
     try:
-        return _wait_healthy(run_dir, state, config.startup_timeout_seconds)
+        return _wait_healthy(run_dir, state, config.startup_timeout_seconds, stop)
     except KeyboardInterrupt:  # a half-started deployment is no use: leave no allocation behind
         print(f"\ndisagg up: interrupted; cancelling job {job_id}", file=sys.stderr)
         _cancel(job_id)
@@ -115,7 +117,7 @@ def slurm_up(config: DeployConfig, config_path: str, run_dir: Path) -> int:
         return 130
 
 
-def _wait_healthy(run_dir: Path, state: SlurmRunState, timeout: float) -> int:
+def _wait_healthy(run_dir: Path, state: SlurmRunState, timeout: float, stop: str) -> int:
     from slurm.jobs import job_info
     from slurm.rendezvous import read_orchestrator_url
 
@@ -147,7 +149,7 @@ def _wait_healthy(run_dir: Path, state: SlurmRunState, timeout: float) -> int:
         progress.update(f"disagg up: {line}")
         if url is not None and line.endswith("ready"):
             progress.finish()
-            print(f"disagg up: ready on {url} (job {job_id}, run dir {run_dir}; `disagg down` stops it)")
+            print(f"disagg up: ready on {url} (job {job_id}, run dir {run_dir}; `{stop}` stops it)")
             return 0
         time.sleep(0.5)
     progress.finish()

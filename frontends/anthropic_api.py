@@ -147,7 +147,7 @@ def encode_message(generation: Generation, encoder: MessageEventEncoder, result:
         reason = _stop_reason(result.finish_reason, result.stop_string)
         return encoder.message(result.text, reason, result.stop_string, generation.num_prompt_tokens,
                                generation.num_output_tokens, cached)
-    content = message_content(result.text, parser)
+    content = message_content(result.text, parser, result.finish_reason)
     reason = _stop_reason(result.finish_reason, result.stop_string, parser.num_calls)
     return encoder.message(result.text, reason, result.stop_string, generation.num_prompt_tokens,
                            generation.num_output_tokens, cached, content=content)

@@ -20,7 +20,10 @@ is complete (``content_block_start`` with empty ``input``, one
 ``input_json_delta`` with the arguments, ``content_block_stop``), or, for a
 forced call (its form guaranteed by its grammar), as it is written: the
 block starts when its name is read and each argument fragment is an
-``input_json_delta``.
+``input_json_delta``. Every block started is stopped, one index each. A call
+that ``max_tokens`` cut is a ``tool_use`` block whose ``input`` holds the
+arguments' complete values so far, as the SDKs assemble the same call
+streamed (``frontends.tool_parsers.partial_json``).
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from frontends.schemas_anthropic import (
 )
 from frontends.tool_calls import AUTO, NAMED, NONE, REQUIRED, ToolPolicy, check_named_tool, check_tool_schemas, \
     tool_spec
-from frontends.tool_parsers import ArgumentsDelta, CallHead, ParsedCall, ParserEvent, TextDelta, ToolCallParser
+from frontends.tool_parsers import ArgumentsDelta, CallHead, CutCall, ParsedCall, ParserEvent, TextDelta, \
+    ToolCallParser
 
 __all__ = ["template_messages", "prefill_text", "anthropic_tool_policy", "check_thinking", "stop_reason",
            "message_content",
@@ -140,8 +144,13 @@ def anthropic_tool_policy(body: MessagesRequest | CountTokensRequest) -> ToolPol
         return ToolPolicy()
     for i, tool in enumerate(body.tools):
         if tool.type not in (None, "custom"):
-            raise InvalidRequestError(f"tool type {tool.type!r} is not supported (client tools only)",
-                                      param=f"tools[{i}].type")
+            raise InvalidRequestError(
+                f"server tools are not supported: tools[{i}] ({tool.name!r}) has type {tool.type!r}, a tool that "
+                "Anthropic's API defines and runs; pass a custom tool instead (a name, a description and an "
+                "input_schema) and run it in your client", param=f"tools[{i}].type")
+        if tool.input_schema is None:
+            raise InvalidRequestError(f"tools[{i}] ({tool.name!r}) needs an input_schema (a JSON schema of its input)",
+                                      param=f"tools[{i}].input_schema")
     tools = tuple(tool_spec(t.name, t.input_schema, f"tools[{i}].input_schema", f"tools[{i}].name")
                   for i, t in enumerate(body.tools))
     check_tool_schemas(list(tools))
@@ -184,16 +193,16 @@ def stop_reason(finish_reason: str | None, stop_string: str | None, num_calls: i
     return STOP_REASONS.get(finish_reason or "stop", "end_turn")
 
 
-def message_content(text: str, parser: ToolCallParser) -> list[dict[str, Any]]:
+def message_content(text: str, parser: ToolCallParser, finish_reason: str | None) -> list[dict[str, Any]]:
     """The ``content`` blocks of a whole answer parsed for calls."""
     blocks: list[dict[str, Any]] = []
-    for event in parser.feed(text) + parser.finish():
+    for event in parser.parse(text, cut=finish_reason == "length"):
         if isinstance(event, TextDelta):
             if blocks and blocks[-1]["type"] == "text":
                 blocks[-1]["text"] += event.text
             else:
                 blocks.append({"type": "text", "text": event.text})
-        elif isinstance(event, ParsedCall):
+        elif isinstance(event, (ParsedCall, CutCall)):
             blocks.append({"type": "tool_use", "id": tool_use_id(), "name": event.name, "input": event.arguments})
     return blocks or [{"type": "text", "text": ""}]
 
@@ -217,10 +226,10 @@ class ToolUseMessageStream:
 
     def finish(self, generation: Generation, last: Piece) -> list[bytes]:
         encoder = self.encoder
-        frames = [self._frames(self.parser.finish())]
+        frames = [self._frames(self.parser.finish(cut=last.finish_reason == "length"))]
         if self.index == 0 and not (self.text_open or self.tool_open):  # nothing: one empty text block
             frames.append(self._open_text())
-        if self.text_open or self.tool_open:  # a call cut short (max_tokens) ends here too
+        if self.text_open or self.tool_open:  # the last block (the parser ends every call it started)
             frames.append(encoder.block_stop(self.index))
         reason = stop_reason(last.finish_reason, last.stop_string, self.parser.num_calls)
         frames.append(encoder.message_delta(reason, last.stop_string, generation.num_prompt_tokens,
@@ -246,14 +255,12 @@ class ToolUseMessageStream:
                 frames.append(encoder.block_delta(self.index, {"type": "input_json_delta", "partial_json": event.text}))
             elif isinstance(event, CallHead):
                 frames.append(self._close_text() + self._open_tool_use(event.name))
-            elif self.tool_open:  # the streamed call is complete
-                frames.append(encoder.block_stop(self.index))
-                self.tool_open = False
-                self.index += 1
-            else:
-                frames.append(self._close_text() + self._open_tool_use(event.name))
-                frames.append(encoder.block_delta(self.index, {"type": "input_json_delta",
-                                                               "partial_json": event.arguments_json}))
+            else:  # a call's end (whole or cut): a streamed call's only ends its block
+                if not self.tool_open:
+                    frames.append(self._close_text() + self._open_tool_use(event.name))
+                    if event.arguments_json:  # a call cut before its arguments has none
+                        frames.append(encoder.block_delta(self.index, {"type": "input_json_delta",
+                                                                       "partial_json": event.arguments_json}))
                 frames.append(encoder.block_stop(self.index))
                 self.tool_open = False
                 self.index += 1

@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from frontends import anthropic_api, openai_api, responses, tokenize_api
+from workers.frontends_down import read_frontends_down
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
 from frontends.direct_body import DIRECT_BODY
 from frontends.memory import large_body, release_memory_soon
@@ -209,7 +210,12 @@ def _endpoint(handler: Handler, anthropic: bool) -> _Endpoint:
 
 async def _health(ctx: ServingContext, request: Request) -> Response:
     ctx.check_engine()
-    return Response(b'{"status":"ok"}', media_type="application/json")
+    down = None if ctx.frontends_down_file is None else read_frontends_down(ctx.frontends_down_file)
+    if down is None:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+    # Still serving (200: routers keep it), on fewer frontends than configured.
+    return Response(msgspec.json.encode({"status": "degraded", "frontends_left_down": down.left_down,
+                                         "num_frontends": down.num_frontends}), media_type="application/json")
 
 
 async def _version(ctx: ServingContext, request: Request) -> Response:

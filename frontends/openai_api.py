@@ -248,7 +248,7 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
     result = await run_until_disconnect(receive, generation.collect())
     logprobs = chat_logprobs(ctx.tokenizer, result.logprobs) if result.logprobs is not None else None
     message, num_calls = ({"role": "assistant", "content": result.text}, 0) if parser is None \
-        else chat_message(result.text, parser)
+        else chat_message(result.text, parser, result.finish_reason)
     choice = {
         "index": 0,
         "message": message,

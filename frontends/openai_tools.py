@@ -7,7 +7,9 @@ never leaks as content), as two chunks: ``index``, ``id``, ``type`` and
 fragment; a forced call (its form guaranteed by its grammar) goes out as it
 is written: the name first, then argument fragments as the model writes them.
 ``finish_reason`` is ``tool_calls`` when the answer holds a call
-and ended normally (``length`` stays ``length``).
+and ended normally (``length`` stays ``length``). A call that ``max_tokens``
+cut is a call whose ``arguments`` are the JSON text written so far, streamed
+or not.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from frontends.generation import Generation, Piece, StreamEncoder
 from frontends.schemas_openai import ChatChunkEncoder, ChatCompletionRequest, ChatMessage
 from frontends.tool_calls import AUTO, NAMED, NONE, REQUIRED, ToolPolicy, check_named_tool, check_tool_schemas, \
     tool_spec
-from frontends.tool_parsers import ArgumentsDelta, CallHead, ParsedCall, ParserEvent, TextDelta, ToolCallParser
+from frontends.tool_parsers import ArgumentsDelta, CallHead, CutCall, ParsedCall, ParserEvent, TextDelta, \
+    ToolCallParser
 
 __all__ = ["template_messages", "openai_tool_policy", "ToolCallChatStream", "chat_message", "finish_reason", "call_id"]
 
@@ -91,17 +94,17 @@ def finish_reason(reason: str | None, num_calls: int) -> str:
     return reason or "stop"
 
 
-def chat_message(text: str, parser: ToolCallParser) -> tuple[dict[str, Any], int]:
+def chat_message(text: str, parser: ToolCallParser, finish_reason: str | None) -> tuple[dict[str, Any], int]:
     """The non-streaming ``message`` of an answer parsed for calls, and how many it holds."""
-    events = parser.feed(text) + parser.finish()
+    events = parser.parse(text, cut=finish_reason == "length")
     content = "".join(e.text for e in events if isinstance(e, TextDelta))
-    calls = [_call_object(e) for e in events if isinstance(e, ParsedCall)]
+    calls = [_call_object(e) for e in events if isinstance(e, (ParsedCall, CutCall))]
     if not calls:
         return {"role": "assistant", "content": content}, 0
     return {"role": "assistant", "content": content or None, "tool_calls": calls}, len(calls)
 
 
-def _call_object(call: ParsedCall) -> dict[str, Any]:
+def _call_object(call: ParsedCall | CutCall) -> dict[str, Any]:
     return {"id": call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
 
 
@@ -112,6 +115,7 @@ class ToolCallChatStream:
         self.inner = inner
         self.encoder = encoder
         self.parser = parser
+        self.streamed_call: int | None = None  # the call whose head went out before its end
 
     def start(self, generation: Generation) -> list[bytes]:
         return self.inner.start(generation)
@@ -120,7 +124,7 @@ class ToolCallChatStream:
         return self._frames(self.parser.feed(piece.text)) or None
 
     def finish(self, generation: Generation, last: Piece) -> list[bytes]:
-        frames = self._frames(self.parser.finish())
+        frames = self._frames(self.parser.finish(cut=last.finish_reason == "length"))
         reason = finish_reason(last.finish_reason, self.parser.num_calls)
         ending = Piece("", [], None, reason, last.stop_string)
         return ([frames] if frames else []) + self.inner.finish(generation, ending)
@@ -134,10 +138,12 @@ class ToolCallChatStream:
             if isinstance(event, TextDelta):
                 frames.append(encoder.content(event.text))
             elif isinstance(event, CallHead):
+                self.streamed_call = event.index
                 frames.append(encoder.tool_call_start(event.index, call_id(), event.name))
             elif isinstance(event, ArgumentsDelta):
                 frames.append(encoder.tool_call_arguments(event.index, event.text))
-            elif not self.parser.stream_arguments:  # a streamed call's ParsedCall only ends it
+            elif event.index != self.streamed_call:  # a streamed call's end only ends it
                 frames.append(encoder.tool_call_start(event.index, call_id(), event.name))
-                frames.append(encoder.tool_call_arguments(event.index, event.arguments_json))
+                if event.arguments_json:  # a call cut before its arguments has none
+                    frames.append(encoder.tool_call_arguments(event.index, event.arguments_json))
         return b"".join(frames)

@@ -1,4 +1,4 @@
-"""OpenAPI for apps whose routes stay raw ASGI: FastAPI's ``/openapi.json`` and ``/docs``, msgspec's schemas.
+"""OpenAPI for apps whose routes stay raw ASGI: FastAPI's ``/openapi.json``, ``/docs`` and ``/redoc``, msgspec's schemas.
 
 The worker frontends and the orchestrator are ``DocumentedApp``s: FastAPI
 applications (their docs routes, their ``openapi()`` hook) whose requests all
@@ -18,6 +18,7 @@ step.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any, Iterable, Sequence
 
 import msgspec
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
@@ -38,11 +39,17 @@ from frontends.route_table import ADMIN_ONLY_PREFIXES
 __all__ = ["RouteDoc", "DocumentedApp", "openapi_document", "undocumented_routes", "unserved_docs",
            "OPENAPI_PATHS"]
 
-OPENAPI_PATHS = ("/openapi.json", "/docs", "/docs/assets/{name}")  # what DocumentedApp adds to an app's routes
-# The Swagger UI files /docs loads, served from the swagger-ui-bundle package: no CDN (a server
-# room without internet still gets its docs page).
-_SWAGGER_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css",
-                   "favicon-32x32.png": "image/png"}
+# What DocumentedApp adds to an app's routes (ReDoc asks for its logo next to its page's path).
+OPENAPI_PATHS = ("/openapi.json", "/docs", "/docs/assets/{name}", "/redoc", "/redoc/logo-mini.svg")
+# The files /docs (Swagger UI 5, the first to read OpenAPI 3.1) and /redoc (ReDoc 2) load, by the name
+# the page asks for: their path in the fastapi-standalone-docs package and their media type. No CDN:
+# a server room without internet still gets its docs pages.
+_ASSETS_PACKAGE = "fastapi_standalone_docs"
+_ASSETS = {"swagger-ui-bundle.js": ("static/swagger/swagger-ui-bundle.js", "text/javascript"),
+           "swagger-ui.css": ("static/swagger/swagger-ui.css", "text/css"),
+           "redoc.standalone.js": ("static/redoc/redoc.standalone.js", "text/javascript"),
+           "favicon.png": ("static/fastapi/favicon.png", "image/png"),
+           "logo-mini.svg": ("static/redoc/logo-mini.svg", "image/svg+xml")}
 _REF = "#/components/schemas/{name}"
 _PARAM = re.compile(r"{(\w+)(?::\w+)?}")
 _CATCH_ALL = "{rest:path}"
@@ -134,7 +141,9 @@ class DocumentedApp(FastAPI):
         super().__init__(title=title, version=version, description=description, openapi_url=OPENAPI_PATHS[0],
                          docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None, **kwargs)
         self.add_route(OPENAPI_PATHS[1], self._swagger_ui, include_in_schema=False)
-        self.add_route(OPENAPI_PATHS[2], _swagger_asset, include_in_schema=False)
+        self.add_route(OPENAPI_PATHS[2], _docs_asset, include_in_schema=False)
+        self.add_route(OPENAPI_PATHS[3], self._redoc, include_in_schema=False)
+        self.add_route(OPENAPI_PATHS[4], _redoc_logo, include_in_schema=False)
         self.route_docs = tuple(docs)
         self.open_paths = open_paths  # with an API key: the paths that need none (openapi_document)
         # APIRouter.app adds per-request scope bookkeeping (form limits, telemetry route names) that no
@@ -152,7 +161,12 @@ class DocumentedApp(FastAPI):
         return get_swagger_ui_html(openapi_url=OPENAPI_PATHS[0], title=f"{self.title} - docs",
                                    swagger_js_url="/docs/assets/swagger-ui-bundle.js",
                                    swagger_css_url="/docs/assets/swagger-ui.css",
-                                   swagger_favicon_url="/docs/assets/favicon-32x32.png")
+                                   swagger_favicon_url="/docs/assets/favicon.png")
+
+    async def _redoc(self, request: Request) -> Response:
+        return get_redoc_html(openapi_url=OPENAPI_PATHS[0], title=f"{self.title} - ReDoc",
+                              redoc_js_url="/docs/assets/redoc.standalone.js",
+                              redoc_favicon_url="/docs/assets/favicon.png", with_google_fonts=False)
 
     def openapi(self) -> dict[str, Any]:
         if not self.openapi_schema:
@@ -161,14 +175,28 @@ class DocumentedApp(FastAPI):
         return self.openapi_schema
 
 
-async def _swagger_asset(request: Request) -> Response:
-    name = request.path_params["name"]
-    if name not in _SWAGGER_ASSETS:
-        return Response(status_code=404)
-    from swagger_ui_bundle import swagger_ui_path
+async def _docs_asset(request: Request) -> Response:
+    return _asset(request.path_params["name"])
 
-    return FileResponse(Path(swagger_ui_path) / name, media_type=_SWAGGER_ASSETS[name],
-                        headers={"cache-control": "public, max-age=86400"})
+
+async def _redoc_logo(request: Request) -> Response:
+    return _asset("logo-mini.svg")
+
+
+def _asset(name: str) -> Response:
+    if name not in _ASSETS:
+        return Response(status_code=404)
+    path, media_type = _ASSETS[name]
+    return FileResponse(_assets_root() / path, media_type=media_type, headers={"cache-control": "public, max-age=86400"})
+
+
+@functools.cache
+def _assets_root() -> Path:
+    # The package's directory, found without importing it: only its files are used.
+    spec = importlib.util.find_spec(_ASSETS_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"the {_ASSETS_PACKAGE} package (a dependency of disagg) is not installed")
+    return Path(spec.submodule_search_locations[0])
 
 
 def _documentable(routes: Iterable[BaseRoute]) -> Iterable[tuple[str, str, Route]]:

@@ -216,8 +216,13 @@ class ResponseItemList(msgspec.Struct, kw_only=True):
 # --- the worker's own routes ----------------------------------------------------------------------------
 
 
-class Health(msgspec.Struct):
-    status: Literal["ok"]
+class Health(msgspec.Struct, kw_only=True, omit_defaults=True):
+    status: Literal["ok", "degraded"]
+    """degraded: serving, on fewer frontends than configured (one left down by its restart budget)."""
+    frontends_left_down: list[int] | None = None
+    """degraded: the frontends the launcher no longer respawns."""
+    num_frontends: int | None = None
+    """degraded: the frontends configured."""
 
 
 class Version(msgspec.Struct):

@@ -47,6 +47,9 @@ def build_record(request_id: int, frontend_id: int, arrival: float, tokenized: f
     ``x_request_id``: the request's x-request-id header (the orchestrator joins its record on it)."""
     timing = last.timing if last is not None else None
     kv = last.kv_transfer if last is not None else None
+    recomputed = kv is not None and kv.recomputed
+    if recomputed:
+        kv = None  # no transfer to report: its figures would skew the transfer histograms
     return PerfRecord(
         request_id=request_id,
         frontend_id=frontend_id,
@@ -65,6 +68,7 @@ def build_record(request_id: int, frontend_id: int, arrival: float, tokenized: f
         kv_transfer_bytes=kv.num_bytes if kv else 0,
         kv_transfer_blocks=kv.num_blocks if kv else 0,
         kv_transfer_bytes_per_second=kv.bytes_per_second if kv else None,
+        kv_recomputed=recomputed,
         x_request_id=x_request_id,
     )
 

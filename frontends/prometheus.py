@@ -22,6 +22,7 @@ from typing import Any
 
 from frontends.metric_batch import MetricBatch
 from frontends.piece_cache import PieceCache, count_lookups
+from frontends.process_metrics import ProcessMetrics
 from workers.protocol import PerfRecord
 
 __all__ = ["MULTIPROC_ENV", "FrontendMetrics", "LauncherMetrics", "render", "mark_process_dead", "CONTENT_TYPE"]
@@ -43,11 +44,14 @@ class FrontendMetrics:
     """Counters and histograms of one frontend process, fed by its perf records; ``piece_cache``:
     its tokenizer's (``Tokenizer.piece_cache``), whose lookups it exports."""
 
-    def __init__(self, piece_cache: PieceCache | None = None) -> None:
+    def __init__(self, piece_cache: PieceCache | None = None, process: str = "frontend") -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # process_* of this process (and, for the launcher, its engine's) and disagg_build_info;
+        # the app's lifespan starts its sampling thread (frontends.process_metrics).
+        self.process = ProcessMetrics(r, process)
         # 1 per live frontend process, summed over the live ones: the frontends serving the port
         # (a dead frontend's file is dropped by ``mark_process_dead``).
         self.frontends = Gauge("disagg_frontends", "Frontend processes serving the worker's port.", registry=r,
@@ -79,6 +83,9 @@ class FrontendMetrics:
                                          registry=r)
         self.kv_transfer_rate = Histogram("disagg_kv_transfer_bytes_per_second", "KV pull rate per request.",
                                           buckets=_RATE_BUCKETS, registry=r)
+        self.kv_recomputed = Counter("disagg_kv_transfer_recomputed", "Disaggregated gen legs whose KV pull failed "
+                                     "(ctx engine gone, parked KV expired): the gen engine prefilled the prompt "
+                                     "itself.", registry=r)
         # Created at zero ("no failures" is a 0 series, not none), and looked up once: labels()
         # takes a lock and builds a key per call.
         self._finished = {reason: self.success.labels(reason) for reason in ("stop", "length")}
@@ -109,6 +116,8 @@ class FrontendMetrics:
                 batch.observe(self.itl, max(0.0, record.finished - first_token) / (record.num_output_tokens - 1))
         if record.first_scheduled is not None and record.engine_arrival is not None:
             batch.observe(self.queue, max(0.0, record.first_scheduled - record.engine_arrival))
+        if record.kv_recomputed:
+            batch.count(self.kv_recomputed, 1)
         if record.kv_transfer_seconds is not None:
             batch.observe(self.kv_transfer, record.kv_transfer_seconds)
             batch.count(self.kv_transfer_bytes, record.kv_transfer_bytes)
@@ -121,6 +130,7 @@ class FrontendMetrics:
 
     def render(self) -> bytes:
         self.flush()
+        self.process.sample()
         return render(self.registry)
 
 

@@ -61,7 +61,9 @@ FRONTEND_LOCAL_PATHS: frozenset[str] = frozenset({
     "/worker_info",  # static facts about this worker (role, model): the same on every frontend
     "/openapi.json",  # the API's documentation (frontends.openapi): the same on every frontend
     "/docs",
-    "/docs/assets/{name}",  # Swagger UI's script and style, from the swagger-ui-bundle package
+    "/docs/assets/{name}",  # Swagger UI's and ReDoc's scripts and style, from the fastapi-standalone-docs package
+    "/redoc",
+    "/redoc/logo-mini.svg",
 })
 
 

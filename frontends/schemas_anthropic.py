@@ -84,7 +84,9 @@ class Message(msgspec.Struct, frozen=True):
 
 class ToolDefinition(msgspec.Struct, frozen=True):
     name: str
-    input_schema: dict[str, Any]
+    # Required of a custom tool; optional here so that a server tool (which has none) is refused
+    # for what it is (frontends.anthropic_tools), not for a missing field.
+    input_schema: dict[str, Any] | None = None
     description: str | None = None
     type: str | None = None  # "custom" or absent: client tools are the only kind served
     cache_control: Any = None

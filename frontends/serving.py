@@ -73,6 +73,8 @@ class ServingContext:
             else detect_tool_syntax(tokenizer.chat_template_source))
         self._grammar_checker: GrammarChecker | None = None  # built on the first constrained request
         self.response_ids = ResponseIds()
+        self.frontends_down_file: Path | None = None
+        """A worker's ``workers.frontends_down`` file (set by ``frontends.worker_app``): /health reads it."""
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:

@@ -32,6 +32,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from frontends.errors import InvalidRequestError
 from frontends.request_limits import MAX_CHOICES, MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, check_count
+from frontends.schema_errors import describe_unsupported
 from frontends.tokenizer import Tokenizer
 from workers.guided import JSON_OBJECT_SCHEMA, GrammarCompiler
 from workers.sampling_params import GuidedDecoding
@@ -196,5 +197,13 @@ class GrammarChecker:
             vocab_size = max(self._vocab_size, self._tokenizer.vocab_size)
             self._compiler = GrammarCompiler.for_tokenizer(self._tokenizer.backend, vocab_size, eos)
         error = self._compiler.check(guided)
-        if error is not None:
-            raise InvalidRequestError(f"{param} cannot be enforced: {error}", param=param)
+        if error is None:
+            return
+        if guided.kind == "json_schema":  # said in the terms of the user's schema
+            try:
+                problem = describe_unsupported(json.loads(guided.spec), error)
+            except ValueError:
+                pass
+            else:
+                error = f"{problem.message} (at {problem.path})" if problem.path else problem.message
+        raise InvalidRequestError(f"{param} cannot be enforced: {error}", param=param)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +31,14 @@ from typing import Any
 from llguidance import LLMatcher
 
 from frontends.errors import InvalidRequestError
+from frontends.schema_errors import describe_unsupported
 from frontends.tool_parsers import CallSyntax, ToolCallParser
 from workers.sampling_params import GuidedDecoding
 
 __all__ = ["ToolSpec", "ToolPolicy", "check_tool_schemas", "tool_spec", "check_named_tool",
            "AUTO", "NONE", "REQUIRED", "NAMED"]
+
+logger = logging.getLogger(__name__)
 
 AUTO, NONE, REQUIRED, NAMED = "auto", "none", "required", "named"
 # What the APIs allow (OpenAI: [a-zA-Z0-9_-]{1,64}), and MCP-style dots and colons: no quotes or
@@ -72,7 +76,7 @@ class ToolPolicy:
         forced call streams its arguments as they come: its grammar guarantees its form."""
         if syntax is None or not self.parses_calls:
             return None
-        return ToolCallParser(syntax, (tool.name for tool in self.tools), stream_arguments=streaming and self.is_forced)
+        return ToolCallParser(syntax, (tool.name for tool in self.tools), forced=self.is_forced, streaming=streaming)
 
     def guided(self, syntax: CallSyntax | None) -> GuidedDecoding | None:
         """The grammar that enforces a forced choice (None for auto and none)."""
@@ -83,13 +87,16 @@ class ToolPolicy:
                 "this model has no known tool-call format, so tool calls cannot be forced; start the server "
                 "with --tool-call-parser", param=self.choice_param)
         allowed = [t for t in self.tools if self.mode == REQUIRED or t.name == self.name]
+        for tool in allowed:
+            _check_enforceable(tool)
         parallel = self.parallel and self.mode == REQUIRED
         tools_json = json.dumps([(t.name, t.parameters) for t in allowed], sort_keys=True)
         grammar, error = _forced_grammar(syntax.name, tools_json, parallel)
-        if error:
-            params = ", ".join(t.param for t in allowed)
-            raise InvalidRequestError(f"tool schema not supported for forced tool calls ({params}): {error}",
-                                      param=allowed[0].param if len(allowed) == 1 else "tools")
+        if error:  # each schema compiles alone: not the user's to fix, but say what failed
+            logger.warning("the forced-call grammar of tools %s does not compile: %s",
+                           [t.name for t in allowed], error)
+            raise InvalidRequestError("these tools' schemas cannot be enforced together for a forced tool call; "
+                                      "use tool_choice auto", param=self.choice_param)
         return GuidedDecoding("lark", grammar)
 
 
@@ -109,7 +116,7 @@ def check_tool_schemas(tools: list[ToolSpec]) -> None:
                                       f"{tool.parameters.get('type')!r}", param=tool.param)
         error = _schema_error(json.dumps(tool.parameters, sort_keys=True))
         if error:
-            raise InvalidRequestError(f"invalid JSON schema for tool {tool.name!r}: {error}", param=tool.param)
+            raise _schema_problem(tool, error, f"invalid JSON schema for tool {tool.name!r}")
 
 
 def tool_spec(name: str, schema: dict[str, Any] | None, param: str, name_param: str) -> ToolSpec:
@@ -120,6 +127,28 @@ def tool_spec(name: str, schema: dict[str, Any] | None, param: str, name_param: 
 def check_named_tool(tools: tuple[ToolSpec, ...], name: str, param: str) -> None:
     if name not in {t.name for t in tools}:
         raise InvalidRequestError(f"tool_choice names the tool {name!r}, which is not in tools", param=param)
+
+
+def _check_enforceable(tool: ToolSpec) -> None:
+    """400 naming what in the tool's schema a forced call cannot enforce, where, and what to do."""
+    error = _strict_schema_error(json.dumps(tool.parameters, sort_keys=True))
+    if error:
+        raise _schema_problem(tool, error, f"the schema of tool {tool.name!r} cannot be enforced for a forced call",
+                              "; or let the model choose (tool_choice auto), which does not enforce the schema")
+
+
+def _schema_problem(tool: ToolSpec, error: str, what: str, advice: str = "") -> InvalidRequestError:
+    """The 400 of a schema llguidance refused (``error``), in the terms of the user's schema."""
+    problem = describe_unsupported(tool.parameters, error)
+    where = f" (at {problem.path})" if problem.path else ""
+    return InvalidRequestError(f"{what}{where}: {problem.message}{advice}",
+                               param=f"{tool.param}.{problem.path}" if problem.path else tool.param)
+
+
+@functools.lru_cache(maxsize=1024)
+def _strict_schema_error(schema_json: str) -> str:
+    # not lenient: a forced call enforces every keyword, so one the grammar engine lacks is an error.
+    return LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(schema_json))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -109,7 +109,8 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
                       control: Control, config_labels: dict[str, str], state_dir: Path) -> ASGIApp:
     """Frontend 0's app. ``control``: ``WorkerGroup.control``. ``state_dir``: where the
     launcher keeps state that outlives it (the Message Batches database)."""
-    metrics = FrontendMetrics(tokenizer.piece_cache)
+    metrics = FrontendMetrics(tokenizer.piece_cache, process="launcher")
+    metrics.process.watch("engine", attach.engine_pid)  # the engine exports nothing itself
     launcher_metrics = LauncherMetrics(metrics.registry, config_labels)
     store = PerfStore(config.max_perf_records, config.perf_record_seconds)
     recorder = PerfRecorder(store.extend, _observer(metrics, client))
@@ -124,6 +125,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     async def lifespan(app: Starlette):
         receiver = PerfReceiver(attach.paths.perf, attach.key, store)
         receiver.start()
+        metrics.process.start()
         gauges = asyncio.create_task(state.refresh_gauges_forever(), name="engine-gauges")
         try:
             async with batches:
@@ -139,6 +141,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
                     prefix_routes=[*launcher_routes(state), *batch_routes(batches), *admin_routes(responses)],
                     extra_routes=[_prometheus_route(metrics, state.refresh_gauges)], responses_store=responses)
     app.state.launcher = state
+    app.state.serving.frontends_down_file = attach.paths.frontends_down
     return ForwardedCounter(app, launcher_metrics)
 
 
@@ -155,6 +158,7 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         sender.open()
+        metrics.process.start()
         try:
             yield
         finally:
@@ -167,4 +171,5 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     app = build_app(client, tokenizer, config, lifespan=lifespan, prefix_routes=forwarder.routes(),
                     extra_routes=[_prometheus_route(metrics)], responses_store=responses)
     app.state.forwarder = forwarder
+    app.state.serving.frontends_down_file = attach.paths.frontends_down
     return app

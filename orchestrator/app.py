@@ -81,6 +81,7 @@ class Orchestrator:
         self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self))
         self.link = StateLink(config.state_socket, self.view, push_loads=config.processes > 1)
         self.metrics = Metrics(tokenizer.piece_cache)
+        self.metrics.process.on_sample(self._sample_in_flight)
         # One count per process of the generation requests in flight, for the app and the fast lane.
         self.admission = AdmissionGate(config.max_concurrent_requests or None, "this orchestrator process", "")
         timeouts = config.timeouts
@@ -93,6 +94,10 @@ class Orchestrator:
         self.responses = LocalResponses(ResponseStore(Path(config.state_dir) / RESPONSES_FILE))
         self._id_prefix = uuid.uuid4().hex[:16]
         self._id_counter = itertools.count()
+
+    def _sample_in_flight(self) -> None:
+        # Read on the sampling thread too: copy before summing (the loop may change the dict meanwhile).
+        self.metrics.in_flight.set(sum(load[0] for load in list(self.view.local_load.values())))
 
     def new_request_id(self) -> str:
         """Unique across processes and restarts: a random prefix per process, then a counter
@@ -115,7 +120,7 @@ class Orchestrator:
                     await asyncio.wait_for(self.link.first_snapshot.wait(), FIRST_SNAPSHOT_WAIT_SECONDS)
             return await self.flow.answer(parsed, request_id, watch, record)
         except Exception as exc:
-            self.metrics.errors.labels("request", type(exc).__name__).inc()
+            self.metrics.count_failure(exc)
             record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
             self.link.perf_queue.append(record)
             raise
@@ -137,6 +142,7 @@ class Orchestrator:
 
     async def start(self) -> None:
         self.link.start()
+        self.metrics.process.start()
 
     async def close(self) -> None:
         self.metrics.flush()
@@ -240,7 +246,9 @@ async def _cluster_info(orch: Orchestrator, request: Request) -> Response:
 
 
 async def _prometheus(orch: Orchestrator, request: Request) -> Response:
-    return Response(orch.metrics.render(), media_type=CONTENT_TYPE)
+    workers = [(w.worker_id, w.url, w.role, w.healthy, w.degraded)
+               for w in sorted(orch.view.workers.values(), key=lambda w: w.worker_id)]
+    return Response(orch.metrics.render(workers), media_type=CONTENT_TYPE)
 
 
 async def _perf(orch: Orchestrator, request: Request) -> Response:
@@ -323,6 +331,9 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/health", _endpoint(_health, protected=False), methods=["GET"]),
         Route("/cluster_info", _endpoint(_cluster_info, protected=False), methods=["GET"]),
         Route("/prometheus/metrics", _endpoint(_prometheus, protected=False), methods=["GET"]),
+        # The same text where scrapers look by default (a ServiceMonitor, aiperf). A worker's /metrics
+        # stays its engine's iteration stats (JSON, drained by routers).
+        Route("/metrics", _endpoint(_prometheus, protected=False), methods=["GET"]),
         Route("/perf_metrics", _endpoint(_perf, protected=False), methods=["GET"]),
         Route("/workers", _endpoint(_workers), methods=["GET"]),
         Route("/workers/register", _endpoint(_forward("/register")), methods=["POST"]),

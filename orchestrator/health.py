@@ -32,6 +32,15 @@ log = logging.getLogger("disagg.orchestrator.health")
 CLOCK_PROBES = 4  # /worker_info calls per (re)joined worker; the fastest round trip sets its offset
 
 
+def _says_degraded(body: bytes) -> bool:
+    """A worker's 200 /health body is ``{"status": "degraded", ...}`` while a frontend is left down."""
+    try:
+        answer = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return False
+    return isinstance(answer, dict) and answer.get("status") == "degraded"
+
+
 class HealthChecker:
     def __init__(self, owner: StateOwner, client: httpx.AsyncClient) -> None:
         self.owner = owner
@@ -62,9 +71,10 @@ class HealthChecker:
         try:
             response = await self.client.get(f"{worker.url}/health", timeout=self.timeout)
             ok, error = response.status_code == 200, f"/health answered {response.status_code}"
+            degraded = ok and _says_degraded(response.content)
         except httpx.HTTPError as exc:
-            ok, error = False, f"{type(exc).__name__}: {exc}"
-        moved = self.owner.registry.report_check(worker.worker_id, ok, None if ok else error)
+            ok, error, degraded = False, f"{type(exc).__name__}: {exc}", False
+        moved = self.owner.registry.report_check(worker.worker_id, ok, None if ok else error, degraded)
         if moved:  # joining is a state change (INFO); leaving is a fault (WARNING)
             log.log(logging.INFO if ok else logging.WARNING, "worker %s (%s) %s the rotation%s", worker.worker_id,
                     worker.url, "joined" if ok else "left", "" if ok else f": {error}")

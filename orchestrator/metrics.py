@@ -25,11 +25,16 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from typing import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from frontends.metric_batch import MetricBatch
 from frontends.piece_cache import PieceCache, count_lookups
+from frontends.process_metrics import ProcessMetrics
+from frontends.streaming import ClientDisconnected
 
 __all__ = ["Metrics", "CONTENT_TYPE", "FLUSH_SECONDS"]
 
@@ -60,6 +65,12 @@ class Metrics:
                                registry=self.registry)
         self.errors = Counter(f"{prefix}_errors", "Requests that failed, by phase and kind", ["phase", "kind"],
                               registry=self.registry)
+        # A client that leaves is no failure of ours: counted here, never in ``errors``.
+        self.disconnects = Counter(f"{prefix}_client_disconnects", "Client requests the client left before their "
+                                   "end (phase request: before the answer started; gen: mid-stream)", ["phase"],
+                                   registry=self.registry)
+        for phase in ("request", "gen"):
+            self.disconnects.labels(phase)
         for phase in _KNOWN_PHASES:
             self.retries.labels(phase)
             self.legs.labels(phase)
@@ -75,6 +86,19 @@ class Metrics:
         lookups = Counter(f"{prefix}_prompt_piece_cache_lookups", "Long chat-prompt pieces looked up in the "
                           "tokenizer's piece cache (hit: not tokenized again).", ["result"], registry=self.registry)
         count_lookups(piece_cache, lookups, self._batch)
+        # Sampled, not counted per request (a file write each): ``Orchestrator`` sets it at every
+        # sample of ``process`` and before a scrape.
+        self.in_flight = Gauge(f"{prefix}_requests_in_flight", "Client requests with a leg running at a worker, "
+                               "summed over the orchestrator's processes", registry=self.registry,
+                               multiprocess_mode="livesum")
+        self.process = ProcessMetrics(self.registry, "orchestrator")
+
+    def count_failure(self, exc: BaseException) -> None:
+        """A client request that ended with ``exc`` before its answer: a disconnect or an error."""
+        if isinstance(exc, ClientDisconnected):
+            self.disconnects.labels("request").inc()
+        else:
+            self.errors.labels("request", type(exc).__name__).inc()
 
     def phase(self, name: str) -> Histogram:
         """``phase_seconds`` of one phase."""
@@ -112,11 +136,40 @@ class Metrics:
         """Write what the request path counted into the shared files now."""
         self._batch.flush()
 
-    def render(self) -> bytes:
+    def render(self, workers: Iterable[WorkerHealth] = ()) -> bytes:
+        """The exposition text; ``workers``: the registry as this process sees it (every process holds
+        the owner's snapshot), rendered from memory rather than the shared files, so a worker that
+        left the registry leaves no stale series."""
         self.flush()
+        self.process.sample()
+        health = CollectorRegistry()
+        health.register(_WorkerHealthCollector(list(workers)))
         if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-            return generate_latest(self.registry)
+            return generate_latest(self.registry) + generate_latest(health)
         collector_registry = CollectorRegistry()
         MultiProcessCollector(collector_registry)
-        return generate_latest(collector_registry)
+        return generate_latest(collector_registry) + generate_latest(health)
+
+
+WorkerHealth = tuple[str, str, str, bool, bool]
+"""(worker id, url, role, healthy, degraded) of one worker."""
+
+
+class _WorkerHealthCollector:
+    def __init__(self, workers: list[WorkerHealth]) -> None:
+        self.workers = workers
+
+    def collect(self):
+        # Not "role": the orchestrator's scrape target carries role="orchestrator" (orchestrator.prometheus_sd).
+        labels = ["worker", "worker_url", "worker_role"]
+        healthy = GaugeMetricFamily("disagg_orchestrator_worker_healthy", "1 while the orchestrator routes to "
+                                    "the worker (its health checks pass), 0 otherwise", labels=labels)
+        degraded = GaugeMetricFamily("disagg_orchestrator_worker_degraded", "1 while the worker serves with "
+                                     "fewer frontends than configured (one left down by its restart budget)",
+                                     labels=labels)
+        for worker_id, url, role, is_healthy, is_degraded in self.workers:
+            healthy.add_metric([worker_id, url, role], 1.0 if is_healthy else 0.0)
+            degraded.add_metric([worker_id, url, role], 1.0 if is_degraded else 0.0)
+        yield healthy
+        yield degraded
 

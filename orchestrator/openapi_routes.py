@@ -23,7 +23,7 @@ __all__ = ["ORCHESTRATOR_DOCS", "DESCRIPTION", "OPEN_PATHS"]
 DESCRIPTION = ("The one URL of a disagg deployment: OpenAI, Anthropic and Responses APIs over context and "
                "generation workers.")
 # With an API key configured, what needs none (probes and scrapers; ``orchestrator.app``'s protected=False).
-OPEN_PATHS = frozenset({"/health", "/version", "/cluster_info", "/prometheus/metrics", "/perf_metrics"})
+OPEN_PATHS = frozenset({"/health", "/version", "/cluster_info", "/prometheus/metrics", "/metrics", "/perf_metrics"})
 
 
 class OrchestratorHealth(msgspec.Struct):
@@ -58,6 +58,8 @@ class WorkerList(msgspec.Struct):
 _CLUSTER, _WORKERS = "Cluster", "Workers"
 ORCHESTRATOR_DOCS: tuple[RouteDoc, ...] = (
     *GENERATION_DOCS, *SURFACE_DOCS, *BATCH_DOCS, PROMETHEUS_DOC,
+    RouteDoc("GET", "/metrics", "Prometheus exposition (the same as /prometheus/metrics: where scrapers look by "
+             "default)", PROMETHEUS_DOC.tag, media_type=PROMETHEUS_DOC.media_type),
     RouteDoc("GET", "/health", "200 once every process has a healthy ctx and gen worker, 503 before", _CLUSTER,
              response=OrchestratorHealth),
     RouteDoc("GET", "/cluster_info", "Workers, their load and the routers' settings, as this process sees them",

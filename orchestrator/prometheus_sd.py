@@ -32,6 +32,8 @@ __all__ = ["TargetGroup", "TargetFiles", "render_prometheus_config", "write_prom
            "CONFIG_FILE", "prometheus_command"]
 
 METRICS_PATH = "/prometheus/metrics"
+LISTEN_ADDRESS = "127.0.0.1:9090"
+"""Where the Prometheus that ``disagg status`` suggests listens."""
 TARGETS_DIR = "prometheus/targets"
 """Relative to the run directory."""
 CONFIG_FILE = "prometheus.yml"
@@ -135,4 +137,6 @@ def write_prometheus_config(run_dir: str | Path, deployment: str, scrape_interva
 def prometheus_command(run_dir: str | Path) -> str:
     """How to scrape the deployment of ``run_dir`` (what ``disagg status`` prints)."""
     run = Path(run_dir).resolve()
-    return f"prometheus --config.file={run / CONFIG_FILE} --storage.tsdb.path={run / 'prometheus' / 'data'}"
+    # Loopback only: Prometheus listens on 0.0.0.0:9090 by default, an open door on a shared machine.
+    return (f"prometheus --config.file={run / CONFIG_FILE} --storage.tsdb.path={run / 'prometheus' / 'data'} "
+            f"--web.listen-address={LISTEN_ADDRESS}")

@@ -47,6 +47,8 @@ class WorkerRecord(msgspec.Struct, kw_only=True):
     static: bool
     kv_endpoint: str | None = None
     healthy: bool = False
+    degraded: bool = False
+    """Its last /health said ``degraded``: serving, on fewer frontends than configured."""
     num_failures: int = 0
     """Consecutive failed health checks."""
     num_successes: int = 0
@@ -159,11 +161,15 @@ class Registry:
             self._changed()
         return gone
 
-    def report_check(self, worker_id: str, ok: bool, error: str | None = None) -> bool:
-        """Record one health check; True when the worker joined or left the rotation."""
+    def report_check(self, worker_id: str, ok: bool, error: str | None = None, degraded: bool = False) -> bool:
+        """Record one health check; True when the worker joined or left the rotation. ``degraded``
+        (a passing check that said so) is shown, never routed on."""
         record = self.workers.get(worker_id)
         if record is None:
             return False
+        if ok and record.degraded != degraded:
+            record.degraded = degraded
+            self._changed()
         was_healthy = record.healthy
         if ok:
             record.num_successes, record.num_failures, record.last_error = record.num_successes + 1, 0, None

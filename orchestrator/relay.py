@@ -57,6 +57,7 @@ class Relay:
         self.last = first_chunk  # the last bytes relayed: an error event must start on a line of its own
         self._expiry: asyncio.TimerHandle | None = None
         self._closed = False
+        self._ended = False  # the stream reached its end (or its error event): closed before, the client left
 
     def _start(self) -> None:
         # One timer for the request's deadline, not an asyncio.timeout per relayed event: it ends
@@ -72,7 +73,9 @@ class Relay:
             async for chunk in self.chunks:
                 self.last = chunk
                 yield chunk
+            self._ended = True
         except (UpstreamError, asyncio.TimeoutError) as exc:
+            self._ended = True
             yield self.error_frame(exc)
         finally:
             self.close()
@@ -85,6 +88,9 @@ class Relay:
         done = asyncio.get_running_loop().create_future()
 
         def deliver(data: bytes, end: bool, error: UpstreamError | None) -> None:
+            if self._closed:  # the client left: what the closing upstream says after that is nobody's
+                return
+            self._ended = end
             if data:
                 self.last = data
             if error is not None:
@@ -116,6 +122,8 @@ class Relay:
         if self._expiry is not None:
             self._expiry.cancel()
         flow = self.flow
+        if not self._ended:
+            flow.metrics.disconnects.labels("gen").inc()
         gen = self.record.gen  # set by the leg that answered (Flow.stream_gen)
         if gen is not None:
             gen.end = time.time()

@@ -71,7 +71,7 @@ async def create_response(orch, request: Request) -> Response:
         except UpstreamRejected as exc:
             raise _renamed(exc) from None
     except Exception as exc:
-        orch.metrics.errors.labels("request", type(exc).__name__).inc()
+        orch.metrics.count_failure(exc)
         record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
         orch.link.perf_queue.append(record)
         raise

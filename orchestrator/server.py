@@ -32,7 +32,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the CLI imports this module to add its arguments: keep that import light
     from orchestrator.config import OrchestratorConfig
@@ -140,7 +140,7 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
         owner_task = asyncio.create_task(_run_owner(config, owner, owner_stop, batch_routes(batches)))
         group = ProcessGroup(args.config, port, range(1, config.processes),
                              lambda: RestartBudget(config.max_process_restarts, config.process_restart_window_seconds),
-                             on_exit=lambda i: owner.set_loads(i, {}),
+                             on_exit=lambda i: _process_exited(owner, group, i),
                              extra_argv=args.child_overrides())
     else:
         # Held, and cancelled at exit: the loop keeps only a weak reference to a task.
@@ -186,6 +186,16 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
                 path.unlink(missing_ok=True)
         sock.close()
     return 0
+
+
+def _process_exited(owner: Any, group: Any, index: int) -> None:
+    """Process ``index`` died: its in-flight counts are released and its live metric series dropped."""
+    from prometheus_client import multiprocess
+
+    owner.set_loads(index, {})
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        multiprocess.mark_process_dead(group.children[index].pid, path)
 
 
 def _settle_gc() -> None:

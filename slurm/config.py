@@ -13,7 +13,7 @@ from typing import Any
 from orchestrator.typed import from_mapping
 from workers.config import ConfigError
 
-__all__ = ["ContainerConfig", "SlurmConfig", "parse_slurm_config", "ConfigError"]
+__all__ = ["CONTAINER_RUNTIMES", "ContainerConfig", "SlurmConfig", "parse_slurm_config", "ConfigError"]
 
 # Slurm's --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit.
 _TIME_RE = re.compile(r"^(\d+-\d{1,2}(:\d{2}){0,2}|\d+(:\d{2}){0,2}|UNLIMITED|INFINITE)$")
@@ -24,14 +24,21 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 _PATH_RE = re.compile(r"^[A-Za-z0-9_./+-]+$")
 
 
+CONTAINER_RUNTIMES = ("pyxis", "apptainer")
+
+
 @dataclass(frozen=True)
 class ContainerConfig:
-    """Run every step in a container through pyxis (``srun --container-image``)."""
+    """Run every step, and the setup line before them, in a container image (containers/ builds one)."""
 
     image: str
-    """An enroot image: ``registry#repo:tag`` or a squashfs path."""
+    """pyxis: an enroot image, ``registry#repo:tag`` or a ``.sqsh`` path; apptainer: a ``.sif`` path
+    (or any image reference ``apptainer exec`` takes)."""
     mounts: tuple[str, ...] = ()
     """``SRC:DST[:FLAGS]`` each; the run directory must be reachable at the same path inside."""
+    runtime: str = "pyxis"
+    """``pyxis``: ``srun --container-image`` (pyxis/enroot); ``apptainer``: each step's command runs
+    under ``apptainer exec`` (``--nv`` on GPU nodes), mounts as ``--bind``."""
 
     def validate(self, prefix: str) -> None:
         if not self.image or any(c.isspace() for c in self.image):
@@ -40,6 +47,9 @@ class ContainerConfig:
             parts = mount.split(":")
             if not 2 <= len(parts) <= 3 or not parts[0] or not parts[1] or "," in mount:
                 raise ConfigError(f"{prefix}.mounts[{i}]", f"must be SRC:DST[:FLAGS], got {mount!r}")
+        if self.runtime not in CONTAINER_RUNTIMES:
+            raise ConfigError(f"{prefix}.runtime",
+                              f"must be one of {', '.join(CONTAINER_RUNTIMES)}, got {self.runtime!r}")
 
 
 @dataclass(frozen=True)

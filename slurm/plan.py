@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from slurm.config import SlurmConfig
 from slurm.placement import WorkerPlacement
+from slurm.step import GPU_MASK_ENV
 from workers.config import ConfigError
 
 __all__ = ["Step", "JobPlan", "build_plan", "RUN_DIR", "ORCHESTRATOR_STEP"]
@@ -35,7 +36,12 @@ class Step:
     tasks_per_node: int = 1
     """More than one task in all: an MPI (PMIx) world whose rank 0 is the launcher."""
     env: tuple[tuple[str, str], ...] = ()
-    """Set for this step only (e.g. CUDA_VISIBLE_DEVICES)."""
+    """Set for this step only."""
+    gpus_per_node: int = 0
+    """GPUs the step asks Slurm for on each of its nodes (``--gres=gpu:N``); Slurm sets the
+    tasks' CUDA_VISIBLE_DEVICES."""
+    gpu_bind: str | None = None
+    """``--gpu-bind``: which of those each task gets, when not all of them (``_gpu_request``)."""
     summary: str = ""
     """One line for the comment above the step."""
 
@@ -75,10 +81,41 @@ def build_plan(slurm: SlurmConfig, workers: Sequence[WorkerPlacement], orchestra
     steps = [Step(name=ORCHESTRATOR_STEP, argv=tuple(orchestrator_argv), nodes=(0,),
                   summary="the one URL clients use; workers register with it through the run directory")]
     for worker in workers:
-        env = (("CUDA_VISIBLE_DEVICES", ",".join(map(str, worker.gpus))),) if worker.gpus else ()
+        gpus, bind, env = _gpu_request(worker)
         steps.append(Step(name=worker.name, argv=tuple(worker_argv(worker)), nodes=worker.nodes,
-                          tasks_per_node=worker.tasks_per_node, env=env, summary=_worker_summary(worker)))
+                          tasks_per_node=worker.tasks_per_node, env=env, gpus_per_node=gpus, gpu_bind=bind,
+                          summary=_worker_summary(worker)))
     return JobPlan(slurm=slurm, steps=tuple(steps), title=title, setup=tuple(tuple(c) for c in setup))
+
+
+def _gpu_request(worker: WorkerPlacement) -> tuple[int, str | None, tuple[tuple[str, str], ...]]:
+    """(``--gres=gpu:N``, ``--gpu-bind``, step environment) that give ``worker`` its planned GPUs.
+
+    A worker whose GPUs are its nodes' first N asks for N and every task sees all of them (a TP
+    rank takes the one of its local rank). A worker that shares its node with another (its GPUs
+    do not start at 0) cannot just ask for its count: steps run with ``--overlap``, which shares
+    GRES too, so Slurm would hand both workers the node's first GPUs. It asks for the GPUs up to
+    its highest and binds each task to its own (``map_gpu``: one per task; ``mask_gpu``: several).
+    Slurm (22.05) binds only steps of several tasks: for a one-task step ``slurm.step`` applies
+    the same mask itself (``GPU_MASK_ENV``), within the GPUs Slurm gave the step.
+    """
+    if not worker.gpus:
+        return 0, None, ()
+    count = max(worker.gpus) + 1
+    if worker.gpus == tuple(range(count)):
+        return count, None, ()
+    if worker.tasks_per_node == 1:
+        mask = _mask(worker.gpus)
+        return count, f"mask_gpu:{mask}", ((GPU_MASK_ENV, mask),)
+    per_task = len(worker.gpus) // worker.tasks_per_node
+    groups = [worker.gpus[i * per_task:(i + 1) * per_task] for i in range(worker.tasks_per_node)]
+    if per_task == 1:
+        return count, "map_gpu:" + ",".join(str(g) for (g,) in groups), ()
+    return count, "mask_gpu:" + ",".join(_mask(group) for group in groups), ()
+
+
+def _mask(gpus: Sequence[int]) -> str:
+    return hex(sum(1 << gpu for gpu in gpus))
 
 
 def _worker_summary(worker: WorkerPlacement) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 import textwrap
 
-from slurm.config import SlurmConfig
+from slurm.config import ContainerConfig, SlurmConfig
 from slurm.plan import RUN_DIR, JobPlan, Step
 from slurm.rendezvous import KEY_FILE, LOGS_DIR, NODES_FILE
 
@@ -108,8 +108,26 @@ def _run_dir(plan: JobPlan) -> str:
 def _setup(plan: JobPlan) -> str:
     if not plan.setup:
         return ""
-    commands = [" ".join(_shell_word(arg) for arg in argv) for argv in plan.setup]
-    return "\n".join(["# ---- setup, once, in the batch shell before any step ----", *commands, ""])
+    container = plan.slurm.container
+    prefix = ""  # the setup runs where the steps do: in their image when there is one
+    if container is not None:
+        prefix = _container_words(plan.slurm, container) + " "
+        if container.runtime == "pyxis":  # pyxis reaches srun's steps only, not the batch shell
+            prefix = f'srun --overlap --nodes=1 --ntasks=1 -w "${{NODES[0]}}" {prefix}'
+    commands = [prefix + " ".join(_shell_word(arg) for arg in argv) for argv in plan.setup]
+    where = "in the batch shell" if container is None else "in the container"
+    return "\n".join([f"# ---- setup, once, {where} before any step ----", *commands, ""])
+
+
+def _container_words(slurm: SlurmConfig, container: ContainerConfig) -> str:
+    """pyxis: srun's container options; apptainer: the ``apptainer exec`` that wraps a command."""
+    mounts = ",".join(container.mounts)
+    if container.runtime == "pyxis":
+        return f"--container-image={shlex.quote(container.image)}" + \
+            (f" --container-mounts={shlex.quote(mounts)}" if mounts else "")
+    gpus = " --nv" if slurm.gpus_per_node else ""  # the host's NVIDIA driver inside the container
+    return f"apptainer exec{gpus}" + (f" --bind={shlex.quote(mounts)}" if mounts else "") + \
+        f" {shlex.quote(container.image)}"
 
 
 def _signals() -> str:
@@ -138,12 +156,11 @@ def _step(plan: JobPlan, step: Step) -> str:
     if step.num_tasks > 1:
         # One PMIx world of num_tasks ranks; a rank that dies takes the world down with it.
         lines.append("--mpi=pmix --kill-on-bad-exit=1 --label")
+    if step.gpus_per_node:  # Slurm allots the GPUs and sets each task's CUDA_VISIBLE_DEVICES
+        lines.append(f"--gres=gpu:{step.gpus_per_node}" + (f" --gpu-bind={step.gpu_bind}" if step.gpu_bind else ""))
     lines.append(f'-w "{hosts}" --output="$RUN_DIR/{LOGS_DIR}/{step.name}.log"')
-    container = plan.slurm.container
-    if container is not None:  # pyxis
-        image = f"--container-image={shlex.quote(container.image)}"
-        mounts = f" --container-mounts={shlex.quote(','.join(container.mounts))}" if container.mounts else ""
-        lines.append(image + mounts)
+    if plan.slurm.container is not None:  # srun's pyxis options, or the apptainer exec of the command
+        lines.append(_container_words(plan.slurm, plan.slurm.container))
     if step.env:
         lines.append("env " + " ".join(f"{key}={_shell_word(value)}" for key, value in step.env))
     lines += _wrap_command([_shell_word(arg) for arg in step.argv])

@@ -29,8 +29,24 @@ from typing import NoReturn
 from slurm.ranks import discover_rank, rank_environ, write_rank_table
 from slurm.rendezvous import publish_orchestrator_url, read_orchestrator_url
 
-__all__ = ["main"]
+__all__ = ["main", "GPU_MASK_ENV"]
 _POLL_SECONDS = 0.2
+GPU_MASK_ENV = "DISAGG_GPU_MASK"
+"""Set by the rendered script on a one-task worker step that shares its node (``slurm.plan._gpu_request``):
+the bit mask of the step's GPUs (of those Slurm allotted it) the worker takes. Slurm applies
+``--gpu-bind`` only to steps of several tasks."""
+
+
+def _bind_gpus(mask: str) -> None:
+    """Keep, of the GPUs Slurm gave this one-task step (CUDA_VISIBLE_DEVICES), those of ``mask``."""
+    if os.environ.get("SLURMD_TRES_BIND"):  # Slurm bound the task itself
+        return
+    allotted = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    bits = int(mask, 16)
+    kept = [gpu for index, gpu in enumerate(allotted) if gpu and bits >> index & 1]
+    if len(kept) != bin(bits).count("1"):
+        raise SystemExit(f"slurm.step: GPU mask {mask} is outside the step's GPUs {allotted}")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(kept)
 
 
 def _answers(port: int) -> bool:
@@ -60,6 +76,9 @@ def _orchestrator(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     host = socket.gethostname()  # what other nodes resolve; getfqdn() may answer localhost
+    mask = os.environ.pop(GPU_MASK_ENV, None)
+    if mask is not None:
+        _bind_gpus(mask)
     if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
         rank = discover_rank(run_dir)
         os.environ.update(rank_environ(rank))

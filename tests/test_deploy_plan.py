@@ -61,6 +61,7 @@ def test_a_local_plan_takes_the_fixed_ports_and_picks_free_ones_for_the_rest(tmp
 def test_the_slurm_setup_step_writes_the_orchestrator_config_of_the_same_plan(tmp_path):
     model = tmp_path / "weights"
     model.mkdir()
+    (model / "tokenizer.json").write_text("{}")  # what a model directory needs to be taken for one
     path = tmp_path / "d.yaml"
     path.write_text(f"model: {model}\nlauncher: slurm\norchestrator: {{port: 8123, processes: 3}}\n"
                     "pools: {ctx: {base_port: 9100}, gen: {base_port: 9200}}\n")

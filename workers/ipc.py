@@ -177,6 +177,11 @@ class IpcPaths:
         """PROMETHEUS_MULTIPROC_DIR of every process of the worker."""
         return self.dir / "prometheus"
 
+    @property
+    def frontends_down(self) -> Path:
+        """The frontends the launcher left down (``workers.frontends_down``); absent while none is."""
+        return self.dir / "frontends-down.json"
+
     def lane(self, frontend_id: int) -> str:
         return f"ipc://{self.dir}/lane-{frontend_id}.sock"
 

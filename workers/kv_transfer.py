@@ -339,6 +339,7 @@ class KVTransferAgent:
         self.num_pulls_failed += 1
         self.abort(request_id)
         if self.core.recompute_remote(request_id):
+            self._stats[request_id] = KVTransferStats(0, 0, 0.0, recomputed=True)
             log.warning("KV pull for request %d failed (%s): its prompt is prefilled here instead", request_id, why)
         else:  # no longer waiting for this KV (aborted meanwhile): nothing left to end
             log.warning("KV pull for request %d failed: %s", request_id, why)

@@ -55,6 +55,7 @@ from workers.protocol import (
     Shutdown,
     StatusMessage,
 )
+from workers.frontends_down import FrontendsDown, write_frontends_down
 from workers.restart_budget import RestartBudget
 
 __all__ = ["LaunchError", "check_port_free", "WorkerGroup", "RANK_ENV_VARS"]
@@ -277,6 +278,9 @@ class WorkerGroup:
                 frontend_id, RestartBudget(MAX_CRASHES_IN_WINDOW - 1, RESPAWN_WINDOW_SECONDS))
             if not budget.allow(now):
                 self.abandoned_frontends.add(frontend_id)
+                # Every frontend's /health now answers "degraded" (workers.frontends_down).
+                write_frontends_down(self.paths.frontends_down,
+                                     FrontendsDown(sorted(self.abandoned_frontends), self.num_frontends))
                 log.critical("!!! %s; frontend %d crashed %d times within %.0f s: NOT respawning it again; "
                              "%d of %d frontends left serving", how, frontend_id, budget.recent_exits,
                              RESPAWN_WINDOW_SECONDS, self.num_frontends - len(self.abandoned_frontends),

@@ -100,6 +100,9 @@ class KVTransferStats(msgspec.Struct, frozen=True, array_like=True, gc=False):
     num_blocks: int
     num_bytes: int
     seconds: float  # from the pull request sent to the last block imported
+    recomputed: bool = False
+    """The pull failed (the ctx engine died, its parked KV expired) and the gen engine prefilled the
+    prompt itself (vLLM's ``kv_load_failure_policy=recompute``); the other fields are then zero."""
 
     @property
     def bytes_per_second(self) -> float:
@@ -311,6 +314,7 @@ class PerfRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
     kv_transfer_bytes: int = 0
     kv_transfer_blocks: int = 0
     kv_transfer_bytes_per_second: float | None = None
+    kv_recomputed: bool = False  # the pull failed and the gen engine prefilled the prompt itself
     # The HTTP request's x-request-id header (the orchestrator's "<id>-ctx" / "<id>-gen" per leg):
     # what the orchestrator joins its own record on. None: no header.
     x_request_id: str | None = None

@@ -68,12 +68,14 @@ class FollowerSpec(msgspec.Struct, frozen=True):
 
 
 def _rank_config(config: EngineConfig, local_rank: int) -> EngineConfig:
-    """On CUDA each rank of a node takes the device of its local rank."""
+    """On CUDA each rank of a node takes the device of its local rank among those it sees: all of
+    the worker's GPUs on the node (a step of ``--gres=gpu:N``), or, bound by Slurm's ``--gpu-bind``
+    (a worker sharing its node, ``slurm.plan``), its own one."""
     if config.kind == "torch" and config.device in ("auto", "cuda"):
         import torch
 
         if torch.cuda.is_available():
-            return dataclasses.replace(config, device=f"cuda:{local_rank}")
+            return dataclasses.replace(config, device=f"cuda:{local_rank % torch.cuda.device_count()}")
     return config
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from disagg.bench.workload import Conversation, Message
 
-__all__ = ["StreamDelta", "Usage", "ApiClient", "OpenAIChat", "AnthropicMessages", "OpenAIResponses", "API_CLIENTS"]
+__all__ = ["StreamDelta", "Usage", "ApiClient", "OpenAIChat", "OpenAICompletions", "AnthropicMessages",
+           "OpenAIResponses", "API_CLIENTS"]
 
 
 @dataclass
@@ -90,23 +91,51 @@ class OpenAIChat(ApiClient):
                 {"role": "tool", "tool_call_id": ex.call_id, "content": ex.result}]
 
     def parse(self, event: str, data: str) -> StreamDelta:
-        if data == "[DONE]":
-            return StreamDelta(done=True)
-        payload = json.loads(data)
-        if "error" in payload:
-            return StreamDelta(error=_error_text(payload))
-        delta = StreamDelta()
-        for choice in payload.get("choices") or ():
-            d = choice.get("delta") or {}
-            delta.text += (d.get("content") or "") + (d.get("reasoning_content") or "")
-            for call in d.get("tool_calls") or ():
-                function = call.get("function") or {}
-                delta.text += (function.get("name") or "") + (function.get("arguments") or "")
-        usage = payload.get("usage")
-        if usage:
-            details = usage.get("prompt_tokens_details") or {}
-            delta.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"), details.get("cached_tokens"))
-        return delta
+        return _openai_chunk(data, self._choice_text)
+
+    @staticmethod
+    def _choice_text(choice: dict[str, Any]) -> str:
+        d = choice.get("delta") or {}
+        text = (d.get("content") or "") + (d.get("reasoning_content") or "")
+        for call in d.get("tool_calls") or ():
+            function = call.get("function") or {}
+            text += (function.get("name") or "") + (function.get("arguments") or "")
+        return text
+
+
+def _openai_chunk(data: str, choice_text: Any) -> StreamDelta:
+    """One chunk of an OpenAI stream (chat or text completions): its choices' text and its usage."""
+    if data == "[DONE]":
+        return StreamDelta(done=True)
+    payload = json.loads(data)
+    if "error" in payload:
+        return StreamDelta(error=_error_text(payload))
+    delta = StreamDelta(text="".join(choice_text(choice) for choice in payload.get("choices") or ()))
+    usage = payload.get("usage")
+    if usage:
+        details = usage.get("prompt_tokens_details") or {}
+        delta.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"), details.get("cached_tokens"))
+    return delta
+
+
+class OpenAICompletions(ApiClient):
+    """``/v1/completions`` with the prompt as token ids (trace replay: a trace has no text)."""
+
+    name = "completions"
+    path = "/v1/completions"
+
+    def body(self, conversation: Conversation, max_tokens: int) -> dict[str, Any]:
+        raise TypeError("a completions client sends token ids (prompt_body), not conversations")
+
+    def prompt_body(self, token_ids: list[int], max_tokens: int) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "prompt": token_ids, "max_tokens": max_tokens, "stream": True,
+                                "stream_options": {"include_usage": True}}
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        return body
+
+    def parse(self, event: str, data: str) -> StreamDelta:
+        return _openai_chunk(data, lambda choice: choice.get("text") or "")
 
 
 class AnthropicMessages(ApiClient):

@@ -7,6 +7,8 @@ Definitions (times in seconds; the JSON holds them as they are):
   token per chunk unless the server coalesces (``stream_interval``).
 - TPOT: (E2E - TTFT) / (output tokens - 1) per request (aiperf and genai-perf call this their
   inter-token latency); output tokens from the usage fields, else the chunk count.
+- Cached fraction: the requests' cached prompt tokens (from the usage) over their prompt tokens, the
+  prefix cache's share of the prompt work; None when the server reports no cached tokens.
 - Goodput: requests/s of the requests that met every SLO (``--slo ttft=2s,itl=50ms,e2e=10s``;
   ``itl`` and ``tpot`` both bound the request's TPOT).
 """
@@ -17,7 +19,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-__all__ = ["RequestRecord", "RunSummary", "Distribution", "percentile", "summarize", "parse_slo", "PERCENTILES"]
+__all__ = ["RequestRecord", "RunSummary", "Distribution", "percentile", "summarize", "parse_slo", "meets_slo", "PERCENTILES"]
 
 PERCENTILES = (50, 90, 99)
 
@@ -76,9 +78,9 @@ class Distribution:
 
 @dataclass
 class RunSummary:
-    mode: str  # "concurrency" or "rate"
+    mode: str  # "concurrency", "rate" or "trace"
     level: float
-    """The concurrency, or the arrival rate in sessions/s."""
+    """The concurrency, the arrival rate in sessions/s, or a trace replay's time scale."""
     num_requests: int
     num_ok: int
     errors_by_kind: dict[str, int]
@@ -93,6 +95,7 @@ class RunSummary:
     prompt_tokens: Distribution
     output_tokens: Distribution
     cached_tokens: Distribution
+    cached_fraction: float | None
     ttft_p50_by_turn: dict[str, float]
     """TTFT p50 of each turn index: flat as the context grows when the prefix cache works."""
 
@@ -120,7 +123,8 @@ def parse_slo(text: str | None) -> dict[str, float]:
     return slo
 
 
-def _meets(record: RequestRecord, slo: dict[str, float]) -> bool:
+def meets_slo(record: RequestRecord, slo: dict[str, float]) -> bool:
+    """Whether a request counts towards goodput: it succeeded and met every bound of ``slo``."""
     values = {"ttft": record.ttft, "e2e": record.e2e, "itl": record.tpot, "tpot": record.tpot}
     if not record.ok:
         return False
@@ -129,6 +133,13 @@ def _meets(record: RequestRecord, slo: dict[str, float]) -> bool:
         if value is not None and value > bound:
             return False
     return True
+
+
+def _cached_fraction(records: list[RequestRecord]) -> float | None:
+    reported = [r for r in records if r.cached_tokens is not None and r.prompt_tokens]
+    if not reported:
+        return None
+    return sum(r.cached_tokens or 0 for r in reported) / sum(r.prompt_tokens or 0 for r in reported)
 
 
 def summarize(records: list[RequestRecord], mode: str, level: float, duration: float,
@@ -147,10 +158,10 @@ def summarize(records: list[RequestRecord], mode: str, level: float, duration: f
         mode=mode, level=level, num_requests=len(records), num_ok=len(ok), errors_by_kind=errors,
         duration_s=duration, requests_per_s=len(ok) / duration,
         output_tokens_per_s=sum(r.output_tokens for r in ok) / duration,
-        goodput_requests_per_s=sum(_meets(r, slo) for r in ok) / duration if slo else None,
+        goodput_requests_per_s=sum(meets_slo(r, slo) for r in ok) / duration if slo else None,
         ttft=Distribution.of(r.ttft for r in ok), itl=Distribution.of(g for r in ok for g in r.itls),
         tpot=Distribution.of(r.tpot for r in ok), e2e=Distribution.of(r.e2e for r in ok),
         prompt_tokens=Distribution.of(r.prompt_tokens for r in ok),
         output_tokens=Distribution.of(r.output_tokens for r in ok),
-        cached_tokens=Distribution.of(r.cached_tokens for r in ok),
+        cached_tokens=Distribution.of(r.cached_tokens for r in ok), cached_fraction=_cached_fraction(ok),
         ttft_p50_by_turn={str(t): percentile(sorted(v), 50) for t, v in sorted(by_turn.items())})

@@ -1,7 +1,8 @@
 """The results file: one JSON document per ``disagg bench`` run, and the lines printed at the end.
 
-    {"format": "disagg-bench/1", "created", "url", "api", "model", "workload": {...},
+    {"format": "disagg-bench/1", "created", "url", "api", "model", "ignore_eos", "workload": {...},
      "tokens_per_word", "tokenizer": "deployment" | "estimate", "slo": {...},
+     "server": {"version", "cluster_info", "server_info", "models"} (server_info.py; each null when absent),
      "runs": [{<metrics.RunSummary fields>, "records": [<metrics.RequestRecord fields>, ...]}, ...]}
 
 ``compare`` and the plots read only this file, so results from two machines or two servers can
@@ -24,17 +25,18 @@ __all__ = ["FORMAT", "build_result", "write_result", "load_result", "summary_lin
 FORMAT = "disagg-bench/1"
 
 
-def build_result(plan: BenchPlan, results: list[LevelResult], text: TextSource) -> dict[str, Any]:
+def build_result(plan: BenchPlan, results: list[LevelResult], text: TextSource,
+                 server: dict[str, Any] | None = None) -> dict[str, Any]:
     workload = {k: str(v) if not isinstance(v, (int, float)) else v
                 for k, v in dataclasses.asdict(plan.workload).items()}
     workload.update(isl=str(plan.workload.isl), osl=str(plan.workload.osl), turns=str(plan.workload.turns))
     return {
         "format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "url": plan.url,
-        "api": plan.api.name, "model": plan.api.model, "workload": workload,
+        "api": plan.api.name, "model": plan.api.model, "ignore_eos": plan.api.ignore_eos, "workload": workload,
         "num_requests": plan.num_requests, "duration": plan.duration, "warmup": plan.warmup,
         "tokens_per_word": text.tokens_per_word,
         "tokenizer": "estimate" if text.tokens_per_word == ESTIMATED_TOKENS_PER_WORD else "deployment",
-        "slo": plan.slo,
+        "slo": plan.slo, "server": server,
         "runs": [{**r.summary.to_dict(), "records": [dataclasses.asdict(rec) for rec in r.records]} for r in results],
     }
 

@@ -88,8 +88,8 @@ class _Level:
                 return index > 0
             self.workload.add_turn(conversation, plan, index, rng)
             record = RequestRecord(plan.session_id, index, 0.0)
-            text = await send_request(self.client, self.plan.api, self.plan.url, conversation, turn.max_tokens,
-                                      record, self.start)
+            body = self.plan.api.body(conversation, turn.max_tokens)
+            text = await send_request(self.client, self.plan.api, self.plan.url, body, record, self.start)
             self.records.append(record)
             if self.progress:
                 self.progress.request_done(record)

@@ -4,26 +4,28 @@ The stream is split into events by hand (``event:``/``data:`` lines, a blank lin
 rather than through an SSE library: the client must cost far less per token than the server it
 measures. Every failure becomes an ``error_kind`` on the record, never an exception:
 ``http_<status>``, ``timeout``, ``connect``, ``transport``, ``stream_error`` (an error event),
-``incomplete`` (the stream ended without its end event), ``empty`` (no text at all).
+``incomplete`` (the stream ended without its end event), ``empty`` (no text at all, and no generated
+token in the usage either: a few tokens of a byte-level vocabulary can make no text, which is an
+answer, without a TTFT).
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 
 from disagg.bench.api_clients import ApiClient, StreamDelta, Usage
 from disagg.bench.metrics import RequestRecord
-from disagg.bench.workload import Conversation
 
 __all__ = ["send_request"]
 
 
-async def send_request(client: httpx.AsyncClient, api: ApiClient, base_url: str, conversation: Conversation,
-                       max_tokens: int, record: RequestRecord, run_start: float) -> str:
-    """Send, stream, fill ``record``; returns the generated text (the next turn's assistant message)."""
-    body = api.body(conversation, max_tokens)
+async def send_request(client: httpx.AsyncClient, api: ApiClient, base_url: str, body: dict[str, Any],
+                       record: RequestRecord, run_start: float) -> str:
+    """Send ``body`` to the API's path, stream, fill ``record``; returns the generated text (the next
+    turn's assistant message)."""
     start = time.perf_counter()
     record.start = start - run_start
     parts: list[str] = []
@@ -79,7 +81,7 @@ async def send_request(client: httpx.AsyncClient, api: ApiClient, base_url: str,
     record.output_tokens = usage.output_tokens if usage.output_tokens is not None else num_chunks
     if not done:
         record.error_kind, record.error = "incomplete", "the stream ended without its end event"
-    elif num_chunks == 0:
+    elif num_chunks == 0 and not usage.output_tokens:
         record.error_kind, record.error = "empty", "no generated text"
     return "".join(parts)
 

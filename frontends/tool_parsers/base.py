@@ -3,9 +3,10 @@
 A format (``CallSyntax``) says where a call may begin in the model's text,
 how to read one complete call, and which characters are filler between
 calls; ``ToolCallParser`` runs the one state machine over the text pieces
-of a generation and yields ``TextDelta`` and ``ParsedCall`` events.
+of a generation and yields ``TextDelta``, ``ParsedCall`` and ``CutCall`` events.
 
-Invariants (what clients can rely on, streamed or not):
+Invariants (what clients can rely on, streamed or not: the events of one
+output add up to the same text and calls however it is split):
 
 - text before a call streams as text as soon as it cannot be the start of
   a call (only a possible opener prefix, e.g. ``<tool_ca``, is held back);
@@ -14,12 +15,18 @@ Invariants (what clients can rely on, streamed or not):
   a partial call never leaks as text and a reported call is never
   retracted: name and arguments reach the API encoder together, which sends
   the name first and then the arguments;
-- except with ``stream_arguments`` (forced calls, whose grammar guarantees
-  the call's form): ``CallHead`` as soon as the name is read, then the
-  arguments' text as it comes (``ArgumentsDelta``), then ``ParsedCall``; a
-  call cut short (``max_tokens``) then ends without its ``ParsedCall``;
-- a call that turns out malformed (bad JSON, unknown tool, truncated by
-  ``max_tokens``) is reported as text, verbatim;
+- except with ``stream_arguments`` (streamed forced calls, whose grammar
+  guarantees the call's form): ``CallHead`` as soon as the name is read,
+  then the arguments' text as it comes (``ArgumentsDelta``), then
+  ``ParsedCall`` or, when the output ends inside it, ``CutCall``;
+- a call the end of the output cuts (``finish(cut=True)``: ``max_tokens``;
+  or any end inside a forced call) is a ``CutCall`` once its name is
+  written: its arguments are the JSON text written so far. A call cut
+  before its name is complete (or inside its opener) is dropped: the
+  format's markup never reaches the answer as text. Either way a debug
+  line is logged;
+- a call that turns out malformed (bad JSON, unknown tool, an unforced call
+  the model itself ended early) is reported as text, verbatim;
 - filler (whitespace, a format's separators) right before a call, and after
   the last call, is dropped.
 """
@@ -27,16 +34,19 @@ Invariants (what clients can rely on, streamed or not):
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Union
 
-from frontends.tool_parsers.json_text import ObjectEnd
+from frontends.tool_parsers.json_text import CallPrefix, ObjectEnd
+from frontends.tool_parsers.partial_json import partial_object
 
 __all__ = [
     "TextDelta",
     "ParsedCall",
     "CallHead",
     "ArgumentsDelta",
+    "CutCall",
     "ParserEvent",
     "NeedMore",
     "Malformed",
@@ -79,7 +89,29 @@ class ArgumentsDelta:
     text: str
 
 
-ParserEvent = Union[TextDelta, CallHead, ArgumentsDelta, ParsedCall]
+@dataclass(frozen=True)
+class CutCall:
+    """A call the end of the output cut: its name and the arguments' JSON text written so far
+    (unfinished, or "" when the output ends before the arguments start)."""
+
+    index: int
+    name: str
+    arguments_text: str
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        """The complete values of the arguments so far, as the SDKs assemble a streamed call's."""
+        return partial_object(self.arguments_text)
+
+    @property
+    def arguments_json(self) -> str:
+        """As a whole call's: the text the API's arguments string holds (unfinished here)."""
+        return self.arguments_text
+
+
+ParserEvent = Union[TextDelta, CallHead, ArgumentsDelta, ParsedCall, CutCall]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -118,11 +150,12 @@ class CallSyntax(Protocol):
 
     def scan(self, text: str, final: bool, tool_names: frozenset[str], objects: ObjectEnd) -> ScanResult:
         """Read one call at the start of ``text`` (which starts with an opener); ``objects`` finds
-        the end of its JSON (one per call: ``text`` only grows while the call is read)."""
+        the end of its JSON (one per call: ``text`` only grows while the call is read). NeedMore
+        while the call is unfinished, even when ``final`` (the parser decides what a cut call is)."""
 
-    def scan_head(self, text: str) -> tuple[str, int] | None:
-        """(name, index where the arguments object starts) once a call at the start of ``text``
-        has been written up to its arguments, name first; None before (or in another key order)."""
+    def call_prefix(self, text: str) -> CallPrefix | None:
+        """How far the call at the start of ``text`` is written, name first (its name, where its
+        arguments object starts); None when it is not written name first."""
 
     def is_filler(self, text: str) -> bool:
         """Whether ``text`` is only what may separate calls (whitespace, separators)."""
@@ -146,17 +179,22 @@ class CallSyntax(Protocol):
 
 
 class ToolCallParser:
-    """Feed the text of one generation; get text deltas and complete calls, in order."""
+    """Feed the text of one generation; get text deltas and complete calls, in order.
 
-    def __init__(self, syntax: CallSyntax, tool_names: Iterable[str], stream_arguments: bool = False) -> None:
+    ``forced``: the request forces its calls (a grammar guarantees their form), so whatever ends
+    the output inside a call cut it; ``streaming`` with ``forced``: stream the arguments."""
+
+    def __init__(self, syntax: CallSyntax, tool_names: Iterable[str], forced: bool = False,
+                 streaming: bool = False) -> None:
         self.syntax = syntax
         self.tool_names = frozenset(tool_names)
-        self.stream_arguments = stream_arguments
+        self.forced = forced
+        self.stream_arguments = forced and streaming
         self.num_calls = 0
-        self._arguments_start = -1  # in the buffer, once a streamed call's head is out
+        self._head: CallPrefix | None = None  # a streamed call's, once its CallHead is out
         self._arguments_sent = 0  # the buffer index up to which its arguments went out
         self._call_object = ObjectEnd()  # the call in progress
-        self._arguments_object = ObjectEnd()  # its arguments (streamed calls)
+        self._arguments_object = ObjectEnd()  # its arguments
         self._buffer = ""  # text not yet reported: held filler, a possible opener, or a call in progress
         self._in_call = False
         self._filler = ""
@@ -164,17 +202,26 @@ class ToolCallParser:
 
     def feed(self, text: str) -> list[ParserEvent]:
         self._buffer += text
-        return self._advance(final=False)
+        return self._advance(final=False, cut=False)
 
-    def finish(self) -> list[ParserEvent]:
-        """The end of the output: a call still open is malformed; trailing filler after calls is dropped."""
-        events = self._advance(final=True)
+    def finish(self, cut: bool = False) -> list[ParserEvent]:
+        """The end of the output; ``cut``: the token limit ended it (a call open here was cut).
+        Trailing filler after calls is dropped."""
+        cut = cut or self.forced
+        events = self._advance(final=True, cut=cut)
         rest, self._buffer = self._buffer, ""
+        if cut and self.syntax.held_suffix(rest) < len(rest):  # cut inside an opener: it goes, with its filler
+            logger.debug("a tool call cut inside its opener (%r) is dropped", rest)
+            rest = ""
         if rest and not (self.num_calls and self.syntax.is_filler(rest)):
-            events.append(TextDelta(rest))
+            self._emit_text(events, rest)
         return events
 
-    def _advance(self, final: bool) -> list[ParserEvent]:
+    def parse(self, text: str, cut: bool = False) -> list[ParserEvent]:
+        """A whole output's events (a non-streamed answer)."""
+        return self.feed(text) + self.finish(cut)
+
+    def _advance(self, final: bool, cut: bool) -> list[ParserEvent]:
         events: list[ParserEvent] = []
         syntax = self.syntax
         while self._buffer:
@@ -183,17 +230,19 @@ class ToolCallParser:
                     self._stream_arguments(events)
                 result = syntax.scan(self._buffer, final, self.tool_names, self._call_object)
                 if isinstance(result, NeedMore):
+                    if final:
+                        self._end_unfinished(events, cut)
                     break
                 self._in_call = False
                 filler, self._filler = self._filler, ""
-                started, self._arguments_start = self._arguments_start >= 0, -1
+                head, self._head = self._head, None
                 if isinstance(result, Complete):  # the filler before it is dropped
                     events.append(ParsedCall(self.num_calls, result.name, result.arguments))
                     self.num_calls += 1
                     self._buffer = self._buffer[result.length:]
                     self._at_boundary = True
-                elif started:  # cut short after its head went out: it ends there, its text dropped
-                    self.num_calls += 1
+                elif head is not None:  # malformed after its head went out: it ends as it was sent
+                    self._end_cut_call(events, head, self._arguments_sent)
                     self._buffer = self._buffer[max(result.length, 1):]
                 else:
                     self._emit_text(events, filler + self._buffer[:max(result.length, 1)])
@@ -210,7 +259,7 @@ class ToolCallParser:
                 self._call_object, self._arguments_object = ObjectEnd(), ObjectEnd()
                 continue
             # No call yet: report what cannot start one; hold a possible opener and trailing filler.
-            held = len(self._buffer) if final else syntax.held_suffix(self._buffer)
+            held = len(self._buffer) if final and not cut else syntax.held_suffix(self._buffer)
             keep = syntax.filler_start(self._buffer[:held])
             if keep > 0:
                 self._emit_text(events, self._buffer[:keep])
@@ -218,14 +267,47 @@ class ToolCallParser:
             break
         return events
 
-    def _stream_arguments(self, events: list[ParserEvent]) -> None:
-        if self._arguments_start < 0:
-            head = self.syntax.scan_head(self._buffer)
-            if head is None or head[0] not in self.tool_names:
+    def _end_unfinished(self, events: list[ParserEvent], cut: bool) -> None:
+        """The output ended inside a call: a cut call once its name is written, nothing while it
+        may still become one; text when the end did not cut it (an unforced call the model
+        ended early, or not a call after all)."""
+        prefix = self._head or self.syntax.call_prefix(self._buffer)
+        self._in_call, self._head = False, None
+        filler, self._filler = self._filler, ""
+        if cut and prefix is not None:
+            if prefix.name_done and prefix.name in self.tool_names:
+                end = len(self._buffer)
+                if prefix.arguments_start >= 0:
+                    closed = self._arguments_object.find(self._buffer, prefix.arguments_start)
+                    end = end if closed < 0 else closed
+                self._end_cut_call(events, prefix, end)
+                self._buffer = ""
                 return
-            self._arguments_start = self._arguments_sent = head[1]
-            events.append(CallHead(self.num_calls, head[0]))
-        end = self._arguments_object.find(self._buffer, self._arguments_start)
+            if not prefix.name_done and any(name.startswith(prefix.name) for name in self.tool_names):
+                logger.debug("a tool call cut before its name was written (%d characters) is dropped",
+                             len(self._buffer))
+                self._buffer = ""
+                return
+        self._emit_text(events, filler + self._buffer)
+        self._buffer = ""
+
+    def _end_cut_call(self, events: list[ParserEvent], prefix: CallPrefix, arguments_end: int) -> None:
+        start = prefix.arguments_start
+        arguments = self._buffer[start:arguments_end] if start >= 0 else ""
+        logger.debug("tool call %d (%s) cut after %d characters of arguments", self.num_calls, prefix.name,
+                     len(arguments))
+        events.append(CutCall(self.num_calls, prefix.name, arguments))
+        self.num_calls += 1
+
+    def _stream_arguments(self, events: list[ParserEvent]) -> None:
+        if self._head is None:
+            prefix = self.syntax.call_prefix(self._buffer)
+            if prefix is None or prefix.arguments_start < 0 or prefix.name not in self.tool_names:
+                return
+            self._head = prefix
+            self._arguments_sent = prefix.arguments_start
+            events.append(CallHead(self.num_calls, prefix.name))
+        end = self._arguments_object.find(self._buffer, self._head.arguments_start)
         end = len(self._buffer) if end < 0 else end
         if end > self._arguments_sent:
             events.append(ArgumentsDelta(self.num_calls, self._buffer[self._arguments_sent:end]))

@@ -1,9 +1,9 @@
 """Hermes / Qwen / ChatML tool calls: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
 
 Used by Hermes-2/3, Qwen2/2.5/3 and ChatML models such as SmolLM2. Several
-calls follow each other, usually on separate lines. A missing closing tag
-at the very end of the output is accepted (the model stopped with EOS right
-after the JSON).
+calls follow each other, usually on separate lines. A missing or partial
+closing tag at the very end of the output is accepted (the model stopped
+with EOS right after the JSON, or ``max_tokens`` cut the tag).
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import json
 from typing import Any
 
 from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult
-from frontends.tool_parsers.json_text import ObjectEnd, arguments_text, head_pattern, partial_suffix, read_call, \
-    scan_head
+from frontends.tool_parsers.json_text import CallPrefix, ObjectEnd, arguments_text, partial_suffix, read_call, \
+    read_call_prefix
 
 __all__ = ["HermesSyntax"]
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 _WHITESPACE = " \t\r\n"
-_HEAD = head_pattern(OPEN, ("arguments", "parameters"))
+_ARGUMENT_KEYS = ("arguments", "parameters")
 SEPARATOR = '"\\n"'  # between parallel calls, in Lark
 
 
@@ -39,33 +39,33 @@ class HermesSyntax:
     def filler_start(self, text: str) -> int:
         return len(text.rstrip(_WHITESPACE))
 
-    def scan_head(self, text: str) -> tuple[str, int] | None:
-        return scan_head(_HEAD, text)
+    def call_prefix(self, text: str) -> CallPrefix | None:
+        return read_call_prefix(text, OPEN, _ARGUMENT_KEYS)
 
     def scan(self, text: str, final: bool, tool_names: frozenset[str], objects: ObjectEnd) -> ScanResult:
         body = len(OPEN)
         while body < len(text) and text[body] in _WHITESPACE:
             body += 1
         if body == len(text):
-            return Malformed(len(text)) if final else NeedMore()
+            return NeedMore()
         if text[body] != "{":
             return Malformed(len(OPEN))
         end = objects.find(text, body)
         if end < 0:
-            return Malformed(len(text)) if final else NeedMore()
+            return NeedMore()
         close = end
         while close < len(text) and text[close] in _WHITESPACE:
             close += 1
         tail = text[close:close + len(CLOSE)]
-        if tail != CLOSE:
-            if CLOSE.startswith(tail) and not final:
-                return NeedMore()
-            if not (final and not text[close:]):  # only the very end may lack the closing tag
-                return Malformed(end)
-            length = close
-        else:
+        if tail == CLOSE:
             length = close + len(CLOSE)
-        call = read_call(text[body:end], tool_names, ("arguments", "parameters"))
+        elif not CLOSE.startswith(tail):
+            return Malformed(end)
+        elif not final:
+            return NeedMore()
+        else:  # the output ends in (or before) the closing tag: the call itself is whole
+            length = len(text)
+        call = read_call(text[body:end], tool_names, _ARGUMENT_KEYS)
         if call is None:
             return Malformed(length)
         return Complete(call[0], call[1], length)

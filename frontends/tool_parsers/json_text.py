@@ -4,10 +4,10 @@ arguments, the head of a call written name first, a held-back opener prefix."""
 from __future__ import annotations
 
 import json
-import re
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ObjectEnd", "json_object_end", "read_call", "arguments_text", "head_pattern", "scan_head",
+__all__ = ["ObjectEnd", "json_object_end", "read_call", "arguments_text", "CallPrefix", "read_call_prefix",
            "partial_suffix"]
 
 
@@ -84,15 +84,65 @@ def arguments_text(arguments: Any) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
-def head_pattern(opener: str, argument_keys: tuple[str, ...]) -> re.Pattern[str]:
-    """The start of a call written name first: ``<opener>{"name": "NAME", "<key>": {``."""
-    keys = "|".join(re.escape(key) for key in argument_keys)
-    return re.compile(re.escape(opener) + r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:' + keys + r')"\s*:\s*(?=\{)')
+@dataclass(frozen=True)
+class CallPrefix:
+    """How far a call written name first (``<opener>{"name": "NAME", "<key>": {...``) has got."""
+
+    name: str  # as far as it is written
+    name_done: bool  # its closing quote is written
+    arguments_start: int  # the index of the arguments object's "{"; -1 before it is written
 
 
-def scan_head(pattern: re.Pattern[str], text: str) -> tuple[str, int] | None:
-    match = pattern.match(text)
-    return None if match is None else (match.group(1), match.end())
+def read_call_prefix(text: str, opener: str, argument_keys: tuple[str, ...]) -> CallPrefix | None:
+    """The prefix of the call at the start of ``text`` (which starts with ``opener``), or None when
+    it is not written name first (another key order, or not a call's form)."""
+    reader = _Reader(text, len(opener))
+    if not reader.literal("{") or not reader.literal('"name"') or not reader.literal(":") \
+            or not reader.literal('"'):
+        return None if reader.mismatch else CallPrefix("", False, -1)
+    close = text.find('"', reader.at)
+    if close < 0:
+        name = text[reader.at:]
+        return None if "\\" in name else CallPrefix(name, False, -1)
+    name = text[reader.at:close]
+    if "\\" in name:  # tool names have no escapes
+        return None
+    reader.at = close + 1
+    if not reader.literal(",") or not reader.literal('"') or not reader.one_of(argument_keys) \
+            or not reader.literal('"') or not reader.literal(":"):
+        return CallPrefix(name, True, -1)
+    reader.skip_space()
+    return CallPrefix(name, True, reader.at if text.startswith("{", reader.at) else -1)
+
+
+class _Reader:
+    """Reads literals (whitespace before each) from a text that may end anywhere: ``mismatch``
+    tells a text that goes on otherwise from one that ends inside the literal."""
+
+    __slots__ = ("text", "at", "mismatch")
+
+    def __init__(self, text: str, at: int) -> None:
+        self.text, self.at, self.mismatch = text, at, False
+
+    def skip_space(self) -> None:
+        while self.at < len(self.text) and self.text[self.at] in " \t\r\n":
+            self.at += 1
+
+    def literal(self, expected: str) -> bool:
+        self.skip_space()
+        written = self.text[self.at:self.at + len(expected)]
+        if written == expected:
+            self.at += len(expected)
+            return True
+        self.mismatch = not expected.startswith(written)
+        return False
+
+    def one_of(self, words: tuple[str, ...]) -> bool:
+        for word in words:
+            if self.text.startswith(word, self.at):
+                self.at += len(word)
+                return True
+        return False
 
 
 def partial_suffix(text: str, opener: str) -> int:

@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from frontends.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult
-from frontends.tool_parsers.json_text import ObjectEnd, arguments_text, head_pattern, partial_suffix, read_call, \
-    scan_head
+from frontends.tool_parsers.json_text import CallPrefix, ObjectEnd, arguments_text, partial_suffix, read_call, \
+    read_call_prefix
 from frontends.tool_parsers.hermes import call_schema
 
 __all__ = ["Llama3JsonSyntax"]
@@ -21,7 +21,7 @@ __all__ = ["Llama3JsonSyntax"]
 PYTHON_TAG = "<|python_tag|>"
 _KEY = '"name"'
 _BLANK = " \t\r"
-_HEAD = head_pattern("", ("parameters", "arguments"))
+_ARGUMENT_KEYS = ("parameters", "arguments")
 SEPARATOR = '"; "'  # between parallel calls, in Lark (Llama 3.2)
 
 
@@ -55,20 +55,18 @@ class Llama3JsonSyntax:
                 return end
             end = len(stripped)
 
-    def scan_head(self, text: str) -> tuple[str, int] | None:
-        return scan_head(_HEAD, text)
+    def call_prefix(self, text: str) -> CallPrefix | None:
+        return read_call_prefix(text, "", _ARGUMENT_KEYS)
 
     def scan(self, text: str, final: bool, tool_names: frozenset[str], objects: ObjectEnd) -> ScanResult:
         # ``text`` starts with "{": does it go on like '{"name"'?
         head = text[1:64].lstrip(_BLANK + "\n")[: len(_KEY)]  # (a bounded slice: this runs per token)
-        if not _KEY.startswith(head) or (not head and final):
+        if not _KEY.startswith(head):
             return Malformed(1)
-        if len(head) < len(_KEY):
-            return Malformed(len(text)) if final else NeedMore()
-        end = objects.find(text, 0)
+        end = objects.find(text, 0) if len(head) == len(_KEY) else -1
         if end < 0:
-            return Malformed(len(text)) if final else NeedMore()
-        call = read_call(text[:end], tool_names, ("parameters", "arguments"))
+            return NeedMore()
+        call = read_call(text[:end], tool_names, _ARGUMENT_KEYS)
         if call is None:
             return Malformed(end)
         return Complete(call[0], call[1], end)

@@ -522,6 +522,23 @@ def test_a_gen_leg_from_a_killed_ctx_worker_is_served_within_seconds_not_the_pul
         reference = post(gen_url, "/v1/completions", body)[1]
         assert summary("/v1/completions", served) == summary("/v1/completions", reference)
         assert_no_blocks_in_use(gen_url)
+
+        def recomputed() -> str | None:  # counted once, from the request's perf record
+            text = httpx.get(f"{gen_url}/prometheus/metrics", timeout=10).text
+            return re.search(r"^disagg_kv_transfer_recomputed_total ([0-9.]+)$", text, re.M)[1]
+
+        wait_until(lambda: recomputed() == "1.0", 5)
+        records: list[dict] = []
+
+        def both_recorded() -> bool:  # the gen leg's and the reference's (drained on read)
+            page = httpx.get(f"{gen_url}/perf_metrics", timeout=10).json()
+            records.extend(r for r in (page["records"] if isinstance(page, dict) else page)
+                           if r["num_prompt_tokens"] == 21)
+            return len(records) == 2
+
+        wait_until(both_recorded, 5)
+        assert sorted(r["kv_recomputed"] for r in records) == [False, True], records
+        assert [r["kv_transfer_seconds"] for r in records] == [None, None]  # no transfer figures for it
     finally:
         if ctx_proc.poll() is None:
             stop_worker(ctx_proc)

@@ -81,3 +81,30 @@ async def test_long_chat_pieces_are_tokenized_once_per_frontend_and_counted(work
     frontends = len(set(served))
     assert samples(text, "disagg_prompt_piece_cache_lookups_total") == {
         '{result="hit"}': float(12 - frontends), '{result="miss"}': float(frontends)}
+
+
+@pytest.mark.asyncio
+async def test_every_process_reports_its_own_process_figures_and_the_build(worker):
+    from frontends.process_metrics import SAMPLE_SECONDS
+
+    await asyncio.sleep(SAMPLE_SECONDS + 0.5)  # every frontend has sampled itself at least once
+    async with httpx.AsyncClient(base_url=worker, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as http:
+        scrapes = [(await http.get("/prometheus/metrics")).text for _ in range(8)]
+    for text in scrapes:  # whichever frontend answers: all of them, each once
+        rss = samples(text, "process_resident_memory_bytes")
+        by_process: dict[str, set[str]] = {}
+        for labels, value in rss.items():
+            process = labels.split('process="')[1].split('"')[0]
+            by_process.setdefault(process, set()).add(labels.split('pid="')[1].split('"')[0])
+            assert value > 10e6, labels  # a Python process with its imports: tens of MB at least
+        assert {p: len(pids) for p, pids in by_process.items()} == {"launcher": 1, "engine": 1, "frontend": K - 1}
+        # pid: the process that wrote the series; the engine's is written by its launcher.
+        assert len(by_process["frontend"] | by_process["launcher"]) == K and by_process["engine"] == by_process["launcher"]
+        assert len(samples(text, "process_cpu_seconds_total")) == K + 1
+        started = {labels.split('process="')[1].split('"')[0]: value
+                   for labels, value in samples(text, "process_start_time_seconds").items()}
+        assert len(samples(text, "process_start_time_seconds")) == K + 1
+        assert started["engine"] >= started["launcher"]  # the launcher spawned it
+        assert all(v >= 4 for v in samples(text, "process_open_fds").values())
+        (build,) = samples(text, "disagg_build_info")  # the same build in every process: one series
+        assert 'version="' in build and 'commit="' in build

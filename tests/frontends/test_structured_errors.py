@@ -25,8 +25,9 @@ def _json_schema(schema: dict) -> dict:
     ({"type": "nonsense"}, ["nonsense", "response_format"]),
     ({"type": "json_schema"}, ["json_schema", "response_format"]),
     ({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}, ["name", "response_format"]),
-    (_json_schema(NOT_SUPPORTED), ["not", "response_format cannot be enforced"]),
-    (_json_schema({"type": "string", "format": "bogus"}), ["Unknown format: bogus"]),
+    (_json_schema(NOT_SUPPORTED), ['response_format cannot be enforced: the keyword "not" is not supported',
+                                   "(at properties.a.not)"]),
+    (_json_schema({"type": "string", "format": "bogus"}), ['"format": "bogus" is not a known format', "(at format)"]),
     (_json_schema({"type": "integer", "minimum": 5, "maximum": 2}), ["minimum (5) is greater than maximum (2)"]),
 ])
 async def test_response_format_that_cannot_be_enforced(harness, path, base, response_format, words):

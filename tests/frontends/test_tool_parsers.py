@@ -7,7 +7,7 @@ import pytest
 import json
 import time
 
-from frontends.tool_parsers import ArgumentsDelta, CallHead, ParsedCall, TextDelta, ToolCallParser, \
+from frontends.tool_parsers import ArgumentsDelta, CallHead, CutCall, ParsedCall, TextDelta, ToolCallParser, \
     detect_tool_syntax, tool_syntax
 from workers.engine.model.tiny_tokenizer import CHAT_TEMPLATE
 
@@ -65,7 +65,7 @@ RECORDED = [
 
 
 def run(name: str, chunks: list[str], stream_arguments: bool = False) -> tuple[str, list[tuple[str, dict]], list]:
-    parser = ToolCallParser(tool_syntax(name), TOOLS, stream_arguments)
+    parser = ToolCallParser(tool_syntax(name), TOOLS, forced=stream_arguments, streaming=stream_arguments)
     events = []
     for chunk in chunks:
         events.extend(parser.feed(chunk))
@@ -109,10 +109,11 @@ def test_streamed_arguments_at_every_boundary(name, output, text, calls):
             assert order[0] == "CallHead" and order[-1] == "ParsedCall" and set(order[1:-1]) == {"ArgumentsDelta"}
 
 
-def test_streamed_call_cut_short_ends_without_its_parsed_call():
-    parser = ToolCallParser(tool_syntax("llama3_json"), TOOLS, stream_arguments=True)
-    events = parser.feed('{"name": "get_time", "parameters": {"tz": "Eur') + parser.finish()
-    assert events == [CallHead(0, "get_time"), ArgumentsDelta(0, '{"tz": "Eur')] and parser.num_calls == 1
+def test_streamed_call_cut_short_ends_with_its_cut_call():
+    parser = ToolCallParser(tool_syntax("llama3_json"), TOOLS, forced=True, streaming=True)
+    events = parser.feed('{"name": "get_time", "parameters": {"tz": "Eur') + parser.finish(cut=True)
+    assert events == [CallHead(0, "get_time"), ArgumentsDelta(0, '{"tz": "Eur'),
+                      CutCall(0, "get_time", '{"tz": "Eur')] and parser.num_calls == 1
 
 
 def test_text_before_a_call_streams_before_the_call_completes():

@@ -23,7 +23,8 @@ TOOLS = ("get_weather", "get_time")
 
 
 def parser(stream_arguments: bool = False) -> ToolCallParser:
-    return ToolCallParser(tool_syntax("hermes"), TOOLS, stream_arguments)
+    """An auto request's parser, or with ``stream_arguments`` a streamed forced one's."""
+    return ToolCallParser(tool_syntax("hermes"), TOOLS, forced=stream_arguments, streaming=stream_arguments)
 
 
 def run_stream(encoder, finish_reason: str = "stop", chunk: int = 3) -> list[bytes]:
@@ -74,7 +75,7 @@ def test_openai_stream(chunk, stream_arguments):
     assert kinds == sorted(kinds, key=lambda k: k != "text")
 
 
-def test_openai_stream_cut_by_max_tokens_reports_length_and_the_partial_call_as_text():
+def test_openai_stream_cut_by_max_tokens_reports_length_and_the_cut_call():
     chunks = ChatChunkEncoder("chatcmpl-1", 0, "m")
     stream = ToolCallChatStream(_ChatStream(chunks, None, False), chunks, parser())
     generation = Generation(None, None, [1], SamplingParams())
@@ -82,17 +83,18 @@ def test_openai_stream_cut_by_max_tokens_reports_length_and_the_partial_call_as_
     assert frames == [None]
     frames = stream.finish(generation, Piece("", [], None, "length"))
     deltas = [p["choices"][0] for p in sse_payloads(frames)]
-    assert deltas[0]["delta"]["content"] == '<tool_call>{"name": "get_time", "argu'
+    assert [d["delta"] for d in deltas[:-1]] == [{"tool_calls": [{"index": 0, "id": deltas[0]["delta"]["tool_calls"][0][
+        "id"], "type": "function", "function": {"name": "get_time", "arguments": ""}}]}]
     assert deltas[-1]["finish_reason"] == "length"
 
 
 def test_openai_message():
-    message, num_calls = chat_message(ANSWER, parser())
+    message, num_calls = chat_message(ANSWER, parser(), "stop")
     assert num_calls == 2 and message["content"] == "Checking both."
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
         ("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]
     assert len({c["id"] for c in message["tool_calls"]}) == 2
-    only_calls, _ = chat_message(ANSWER.split("\n", 1)[1], parser())
+    only_calls, _ = chat_message(ANSWER.split("\n", 1)[1], parser(), "stop")
     assert only_calls["content"] is None
 
 
@@ -139,10 +141,10 @@ def test_anthropic_stream_without_calls_is_one_text_block_ending_the_turn():
 
 
 def test_anthropic_content():
-    content = message_content(ANSWER, parser())
+    content = message_content(ANSWER, parser(), "stop")
     assert [b["type"] for b in content] == ["text", "tool_use", "tool_use"]
     assert content[1]["input"] == {"city": "Paris"} and content[2]["name"] == "get_time"
-    assert message_content("", parser()) == [{"type": "text", "text": ""}]
+    assert message_content("", parser(), "stop") == [{"type": "text", "text": ""}]
 
 
 def test_anthropic_streamed_call_cut_short_still_closes_its_block():

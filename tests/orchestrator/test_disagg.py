@@ -17,6 +17,7 @@ from orchestrator_process import start_orchestrator, stop_orchestrator, wait_unt
 from worker_process import disagg_worker_args, start_worker, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]
+BLOCK_SIZE = 16  # disagg serve's default
 
 
 
@@ -117,3 +118,36 @@ def test_structured_outputs_through_both_legs(disagg_cluster):
     for (text, finish_reason), schema in zip(disagg, SCHEMAS):
         assert finish_reason == "stop", text
         jsonschema.validate(json.loads(text), schema)
+
+
+def test_a_multi_turn_session_pulls_only_what_the_gen_worker_lacks(disagg_cluster):
+    """Ten turns of one conversation (greedy, each answer fed back): the gen worker keeps the earlier
+    turns in its prefix cache, so each turn's KV pull moves at most the blocks of the tokens the turn
+    added plus the partial block before them; every answer equals the aggregated worker's, which
+    computed the whole prompt itself."""
+    url, aggregated = disagg_cluster
+    messages = [{"role": "system", "content": "You answer questions about serving systems. " * 6}]
+    previous_prompt = 0
+    for turn in range(10):
+        messages.append({"role": "user", "content": f"question {turn}: what is step {turn} of the path? " * 3})
+        body = {"model": "tiny-test", "messages": messages, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        expected = httpx.post(f"{aggregated}/v1/chat/completions", json=body, timeout=60).json()
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60,
+                              headers={"x-request-id": f"session-turn-{turn}"})
+        assert response.status_code == 200 and response.headers["x-disagg-mode"] == "disagg", response.text
+        answer = response.json()
+        assert answer["choices"][0]["message"] == expected["choices"][0]["message"]
+        prompt_tokens = answer["usage"]["prompt_tokens"]
+
+        def gen_record(request_id=f"session-turn-{turn}"):
+            records = {r["request_id"]: r for r in httpx.get(f"{url}/perf_metrics").json()["records"]}
+            record = records.get(request_id)
+            return record["gen_worker"]["record"] if record and record["gen_worker"] else None
+
+        pulled = wait_until(gen_record, timeout=10)["kv_transfer_blocks"]
+        new_blocks = -(-(prompt_tokens - previous_prompt) // BLOCK_SIZE)
+        assert 1 <= pulled <= new_blocks + 1, (turn, pulled, prompt_tokens, previous_prompt)
+        if turn:
+            assert pulled < prompt_tokens // BLOCK_SIZE  # not the whole prompt again
+        previous_prompt = prompt_tokens
+        messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})

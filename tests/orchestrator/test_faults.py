@@ -57,12 +57,26 @@ def _running_steps(worker_url: str) -> int:
     return sum(1 for step in stats if step["num_running"] > 0)
 
 
+def _sample(url: str, series: str) -> float:
+    """One series' value on the orchestrator's /metrics (0 when absent)."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+DISCONNECTS = 'disagg_orchestrator_client_disconnects_total{phase="gen"}'
+STREAM_ERRORS = 'disagg_orchestrator_errors_total{kind="stream",phase="gen"}'
+
+
 def test_client_disconnect_aborts_the_worker_request(faults):
     url, workers = faults
+    disconnects, errors = _sample(url, DISCONNECTS), _sample(url, STREAM_ERRORS)
     with httpx.stream("POST", f"{url}/v1/completions", json=body(1000, stream=True), timeout=30) as stream:
         lines = stream.iter_lines()
         assert next(lines).startswith("data: ")
         worker = stream.headers["x-disagg-gen-worker"]
+        assert _sample(url, "disagg_orchestrator_requests_in_flight") == 1.0  # this stream's gen leg
     worker_url = workers[int(worker.split("-")[1])][0]
     time.sleep(0.5)
     _running_steps(worker_url)  # drain what ran until the abort
@@ -70,6 +84,10 @@ def test_client_disconnect_aborts_the_worker_request(faults):
     assert _running_steps(worker_url) == 0  # 1000 tokens at 50 ms/step would still be running
     info = httpx.get(f"{url}/cluster_info").json()
     assert all(w["in_flight_requests"] == 0 for w in info["workers"])
+    # The client's leaving is counted as a disconnect, not as a failed stream.
+    assert _sample(url, STREAM_ERRORS) == errors
+    assert _sample(url, DISCONNECTS) == disconnects + 1
+    assert _sample(url, "disagg_orchestrator_requests_in_flight") == 0.0
 
 
 def test_dead_worker_is_retried_before_the_first_byte(faults):
@@ -92,9 +110,11 @@ def test_worker_death_mid_stream_ends_with_an_error_event(faults):
     with httpx.stream("POST", f"{url}/v1/completions", json=body(1000, stream=True), timeout=30) as stream:
         lines = stream.iter_lines()
         assert next(lines).startswith("data: ")
+        disconnects, errors = _sample(url, DISCONNECTS), _sample(url, STREAM_ERRORS)
         workers[1][1].send_signal(signal.SIGKILL)
         frames = [line for line in lines if line.startswith("data: ")]
     assert msgspec.json.decode(frames[-2][6:])["error"]["code"] == "upstream_failed"
+    assert _sample(url, STREAM_ERRORS) == errors + 1 and _sample(url, DISCONNECTS) == disconnects  # ours, not the client's
     assert frames[-1] == "data: [DONE]"
     workers[1][1].wait()
     # Nobody is left: a clean 502 (both workers fail), never a hang.

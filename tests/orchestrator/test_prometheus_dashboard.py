@@ -1,5 +1,6 @@
-"""A real Prometheus scrapes a live local deployment through the prometheus.yml `disagg up` wrote,
-and every PromQL expression of the Grafana dashboard (dashboards/disagg.json) returns a series."""
+"""A real Prometheus scrapes a live local deployment through the prometheus.yml `disagg up` wrote:
+every PromQL expression of the Grafana dashboard (dashboards/disagg.json) returns a series, none of them
+NaN over the whole load, and every alert rule (dashboards/alerts.yml) evaluates without error."""
 
 from __future__ import annotations
 
@@ -22,20 +23,29 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "disagg.json"
 RATE_WINDOW = "30s"  # Grafana's $__rate_interval: wide enough for several 1 s scrapes
 
 
-def prometheus_binary() -> str:
-    path = shutil.which("prometheus")
+def prometheus_tool(name: str = "prometheus") -> str:
+    """The path of ``prometheus`` or ``promtool`` (both in Debian's prometheus package); under CI a
+    missing one fails the test, elsewhere it skips."""
+    path = shutil.which(name)
     if path is None:
         if os.environ.get("CI"):
-            pytest.fail("prometheus is not installed; .ci/run installs Debian's package")
-        pytest.skip("prometheus is not installed (apt-get install prometheus)")
+            pytest.fail(f"{name} is not installed; .ci/run installs Debian's prometheus package")
+        pytest.skip(f"{name} is not installed (apt-get install prometheus)")
     return path
 
 
-def dashboard_queries() -> list[tuple[str, str]]:
-    """(panel title, PromQL) of every target, Grafana's variables replaced."""
+def dashboard_panels() -> list[tuple[str, str, list[str]]]:
+    """(title, unit, PromQL of each target) of every panel, Grafana's variables replaced."""
     dashboard = json.loads(DASHBOARD.read_text())
-    return [(panel["title"], target["expr"].replace("$__rate_interval", RATE_WINDOW).replace("$deployment", ".*"))
-            for panel in dashboard["panels"] for target in panel["targets"]]
+    return [(panel["title"], panel["fieldConfig"]["defaults"]["unit"],
+             [target["expr"].replace("$__rate_interval", RATE_WINDOW).replace("$deployment", ".*")
+              for target in panel["targets"]])
+            for panel in dashboard["panels"]]
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target."""
+    return [(title, expr) for title, _, exprs in dashboard_panels() for expr in exprs]
 
 
 def test_the_dashboard_has_the_panels_the_issue_names():
@@ -64,9 +74,41 @@ def _query(prom: str, expr: str) -> list[dict]:
     return answer["data"]["result"]
 
 
+def _up(prom: str) -> list[dict]:
+    try:
+        return _query(prom, 'up{job=~"disagg-.*"} == 1')
+    except httpx.HTTPError:
+        return []
+
+
+def _nan_series(prom: str, expr: str, start: float, end: float) -> list[dict]:
+    """The series of ``expr`` that are NaN at every step from ``start`` to ``end`` (a panel line
+    that never draws: e.g. a latency quantile of a role that never observes it)."""
+    answer = httpx.get(f"{prom}/api/v1/query_range", params={"query": expr, "start": start, "end": end, "step": 1},
+                       timeout=10).json()
+    assert answer["status"] == "success", (expr, answer)
+    return [s["metric"] for s in answer["data"]["result"] if all(v == "NaN" for _, v in s["values"])]
+
+
+def _with_alert_rules(config: Path, tmp_path: Path) -> Path:
+    """``disagg up``'s prometheus.yml with the repository's alert rules loaded, as docs/operations.md says."""
+    from test_alert_rules import ALERTS
+
+    path = tmp_path / "prometheus-with-alerts.yml"
+    path.write_text(config.read_text() + f"rule_files:\n  - {ALERTS}\n")
+    return path
+
+
+def _rules_evaluated(prom: str) -> list[dict]:
+    """Every alert rule Prometheus loaded, once each has been evaluated (health ok or err)."""
+    rules = [rule for group in httpx.get(f"{prom}/api/v1/rules", timeout=10).json()["data"]["groups"]
+             for rule in group["rules"]]
+    return rules if rules and all(rule["health"] != "unknown" for rule in rules) else []
+
+
 @pytest.mark.slow
 def test_prometheus_scrapes_the_deployment_and_every_dashboard_query_has_a_series(tmp_path):
-    binary = prometheus_binary()
+    binary = prometheus_tool()
     port, prom_port = free_port(), free_port()
     config = write_config(tmp_path, "scraped", port, gen_frontends=2,
                           extra="prometheus: {scrape_interval_seconds: 1}\n")
@@ -81,12 +123,21 @@ def test_prometheus_scrapes_the_deployment_and_every_dashboard_query_has_a_serie
         assert json.loads((targets / "orchestrator.json").read_text())[0]["targets"] == [f"127.0.0.1:{port}"]
         status = disagg("status", "--run-dir", str(run), cwd=tmp_path)
         assert f"--config.file={run.resolve() / 'prometheus.yml'}" in status.stdout
+        assert "--web.listen-address=127.0.0.1:9090" in status.stdout
 
         prometheus = subprocess.Popen(
-            [binary, f"--config.file={run / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            [binary, f"--config.file={_with_alert_rules(run / 'prometheus.yml', tmp_path)}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"))
         prom = f"http://127.0.0.1:{prom_port}"
+        deadline = time.monotonic() + 60
+        while len(_up(prom)) < 3:  # scraped once before the load: the load's rates have a start
+            assert prometheus.poll() is None and time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
+            time.sleep(0.5)
+        load_start = time.time()
+        # Two rounds a few scrapes apart: every histogram's series has an increase to take a quantile of.
+        _send_load(port, str(tmp_path / "model"))
+        time.sleep(3)
         _send_load(port, str(tmp_path / "model"))
 
         queries = dashboard_queries()
@@ -108,6 +159,41 @@ def test_prometheus_scrapes_the_deployment_and_every_dashboard_query_has_a_serie
         assert frontends == {"ctx": "1", "gen": "2"}
         kv_bytes = _query(prom, "sum(disagg_kv_transfer_bytes_total)")
         assert float(kv_bytes[0]["value"][1]) > 0  # every request had a ctx leg: KV moved
+        nan = [(title, expr, series) for title, expr in queries
+               for series in _nan_series(prom, expr, load_start, time.time())]
+        assert not nan, f"series NaN over the whole load: {nan}"
+
+        from test_alert_rules import alert_rules  # (that module imports this one)
+
+        # The alert rules: each evaluated against this deployment without error; none fires.
+        deadline = time.monotonic() + 30
+        while not (rules := _rules_evaluated(prom)):
+            assert time.monotonic() < deadline, "Prometheus did not evaluate the alert rules"
+            time.sleep(1)
+        assert len(rules) == len(alert_rules())
+        assert [(r["name"], r["lastError"]) for r in rules if r["health"] != "ok"] == []
+        assert [r["name"] for r in rules if r["state"] != "inactive"] == []
+        for rule in alert_rules():
+            _query(prom, rule["expr"])  # parses and runs as an instant query too
+        # What the worker and frontend-left-down rules read exists, one series per worker, healthy.
+        health = {s["metric"]["worker_role"]: s["value"][1] for s in _query(prom, "disagg_orchestrator_worker_healthy")}
+        assert health == {"ctx": "1", "gen": "1"}
+        degraded = {s["metric"]["worker_role"]: s["value"][1]
+                    for s in _query(prom, "disagg_orchestrator_worker_degraded")}
+        assert degraded == {"ctx": "0", "gen": "0"}
+        # process_* of every process: orchestrator, and per worker its launcher, engine and frontends.
+        processes = sorted((s["metric"]["job"], s["metric"]["process"])
+                           for s in _query(prom, "process_resident_memory_bytes"))
+        assert processes.count(("disagg-orchestrator", "orchestrator")) >= 1
+        assert processes.count(("disagg-workers", "launcher")) == 2 and processes.count(("disagg-workers", "engine")) == 2
+        assert processes.count(("disagg-workers", "frontend")) == 1  # the gen worker's second frontend
+        info = _query(prom, "disagg_build_info")
+        assert {s["metric"]["job"] for s in info} == {"disagg-orchestrator", "disagg-workers"}
+        assert all(s["metric"]["version"] and s["metric"]["commit"] for s in info)
+        # The orchestrator answers the same text on /metrics, where scrapers look by default.
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain")
+        assert "disagg_orchestrator_requests_total" in text.text
     finally:
         if prometheus is not None:
             prometheus.terminate()

@@ -8,7 +8,7 @@ import json
 import yaml
 
 from orchestrator.config import OrchestratorConfig, StaticWorker
-from orchestrator.prometheus_sd import TargetFiles, render_prometheus_config
+from orchestrator.prometheus_sd import TargetFiles, prometheus_command, render_prometheus_config
 from orchestrator.state import StateOwner
 
 
@@ -56,3 +56,10 @@ def test_the_prometheus_config_points_at_the_target_files(tmp_path):
         assert jobs[job]["metrics_path"] == "/prometheus/metrics"
         assert jobs[job]["file_sd_configs"][0]["files"] == [str(tmp_path.resolve() / "prometheus/targets" / file)]
         assert jobs[job]["relabel_configs"] == [{"target_label": "deployment", "replacement": "local"}]
+
+
+def test_the_suggested_prometheus_listens_on_loopback_only(tmp_path):
+    # Prometheus's own default is 0.0.0.0:9090: its UI and API open to the whole network.
+    command = prometheus_command(tmp_path)
+    assert "--web.listen-address=127.0.0.1:9090" in command and "0.0.0.0" not in command
+    assert f"--config.file={tmp_path.resolve() / 'prometheus.yml'}" in command

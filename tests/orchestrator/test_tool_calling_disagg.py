@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from orchestrator_process import start_orchestrator, stop_orchestrator
+from tool_cuts import check_cut_calls
 from tool_loops import anthropic_client, anthropic_loop, openai_client, openai_loop
 from worker_process import disagg_worker_args, start_worker, stop_worker
 
@@ -54,3 +55,9 @@ def test_tool_errors_reach_the_client_through_the_orchestrator(disagg_url):
         anthropic_client(disagg_url).messages.create(
             model="tiny", max_tokens=8, messages=[{"role": "user", "content": "hi"}],
             tools=[{"name": "f", "input_schema": {"type": "object"}}], tool_choice={"type": "tool", "name": "nope"})
+
+
+def test_cut_forced_calls_have_one_shape_disaggregated(disagg_url):
+    """The gen worker parses what both legs generated: a call that max_tokens cuts reaches the client
+    with the same shape, streamed or not, on chat, messages and Responses (the orchestrator's own)."""
+    check_cut_calls(openai_client(disagg_url), anthropic_client(disagg_url))

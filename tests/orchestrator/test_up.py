@@ -15,6 +15,7 @@ import openai
 
 from worker_process import free_port, port_is_free
 
+from workers.engine.model.tiny import make_tiny_model
 from workers.processes import pid_alive
 
 
@@ -27,16 +28,17 @@ def write_deployment(tmp_path, name: str = "tiny", *, port: int = 0, run_dir: bo
                      conditional: bool | None = False, gen_frontends: int = 1, engine: str = "",
                      extra: str = "") -> str:
     """A ctx and a gen worker (the pools' default roles) on the synthetic engine and the tiny test
-    model (its dir does not exist yet: `up` generates it); with ``conditional`` False both legs run
+    model (written to tmp_path/model here, served under that path); with ``conditional`` False both legs run
     for every request. ``run_dir`` False: the default one, ./.disagg/<name>; ``engine``: more engine
     keys (``, key: value``); ``extra``: more top-level YAML."""
     orchestrator = f"port: {port or free_port()}, processes: {processes}, health: {{interval_seconds: 0.2}}"
     if conditional is not None:
         orchestrator += f", conditional: {{enabled: {str(conditional).lower()}}}"
     config = tmp_path / f"{name}.yaml"
+    if not (tmp_path / "model" / "config.json").exists():
+        make_tiny_model(tmp_path / "model", size="test")
     config.write_text(textwrap.dedent(f"""\
         model: {tmp_path / "model"}
-        tiny_model_size: test
         {f"run_dir: {tmp_path / 'run'}" if run_dir else ""}
         engine: {{kind: synthetic{engine}}}
         orchestrator: {{{orchestrator}}}
@@ -58,7 +60,6 @@ def test_up_request_status_down(tmp_path):
         pids = [state["supervisor_pid"], *(p["pid"] for p in state["processes"])]
         assert [p["name"] for p in state["processes"]] == ["ctx-0", "gen-0", "orchestrator"]
         assert stat.S_IMODE((run / "cluster.key").stat().st_mode) == 0o600
-        assert (tmp_path / "model" / "config.json").exists()
 
         url = f"http://127.0.0.1:{port}"
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)

@@ -108,3 +108,39 @@ def test_up_on_a_terminal_rewrites_one_live_line(tmp_path):
     text = output.decode(errors="replace")
     assert "\rdisagg up: starting" in text and "ready on" in text, text
     assert down.returncode == 0
+
+
+def test_a_run_dir_elsewhere_is_found_by_the_bare_commands_as_up_said(tmp_path):
+    work = tmp_path / "work"  # the directory the operator types in; the YAML puts the run dir beside it
+    work.mkdir()
+    config = write_deployment(tmp_path, "elsewhere")  # run_dir: <tmp_path>/run
+    run = (tmp_path / "run").resolve()
+    up = disagg("up", config, cwd=work)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr + (run / "up.log").read_text()
+        assert up.stdout.splitlines()[-1].endswith("`disagg down` stops it)"), up.stdout
+        assert (work / ".disagg" / "elsewhere").resolve() == run
+        status = json.loads(disagg("status", "--json", cwd=work).stdout)
+        assert status["running"] is True and status["run_dir"] == str(run)
+        logs = disagg("logs", "orchestrator", cwd=work)
+        assert logs.returncode == 0 and "ready" in logs.stdout, logs.stdout + logs.stderr
+    finally:
+        down = disagg("down", cwd=work)
+    assert down.returncode == 0 and f"stopped 3 processes from {run}" in down.stdout, down.stdout + down.stderr
+    assert not (run / "state.json").exists()
+    after = disagg("logs", cwd=work)  # the last run's logs, through the link
+    assert after.returncode == 0 and "==> orchestrator <==" in after.stdout and str(run) in after.stderr
+
+
+def test_up_names_the_run_dir_when_the_default_place_is_taken(tmp_path):
+    from disagg.run_dir_link import down_command, link_run_dir
+
+    runs = tmp_path / ".disagg"
+    (runs / "taken").mkdir(parents=True)  # an earlier run in the default place: never replaced
+    assert link_run_dir(runs, "taken", tmp_path / "run") is False and not (runs / "taken").is_symlink()
+    assert down_command(False, tmp_path / "run") == f"disagg down --run-dir {(tmp_path / 'run').resolve()}"
+    assert link_run_dir(runs, "fresh", tmp_path / "run") is True  # a link, replaced by the next up's
+    assert link_run_dir(runs, "fresh", tmp_path / "other") is True
+    assert (runs / "fresh").resolve() == (tmp_path / "other").resolve()
+    assert link_run_dir(runs, "taken", runs / "taken") is True  # the default place itself
+    assert down_command(True, runs / "taken") == "disagg down"

@@ -45,3 +45,13 @@ def dsv4_plan() -> JobPlan:
     workers = place_workers(pools, slurm.nodes, slurm.gpus_per_node)
     return build_plan(slurm, workers, ORCHESTRATOR_ARGV, serve_argv("/models/DeepSeek-V4-Pro"),
                       "disagg deployment: configs/dsv4.yaml (dsv4-like test plan)")
+
+
+def narrow_plan(worker_argv: WorkerArgv = TINY_WORKER_ARGV, slurm: SlurmConfig | None = None,
+                orchestrator_argv: Sequence[str] = ORCHESTRATOR_ARGV) -> JobPlan:
+    """Workers narrower than a node, two per node of 4 GPUs: 2 ctx workers of 2 TP ranks (a GPU each)
+    on node 0 beside the orchestrator, 2 single-process gen workers of 1 GPU on node 1."""
+    slurm = slurm or SlurmConfig(nodes=2, gpus_per_node=4, job_name="narrow", time_limit="5")
+    pools = (PoolSpec("ctx", 2, 1, 8100, tensor_parallel_size=2), PoolSpec("gen", 2, 1, 8200))
+    workers = place_workers(pools, slurm.nodes, slurm.gpus_per_node)
+    return build_plan(slurm, workers, orchestrator_argv, worker_argv, "disagg deployment: narrow workers")

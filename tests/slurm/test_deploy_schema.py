@@ -79,7 +79,7 @@ def test_render_cli_prints_the_script_and_refuses_bad_files(tmp_path: Path) -> N
     ok = subprocess.run([sys.executable, "-m", "disagg.cli", "render", "configs/dsv4-scaled.yaml"], cwd=REPO,
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.startswith("#!/bin/bash\n# disagg deployment 'dsv4-scaled' from configs/dsv4-scaled.yaml\n")
+    assert ok.stdout.startswith(f"#!/bin/bash\n# disagg deployment 'dsv4-scaled' from {REPO}/configs/dsv4-scaled.yaml\n")
     assert ok.stdout.count("\nsrun ") == 4
     bad = subprocess.run([sys.executable, "-m", "disagg.cli", "render", str(_write(tmp_path, "model: tiny\nslurm: "
                                                                                   "{nodes: 0}\n"))],

@@ -69,7 +69,7 @@ def _finished_job(tmp_path: Path, script_text: str, env: dict[str, str], monkeyp
     monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # slurm.jobs' scontrol/squeue use this environment
     script = tmp_path / "job.sbatch"
     script.write_text(script_text)
-    job_id = submit_script(script, tmp_path, env={"SLURM_CONF": env["SLURM_CONF"]})
+    job_id = submit_script(script, tmp_path, env=env)  # SLURM_CONF, and e.g. DISAGG_RUN_DIR
     try:
         # Longer than slurm.ranks' MPI watchdog: a stuck rank shows its log line here.
         return wait_for_state(job_id, TERMINAL_STATES, timeout=150)
@@ -144,3 +144,43 @@ def test_status_lists_every_emulated_slurmd(emulated_cluster: dict[str, str]) ->
     assert [line.split(":")[0] for line in lines[1:nodes + 1]] == [f"slurmd-n{i}" for i in range(nodes)]
     assert [line.split() for line in lines[nodes + 3:2 * nodes + 3]] == \
         [[f"n{i}", "idle", "8", "1500"] for i in range(nodes)]  # CPUs=8 RealMemory=1500 per node
+
+
+# Each task of a rendered worker step says which GPUs it sees (Slurm's CUDA_VISIBLE_DEVICES, or the
+# mask slurm.step applied to a one-task step).
+GPU_PROGRAM = """
+import os
+print("sees", os.environ["SLURM_JOB_NAME"], os.environ.get("DISAGG_TP_RANK", "0"), os.environ.get("CUDA_VISIBLE_DEVICES"),
+      flush=True)
+"""
+
+
+def test_a_rendered_step_sees_the_gpus_it_asked_slurm_for(emulated_cluster: dict[str, str], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm.render import render_script
+    from slurm_plans import narrow_plan
+
+    def worker_argv(worker) -> list[str]:
+        return [sys.executable, "-m", "slurm.step", "worker", "--run-dir", "{run_dir}", "--", sys.executable, "-c",
+                GPU_PROGRAM]
+
+    script = render_script(narrow_plan(worker_argv, orchestrator_argv=["true"]))
+    assert "CUDA_VISIBLE_DEVICES=" not in script  # no step sets it: Slurm does
+    # The same retry as the TP test above: a rank's MPI_Init may hang once in the emulated PMIx fence.
+    for attempt in range(2):
+        job_dir = tmp_path / f"attempt-{attempt}"
+        run_dir = job_dir / "run"
+        run_dir.mkdir(parents=True)
+        publish_orchestrator_url(run_dir, "http://orchestrator.invalid:1")
+        info = _finished_job(job_dir, script, {**emulated_cluster, "DISAGG_RUN_DIR": str(run_dir)}, monkeypatch)
+        if info.state == "COMPLETED":
+            break
+    logs = {p.stem: p.read_text() for p in (run_dir / "logs").glob("*.log")}
+    assert (info.state, info.exit_code) == ("COMPLETED", "0:0"), (info, logs)
+    seen = sorted(line.split("sees ", 1)[1] for text in logs.values() for line in text.splitlines() if "sees " in line)
+    assert seen == [
+        "ctx-0 0 0,1", "ctx-0 1 0,1",  # the node's first two: both ranks see them, the local rank picks
+        "ctx-1 0 2", "ctx-1 1 3",  # beside ctx-0 on the node: Slurm binds each rank to its own
+        "gen-0 0 0",
+        "gen-1 0 1",  # one task beside gen-0: slurm.step applies the mask Slurm would not
+    ], logs

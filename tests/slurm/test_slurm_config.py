@@ -30,6 +30,8 @@ def test_defaults_and_full_section() -> None:
     ({"run_root": "my runs"}, "slurm.run_root", "must be a non-empty path"),
     ({"container": {"image": "img", "mounts": ["/only-src"]}}, "slurm.container.mounts[0]", "SRC:DST[:FLAGS]"),
     ({"container": {"mounts": []}}, "slurm.container.image", "is required"),
+    ({"container": {"image": "x.sif", "runtime": "docker"}}, "slurm.container.runtime",
+     "must be one of pyxis, apptainer, got 'docker'"),
     ({"partitoin": "batch"}, "slurm.partitoin", "unknown key"),
 ])
 def test_errors_name_the_file_and_key(data: dict, key: str, words: str) -> None:

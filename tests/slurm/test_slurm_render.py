@@ -1,18 +1,20 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from disagg.deploy_config import load_deploy_config
 from disagg.slurm_deployment import build_slurm_plan
-from slurm.config import SlurmConfig
-from slurm.plan import JobPlan, Step
+from slurm.config import ContainerConfig, SlurmConfig
+from slurm.plan import RUN_DIR, JobPlan, Step
 from slurm.render import render_script
-from slurm_plans import dsv4_plan, local_plan
+from slurm_plans import dsv4_plan, local_plan, narrow_plan
 from workers.config import ConfigError
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -71,7 +73,7 @@ def test_dsv4_runs_all_twelve_workers_pinned_to_their_nodes() -> None:
     for i, step in enumerate(steps[1:12]):
         assert f'-w "${{NODES[{i}]}}"' in step and f"--port {8100 + i} --num-frontends 8" in step
         assert "--nodes=1 --ntasks=4 --ntasks-per-node=4 --cpus-per-task=\"$((CPUS / 4))\"" in step
-        assert "--mpi=pmix" in step and "env CUDA_VISIBLE_DEVICES=0,1,2,3" in step
+        assert "--mpi=pmix" in step and "--gres=gpu:4 -w" in step
     gen = steps[12]
     assert "--nodes=4 --ntasks=16 --ntasks-per-node=4" in gen and "--mpi=pmix" in gen
     assert '-w "${NODES[11]},${NODES[12]},${NODES[13]},${NODES[14]}"' in gen
@@ -80,6 +82,41 @@ def test_dsv4_runs_all_twelve_workers_pinned_to_their_nodes() -> None:
                "--container-mounts=/shared:/shared,/models:/models:ro" in s for s in steps)
     assert "#SBATCH --nodes=15\n" in script and "#SBATCH --gpus-per-node=4\n" in script
     assert script.rstrip().endswith("wait")
+
+
+def _in_container(container: ContainerConfig) -> JobPlan:
+    plan = dsv4_plan()
+    setup = (("python", "-m", "disagg.orchestrator_plan", "/shared/dsv4.yaml", "--run-dir", RUN_DIR),)
+    return dataclasses.replace(plan, slurm=dataclasses.replace(plan.slurm, container=container), setup=setup)
+
+
+def test_pyxis_runs_the_setup_in_the_image_too(tmp_path: Path) -> None:
+    """The batch shell is on the host: its setup line goes through a one-task srun with the image."""
+    script = render_script(_in_container(ContainerConfig("/shared/disagg-cpu.sqsh", ("/shared:/shared",))))
+    assert "# ---- setup, once, in the container before any step ----\n" \
+           'srun --overlap --nodes=1 --ntasks=1 -w "${NODES[0]}" --container-image=/shared/disagg-cpu.sqsh ' \
+           '--container-mounts=/shared:/shared python -m disagg.orchestrator_plan /shared/dsv4.yaml ' \
+           '--run-dir "$RUN_DIR"\n' in script
+    steps = _srun_steps(script)
+    assert "--container-mounts=/shared:/shared disagg orchestrator " in steps[0]
+    assert all("--gres=gpu:4 -w " in step and
+               "--container-image=/shared/disagg-cpu.sqsh --container-mounts=/shared:/shared disagg serve " in step
+               for step in steps[1:])
+
+
+def test_apptainer_wraps_the_setup_and_every_step_command(tmp_path: Path) -> None:
+    container = ContainerConfig("/shared/disagg-cpu.sif", ("/shared:/shared", "/models:/models:ro"), "apptainer")
+    script = render_script(_in_container(container))
+    wrap = "apptainer exec --nv --bind=/shared:/shared,/models:/models:ro /shared/disagg-cpu.sif"
+    assert f'\n{wrap} python -m disagg.orchestrator_plan /shared/dsv4.yaml --run-dir "$RUN_DIR"\n' in script
+    steps = _srun_steps(script)
+    assert steps[0].count(wrap) == 1 and f"{wrap} disagg orchestrator " in steps[0]
+    # srun (with its GPU request) starts apptainer on each rank's node; the command runs inside
+    assert all("--gres=gpu:4 -w " in step and f'.log" {wrap} disagg serve ' in step for step in steps[1:])
+    assert "--container-image" not in script
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True).returncode == 0
 
 
 def test_local_has_no_mpi_and_one_cpu_node() -> None:
@@ -135,3 +172,29 @@ def test_a_deployment_key_reaches_every_worker_on_both_launchers(tmp_path: Path,
         assert worker.argv[worker.argv.index(flag) + 1] == value
         parsed = build_parser().parse_args(worker.argv[3:])  # serve accepts what the YAML renders
         assert str(getattr(parsed, flag[2:].replace("-", "_"))) == value
+
+
+def test_each_worker_step_asks_slurm_for_its_gpus_and_none_sets_cuda_visible_devices() -> None:
+    for plan in (dsv4_plan(), narrow_plan()):
+        script = render_script(plan)
+        assert "CUDA_VISIBLE_DEVICES" not in script
+        for step in _srun_steps(script)[1:]:
+            assert re.search(r" --gres=gpu:[1-4] ", step), step
+        assert "--gres" not in _srun_steps(script)[0]  # the orchestrator needs none
+    steps = {s.split("--job-name=")[1].split()[0]: s for s in _srun_steps(render_script(narrow_plan()))}
+    # The node's first GPUs: asked for by count, every task sees them all.
+    assert " --gres=gpu:2 -w " in steps["ctx-0"] and "--gpu-bind" not in steps["ctx-0"]
+    # Sharing the node: overlapping steps share GRES, so each TP rank is bound to its own GPU.
+    assert " --gres=gpu:4 --gpu-bind=map_gpu:2,3 " in steps["ctx-1"]
+    # One task: Slurm does not bind it; slurm.step applies the same mask.
+    assert " --gres=gpu:1 -w " in steps["gen-0"] and "--gpu-bind" not in steps["gen-0"]
+    assert " --gres=gpu:2 --gpu-bind=mask_gpu:0x2 " in steps["gen-1"] and " env DISAGG_GPU_MASK=0x2 " in steps["gen-1"]
+
+
+def test_render_names_the_config_by_its_absolute_path(tmp_path: Path) -> None:
+    config = tmp_path / "dsv4.yaml"
+    config.write_text((REPO / "configs" / "dsv4.yaml").read_text())
+    result = subprocess.run([sys.executable, "-m", "disagg.cli", "render", "dsv4.yaml"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"python -m disagg.orchestrator_plan {config} --run-dir" in result.stdout

@@ -24,7 +24,7 @@ from workers.kv_codec import KVFrameCodec
 from workers.kv_protocol import KVPullRequest, KVReplyMessage, KVRequestMessage
 from workers.kv_server import CHUNK_BYTES, MIN_VIEW_RUN, _next_chunk, blocks_within
 from workers.kv_transfer import EXPIRY_MARGIN_SECONDS, KVTransferAgent
-from workers.protocol import AddContextRequest, AddRemoteRequest, EngineRequest, RequestOutput
+from workers.protocol import AddContextRequest, AddRemoteRequest, EngineRequest, KVTransferStats, RequestOutput
 from workers.sampling_params import SamplingParams
 
 KEY = b"k" * 32
@@ -97,6 +97,7 @@ def assert_prefilled_after_failed_pull(gen: Node, request_id: int, caplog, why: 
     it ended normally (``Scheduler.recompute_remote``)."""
     last = gen.outputs[request_id][-1]
     assert (last.finish_reason, last.error, gen.agent.num_pulls_failed) == ("length", None, 1)
+    assert last.kv_transfer == KVTransferStats(0, 0, 0.0, recomputed=True)  # what the recompute metric counts
     assert len(gen.tokens(request_id)) == GREEDY.max_tokens - 1  # the first token is the ctx engine's
     assert any(why in r.getMessage() and "prefilled here" in r.getMessage() for r in caplog.records), caplog.text
 

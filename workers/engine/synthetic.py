@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 import time
 
-from workers.config import EngineConfig
+from workers.config import EngineConfig, SyntheticConfig
 from workers.engine.executor import (
     ExecutorOutput,
     ProfilingUnsupported,
@@ -30,7 +30,7 @@ from workers.engine.executor import (
 )
 from workers.protocol import TokenLogprobs
 
-__all__ = ["SyntheticExecutor", "NOMINAL_KV_BYTES_PER_TOKEN"]
+__all__ = ["SyntheticExecutor", "NOMINAL_KV_BYTES_PER_TOKEN", "step_seconds"]
 
 NOMINAL_KV_BYTES_PER_TOKEN = 4096
 """Bytes one token's KV is taken to need when ``num_blocks`` is derived from ``memory_bytes``."""
@@ -50,6 +50,15 @@ def _chain(value: int, salt: int) -> int:
     PYTHONHASHSEED, so every engine process of one Python version agrees, as the KV
     export between a ctx and a gen engine needs. The loops inline it."""
     return hash((value, salt))
+
+
+def step_seconds(timing: SyntheticConfig, batch: SchedulerOutput) -> float:
+    """What the timing model says a step costs (decodes are one token each): the synthetic engine
+    sleeps it, the cluster simulator (``disagg.sim``) advances its clock by it."""
+    seconds = timing.prefill_seconds_per_token * batch.num_prefill_tokens
+    if batch.num_decode_tokens:
+        seconds += timing.decode_step_base_seconds + timing.decode_seconds_per_seq * batch.num_decode_tokens
+    return seconds
 
 
 class SyntheticExecutor:
@@ -109,12 +118,7 @@ class SyntheticExecutor:
         return ExecutorOutput(token_ids_out, logprobs)
 
     def step_seconds(self, batch: SchedulerOutput) -> float:
-        """What the timing model says this step costs (decodes are one token each)."""
-        seconds = self.timing.prefill_seconds_per_token * batch.num_prefill_tokens
-        if batch.num_decode_tokens:
-            seconds += self.timing.decode_step_base_seconds
-            seconds += self.timing.decode_seconds_per_seq * batch.num_decode_tokens
-        return seconds
+        return step_seconds(self.timing, batch)
 
     def export_blocks(self, block_ids: list[int]) -> list[bytes]:
         """One frame: the blocks' slots, ``block_size`` little-endian int64 running hashes each."""
