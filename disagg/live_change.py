@@ -162,6 +162,11 @@ class Live:
                 self.http.post("/workers/deregister", json={"worker_id": worker["worker_id"]})
         print(f"{', '.join(names)}: stopped", flush=True)
 
+    def start_workers(self, pool: str, count: int) -> dict[str, str]:
+        """The supervisor starts ``count`` workers of ``pool``: their names and URLs (or the end of
+        their URLs, ``:PORT``, where only the worker knows its host)."""
+        return self.ask(AddWorkers(pool=pool, count=count)).started
+
     def undrain(self, targets: list[str]) -> None:
         for target in targets:
             name, url = self.resolve(target)
@@ -185,12 +190,13 @@ class Live:
             self.drain([p.name for p in current[instances:]], keep=False, timeout=timeout)
             print(f"{pool}: {instances} worker{'s' if instances > 1 else ''}", flush=True)
             return
-        started = self.ask(AddWorkers(pool=pool, count=instances - len(current))).started
+        started = self.start_workers(pool, instances - len(current))
         print(f"{pool}: started {', '.join(started)}; waiting for the orchestrator to see them healthy", flush=True)
         deadline = time.monotonic() + timeout
         while True:
             cluster = self.cluster()
-            waiting = [name for name, url in started.items() if not cluster.get(url, {}).get("healthy")]
+            waiting = [name for name, url in started.items()
+                       if not any(w["healthy"] for known, w in cluster.items() if known.endswith(url))]
             if not waiting:
                 break
             if time.monotonic() > deadline:

@@ -1,7 +1,7 @@
 """``disagg drain | undrain | scale | reload``: the commands that change a running deployment.
 
 Each finds the deployment as ``status`` does and acts through ``disagg.live_change.Live``
-(local) or ``disagg.slurm_live`` (Slurm: drain and undrain). ``reload [CONFIG]``: the
+(local) or ``disagg.slurm_live`` (Slurm: drain, undrain and scale). ``reload [CONFIG]``: the
 supervisor re-reads the YAML and applies its live settings (``disagg.live_settings``).
 Exit codes: 0 done, 1 not done (the message says what state it left), 2 a bad argument
 or YAML, 3 (reload) some changed keys need a restart.
