@@ -49,6 +49,12 @@ def _deployment(args: argparse.Namespace) -> int:
     return run_deployment_command(args)
 
 
+def _live(args: argparse.Namespace) -> int:
+    from disagg.live_commands import run_live_command
+
+    return run_live_command(args)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from disagg.bench.cli import run_bench_command
 
@@ -114,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     from disagg.deployment import add_deployment_commands
 
     add_deployment_commands(sub, _deployment)
+    from disagg.live_commands import add_live_commands
+
+    add_live_commands(sub, _live)
     render = sub.add_parser("render", help="print the sbatch script of a deployment YAML (what `up --launcher "
                                            "slurm` submits)")
     from disagg.slurm_deployment import add_render_arguments

@@ -39,6 +39,7 @@ from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from orchestrator.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
+    LOG_LEVELS,
     ConditionalDisaggConfig,
     HealthConfig,
     RouterConfig,
@@ -183,8 +184,12 @@ class OrchestratorSettings:
     max_process_restarts: int = 5
     process_restart_window_seconds: float = 300.0
     """Process 0 respawns a dead orchestrator process at most this often within the window."""
+    log_level: str = "info"
+    """debug | info | warning | error | critical: the orchestrator's log (changes live: ``disagg reload``)."""
 
     def validate(self, prefix: str) -> None:
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"{prefix}.log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.max_concurrent_requests < 0:
             raise ConfigError(f"{prefix}.max_concurrent_requests",
                               f"must be >= 0 (0: no limit), got {self.max_concurrent_requests}")

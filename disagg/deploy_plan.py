@@ -40,11 +40,13 @@ if TYPE_CHECKING:
     from disagg.deploy_config import DeployConfig
     from slurm.placement import WorkerPlacement
 
-__all__ = ["WorkerLaunch", "OrchestratorLaunch", "DeployPlan", "local_plan", "slurm_plan", "orchestrator_config",
-           "ORCHESTRATOR_CONFIG_FILE", "KEY_FILE", "SLURM_PYTHON", "SLURM_RUN_DIR"]
+__all__ = ["WorkerLaunch", "OrchestratorLaunch", "DeployPlan", "local_plan", "local_worker", "slurm_plan", "orchestrator_config",
+           "ORCHESTRATOR_CONFIG_FILE", "KEY_FILE", "API_KEY_FILE", "SLURM_PYTHON", "SLURM_RUN_DIR"]
 
 ORCHESTRATOR_CONFIG_FILE = "orchestrator.json"
 KEY_FILE = "cluster.key"
+API_KEY_FILE = "api.key"
+"""The orchestrator's API key (mode 0600), for workers ``disagg scale`` registers when it has one."""
 SLURM_PYTHON = "python"
 """The interpreter Slurm steps run: the one ``slurm.env_setup`` puts first on PATH (or the submitter's PATH)."""
 
@@ -125,7 +127,7 @@ def orchestrator_config(config: DeployConfig, *, model: Path | str, state_dir: P
         max_request_bytes=s.max_request_bytes, max_concurrent_requests=s.max_concurrent_requests,
         grace_seconds=s.grace_seconds, max_process_restarts=s.max_process_restarts,
         process_restart_window_seconds=s.process_restart_window_seconds, access_log=config.access_log,
-        log_format=config.log_format, tracing=config.tracing,
+        log_format=config.log_format, tracing=config.tracing, log_level=s.log_level,
         prometheus_targets_dir=None if targets_dir is None else str(targets_dir))
 
 
@@ -154,25 +156,33 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def local_worker(config: DeployConfig, run_dir: Path, model: Path, pool_name: str, index: int,
+                 threads: int | None = None, register: Mapping[str, object] | None = None) -> WorkerLaunch:
+    """Worker ``<pool_name>-<index>`` as ``disagg up`` starts it here: on its pool's host, at
+    ``base_port + index`` (a free port when unset), ``threads`` its engine's share of the cores;
+    ``register``: the ``--register-url`` flags of a worker started after the orchestrator
+    (``disagg scale``), which learns of it by registration rather than from its static list."""
+    pool = config.pools.ctx if pool_name == "ctx" else config.pools.gen
+    name = f"{pool_name}-{index}"
+    port = pool.base_port + index if pool.base_port else _free_port(pool.host)
+    argv = _serve_argv(
+        config, pool_name, python=sys.executable, model=str(model), host=pool.host, port=port,
+        frontends=pool.frontends, head=["--log-level", "info"],
+        options={"--engine-threads": threads, "--cluster-key-file": str(run_dir / KEY_FILE),
+                 "--state-dir": str(run_dir / "worker-state" / name), "--kv-host": pool.host, "--kv-port": 0,
+                 "--tensor-parallel-size": pool.tensor_parallel_size, **_names(config), **(register or {})})
+    return WorkerLaunch(name=name, pool=pool_name, index=index, role=pool.role or pool_name, host=pool.host,
+                        port=port, argv=tuple(argv), tensor_parallel_size=pool.tensor_parallel_size)
+
+
 def local_plan(config: DeployConfig, run_dir: Path, model: Path,
                threads: Mapping[str, int | None] | None = None) -> DeployPlan:
-    """The processes ``disagg up`` starts here: workers on their pool's host, at ``base_port + index``
-    (a free port when unset), each engine with its share of the cores (``threads``, by worker name,
-    ``disagg.core_partition``); the orchestrator knows them as static workers."""
-    workers = []
-    for pool_name, pool in (("ctx", config.pools.ctx), ("gen", config.pools.gen)):
-        for index in range(pool.instances):
-            name = f"{pool_name}-{index}"
-            port = pool.base_port + index if pool.base_port else _free_port(pool.host)
-            argv = _serve_argv(
-                config, pool_name, python=sys.executable, model=str(model), host=pool.host, port=port,
-                frontends=pool.frontends, head=["--log-level", "info"],
-                options={"--engine-threads": (threads or {}).get(name), "--cluster-key-file": str(run_dir / KEY_FILE),
-                         "--state-dir": str(run_dir / "worker-state" / name), "--kv-host": pool.host, "--kv-port": 0,
-                         "--tensor-parallel-size": pool.tensor_parallel_size, **_names(config)})
-            workers.append(WorkerLaunch(name=name, pool=pool_name, index=index, role=pool.role or pool_name,
-                                        host=pool.host, port=port, argv=tuple(argv),
-                                        tensor_parallel_size=pool.tensor_parallel_size))
+    """The processes ``disagg up`` starts here (``local_worker`` each), each engine with its share of
+    the cores (``threads``, by worker name, ``disagg.core_partition``); the orchestrator knows them as
+    static workers."""
+    workers = [local_worker(config, run_dir, model, pool_name, index, (threads or {}).get(f"{pool_name}-{index}"))
+               for pool_name, pool in (("ctx", config.pools.ctx), ("gen", config.pools.gen))
+               for index in range(pool.instances)]
     settings = config.orchestrator
     port = settings.port or _free_port(settings.host)
     orch = orchestrator_config(

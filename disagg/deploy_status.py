@@ -31,8 +31,8 @@ class ProcessStatus(msgspec.Struct, kw_only=True):
     pid: int | None = None
     """null for a Slurm step (see ``step``)."""
     state: str
-    """running | exited (restarted or about to be) | left_down (past its restart budget) | gone (supervisor) |
-    ended (a Slurm step)."""
+    """running | exited (restarted or about to be) | left_down (past its restart budget) | retired (stopped
+    for good by `disagg drain` or `disagg scale`) | gone (supervisor) | ended (a Slurm step)."""
     step: str | None = None
     """A Slurm step's id (JOB.STEP) while it runs."""
     nodes: str | None = None
@@ -57,6 +57,15 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     last_error: str | None = None
     in_flight_requests: int = 0
     num_cached_blocks: int = 0
+    draining: bool = False
+    """`disagg drain`: routed nothing new (``drained`` once nothing is in flight)."""
+
+    @property
+    def rotation(self) -> str:
+        """healthy | draining | drained | UNHEALTHY: what the text status shows."""
+        if self.draining:
+            return "draining" if self.in_flight_requests else "drained"
+        return "healthy" if self.healthy else "UNHEALTHY"
 
 
 class DeploymentStatus(msgspec.Struct, kw_only=True):
@@ -120,7 +129,8 @@ def local_status(run_dir: Path, state: LocalRunState | None) -> DeploymentStatus
         processes.append(ProcessStatus(
             name=process.name, pid=process.pid, url=process.url, restarts=process.restarts, log=process.log,
             left_down_reason=process.given_up,
-            state="left_down" if process.given_up else "running" if alive else "exited"))
+            state="left_down" if process.given_up else "running" if alive else "retired" if process.retired
+            else "exited"))
     return DeploymentStatus(
         running=supervisor.may_be_running() or any(p.state == "running" for p in processes), run_dir=str(run_dir),
         config=state.config, url=state.url, processes=processes,
@@ -166,8 +176,8 @@ def _print_text(status: DeploymentStatus) -> None:
     else:
         print("  the orchestrator's view of the workers:")
         for worker in status.workers:
-            health = "healthy" if worker.healthy else f"UNHEALTHY ({worker.last_error})"
-            if worker.healthy and worker.degraded:
+            health = f"UNHEALTHY ({worker.last_error})" if worker.rotation == "UNHEALTHY" else worker.rotation
+            if worker.rotation == "healthy" and worker.degraded:
                 health = "DEGRADED (a frontend left down by its restart budget; see its log)"
             print(f"    {worker.worker_id:<10} {worker.role:<5} {worker.url:<26} {health}; in flight "
                   f"{worker.in_flight_requests}, cached blocks {worker.num_cached_blocks}")

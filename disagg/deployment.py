@@ -23,6 +23,9 @@ orchestrator's /health answers 200; it prints the URL and returns. With
    ``STOP_SECONDS``) and removes the runtime files (state,
    key, orchestrator state dir). Logs stay.
 
+The supervisor is ``disagg.supervisor``; while it runs, ``disagg drain``,
+``scale`` and ``reload`` change what it runs (``disagg.live_commands``).
+
 ``up`` refuses while the run dir has a live owner (its supervisor, or, when
 that was killed, any recorded process: an orphan) or a port the config fixes
 is taken. ``down`` signals the supervisor and waits for it; if the supervisor
@@ -46,8 +49,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -55,24 +56,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from disagg.deploy_logs import tail
-from disagg.deploy_plan import KEY_FILE
 from disagg.progress import ProgressLine
 from disagg.run_dir_link import down_command, link_run_dir
 from disagg.run_dir_guard import busy_ports, live_processes, recorded_processes, stop_recorded
-from disagg.run_state import (STATE_FILES, STOP_SECONDS, LocalRunState, ProcessRecord, SlurmRunState, clean,
-                              find_state, orchestrator_stop_seconds, read_state, write_state)
-from orchestrator.prometheus_sd import write_prometheus_config
+from disagg.run_state import (STATE_FILES, STOP_SECONDS, LocalRunState, SlurmRunState, clean,
+                              find_state, orchestrator_stop_seconds, read_state)
 from orchestrator.readiness import health_progress
 from workers.ipc_dir_owners import sweep_stale_ipc_dirs
-from workers.process_identity import process_start_time
-from workers.processes import stop_process, stop_processes
-from workers.restart_budget import RestartBudget
 
 if TYPE_CHECKING:  # the CLI imports this module to add its subcommands: keep that import light
     from disagg.deploy_config import DeployConfig
-    from disagg.deploy_plan import DeployPlan
 
-__all__ = ["add_deployment_commands", "run_deployment_command", "default_run_dir", "STOP_SECONDS",
+__all__ = ["add_deployment_commands", "run_deployment_command", "default_run_dir", "find_run_dir", "STOP_SECONDS",
            "orchestrator_stop_seconds"]
 
 RUNS_ROOT = Path(".disagg")
@@ -129,8 +124,12 @@ def run_deployment_command(args: argparse.Namespace) -> int:
             if refusal:
                 print(f"disagg up: {refusal}", file=sys.stderr)
                 return 1
-            return _supervise(config) if args.foreground else _up_detached(config, args, stop)
-        run_dir = _find_run_dir(args)
+            if args.foreground:
+                from disagg.supervisor import supervise
+
+                return supervise(config)
+            return _up_detached(config, args, stop)
+        run_dir = find_run_dir(args)
         if run_dir is None:
             return _nothing_found(args)
         if args.action == "logs":  # the same files under either launcher
@@ -152,7 +151,7 @@ def run_deployment_command(args: argparse.Namespace) -> int:
         return 2
 
 
-def _find_run_dir(args: argparse.Namespace) -> Path | None:
+def find_run_dir(args: argparse.Namespace) -> Path | None:
     """The run dir named (--run-dir, CONFIG), else the one deployment running under ./.disagg; for
     ``logs`` with none running, the last run's (its logs outlive it). None: nothing to act on."""
     from disagg.deploy_config import load_deploy_config
@@ -252,88 +251,6 @@ def _up_detached(config: DeployConfig, args: argparse.Namespace, stop: str) -> i
     print(f"disagg up: not healthy after {config.startup_timeout_seconds} s; stopping", file=sys.stderr)
     _down(run_dir, read_state(run_dir, LocalRunState))
     return 1
-
-
-def _prepare(config: DeployConfig, run_dir: Path) -> DeployPlan:
-    """The plan to run; writes the key (0600), the orchestrator's config and Prometheus's."""
-    from disagg.core_partition import available_cores, engine_threads
-    from disagg.deploy_config import resolve_deploy_model
-    from disagg.deploy_plan import local_plan
-
-    model = resolve_deploy_model(config, run_dir)
-    fd = os.open(run_dir / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-    plan = local_plan(config, run_dir, model, engine_threads(config, available_cores()))
-    plan.write_orchestrator_config()
-    write_prometheus_config(run_dir, config.name, config.prometheus.scrape_interval_seconds)
-    return plan
-
-
-def _start(run_dir: Path, process: ProcessRecord) -> subprocess.Popen:
-    log_path = run_dir / "logs" / f"{process.name}.log"
-    with open(log_path, "a") as log:
-        child = subprocess.Popen(process.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
-    process.pid, process.start_time, process.log = child.pid, process_start_time(child.pid), str(log_path)
-    return child
-
-
-def _supervise(config: DeployConfig) -> int:
-    run_dir = config.run_path
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stopping.append(signum))
-    plan = _prepare(config, run_dir)
-    url = plan.orchestrator.url
-    processes = [ProcessRecord(name=p.name, url=p.url, argv=list(p.argv)) for p in plan.processes]
-    children: dict[str, subprocess.Popen] = {}
-    state = LocalRunState(config=config.source, url=url, supervisor_pid=os.getpid(),
-                          supervisor_start_time=process_start_time(os.getpid()), processes=processes,
-                          started_at=time.time(),
-                          orchestrator_stop_seconds=orchestrator_stop_seconds(config.orchestrator.grace_seconds))
-    policy = config.restarts
-    budgets = {p.name: RestartBudget(policy.max_restarts, policy.window_seconds) for p in processes}
-    try:
-        for process in processes:
-            children[process.name] = _start(run_dir, process)
-        write_state(run_dir, state)
-        print(f"disagg up: supervising {len(processes)} processes; orchestrator on {url}", flush=True)
-        while not stopping:
-            time.sleep(0.2)
-            for process in processes:
-                child = children[process.name]
-                if child.poll() is None or stopping or process.given_up:
-                    continue
-                budget = budgets[process.name]
-                if not budget.allow(time.monotonic()):
-                    process.given_up = f"exited {budget.recent_exits} times within {policy.window_seconds:g} s"
-                    print(f"disagg up: {process.name} exited ({child.returncode}) {budget.recent_exits} times "
-                          f"within {policy.window_seconds:g} s: leaving it down, the rest keep serving; "
-                          f"see {process.log}", flush=True)
-                else:
-                    process.restarts += 1
-                    print(f"disagg up: {process.name} exited ({child.returncode}); restarting", flush=True)
-                    children[process.name] = _start(run_dir, process)
-                write_state(run_dir, state)
-            if all(p.given_up for p in processes):
-                print("disagg up: every process was left down; stopping", flush=True)
-                return 1
-        return 0
-    finally:
-        _stop_all(list(reversed(list(children.values()))), state.orchestrator_stop_seconds)
-        clean(run_dir, LocalRunState)
-
-
-def _stop_all(children: list[subprocess.Popen], orchestrator_seconds: float) -> None:
-    # The orchestrator (last started, first here) goes first and drains: its in-flight requests finish
-    # on the still-running workers, and no new one is routed to a stopping worker. Then the workers,
-    # all at once (nothing is routed to them any more).
-    if children:
-        stop_process(children[0], orchestrator_seconds)
-        stop_processes(children[1:], STOP_SECONDS)
 
 
 # -- status / down / logs ---------------------------------------------------------------------

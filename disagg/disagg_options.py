@@ -29,7 +29,9 @@ DISAGG_OPTIONS: list[tuple[str, dict[str, Any]]] = [
                                                               "worker before it is freed")),
     ("--kv-pull-timeout", dict(type=float, default=30.0, help="gen role: a KV pull with no progress for this long "
                                                               "fails (the request is then prefilled here)")),
-    ("--register-url", dict(default=None, help="orchestrator base URL to register this worker with (heartbeats)")),
+    ("--register-url", dict(default=None, aliases=("--register",),
+                            help="the URL of a running orchestrator to join: this worker registers, heartbeats, "
+                                 "and deregisters when it stops (--register URL is the same)")),
     ("--advertise-url", dict(default=None, help="this worker's base URL for the orchestrator "
                                                 "(default: http://HOST:PORT)")),
     ("--register-api-key-file", dict(default=None, help="file (mode 0600) with the orchestrator's API key")),

@@ -27,7 +27,8 @@ from typing import ClassVar, TypeVar, Union
 
 import msgspec
 
-from disagg.deploy_plan import KEY_FILE, ORCHESTRATOR_CONFIG_FILE
+from disagg.deploy_plan import API_KEY_FILE, KEY_FILE, ORCHESTRATOR_CONFIG_FILE
+from disagg.supervisor_control import CONTROL_DIR
 from orchestrator.prometheus_sd import CONFIG_FILE as PROMETHEUS_CONFIG, TARGETS_DIR
 
 __all__ = ["ProcessRecord", "LocalRunState", "SlurmStep", "SlurmRunState", "RunState", "read_state", "find_state",
@@ -62,13 +63,17 @@ class ProcessRecord(msgspec.Struct, kw_only=True):
     restarts: int = 0
     given_up: str | None = None
     """Why it was left down (past its restart budget); None while it is supervised."""
+    retired: str | None = None
+    """Why an operator stopped it for good (``disagg drain``, ``disagg scale``): never restarted."""
+    pool: str | None = None
+    """A worker's pool (ctx or gen); None for the orchestrator."""
 
 
 class LocalRunState(msgspec.Struct, kw_only=True):
     FILE: ClassVar[str] = "state.json"
-    RUNTIME_FILES: ClassVar[tuple[str, ...]] = ("state.json", KEY_FILE, ORCHESTRATOR_CONFIG_FILE)
+    RUNTIME_FILES: ClassVar[tuple[str, ...]] = ("state.json", KEY_FILE, ORCHESTRATOR_CONFIG_FILE, API_KEY_FILE)
     # prometheus.yml stays (Prometheus may still be pointed at it); its targets go: nothing to scrape
-    RUNTIME_DIRS: ClassVar[tuple[str, ...]] = ("orchestrator", TARGETS_DIR)
+    RUNTIME_DIRS: ClassVar[tuple[str, ...]] = ("orchestrator", TARGETS_DIR, CONTROL_DIR)
 
     config: str = ""
     url: str = ""
@@ -76,7 +81,8 @@ class LocalRunState(msgspec.Struct, kw_only=True):
     supervisor_pid: int
     supervisor_start_time: int | None = None
     processes: list[ProcessRecord]
-    """Workers (ctx, then gen), then the orchestrator: the order they start in."""
+    """Workers (ctx, then gen, then any ``disagg scale`` added), then the orchestrator, always last: the
+    order they start in (``down`` stops them in reverse)."""
     started_at: float = 0.0
     orchestrator_stop_seconds: float = ORCHESTRATOR_STOP_SECONDS
 

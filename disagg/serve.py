@@ -125,7 +125,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a Hugging Face model directory, a .gguf file or the short name of an installed "
                              "model (smollm2-135m-instruct); for the synthetic engine: the tokenizer")
     for flag, kwargs in _OPTIONS:
-        parser.add_argument(flag, **kwargs)
+        aliases = kwargs.get("aliases", ())
+        parser.add_argument(flag, *aliases, **{k: v for k, v in kwargs.items() if k != "aliases"})
 
 
 def _serve_argv(args: ServeSettings, num_frontends: int) -> list[str]:

@@ -231,7 +231,7 @@ def slurm_status(run_dir: Path, state: SlurmRunState, as_json: bool = False) -> 
         elif worker is None:
             seen = "not in the orchestrator's rotation (unregistered or dropped)"
         else:
-            seen = (f"{worker.worker_id} {'healthy' if worker.healthy else 'UNHEALTHY'}; "
+            seen = (f"{worker.worker_id} {worker.rotation}; "
                     f"in flight {worker.in_flight_requests}")
         print(f"  {step.name:<14} {where:<22} {seen}")
         if step.name != "orchestrator":

@@ -49,10 +49,10 @@ from orchestrator import responses, surface
 from orchestrator.answers import Answer, Watch, disconnect_watch, to_response
 from orchestrator.batches import batch_forward
 from orchestrator.clean_ends import CleanEndsMiddleware
-from orchestrator.config import OrchestratorConfig
+from orchestrator.config import LiveSettings, OrchestratorConfig
 from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamRejected
 from orchestrator.flow import Flow
-from orchestrator.state_protocol import RequestTrace
+from orchestrator.state_protocol import DrainRequest, RequestTrace, WorkerRef
 from orchestrator.metrics import CONTENT_TYPE, Metrics
 from orchestrator.openapi_routes import DESCRIPTION, OPEN_PATHS, ORCHESTRATOR_DOCS
 from orchestrator.prompt import parse_request
@@ -97,6 +97,7 @@ class Orchestrator:
         # Every client request's end: its perf record, access line and spans (orchestrator.request_end).
         self.ends = RequestEnds(self.link, config.access_log, self.tracing)
         self.flow = Flow(config, self.view, self.link, self.legs, self.metrics, self.ends)
+        self.view.on_settings = self.apply_settings
         # Stored responses (/v1/responses): one file that every process shares (orchestrator.responses).
         self.responses = LocalResponses(ResponseStore(Path(config.state_dir) / RESPONSES_FILE))
         self._id_prefix = uuid.uuid4().hex[:16]
@@ -139,6 +140,21 @@ class Orchestrator:
         record.error, record.end = f"{type(exc).__name__}: {exc}", time.time()
         status = CLIENT_CLOSED_REQUEST if isinstance(exc, ClientDisconnected) else error_parts(exc, anthropic)[0]
         self.ends.end(record, status)
+
+    def apply_settings(self, live: LiveSettings) -> None:
+        """The owner's live settings (``disagg reload``), for the next request: routers, conditional
+        disaggregation, timeouts, retries, the admission limit, the log level."""
+        if live == self.config.live():
+            return
+        self.config = self.config.with_live(live)
+        self.flow.apply(self.config)
+        if self.admission.limit is not None and live.max_concurrent_requests:  # 0 <-> N: refused by the owner
+            self.admission.limit = live.max_concurrent_requests
+        self.legs.connect_timeout = live.timeouts.connect_seconds
+        self.legs.idle_timeout = live.timeouts.idle_seconds
+        for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access"):
+            logging.getLogger(name).setLevel(live.log_level.upper())
+        log.info("process %d: live settings applied (%s)", self.process_index, live)
 
     async def start(self) -> None:
         self.link.start()
@@ -284,6 +300,29 @@ def _forward(path: str):
     return handler
 
 
+def _drain(draining: bool):
+    """POST /workers/drain and /workers/undrain ``{"worker": ID or URL}``: the state owner's /drain."""
+
+    async def handler(orch: Orchestrator, request: Request) -> Response:
+        try:
+            body = msgspec.json.decode(await request.body(), type=WorkerRef)
+        except msgspec.DecodeError as exc:
+            raise InvalidRequestError(f"invalid request body: {exc}", param="worker") from None
+        forwarded = msgspec.json.encode(DrainRequest(worker=body.worker, draining=draining))
+        response = await orch.link.forward("POST", "/drain", forwarded)
+        return Response(response.content, status_code=response.status_code, media_type="application/json")
+
+    return handler
+
+
+async def _settings(orch: Orchestrator, request: Request) -> Response:
+    """GET /settings: the live settings; POST: new ones (``LiveSettings``'s keys, all optional) for
+    every process, validated by the state owner (a bad key is a 400 naming it)."""
+    body = await request.body() if request.method == "POST" else b""
+    response = await orch.link.forward(request.method, "/settings", body)
+    return Response(response.content, status_code=response.status_code, media_type="application/json")
+
+
 async def _workers(orch: Orchestrator, request: Request) -> Response:
     return _json({"workers": msgspec.to_builtins(sorted(orch.view.workers.values(), key=lambda w: w.worker_id))})
 
@@ -330,6 +369,9 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/workers/register", _endpoint(_forward("/register")), methods=["POST"]),
         Route("/workers/heartbeat", _endpoint(_forward("/heartbeat")), methods=["POST"]),
         Route("/workers/deregister", _endpoint(_forward("/deregister")), methods=["POST"]),
+        Route("/settings", _endpoint(_settings), methods=["GET", "POST"]),
+        Route("/workers/drain", _endpoint(_drain(True)), methods=["POST"]),
+        Route("/workers/undrain", _endpoint(_drain(False)), methods=["POST"]),
     ]
     app = DocumentedApp(ORCHESTRATOR_DOCS, title="disagg orchestrator", version=surface.VERSION,
                         description=DESCRIPTION, open_paths=OPEN_PATHS if orch.config.api_key else None,

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +20,13 @@ from workers.log_format import LOG_FORMATS
 __all__ = [
     "RouterConfig", "ConditionalDisaggConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",
     "OrchestratorConfig", "load_orchestrator_config", "ROUTER_POLICIES", "WORKER_ROLES",
-    "DEFAULT_MAX_CONCURRENT_REQUESTS",
+    "DEFAULT_MAX_CONCURRENT_REQUESTS", "LiveSettings", "LOG_LEVELS",
 ]
 
 DEFAULT_MAX_CONCURRENT_REQUESTS = 2048  # per process: far above a worker pool's batches, far below exhaustion
 ROUTER_POLICIES = ("round_robin", "least_load", "kv_cache_aware", "session")
 WORKER_ROLES = ("ctx", "gen", "both")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,34 @@ class StaticWorker:
 
 
 @dataclass(frozen=True)
+class LiveSettings:
+    """The orchestrator's settings that change while it runs (``disagg reload``, ``POST /settings``):
+    every process applies them to its next request. The fields are ``OrchestratorConfig``'s."""
+
+    ctx_router: RouterConfig = field(default_factory=RouterConfig)
+    gen_router: RouterConfig = field(default_factory=RouterConfig)
+    conditional: ConditionalDisaggConfig = field(default_factory=ConditionalDisaggConfig)
+    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
+    max_retries: int = 2
+    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    """Between two limits only: to or from 0 (no limit) needs a restart (requests admitted without a
+    count would be released against one)."""
+    log_level: str = "info"
+
+    def validate(self, prefix: str) -> None:
+        if self.max_retries < 0:
+            raise ConfigError(f"{prefix}.max_retries", "must be >= 0")
+        if self.max_concurrent_requests < 0:
+            raise ConfigError(f"{prefix}.max_concurrent_requests",
+                              f"must be >= 0 (0: no limit), got {self.max_concurrent_requests}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"{prefix}.log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+
+
+LIVE_FIELDS = tuple(f.name for f in dataclasses.fields(LiveSettings))
+
+
+@dataclass(frozen=True)
 class OrchestratorConfig:
     model_dir: str
     """The model directory whose tokenizer the orchestrator loads (it tokenizes once, to route)."""
@@ -197,8 +227,7 @@ class OrchestratorConfig:
             raise ConfigError(f"{prefix}.processes", f"must be in [1, 64], got {self.processes}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"{prefix}.port", f"must be in [0, 65535], got {self.port}")
-        if self.max_retries < 0:
-            raise ConfigError(f"{prefix}.max_retries", "must be >= 0")
+        self.live().validate(prefix)
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"{prefix}.log_format", f"must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if self.api_key == "":
@@ -207,14 +236,17 @@ class OrchestratorConfig:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
         if not 0 < self.grace_seconds <= 3600:
             raise ConfigError(f"{prefix}.grace_seconds", f"must be in (0, 3600], got {self.grace_seconds}")
-        if self.max_concurrent_requests < 0:
-            raise ConfigError(f"{prefix}.max_concurrent_requests",
-                              f"must be >= 0 (0: no limit), got {self.max_concurrent_requests}")
         if self.max_process_restarts < 0:
             raise ConfigError(f"{prefix}.max_process_restarts", f"must be >= 0, got {self.max_process_restarts}")
         if self.process_restart_window_seconds <= 0:
             raise ConfigError(f"{prefix}.process_restart_window_seconds",
                               f"must be > 0, got {self.process_restart_window_seconds}")
+
+    def live(self) -> LiveSettings:
+        return LiveSettings(**{name: getattr(self, name) for name in LIVE_FIELDS})
+
+    def with_live(self, live: LiveSettings) -> OrchestratorConfig:
+        return dataclasses.replace(self, **{name: getattr(live, name) for name in LIVE_FIELDS})
 
     @property
     def model_name(self) -> str:

@@ -80,6 +80,15 @@ class Flow:
         self.ctx_router = Router(config.ctx_router)
         self.gen_router = Router(config.gen_router)
 
+    def apply(self, config: OrchestratorConfig) -> None:
+        """New live settings (``Orchestrator.apply_settings``); a router whose settings are unchanged
+        keeps its state (its round-robin position, its sessions)."""
+        if config.ctx_router != self.config.ctx_router:
+            self.ctx_router = Router(config.ctx_router)
+        if config.gen_router != self.config.gen_router:
+            self.gen_router = Router(config.gen_router)
+        self.config = config
+
     # -- planning ---------------------------------------------------------------------------
 
     def choose(self, phase: str, request: ParsedRequest, exclude: set[str]) -> Candidate | None:

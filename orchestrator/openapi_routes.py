@@ -14,7 +14,9 @@ import msgspec
 
 from frontends.openapi import RouteDoc
 from frontends.openapi_routes import BATCH_DOCS, GENERATION_DOCS, PROMETHEUS_DOC, SURFACE_DOCS
-from orchestrator.state_protocol import Ok, Registration, RegistrationAck, WorkerIdBody
+from orchestrator.config import LiveSettings
+from orchestrator.state_protocol import (DrainAck, Ok, Registration, RegistrationAck, SettingsAck, WorkerIdBody,
+                                         WorkerRef)
 
 __all__ = ["ORCHESTRATOR_DOCS", "DESCRIPTION", "OPEN_PATHS"]
 
@@ -64,6 +66,10 @@ ORCHESTRATOR_DOCS: tuple[RouteDoc, ...] = (
              _CLUSTER, response=ClusterInfo),
     RouteDoc("GET", "/perf_metrics", "Per-request timing records, joined with the workers' (drained)", _CLUSTER,
              response=JoinedPerfRecords),
+    RouteDoc("GET", "/settings", "The settings that change live (routers, timeouts, retries, limits, log level)",
+             _CLUSTER, response=SettingsAck),
+    RouteDoc("POST", "/settings", "Change live settings in every process (keys left out keep their value); "
+             "answers once every process holds them", _CLUSTER, LiveSettings, SettingsAck),
     RouteDoc("GET", "/workers", "The registered and static workers", _WORKERS, response=WorkerList),
     RouteDoc("POST", "/workers/register", "Register a worker (then heartbeat within the TTL)", _WORKERS,
              Registration, RegistrationAck),
@@ -71,4 +77,7 @@ ORCHESTRATOR_DOCS: tuple[RouteDoc, ...] = (
              _WORKERS, WorkerIdBody, Ok),
     RouteDoc("POST", "/workers/deregister", "Take a registered worker out of the rotation", _WORKERS,
              WorkerIdBody, Ok),
+    RouteDoc("POST", "/workers/drain", "Route nothing new to a worker (by id or URL); answers once every "
+             "orchestrator process holds the drain", _WORKERS, WorkerRef, DrainAck),
+    RouteDoc("POST", "/workers/undrain", "Put a drained worker back in the rotation", _WORKERS, WorkerRef, DrainAck),
 )

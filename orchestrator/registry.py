@@ -9,6 +9,11 @@ A worker is in the rotation iff it is ``healthy``: it becomes healthy after
 ``unhealthy_threshold`` consecutive bad ones. A registered worker that sends
 no heartbeat for ``registration_ttl_seconds`` is removed; registering again
 (same URL -> same worker id) brings it back, unhealthy until checked.
+
+A *draining* worker (``disagg drain``) stays in the registry and in health
+checks but gets no new request: routing skips it. Drains are kept by URL, so a
+worker that registers again (after a TTL expiry, a restart) is still drained;
+only ``undrain`` or its deregistration ends one.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ class WorkerRecord(msgspec.Struct, kw_only=True):
     clock_offset: float | None = None
     """Worker clock minus ours, seconds (from /worker_info's server_time); None = unknown."""
     last_error: str | None = None
+    draining: bool = False
+    """Drained by an operator: routed nothing new; its in-flight requests finish."""
 
     def serves(self, phase: str) -> bool:
         return self.role == phase or self.role == "both"
@@ -71,6 +78,8 @@ class Registry:
         self.max_workers = max_workers
         self.clock = clock
         self.workers: dict[str, WorkerRecord] = {}
+        self.drained_urls: set[str] = set()
+        """Drains by URL: they outlive a record (a worker that registers again is still drained)."""
         self.version = 0
         """Bumped on every change that the other processes must see."""
 
@@ -81,7 +90,9 @@ class Registry:
         return next((w for w in self.workers.values() if w.url == url), None)
 
     def add_static(self, role: str, url: str) -> WorkerRecord:
-        record = WorkerRecord(worker_id=f"static-{len(self.workers)}", role=role, url=url.rstrip("/"), static=True)
+        url = url.rstrip("/")
+        record = WorkerRecord(worker_id=f"static-{len(self.workers)}", role=role, url=url, static=True,
+                              draining=url in self.drained_urls)
         self.workers[record.worker_id] = record
         self._changed()
         return record
@@ -104,7 +115,7 @@ class Registry:
                                 "deregister one or wait for a registration to expire", "url")
         if record is None:
             record = WorkerRecord(worker_id=worker_id or f"w-{uuid.uuid4().hex[:12]}", role=role, url=url,
-                                  static=False, kv_endpoint=kv_endpoint)
+                                  static=False, kv_endpoint=kv_endpoint, draining=url in self.drained_urls)
             self.workers[record.worker_id] = record
         record.last_seen = self.clock()
         self._changed()
@@ -118,10 +129,27 @@ class Registry:
         return True
 
     def deregister(self, worker_id: str) -> bool:
-        if self.workers.pop(worker_id, None) is None:
+        record = self.workers.pop(worker_id, None)
+        if record is None:
             return False
+        self.drained_urls.discard(record.url)  # a new worker at this address later is not drained
         self._changed()
         return True
+
+    def find(self, worker: str) -> WorkerRecord | None:
+        """A worker by its id or its URL."""
+        return self.workers.get(worker) or self._by_url(worker.rstrip("/"))
+
+    def set_draining(self, worker: str, draining: bool) -> WorkerRecord:
+        """Drain (or undrain) ``worker`` (an id or a URL); RegistryError when no worker is that."""
+        record = self.find(worker)
+        if record is None:
+            raise RegistryError(f"no worker {worker!r} (an id or URL of GET /workers)", "worker")
+        (self.drained_urls.add if draining else self.drained_urls.discard)(record.url)
+        if record.draining != draining:
+            record.draining = draining
+            self._changed()
+        return record
 
     def expire(self) -> list[str]:
         """Drop registered workers whose heartbeat is older than the TTL; their ids."""

@@ -6,12 +6,17 @@ in-flight load that every process reports, and the perf records. It serves
 them on a Unix socket (``<state_dir>/state.sock``) with ``state_app``:
 
     POST /register /heartbeat /deregister   registration, forwarded verbatim by any process
+    POST /drain       drain or undrain a worker; answers once every process's view holds it
+    GET|POST /settings   the live settings (``LiveSettings``); a POST validates and publishes them,
+                      answering once every process holds them (``disagg reload``)
     POST /load        this process's in-flight load, {worker_id: [requests, tokens]}
     POST /perf        finished requests' orchestrator timings
     GET  /perf        the records joined with the workers' timings (``orchestrator.perf``)
-    GET  /snapshot?after=V&kv_after=K   long poll: the state once its version exceeds V (or
-                      after 5 s); the KV index only if its own version exceeds K (else null),
-                      so load changes, the frequent ones, stay small
+    GET  /snapshot?after=V&kv_after=K&settings_after=S&process=I   long poll: the state once its
+                      version exceeds V (or after 5 s); the KV index only if its own version
+                      exceeds K, the live settings only if theirs exceeds S (else null), so load
+                      changes, the frequent ones, stay small. Process I asking after V has
+                      applied version V: what /drain and /settings wait for
     /v1/messages/batches*   the Message Batches (``orchestrator.batches``), replayed by any process
 
 Every process, process 0 included, learns the state the same way: a
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import msgspec
@@ -35,20 +41,24 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from frontends.errors import FrontendError, InvalidRequestError, NotFoundError, http_error, openai_error_body
-from orchestrator.config import OrchestratorConfig
+from orchestrator.config import LiveSettings, OrchestratorConfig
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import Registry, RegistryError
-from orchestrator.state_protocol import (LoadPush, Ok, PerfPush, Registration, RegistrationAck, RequestTrace,
-                                         Snapshot, WorkerIdBody)
+from orchestrator.state_protocol import (DrainAck, DrainRequest, LoadPush, Ok, PerfPush, Registration,
+                                         RegistrationAck, RequestTrace, SettingsAck, Snapshot, WorkerIdBody)
+from orchestrator.typed import ConfigError, from_mapping, to_mapping
 
-__all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS"]
+__all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS", "CONFIRM_SECONDS"]
 
 SNAPSHOT_WAIT_SECONDS = 5.0
+DRAINS_FILE = "drained.json"
+CONFIRM_SECONDS = 5.0
+"""How long /drain waits for every process to hold the change (a process that is down never does)."""
 
 S = TypeVar("S")
 _ENCODER = msgspec.json.Encoder()
 _DECODERS: dict[type, msgspec.json.Decoder] = {
-    body: msgspec.json.Decoder(body) for body in (Registration, WorkerIdBody, LoadPush, PerfPush)}
+    body: msgspec.json.Decoder(body) for body in (Registration, WorkerIdBody, LoadPush, PerfPush, DrainRequest)}
 
 
 class StateOwner:
@@ -67,11 +77,27 @@ class StateOwner:
         """Worker perf records by x-request-id, kept because a worker's /perf_metrics may drain."""
         self._kv_version = 0
         self._load_version = 0
+        self.settings_version = 0
         self._changed = asyncio.Event()
+        self.applied: dict[int, int] = {}
+        """The state version each process last asked after, i.e. holds (``/snapshot?process=``)."""
         self.closing = False
+        self.registry.drained_urls = _read_drains(self.drains_path)
         for worker in config.workers:
             self.registry.add_static(worker.role, worker.url)
         self._announce_workers()
+
+    @property
+    def drains_path(self) -> Path:
+        """The drained workers' URLs: a restarted orchestrator (``disagg up`` restarts it when its process
+        0 dies) must not put a drained worker back in the rotation."""
+        return Path(self.config.state_dir) / DRAINS_FILE
+
+    def save_drains(self) -> None:
+        self.drains_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.drains_path.with_name(f".{DRAINS_FILE}.tmp")
+        tmp.write_bytes(msgspec.json.encode(sorted(self.registry.drained_urls)))
+        tmp.replace(self.drains_path)
 
     def _announce_workers(self) -> None:
         if self._on_workers_changed is not None and self.registry.version != self._announced_version:
@@ -80,7 +106,7 @@ class StateOwner:
 
     @property
     def version(self) -> int:
-        return self.registry.version + self._kv_version + self._load_version
+        return self.registry.version + self._kv_version + self._load_version + self.settings_version
 
     def notify(self) -> None:
         self._announce_workers()
@@ -102,27 +128,72 @@ class StateOwner:
         self._load_version += 1
         self.notify()
 
-    def snapshot(self, kv_after: int = -1) -> Snapshot:
-        """The state; the KV index (the large part) only when it changed after ``kv_after``."""
+    def snapshot(self, kv_after: int = -1, settings_after: int = -1) -> Snapshot:
+        """The state; the KV index (the large part) only when it changed after ``kv_after``, the
+        live settings after ``settings_after``."""
         kv_changed = self._kv_version > kv_after
+        settings = self.config.live() if self.settings_version > settings_after else None
         return Snapshot(version=self.version, kv_version=self._kv_version, workers=self.registry.snapshot(),
                         kv=self.kv_index.export() if kv_changed else None,
-                        loads={str(p): loads for p, loads in self.loads.items()})
+                        loads={str(p): loads for p, loads in self.loads.items()},
+                        settings=settings, settings_version=self.settings_version)
 
-    async def wait_newer(self, after: int, kv_after: int, timeout: float) -> Snapshot:
+    async def wait_newer(self, after: int, kv_after: int, settings_after: int, timeout: float) -> Snapshot:
         if self.version <= after and not self.closing:
             changed = self._changed
             try:
                 await asyncio.wait_for(changed.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
-        return self.snapshot(kv_after)
+        return self.snapshot(kv_after, settings_after)
+
+    def set_settings(self, data: object) -> LiveSettings:
+        """Validate ``data`` (``LiveSettings`` keys; those left out keep their value; ConfigError naming
+        the key) and publish the result."""
+        live = from_mapping(LiveSettings, _merged(to_mapping(self.config.live()), data), "orchestrator")
+        old = self.config.max_concurrent_requests
+        if (old == 0) != (live.max_concurrent_requests == 0):
+            raise ConfigError("orchestrator.max_concurrent_requests",
+                              f"from {old} to {live.max_concurrent_requests}: to or from 0 (no limit) needs a restart")
+        self.config = self.config.with_live(live)
+        self.settings_version += 1
+        self.notify()
+        return live
+
+    def note_applied(self, process: int, version: int) -> None:
+        if 0 <= process < self.config.processes:
+            self.applied[process] = version
+
+    async def confirmed(self, version: int, timeout: float) -> int:
+        """How many processes hold ``version`` (they asked for anything newer), waiting up to
+        ``timeout`` for all of them."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            count = sum(1 for p in range(self.config.processes) if self.applied.get(p, -1) >= version)
+            if count == self.config.processes or asyncio.get_running_loop().time() >= deadline or self.closing:
+                return count
+            await asyncio.sleep(0.01)
 
     def forget_worker(self, worker_id: str) -> None:
         self.kv_index.remove_worker(worker_id)
         self._kv_version += 1
         for loads in self.loads.values():
             loads.pop(worker_id, None)
+
+
+def _read_drains(path: Path) -> set[str]:
+    try:
+        return set(msgspec.json.decode(path.read_bytes(), type=list[str]))
+    except (OSError, msgspec.DecodeError):  # none yet (or torn): nothing drained
+        return set()
+
+
+def _merged(base: Any, changes: Any) -> Any:
+    """``changes`` over ``base``, mapping by mapping (``{"timeouts": {"idle_seconds": 5}}`` keeps the other
+    timeouts); anything but a mapping replaces, and is validated as that."""
+    if not isinstance(base, dict) or not isinstance(changes, dict):
+        return changes
+    return {**base, **{key: _merged(base.get(key), value) for key, value in changes.items()}}
 
 
 def _json(payload: msgspec.Struct, status: int = 200) -> Response:
@@ -192,9 +263,30 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         worker_id = (await _body(request, WorkerIdBody)).worker_id
         if not owner.registry.deregister(worker_id):
             raise NotFoundError("unknown worker id", param="worker_id")
+        owner.save_drains()  # its drain, if any, ended with it
         owner.forget_worker(worker_id)
         owner.notify()
         return _json(Ok())
+
+    async def drain(request: Request) -> Response:
+        body = await _body(request, DrainRequest)
+        record = owner.registry.set_draining(body.worker, body.draining)
+        owner.save_drains()
+        owner.notify()
+        confirmed = await owner.confirmed(owner.version, CONFIRM_SECONDS)
+        return _json(DrainAck(worker=record, processes_confirmed=confirmed, processes=owner.config.processes))
+
+    async def settings_get(request: Request) -> Response:
+        return _json(SettingsAck(settings=owner.config.live(), processes_confirmed=len(owner.applied),
+                                 processes=owner.config.processes))
+
+    async def settings_post(request: Request) -> Response:
+        try:
+            live = owner.set_settings(msgspec.json.decode(await request.body()))
+        except ConfigError as exc:
+            raise InvalidRequestError(str(exc), param=exc.key) from None
+        confirmed = await owner.confirmed(owner.version, CONFIRM_SECONDS)
+        return _json(SettingsAck(settings=live, processes_confirmed=confirmed, processes=owner.config.processes))
 
     async def load(request: Request) -> Response:
         body = await _body(request, LoadPush)
@@ -210,13 +302,18 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         return Response(_ENCODER.encode({"records": await join_perf(owner)}), media_type="application/json")
 
     async def snapshot(request: Request) -> Response:
-        after, kv_after = (_query_int(request, name) for name in ("after", "kv_after"))
-        return _json(await owner.wait_newer(after, kv_after, SNAPSHOT_WAIT_SECONDS))
+        after, kv_after, settings_after, process = (
+            _query_int(request, name) for name in ("after", "kv_after", "settings_after", "process"))
+        owner.note_applied(process, after)
+        return _json(await owner.wait_newer(after, kv_after, settings_after, SNAPSHOT_WAIT_SECONDS))
 
     return Starlette(routes=[
         Route("/register", _typed(register), methods=["POST"]),
         Route("/heartbeat", _typed(heartbeat), methods=["POST"]),
         Route("/deregister", _typed(deregister), methods=["POST"]),
+        Route("/drain", _typed(drain), methods=["POST"]),
+        Route("/settings", _typed(settings_get), methods=["GET"]),
+        Route("/settings", _typed(settings_post), methods=["POST"]),
         Route("/load", _typed(load), methods=["POST"]),
         Route("/perf", _typed(perf_push), methods=["POST"]),
         Route("/perf", perf_get, methods=["GET"]),

@@ -9,6 +9,8 @@ with ``msgspec.json.Decoder(type=...)``, so a malformed body is refused with a
     POST /register      Registration       -> RegistrationAck
     POST /heartbeat     WorkerIdBody       -> Ok   (404: register again)
     POST /deregister    WorkerIdBody       -> Ok
+    POST /drain         DrainRequest       -> DrainAck  (once every process holds the change)
+    POST /settings      a LiveSettings mapping -> SettingsAck (the same; a bad key is a 400 naming it)
     POST /load          LoadPush           -> Ok
     POST /perf          PerfPush           -> Ok
     GET  /snapshot      -> Snapshot
@@ -18,9 +20,10 @@ from __future__ import annotations
 
 import msgspec
 
+from orchestrator.config import LiveSettings
 from orchestrator.registry import WorkerRecord
 
-__all__ = ["Registration", "WorkerIdBody", "RegistrationAck", "Ok", "LoadPush", "CtxLegTrace", "GenLegTrace",
+__all__ = ["Registration", "WorkerIdBody", "RegistrationAck", "Ok", "WorkerRef", "DrainRequest", "DrainAck", "SettingsAck", "LoadPush", "CtxLegTrace", "GenLegTrace",
            "FailedLeg", "RequestTrace", "PerfPush", "Snapshot"]
 
 
@@ -39,6 +42,36 @@ class WorkerIdBody(msgspec.Struct, frozen=True):
     """POST /workers/heartbeat and /workers/deregister."""
 
     worker_id: str
+
+
+class WorkerRef(msgspec.Struct, frozen=True):
+    """POST /workers/drain and /workers/undrain (``disagg drain``): which worker, by id or URL."""
+
+    worker: str
+
+
+class DrainRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The state owner's POST /drain: what a process's /workers/drain or /workers/undrain asks."""
+
+    worker: str
+    draining: bool
+
+
+class DrainAck(msgspec.Struct, frozen=True, kw_only=True):
+    """The drained (or undrained) worker as the registry holds it, once ``processes_confirmed`` of the
+    ``processes`` orchestrator processes route with the change (all of them, unless one is down)."""
+
+    worker: WorkerRecord
+    processes_confirmed: int
+    processes: int
+
+
+class SettingsAck(msgspec.Struct, frozen=True, kw_only=True):
+    """The settings every process now serves with (``processes_confirmed`` of ``processes`` hold them)."""
+
+    settings: LiveSettings
+    processes_confirmed: int
+    processes: int
 
 
 class RegistrationAck(msgspec.Struct, frozen=True):
@@ -120,3 +153,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The KV index (``KVIndex.export``), only when it changed after the caller's ``kv_after``."""
     loads: dict[str, dict[str, list[int]]]
     """Each process's pushed load by its index (a string: a JSON object key)."""
+    settings: LiveSettings | None = None
+    """The live settings, only when they changed after the caller's ``settings_after``."""
+    settings_version: int = 0
+    """Bumped by every POST /settings."""

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import httpx
 import msgspec
 
+from orchestrator.config import LiveSettings
 from orchestrator.http_client import HttpClient, UpstreamError
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import WorkerRecord
@@ -51,8 +52,15 @@ class ClusterView:
         self.local_load: dict[str, list[int]] = {}
         self.suspects: dict[str, float] = {}
         self.load_dirty = asyncio.Event()
+        self.settings_version = -1
+        self.on_settings: Callable[[LiveSettings], None] | None = None
+        """Called with the owner's live settings when they change (``Orchestrator.apply_settings``)."""
 
     def apply(self, snapshot: Snapshot) -> None:
+        if snapshot.settings is not None:
+            self.settings_version = snapshot.settings_version
+            if self.on_settings is not None:
+                self.on_settings(snapshot.settings)
         self.version = snapshot.version
         self.workers = {w.worker_id: w for w in snapshot.workers}
         if snapshot.kv is not None:
@@ -71,10 +79,11 @@ class ClusterView:
     def healthy(self, phase: str) -> list[WorkerRecord]:
         now = time.monotonic()
         return [w for w in self.workers.values()
-                if w.healthy and w.serves(phase) and self.suspects.get(w.worker_id, 0.0) <= now]
+                if w.healthy and not w.draining and w.serves(phase) and self.suspects.get(w.worker_id, 0.0) <= now]
 
     def has_healthy(self, phase: str) -> bool:
-        return any(w.healthy and w.serves(phase) for w in self.workers.values())
+        """A worker of ``phase`` in the rotation (healthy, not drained)."""
+        return any(w.healthy and not w.draining and w.serves(phase) for w in self.workers.values())
 
     def hashing(self, worker: WorkerRecord) -> tuple[int, int]:
         block_size = worker.block_size if worker.block_size is not None else self.default_block_size
@@ -156,7 +165,9 @@ class StateLink:
         while True:
             try:
                 snapshot = await self._call("GET", f"/snapshot?after={self.view.version}"
-                                                   f"&kv_after={self.view.kv_version}")
+                                                   f"&kv_after={self.view.kv_version}"
+                                                   f"&settings_after={self.view.settings_version}"
+                                                   f"&process={self.view.process_index}")
                 self.view.apply(_SNAPSHOT.decode(snapshot))
                 self.first_snapshot.set()
             except UpstreamError as exc:

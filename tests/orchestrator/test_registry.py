@@ -83,3 +83,36 @@ def test_registrations_past_the_bound_are_refused_until_one_expires():
     clock.now += 11
     registry.expire()
     registry.register("ctx", "http://10.0.0.3:8000")
+
+
+def test_a_drain_outlives_the_record_until_undrained_or_deregistered():
+    registry, clock = make_registry()
+    static = registry.add_static("ctx", "http://h:2")
+    record = registry.register("gen", "http://h:1")
+    before = registry.version
+    assert registry.set_draining("http://h:1/", True) is record and record.draining
+    assert registry.version > before  # published: every process must stop routing to it
+    assert registry.set_draining(static.worker_id, True).draining  # by id too
+    clock.now += 20
+    assert registry.expire() == [record.worker_id]
+    assert registry.register("gen", "http://h:1").draining  # it came back: still drained
+    assert not registry.set_draining("http://h:1", False).draining
+    assert not registry.register("gen", "http://h:1").draining
+    registry.deregister(static.worker_id)
+    assert not registry.register("ctx", "http://h:2").draining  # a new worker at a drained address
+    with pytest.raises(RegistryError) as refused:
+        registry.set_draining("http://nobody:1", True)
+    assert refused.value.param == "worker"
+
+
+def test_drains_outlive_a_restarted_state_owner(tmp_path):
+    from orchestrator.config import OrchestratorConfig, StaticWorker
+    from orchestrator.state import StateOwner
+
+    config = OrchestratorConfig(model_dir="m", state_dir=str(tmp_path / "orch"),
+                                workers=(StaticWorker("gen", "http://h:1"), StaticWorker("gen", "http://h:2")))
+    owner = StateOwner(config)
+    owner.registry.set_draining("http://h:2", True)
+    owner.save_drains()
+    again = StateOwner(config)  # what `disagg up` starts after orchestrator process 0 died
+    assert {w.url: w.draining for w in again.registry.snapshot()} == {"http://h:1": False, "http://h:2": True}

@@ -43,6 +43,8 @@ def _refused(response: httpx.Response, param: str) -> None:
      "records[0].legs[0].worker_id"),
     ("/register", {"role": "gen", "url": 5}, "url"),
     ("/heartbeat", {"worker": "w"}, "worker_id"),
+    ("/drain", {"worker": "w"}, "draining"),
+    ("/drain", {"worker": "nobody", "draining": True}, "worker"),
 ])
 def test_a_malformed_state_body_is_a_400_naming_the_field(orchestrator, path, body, param):
     _, state = orchestrator
@@ -73,3 +75,22 @@ def test_typed_pushes_reach_the_snapshot(orchestrator):
     snapshot = msgspec.json.decode(state.get("/snapshot").content, type=Snapshot)
     assert [w.worker_id for w in snapshot.workers] == [ack["worker_id"]]
     assert snapshot.loads == {"3": {ack["worker_id"]: [2, 40]}}
+
+
+def test_a_drain_through_the_api_answers_once_every_process_holds_it(tmp_path, tiny_model_dir):
+    url, proc = start_orchestrator(tmp_path, tiny_model_dir, workers=[("gen", "http://127.0.0.1:9")], processes=2,
+                                   wait_healthy=False, api_key="sesame")
+    try:
+        auth = {"Authorization": "Bearer sesame"}
+        assert httpx.post(f"{url}/workers/drain", json={"worker": "static-0"}).status_code == 401
+        refused = httpx.post(f"{url}/workers/drain", json={"url": "x"}, headers=auth)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "worker", refused.text
+        ack = httpx.post(f"{url}/workers/drain", json={"worker": "http://127.0.0.1:9"}, headers=auth).json()
+        assert ack["worker"]["draining"] and ack["processes_confirmed"] == ack["processes"] == 2, ack
+        for _ in range(6):  # whichever process answers already holds it
+            workers = httpx.get(f"{url}/cluster_info").json()["workers"]
+            assert [w["draining"] for w in workers] == [True]
+        ack = httpx.post(f"{url}/workers/undrain", json={"worker": "static-0"}, headers=auth).json()
+        assert not ack["worker"]["draining"] and ack["processes_confirmed"] == 2
+    finally:
+        stop_orchestrator(proc)

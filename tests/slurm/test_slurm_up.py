@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 import openai
 import pytest
 
@@ -109,6 +110,61 @@ def test_killed_worker_step_is_reported_and_routed_around(deployment: Path) -> N
     for i in range(4):  # every request lands on ctx-0 now
         done = client.completions.create(model=client.models.list().data[0].id, prompt=f"after {i}", max_tokens=3)
         assert done.choices[0].finish_reason == "length"
+
+
+def _workers_by_port() -> dict[int, dict]:
+    url = f"http://{socket.gethostname()}:{ORCHESTRATOR_PORT}"
+    workers = httpx.get(f"{url}/cluster_info", timeout=10).json()["workers"]
+    return {int(w["url"].rsplit(":", 1)[1]): w for w in workers}
+
+
+def test_drain_keep_then_undrain_a_worker_step(deployment: Path) -> None:
+    drain = _disagg("drain", "ctx-0", "--keep", "--run-dir", str(deployment))  # ctx-1 was killed above
+    assert drain.returncode == 1 and "no ctx worker in the rotation" in drain.stderr, drain.stdout + drain.stderr
+    drain = _disagg("drain", "gen-0", "--keep", "--force", "--run-dir", str(deployment))
+    assert drain.returncode == 0 and "gen-0: draining" in drain.stdout, drain.stdout + drain.stderr
+    assert _workers_by_port()[18200]["draining"]
+    status = _disagg("status", "--run-dir", str(deployment))
+    assert "drained; in flight 0" in status.stdout, status.stdout
+    undrain = _disagg("undrain", "gen-0", "--run-dir", str(deployment))
+    assert undrain.returncode == 0, undrain.stdout + undrain.stderr
+    assert not _workers_by_port()[18200]["draining"]
+    refused = _disagg("reload", "--run-dir", str(deployment))
+    assert refused.returncode == 1 and "local deployments only" in refused.stderr
+
+
+def test_scale_out_as_a_new_step_then_back_in(deployment: Path) -> None:
+    from disagg.slurm_deployment import running_steps
+
+    job_id = int((deployment / "slurm.json").read_text().split('"job_id": ')[1].split(",")[0])
+    full = _disagg("scale", "ctx", "150", "--run-dir", str(deployment))  # its ports would run into gen's
+    assert full.returncode == 1 and "the allocation has no room for 150 ctx workers" in full.stderr, full.stderr
+    out = _disagg("scale", "gen", "2", "--run-dir", str(deployment))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "gen-1" in running_steps(job_id) and _workers_by_port()[18201]["healthy"]
+    client = _client()
+    served = set()
+    for i in range(8):  # least_load spreads sequential requests over both gen workers
+        raw = client.completions.with_raw_response.create(model=client.models.list().data[0].id,
+                                                          prompt=f"scaled {i}", max_tokens=3)
+        served.add(raw.headers["x-disagg-gen-worker"])
+    assert _workers_by_port()[18201]["worker_id"] in served
+    status = _disagg("status", "--run-dir", str(deployment))
+    assert "\n  gen-1 " in status.stdout, status.stdout
+    back = _disagg("scale", "gen", "1", "--run-dir", str(deployment))
+    assert back.returncode == 0 and "gen-1: stopped (its step ended)" in back.stdout, back.stdout + back.stderr
+    assert "gen-1" not in running_steps(job_id) and 18201 not in _workers_by_port()
+    assert "gen-1" not in (deployment / "slurm.json").read_text()
+
+
+def test_drain_stops_a_worker_step(deployment: Path) -> None:
+    from disagg.slurm_deployment import running_steps
+
+    job_id = int((deployment / "slurm.json").read_text().split('"job_id": ')[1].split(",")[0])
+    drain = _disagg("drain", "ctx-0", "--force", "--run-dir", str(deployment))
+    assert drain.returncode == 0 and "ctx-0: stopped (its step ended)" in drain.stdout, drain.stdout + drain.stderr
+    assert "ctx-0" not in running_steps(job_id)
+    assert 18100 not in _workers_by_port()  # it deregistered as it stopped
 
 
 def test_down_cancels_the_job_and_leaves_nothing_running(deployment: Path) -> None:
