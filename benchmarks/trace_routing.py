@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import signal
 import subprocess
@@ -63,7 +64,7 @@ def run_policy(policy: str, args: argparse.Namespace, plan: TracePlan, tmp: Path
         raise SystemExit(f"disagg up failed ({policy}):\n{up.stdout}\n{up.stderr}")
     try:
         url = json.loads((run_dir / "state.json").read_text())["url"]
-        level = asyncio.run(replay_trace(TracePlan(**{**plan.__dict__, "url": url}), PlainProgress(sys.stderr)))
+        level = asyncio.run(replay_trace(dataclasses.replace(plan, url=url), PlainProgress(sys.stderr)))
     finally:
         _disagg("down", "--run-dir", str(run_dir))
     simulated = simulate_trace(load_deploy_config(config), plan)
