@@ -18,19 +18,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 
 from orchestrator.config import KVPoolConfig
 from orchestrator.http_client import HttpClient, UpstreamError
+from orchestrator.kv_index import KVIndex
 from orchestrator.prompt import ParsedRequest
 from orchestrator.registry import WorkerRecord
 from orchestrator.view import ClusterView
 from workers.disagg_params import CONTEXT_ONLY
 from workers.engine.block_hash import compute_block_hashes
 
-__all__ = ["KVPool", "PrefixSource", "worth_fetching"]
+__all__ = ["KVPool", "PrefixSource", "choose_prefix", "worth_fetching"]
 
 log = logging.getLogger("disagg.orchestrator.kv_pool")
 
@@ -56,6 +57,29 @@ def worth_fetching(gain_tokens: int, overhead_seconds: float, prefill_tps: float
         return True
     transfer_seconds = gain_tokens / transfer_tps if transfer_tps > 0 else 0.0
     return gain_tokens / prefill_tps > overhead_seconds + transfer_seconds
+
+
+def choose_prefix(config: KVPoolConfig, kv: KVIndex, hashes: Sequence[int], num_prompt_tokens: int, block_size: int,
+                  ctx_id: str, holder_ids: Sequence[str], prefill_tps: float, transfer_tps: float
+                  ) -> tuple[str, int, int] | None:
+    """The pool's decision for a ctx leg on ``ctx_id``: (holder, prompt tokens to fetch, of them those
+    the ctx worker lacks), or None. The holder holds the most leading blocks of the prompt (``hashes``,
+    the first holder in order on a tie); shared with the simulator (``disagg.sim``)."""
+    if not config.enabled:
+        return None
+    usable = (num_prompt_tokens - 1) // block_size  # the last token is computed on the ctx worker
+    own = min(kv.num_matched_blocks(ctx_id, hashes), usable)
+    best: tuple[int, str] | None = None
+    for holder_id in holder_ids:
+        held = min(kv.num_matched_blocks(holder_id, hashes), usable)
+        if best is None or held > best[0]:
+            best = held, holder_id
+    if best is None or best[0] - own < config.min_blocks:
+        return None
+    gain = (best[0] - own) * block_size
+    if not worth_fetching(gain, config.overhead_seconds, prefill_tps, transfer_tps):
+        return None
+    return best[1], best[0] * block_size, gain
 
 
 def _average(old: float, tokens: int, seconds: float) -> float:
@@ -96,26 +120,18 @@ class KVPool:
         if not config.enabled:
             return None
         key = self.view.hashing(ctx)
-        block_size = key[0]
         hashes = request.block_hashes.get(key)
         if hashes is None:
             hashes = request.block_hashes[key] = list(compute_block_hashes(request.prompt_ids, *key))
-        # At least the prompt's last token is computed on the ctx worker: it samples the first token.
-        usable = (len(request.prompt_ids) - 1) // block_size
-        own = min(self.view.kv.num_matched_blocks(ctx.worker_id, hashes), usable)
-        best: tuple[int, WorkerRecord] | None = None
-        for worker in self._holders(ctx, key):
-            held = min(self.view.kv.num_matched_blocks(worker.worker_id, hashes), usable)
-            if best is None or held > best[0]:
-                best = held, worker
-        if best is None or best[0] - own < config.min_blocks:
-            return None
-        gain = (best[0] - own) * block_size
+        holders = {w.worker_id: w for w in self._holders(ctx, key)}
         prefill = config.prefill_tokens_per_second or self.measured_prefill_tps
         transfer = config.transfer_tokens_per_second or self.measured_transfer_tps
-        if not worth_fetching(gain, config.overhead_seconds, prefill, transfer):
+        found = choose_prefix(config, self.view.kv, hashes, len(request.prompt_ids), key[0], ctx.worker_id,
+                              sorted(holders), prefill, transfer)
+        if found is None:
             return None
-        return PrefixSource(best[1], best[0] * block_size, gain)
+        holder_id, num_tokens, gain = found
+        return PrefixSource(holders[holder_id], num_tokens, gain)
 
     def _holders(self, ctx: WorkerRecord, key: tuple[int, int]) -> list[WorkerRecord]:
         """Healthy workers of either role that serve legs and hash blocks as the ctx worker does."""
