@@ -12,7 +12,7 @@
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
              max_num_batched_tokens, stream_interval, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
              synthetic_prefill_seconds_per_token, decode_attention, threads}
-    orchestrator: {host, port, processes, ctx_router, gen_router, conditional, health,
+    orchestrator: {host, port, processes, ctx_router, gen_router, conditional, kv_pool, health,
                    timeouts, max_retries, api_key}      # see orchestrator.config
     pools:
       ctx: {instances, frontends, host, base_port, role, tensor_parallel_size, gpus_per_worker,
@@ -41,6 +41,7 @@ from orchestrator.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     LOG_LEVELS,
     ConditionalDisaggConfig,
+    KVPoolConfig,
     HealthConfig,
     RouterConfig,
     TimeoutConfig,
@@ -169,6 +170,7 @@ class OrchestratorSettings:
     ctx_router: RouterConfig = field(default_factory=RouterConfig)
     gen_router: RouterConfig = field(default_factory=RouterConfig)
     conditional: ConditionalDisaggConfig = field(default_factory=ConditionalDisaggConfig)
+    kv_pool: KVPoolConfig = field(default_factory=KVPoolConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     max_retries: int = 2
