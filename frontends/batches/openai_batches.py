@@ -40,9 +40,9 @@ import msgspec
 
 from frontends.batches.executor import BatchExecutor
 from frontends.batches.files import FileRecord, FileStore
-from frontends.batches.openai_lines import error_line, line_error_outcome, read_line
-from frontends.batches.openai_schemas import (BatchError, BatchErrors, BatchRequestCounts, BatchStatus,
-                                              CreateBatchBody, FilePurpose, OpenAIBatch, COMPLETION_WINDOWS)
+from frontends.batches.openai_lines import UsageSum, error_line, line_error_outcome, read_line
+from frontends.batches.openai_schemas import (COMPLETION_WINDOWS, BatchError, BatchErrors, BatchRequestCounts,
+                                              BatchStatus, CreateBatchBody, FilePurpose, OpenAIBatch)
 from frontends.batches.openai_store import META_SCHEMA, OpenAIBatchRow, OpenAIBatchStore, Stage
 from frontends.batches.runner import DEFAULT_MAX_IN_FLIGHT, BatchRunner
 from frontends.batches.store import DEFAULT_TTL_SECONDS, BatchRecord, BatchStore
@@ -74,7 +74,7 @@ class OpenAIBatches:
             raise
         self.meta = OpenAIBatchStore(requests)
         self.runner = BatchRunner(requests, executor, max_in_flight=max_in_flight, ttl_seconds=ttl_seconds,
-                                  clock=clock, on_end=self._finalize)
+                                  clock=clock, on_end=self._ended)
         self.ttl_seconds = ttl_seconds
         self.clock = clock
         self._background: set[asyncio.Task[Any]] = set()
@@ -93,13 +93,23 @@ class OpenAIBatches:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        await self.runner.close()  # closes the requests' store
-        await asyncio.to_thread(self.files.close)
+        # A cancelled task's thread may still be writing a batch's files: let it finish first.
+        await asyncio.to_thread(self._finalizing.acquire)
+        try:
+            await self.runner.close()  # closes the requests' store
+            await asyncio.to_thread(self.files.close)
+        finally:
+            self._finalizing.release()
 
     def _spawn(self, work) -> None:
         task = asyncio.create_task(work)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # redone at the next start
+            logger.error("validating or finalizing a batch failed", exc_info=task.exception())
 
     # -- what the routes call ------------------------------------------------------------------------
 
@@ -198,6 +208,10 @@ class OpenAIBatches:
 
     # -- finalizing ----------------------------------------------------------------------------------
 
+    async def _ended(self, batch_id: str) -> None:
+        """The runner's end hook: the files are written beside it, not holding its dispatcher."""
+        self._spawn(self._finalize(batch_id))
+
     async def _finalize(self, batch_id: str) -> None:
         await asyncio.to_thread(self._write_files, batch_id)
 
@@ -211,7 +225,9 @@ class OpenAIBatches:
         if row is None or row.stage is not Stage.RUNNING or record is None:
             return  # not an OpenAI batch's, or finalized already
         now = self.clock()
-        output = self._write(row.output_slot, f"{batch_id}_output.jsonl", self._lines(batch_id, errors=False), now)
+        usage = UsageSum()
+        output = self._write(row.output_slot, f"{batch_id}_output.jsonl",
+                             usage.counted(self._lines(batch_id, errors=False)), now)
         errors = self._write(row.error_slot, f"{batch_id}_error.jsonl", self._lines(batch_id, errors=True), now)
         if record.cancel_initiated_at is not None:
             status = BatchStatus.CANCELLED
@@ -219,7 +235,8 @@ class OpenAIBatches:
             status = BatchStatus.EXPIRED
         else:
             status = BatchStatus.COMPLETED
-        self.meta.set_finalized(batch_id, status, output.id if output else None, errors.id if errors else None, now)
+        self.meta.set_finalized(batch_id, status, output.id if output else None, errors.id if errors else None,
+                                usage.total(), now)
 
     def _write(self, file_id: str, filename: str, lines: Iterator[bytes], now: float) -> FileRecord | None:
         first = next(lines, None)
@@ -279,7 +296,7 @@ class OpenAIBatches:
             cancelling_at=_seconds(cancelling_at), failed_at=_seconds(final_at.get(BatchStatus.FAILED)),
             completed_at=_seconds(final_at.get(BatchStatus.COMPLETED)),
             expired_at=_seconds(final_at.get(BatchStatus.EXPIRED)),
-            cancelled_at=_seconds(final_at.get(BatchStatus.CANCELLED)))
+            cancelled_at=_seconds(final_at.get(BatchStatus.CANCELLED)), usage=row.usage)
 
 
 def _seconds(moment: float | None) -> int | None:

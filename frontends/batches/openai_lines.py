@@ -12,14 +12,15 @@ endpoint answered: 200s go to the output file, 4xx and 5xx to the error file
 from __future__ import annotations
 
 import secrets
+from typing import Iterator
 
 import msgspec
 
 from frontends.batches.executor import Outcome
-from frontends.batches.openai_schemas import InputLine
+from frontends.batches.openai_schemas import BatchUsage, InputLine, InputTokensDetails, OutputTokensDetails
 from frontends.errors import InvalidRequestError
 
-__all__ = ["read_line", "response_line", "error_line", "line_error_outcome", "MAX_CUSTOM_ID_CHARS"]
+__all__ = ["read_line", "response_line", "error_line", "line_error_outcome", "UsageSum", "MAX_CUSTOM_ID_CHARS"]
 
 MAX_CUSTOM_ID_CHARS = 512
 
@@ -64,3 +65,54 @@ def error_line(custom_id: str | None, code: str, message: str) -> bytes:
 def line_error_outcome(custom_id: str | None, line_number: int, exc: InvalidRequestError) -> Outcome:
     where = f" ({exc.param})" if exc.param else ""
     return "errored", error_line(custom_id, "invalid_request", f"line {line_number}{where}: {exc.message}")
+
+
+class _AnswerUsage(msgspec.Struct):
+    """What an output line's answer reports (chat and completions name it one way, Responses another)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    prompt_tokens_details: InputTokensDetails | None = None
+    input_tokens_details: InputTokensDetails | None = None
+    output_tokens_details: OutputTokensDetails | None = None
+    completion_tokens_details: OutputTokensDetails | None = None
+
+
+class _OutputLine(msgspec.Struct):
+    response: "_OutputResponse"
+
+
+class _OutputResponse(msgspec.Struct):
+    body: "_OutputBody"
+
+
+class _OutputBody(msgspec.Struct):
+    usage: _AnswerUsage | None = None
+
+
+class UsageSum:
+    """The usage of output lines, summed as they pass (``counted``): the Batch object's ``usage``."""
+
+    def __init__(self) -> None:
+        self.input = self.output = self.cached = self.reasoning = 0
+
+    def counted(self, lines: Iterator[bytes]) -> Iterator[bytes]:
+        for line in lines:
+            try:
+                usage = msgspec.json.decode(line, type=_OutputLine).response.body.usage
+            except msgspec.DecodeError:  # an answer without the usage shape counts nothing; it is still output
+                usage = None
+            if usage is not None:
+                self.input += usage.prompt_tokens + usage.input_tokens
+                self.output += usage.completion_tokens + usage.output_tokens
+                cached = usage.prompt_tokens_details or usage.input_tokens_details
+                self.cached += cached.cached_tokens if cached else 0
+                reasoning = usage.completion_tokens_details or usage.output_tokens_details
+                self.reasoning += reasoning.reasoning_tokens if reasoning else 0
+            yield line
+
+    def total(self) -> BatchUsage:
+        return BatchUsage(self.input, self.output, self.input + self.output, InputTokensDetails(self.cached),
+                          OutputTokensDetails(self.reasoning))

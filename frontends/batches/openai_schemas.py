@@ -21,7 +21,7 @@ import msgspec
 
 __all__ = [
     "FilePurpose", "FileUpload", "FileObject", "FileList", "FileDeleted", "BatchStatus", "BatchEndpoint", "BatchRequestCounts",
-    "BatchError", "BatchErrors", "OpenAIBatch", "OpenAIBatchList", "CreateBatchBody", "InputLine",
+    "BatchUsage", "InputTokensDetails", "OutputTokensDetails", "BatchError", "BatchErrors", "OpenAIBatch", "OpenAIBatchList", "CreateBatchBody", "InputLine",
     "COMPLETION_WINDOWS", "UPLOAD_PURPOSES",
 ]
 
@@ -102,6 +102,24 @@ class BatchRequestCounts(msgspec.Struct, frozen=True):
     failed: int
 
 
+class InputTokensDetails(msgspec.Struct, frozen=True):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(msgspec.Struct, frozen=True):
+    reasoning_tokens: int = 0
+
+
+class BatchUsage(msgspec.Struct, frozen=True):
+    """The token usage of the batch's answered requests (its output file's), summed."""
+
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: InputTokensDetails = InputTokensDetails()
+    output_tokens_details: OutputTokensDetails = OutputTokensDetails()
+
+
 class BatchError(msgspec.Struct, frozen=True):
     code: str
     message: str
@@ -134,6 +152,7 @@ class OpenAIBatch(msgspec.Struct, frozen=True):
     expired_at: int | None = None
     cancelling_at: int | None = None
     cancelled_at: int | None = None
+    usage: BatchUsage | None = None
     object: Literal["batch"] = "batch"
 
 

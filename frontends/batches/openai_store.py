@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import msgspec
 
 from frontends.batches.files import new_file_id
-from frontends.batches.openai_schemas import BatchError, BatchStatus
+from frontends.batches.openai_schemas import BatchError, BatchStatus, BatchUsage
 from frontends.batches.store import BatchStore
 
 __all__ = ["OpenAIBatchStore", "OpenAIBatchRow", "Stage", "META_SCHEMA"]
@@ -46,11 +46,12 @@ CREATE TABLE IF NOT EXISTS openai_batches (
     final_status TEXT,
     final_at REAL,
     output_file_id TEXT,
-    error_file_id TEXT
+    error_file_id TEXT,
+    usage BLOB
 );
 """
 _COLUMNS = ("id, endpoint, input_file_id, completion_window, metadata, created_at, expires_at, stage, output_slot, "
-            "error_slot, errors, cancelling_at, final_status, final_at, output_file_id, error_file_id")
+            "error_slot, errors, cancelling_at, final_status, final_at, output_file_id, error_file_id, usage")
 
 
 class Stage(str, enum.Enum):
@@ -78,17 +79,18 @@ class OpenAIBatchRow:
     final_at: float | None
     output_file_id: str | None
     error_file_id: str | None
+    usage: BatchUsage | None
 
     @classmethod
     def from_row(cls, row: tuple) -> "OpenAIBatchRow":
         (batch_id, endpoint, input_file_id, window, metadata, created_at, expires_at, stage, output_slot, error_slot,
-         errors, cancelling_at, final_status, final_at, output_file_id, error_file_id) = row
+         errors, cancelling_at, final_status, final_at, output_file_id, error_file_id, usage) = row
         return cls(batch_id, endpoint, input_file_id, window,
                    None if metadata is None else msgspec.json.decode(metadata, type=dict[str, str]),
                    created_at, expires_at, Stage(stage), output_slot, error_slot,
                    None if errors is None else msgspec.json.decode(errors, type=list[BatchError]),
                    cancelling_at, None if final_status is None else BatchStatus(final_status), final_at,
-                   output_file_id, error_file_id)
+                   output_file_id, error_file_id, None if usage is None else msgspec.json.decode(usage, type=BatchUsage))
 
 
 class OpenAIBatchStore:
@@ -152,10 +154,10 @@ class OpenAIBatchStore:
                           (Stage.FINALIZED.value, BatchStatus.CANCELLED.value, now, now))
 
     def set_finalized(self, batch_id: str, final_status: BatchStatus, output_file_id: str | None,
-                      error_file_id: str | None, now: float) -> bool:
+                      error_file_id: str | None, usage: BatchUsage, now: float) -> bool:
         return self._move(batch_id, Stage.RUNNING, "stage = ?, final_status = ?, final_at = ?, output_file_id = ?, "
-                          "error_file_id = ?", (Stage.FINALIZED.value, final_status.value, now, output_file_id,
-                                                error_file_id))
+                          "error_file_id = ?, usage = ?", (Stage.FINALIZED.value, final_status.value, now,
+                                                           output_file_id, error_file_id, msgspec.json.encode(usage)))
 
     def _move(self, batch_id: str, from_stage: Stage, assignments: str, args: tuple) -> bool:
         with self.requests.transaction() as conn:

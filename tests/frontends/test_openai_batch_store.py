@@ -107,6 +107,7 @@ async def test_lifecycle_and_files(tmp_path):
     output = [json.loads(x) for x in batches.files.read(done.output_file_id).splitlines()]
     errors = [json.loads(x) for x in batches.files.read(done.error_file_id).splitlines()]
     assert [x["custom_id"] for x in output] == ["a"] and output[0]["response"]["body"] == {"n": "a"}
+    assert done.usage.total_tokens == 0  # the answer reported no usage
     assert [(x["custom_id"], x["response"] and x["response"]["status_code"]) for x in errors] == [
         (None, None), ("b", 400), ("a", None)]
     assert "line 2" in errors[0]["error"]["message"] and "not unique" in errors[2]["error"]["message"]
@@ -151,4 +152,23 @@ async def test_cancel_while_validating_ends_cancelled_without_files(tmp_path):
                                   1.0, 3600.0)
     cancelled = await batches.cancel(row.id)
     assert cancelled.status == "cancelled" and cancelled.cancelled_at and cancelled.output_file_id is None
+    await batches.close()
+
+
+@pytest.mark.asyncio
+async def test_a_batch_past_its_window_expires_with_batch_expired_lines(tmp_path):
+    executor = AnswerAtOnce()
+    batches = OpenAIBatches(tmp_path, executor, ttl_seconds=0.0)  # the window ends as it opens
+    await batches.start()
+    created = await _create(batches, b"\n".join([_line("a"), _line("b")]))
+
+    async def expired():
+        batch = await batches.get(created.id)
+        return batch if batch.status == "expired" else None
+
+    batch = await _until(expired)
+    assert executor.ran == [] and batch.expired_at and batch.output_file_id is None
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (2, 0, 0)
+    errors = [json.loads(x) for x in batches.files.read(batch.error_file_id).splitlines()]
+    assert [(x["custom_id"], x["error"]["code"]) for x in errors] == [("a", "batch_expired"), ("b", "batch_expired")]
     await batches.close()

@@ -103,6 +103,7 @@ def test_a_chat_batch_answers_as_direct_requests_and_reports_bad_lines(cluster):
     assert done.status == "completed", done
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (7, 3, 4)
     assert done.in_progress_at and done.finalizing_at and done.completed_at and done.output_file_id
+    assert done.usage.output_tokens == 3 * 6 and done.usage.total_tokens == done.usage.input_tokens + 18
 
     output = _lines(client, done.output_file_id)
     assert [line["custom_id"] for line in output] == ["q-0", "q-1", "q-2"]
