@@ -39,6 +39,7 @@ from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from orchestrator.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_UPLOAD_BYTES,
     LOG_LEVELS,
     ConditionalDisaggConfig,
     KVPoolConfig,
@@ -178,6 +179,8 @@ class OrchestratorSettings:
     served_model_name: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Larger request bodies get a 413 before they are buffered."""
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    """Larger ``POST /v1/files`` uploads (batch input files) get a 413 naming this key."""
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
     """Generation requests each orchestrator process serves at once; more get 429 (0: no limit)."""
     grace_seconds: float = 30.0
@@ -204,6 +207,8 @@ class OrchestratorSettings:
                               f"must be > 0, got {self.process_restart_window_seconds}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
+        if self.max_upload_bytes < 1024:
+            raise ConfigError(f"{prefix}.max_upload_bytes", f"must be >= 1024, got {self.max_upload_bytes}")
         if not 1 <= self.processes <= 64:
             raise ConfigError(f"{prefix}.processes", f"must be in [1, 64], got {self.processes}")
         if not 0 <= self.port < 65536:

@@ -20,9 +20,10 @@ from workers.log_format import LOG_FORMATS
 __all__ = [
     "RouterConfig", "ConditionalDisaggConfig", "KVPoolConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",
     "OrchestratorConfig", "load_orchestrator_config", "ROUTER_POLICIES", "WORKER_ROLES",
-    "DEFAULT_MAX_CONCURRENT_REQUESTS", "LiveSettings", "LOG_LEVELS",
+    "DEFAULT_MAX_CONCURRENT_REQUESTS", "DEFAULT_MAX_UPLOAD_BYTES", "LiveSettings", "LOG_LEVELS",
 ]
 
+DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 * 1024  # OpenAI's limit on a batch input file
 DEFAULT_MAX_CONCURRENT_REQUESTS = 2048  # per process: far above a worker pool's batches, far below exhaustion
 ROUTER_POLICIES = ("round_robin", "least_load", "kv_cache_aware", "session")
 WORKER_ROLES = ("ctx", "gen", "both")
@@ -234,6 +235,9 @@ class OrchestratorConfig:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Request bodies over this are refused with 413 before they are buffered."""
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    """``POST /v1/files`` bodies (a batch's input file) over this are refused with 413 instead (the
+    upload is held in memory once while process 0 stores it)."""
     grace_seconds: float = 30.0
     """At shutdown (SIGTERM, `disagg down`) every process stops accepting and lets in-flight
     requests finish this long before cutting them (each cut one ends with the API's error).
@@ -265,6 +269,8 @@ class OrchestratorConfig:
             raise ConfigError(f"{prefix}.api_key", "must not be empty (omit it for no key)")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
+        if self.max_upload_bytes < 1024:
+            raise ConfigError(f"{prefix}.max_upload_bytes", f"must be >= 1024, got {self.max_upload_bytes}")
         if not 0 < self.grace_seconds <= 3600:
             raise ConfigError(f"{prefix}.grace_seconds", f"must be in (0, 3600], got {self.grace_seconds}")
         if self.max_process_restarts < 0:
