@@ -203,6 +203,9 @@ class OrchestratorConfig:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Request bodies over this are refused with 413 before they are buffered."""
+    strict_request_fields: bool = False
+    """An unknown top-level request field is a 400 naming it; False: ignored, named in a ``Warning``
+    header (``frontends.request_fields``)."""
     grace_seconds: float = 30.0
     """At shutdown (SIGTERM, `disagg down`) every process stops accepting and lets in-flight
     requests finish this long before cutting them (each cut one ends with the API's error).

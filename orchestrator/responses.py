@@ -21,12 +21,14 @@ routing keeps a conversation where its KV is. Perf records say
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
 from frontends.errors import FrontendError, NotFoundError
+from frontends.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
 from frontends.responses import ResponseEventStream, begin_turn, input_items_page, store_turn
 from frontends.responses.schemas import Item
 from frontends.responses.translate import rename_fields, rename_param, responses_param
@@ -61,7 +63,8 @@ async def create_response(orch, request: Request) -> Response:
     orch.ends.begin(record, request.headers.get("traceparent"))
     store = orch.responses
     try:
-        turn = await begin_turn(await request.body(), store)
+        fields: dict[str, Any] = {}  # the unknown fields it ignores (frontends.request_fields)
+        turn = await begin_turn(await request.body(), store, orch.config.strict_request_fields, fields)
         try:
             # A conversation is a session (affinity routing) unless the client names one.
             session = request.headers.get("x-session-id") or turn.body.user or turn.session_id
@@ -81,11 +84,15 @@ async def create_response(orch, request: Request) -> Response:
             await store_turn(turn, store, response_json, output)
 
         answer.events = ResponseEventStream(turn, keep).run(answer.events)
+        answer.raw_headers += [warning_header(fields[IGNORED_FIELDS_SCOPE_KEY])] if fields else []
         return answer
     response, output = turn.from_chat(msgspec.json.decode(answer.body))
     encoded = msgspec.json.encode(response)
     await store_turn(turn, store, encoded, output)
     headers = {k: v for k, v in answer.headers.items() if k.startswith("x-")}
+    if fields:
+        name, value = warning_header(fields[IGNORED_FIELDS_SCOPE_KEY])
+        headers[name.decode()] = value.decode()
     return Response(encoded, media_type=_JSON, headers=headers)
 
 
