@@ -154,6 +154,7 @@ class ResponseEventStream:
         self.error: dict[str, Any] | None = None
         self.logprobs: list[dict[str, Any]] = []  # the open text's, not yet in a delta event
         self.text_logprobs: list[dict[str, Any]] = []  # the open text's, all of them
+        self.item_logprobs: dict[int, list[dict[str, Any]]] = {}  # output index -> its text's (when asked)
 
     def event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -244,7 +245,7 @@ class ResponseEventStream:
         self.output.append(item)
         rendered = msgspec.to_builtins(item)
         if self.turn.wants_logprobs:
-            part["logprobs"] = logprobs
+            part["logprobs"] = self.item_logprobs[open_text.index] = logprobs
             _add_logprobs(rendered, logprobs)
         return (self.event("response.output_text.done", item_id=open_text.item_id, output_index=open_text.index,
                            content_index=0, text=text, logprobs=logprobs)
@@ -295,7 +296,10 @@ class ResponseEventStream:
             out += self._open_text() + self._close_text()
         incomplete = "max_output_tokens" if self.finish_reason == "length" else None
         status = "incomplete" if incomplete else "completed"
-        response = _encode(self.turn.response(status, self.output, usage_from_chat(self.usage), incomplete))
+        completed = self.turn.response(status, self.output, usage_from_chat(self.usage), incomplete)
+        for index, logprobs in self.item_logprobs.items():
+            _add_logprobs(completed["output"][index], logprobs)
+        response = _encode(completed)
         if self.on_done is not None:
             try:
                 await self.on_done(response, self.output)

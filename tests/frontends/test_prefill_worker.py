@@ -65,9 +65,11 @@ def test_responses_include_output_text_logprobs(torch_openai):
     logprobs = response.output[0].content[0].logprobs
     assert len(logprobs) == 5 and all(len(entry.top_logprobs) == 2 for entry in logprobs)
     assert "".join(entry.token for entry in logprobs) == response.output_text
-    deltas = [event for event in torch_openai.responses.create(**ask, stream=True)
-              if event.type == "response.output_text.delta"]
+    events = list(torch_openai.responses.create(**ask, stream=True))
+    deltas = [event for event in events if event.type == "response.output_text.delta"]
     assert [entry.token for event in deltas for entry in event.logprobs] == [entry.token for entry in logprobs]
+    completed = events[-1].response.output[0].content[0].logprobs
+    assert [entry.token for entry in completed] == [entry.token for entry in logprobs]
     plain = torch_openai.responses.create(model=MODEL, input="Tell me about the sea", max_output_tokens=5)
     assert not plain.output[0].content[0].logprobs
 
