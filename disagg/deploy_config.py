@@ -298,6 +298,9 @@ class DeployConfig:
     access_log: bool = False
     """One INFO line per client request in every worker's and the orchestrator's log, with its request id
     (health and metrics polls only at debug)."""
+    strict_request_fields: bool = False
+    """An unknown top-level request field is a 400 at the orchestrator and the workers; False: ignored,
+    named in a ``Warning`` header (``frontends.request_fields``)."""
     log_format: str = "text"
     """text, or json (one object a line) for every process: orchestrator, launchers, frontends, engines."""
     tracing: TracingConfig = field(default_factory=TracingConfig)

@@ -128,6 +128,7 @@ def orchestrator_config(config: DeployConfig, *, model: Path | str, state_dir: P
         max_concurrent_requests=s.max_concurrent_requests,
         grace_seconds=s.grace_seconds, max_process_restarts=s.max_process_restarts,
         process_restart_window_seconds=s.process_restart_window_seconds, access_log=config.access_log,
+        strict_request_fields=config.strict_request_fields,
         log_format=config.log_format, tracing=config.tracing, log_level=s.log_level,
         prometheus_targets_dir=None if targets_dir is None else str(targets_dir))
 
@@ -147,8 +148,10 @@ def _serve_argv(config: DeployConfig, pool: str, *, python: str, model: str, hos
 
 
 def _names(config: DeployConfig) -> dict[str, object]:
-    """What every worker of the deployment is told alike: the model's name and its tool-call format."""
-    return {"--served-model-name": config.served_model_name, "--tool-call-parser": config.tool_call_parser}
+    """What every worker of the deployment is told alike: the model's name, its tool-call format, and
+    whether unknown request fields are refused."""
+    return {"--served-model-name": config.served_model_name, "--tool-call-parser": config.tool_call_parser,
+            "--strict-request-fields": config.strict_request_fields or None}
 
 
 def _free_port(host: str) -> int:

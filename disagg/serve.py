@@ -96,6 +96,9 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
                                             "--max-num-seqs; 0: no limit)")),
     ("--access-log", dict(action=argparse.BooleanOptionalAction, default=False,
                           help="one INFO line per HTTP request (client, method, path, status)")),
+    ("--strict-request-fields", dict(action=argparse.BooleanOptionalAction, default=False,
+                                     help="an unknown top-level field of a request body is a 400 naming it "
+                                          "(default: ignored, named in a Warning header)")),
     ("--max-perf-records", dict(type=int, default=None,
                                 help="per-request perf records the launcher keeps unread for GET /perf_metrics "
                                      "(default 10,000; the oldest go first)")),
@@ -198,7 +201,7 @@ def _frontend_config(args: ServeSettings, frontend_id: int, engine_info: Any = N
                                                                        resolve_num_frontends(args.num_frontends)),
                             max_perf_records=args.max_perf_records, perf_record_seconds=args.perf_record_seconds,
                             otlp_endpoint=args.otlp_endpoint, trace_service_name=args.trace_service_name,
-                            role=args.role)
+                            role=args.role, strict_request_fields=args.strict_request_fields)
     return Tokenizer.from_model_path(args.model_dir), config
 
 

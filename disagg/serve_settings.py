@@ -50,6 +50,7 @@ class ServeSettings:
     max_request_bytes: int
     max_concurrent_requests: int | None
     access_log: bool
+    strict_request_fields: bool
     max_perf_records: int | None
     perf_record_seconds: float | None
     admin_timeout: float

@@ -30,6 +30,7 @@ from workers.frontends_down import read_frontends_down
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
 from frontends.direct_body import DIRECT_BODY
 from frontends.memory import large_body, release_memory_soon
+from frontends.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
 from frontends.errors import (
     ApiError,
     EngineDeadError,
@@ -107,6 +108,9 @@ class FrontendHeaderMiddleware:
             if message["type"] == "http.response.start":
                 started = True
                 message["headers"] = [*message.get("headers", ()), header]
+                ignored = scope.get(IGNORED_FIELDS_SCOPE_KEY)
+                if ignored:  # left by the handler's decode_request
+                    message["headers"].append(warning_header(ignored))
             await send(message)
 
         admission = self.admission

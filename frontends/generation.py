@@ -139,6 +139,8 @@ class Generation:
         self.num_cached_tokens = 0
         self.hook = hook
         self.x_request_id = x_request_id  # the HTTP request's header (or a batch request's id): its perf record's
+        # Called once, at the engine's first output (the prompt is prefilled then): frontends.choices.
+        self.on_engine_output: Callable[[], None] | None = None
 
     @property
     def num_usage_cached_tokens(self) -> int:
@@ -216,6 +218,9 @@ class PieceCutter:
             if output.error:
                 raise InvalidRequestError(output.error)
             raise RequestAbortedError("the engine aborted the request")
+        if generation.on_engine_output is not None:
+            generation.on_engine_output()
+            generation.on_engine_output = None
         if output.num_cached_tokens > generation.num_cached_tokens:  # a comparison: max() is a call an output
             generation.num_cached_tokens = output.num_cached_tokens
         return self._add(output.new_token_ids, output.new_logprobs, output.finish_reason)

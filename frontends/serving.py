@@ -57,6 +57,9 @@ class FrontendConfig:
     trace_service_name: str = "disagg-worker"
     role: str = "both"
     """The worker's role (ctx, gen, both), on its spans."""
+    strict_request_fields: bool = False
+    """An unknown top-level request field is a 400 naming it; False: ignored, named in a ``Warning``
+    header (``frontends.request_fields``)."""
 
     @classmethod
     def for_model_dir(cls, model_dir: str | Path, frontend_id: int = 0,

@@ -83,7 +83,8 @@ class Orchestrator:
         self.tokenizer = tokenizer
         self.view = ClusterView(process_index, config.default_block_size, config.default_hash_seed)
         # Every client body is checked whole here, by the workers' own code, before any leg.
-        self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self))
+        self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self),
+                                          config.strict_request_fields)
         self.link = StateLink(config.state_socket, self.view, push_loads=config.processes > 1)
         self.metrics = Metrics(tokenizer.piece_cache)
         self.metrics.process.on_sample(self._sample_in_flight)

@@ -238,6 +238,9 @@ class OrchestratorConfig:
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     """``POST /v1/files`` bodies (a batch's input file) over this are refused with 413 instead (the
     upload is held in memory once while process 0 stores it)."""
+    strict_request_fields: bool = False
+    """An unknown top-level request field is a 400 naming it; False: ignored, named in a ``Warning``
+    header (``frontends.request_fields``)."""
     grace_seconds: float = 30.0
     """At shutdown (SIGTERM, `disagg down`) every process stops accepting and lets in-flight
     requests finish this long before cutting them (each cut one ends with the API's error).

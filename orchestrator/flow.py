@@ -17,7 +17,10 @@
    that already finished (``disaggregated_params.finished``) is the client's
    answer (mode ``ctx_only``); for a streaming client it is instead served as
    a normal request on the gen worker, because re-encoding a finished answer
-   as a stream per API is not worth its code.
+   as a stream per API is not worth its code, and so is one that asked for
+   ``n`` > 1 choices or ``echo`` (``ParsedRequest.ctx_can_answer``). With ``n``
+   > 1 the ctx leg makes choice 0's first token and the gen leg all ``n``
+   choices (``frontends.choices``): the prompt's KV moves once.
 3. gen leg: generation_only with the ctx params and prompt ids,
    ``x-request-id: <id>-gen``, streaming as the client asked. A failure
    before the first byte reached the client is retried as a *normal* request
@@ -47,6 +50,7 @@ import msgspec
 from starlette.responses import Response
 
 from frontends.admission import RETRY_AFTER_SECONDS, OverloadedError
+from frontends.request_fields import warning_header
 from orchestrator.answers import Answer, JsonAnswer, StreamAnswer, Watch, to_response
 from orchestrator.attempts import Attempts, kv_source_lost
 from orchestrator.config import OrchestratorConfig
@@ -131,6 +135,9 @@ class Flow:
         deadline = time.monotonic() + self.config.timeouts.request_seconds
         gen, ctx = self.plan(request)
         headers = {"x-request-id": request_id}
+        if request.ignored_fields:
+            name, value = warning_header(request.ignored_fields)
+            headers[name.decode()] = value.decode()
         payload: dict[str, Any] = request.body
         record.mode = "aggregated" if ctx is None else "disagg"
         if ctx is not None:
@@ -139,7 +146,7 @@ class Flow:
             if record.ctx is not None:
                 headers["x-disagg-ctx-worker"] = record.ctx.worker_id
             params = (ctx_answer or {}).get("disaggregated_params") or {}
-            if ctx_answer is not None and params.get("finished") and not request.stream:
+            if ctx_answer is not None and params.get("finished") and not request.stream and request.ctx_can_answer:
                 record.mode = "ctx_only"
                 self.finish(record, request)
                 return JsonAnswer(msgspec.json.encode(client_answer(ctx_answer)),

@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from frontends.errors import FrontendError, NotFoundError
+from frontends.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
 from frontends.responses import ResponseEventStream, begin_turn, input_items_page, store_turn
 from frontends.responses.render import ResponseTurn
 from frontends.responses.schemas import Item
@@ -56,11 +57,12 @@ def _renamed(exc: UpstreamRejected) -> UpstreamRejected:
     return UpstreamRejected(exc.status, msgspec.json.encode(body))
 
 
-async def turn_answer(orch, raw: bytes, session_header: str | None,
-                      run: Callable[[ParsedRequest], Awaitable[Any]]) -> tuple[ResponseTurn, Any]:
+async def turn_answer(orch, raw: bytes, session_header: str | None, run: Callable[[ParsedRequest], Awaitable[Any]],
+                      fields: dict[str, Any] | None = None) -> tuple[ResponseTurn, Any]:
     """The chat request a /v1/responses body means, and ``run``'s answer to it (its errors in
-    Responses terms). Shared by ``create_response`` and the OpenAI Batches (``orchestrator.openai_batches``)."""
-    turn = await begin_turn(raw, orch.responses)
+    Responses terms). Shared by ``create_response`` and the OpenAI Batches (``orchestrator.openai_batches``).
+    ``fields``: where the unknown top-level fields it ignored are noted (``frontends.request_fields``)."""
+    turn = await begin_turn(raw, orch.responses, orch.config.strict_request_fields, {} if fields is None else fields)
     try:
         # A conversation is a session (affinity routing) unless the client names one.
         session = session_header or turn.body.user or turn.session_id
@@ -91,7 +93,8 @@ async def create_response(orch, request: Request) -> Response:
         return await orch.flow.handle(parsed, request_id, disconnect_watch(request.receive), record)
 
     try:
-        turn, answer = await turn_answer(orch, await request.body(), request.headers.get("x-session-id"), run)
+        fields: dict[str, Any] = {}  # the unknown fields it ignores (frontends.request_fields)
+        turn, answer = await turn_answer(orch, await request.body(), request.headers.get("x-session-id"), run, fields)
     except Exception as exc:
         orch.failed(record, exc, False)
         raise
@@ -102,9 +105,13 @@ async def create_response(orch, request: Request) -> Response:
             await store_turn(turn, store, response_json, output)
 
         answer.events = ResponseEventStream(turn, keep).run(answer.events)
+        answer.raw_headers += [warning_header(fields[IGNORED_FIELDS_SCOPE_KEY])] if fields else []
         return answer
     encoded = await finish_turn(orch, turn, answer.body)
     headers = {k: v for k, v in answer.headers.items() if k.startswith("x-")}
+    if fields:
+        name, value = warning_header(fields[IGNORED_FIELDS_SCOPE_KEY])
+        headers[name.decode()] = value.decode()
     return Response(encoded, media_type=_JSON, headers=headers)
 
 
