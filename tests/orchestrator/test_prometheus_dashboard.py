@@ -78,7 +78,7 @@ def _query(prom: str, expr: str) -> list[dict]:
 def _up(prom: str) -> list[dict]:
     try:
         return _query(prom, 'up{job=~"disagg-.*"} == 1')
-    except httpx.HTTPError:
+    except (httpx.HTTPError, ValueError):  # not listening yet, or 503 "Service Unavailable" while it starts
         return []
 
 
