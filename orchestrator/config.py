@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from frontends.api_key import KeyFileError, read_key_file
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
 from workers.log_format import LOG_FORMATS
@@ -21,6 +22,7 @@ __all__ = [
     "RouterConfig", "ConditionalDisaggConfig", "KVPoolConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",
     "OrchestratorConfig", "load_orchestrator_config", "ROUTER_POLICIES", "WORKER_ROLES",
     "DEFAULT_MAX_CONCURRENT_REQUESTS", "DEFAULT_MAX_UPLOAD_BYTES", "LiveSettings", "LOG_LEVELS",
+    "check_worker_key_file",
 ]
 
 DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 * 1024  # OpenAI's limit on a batch input file
@@ -222,7 +224,11 @@ class OrchestratorConfig:
     max_retries: int = 2
     """Extra workers tried per leg when one fails before the client saw a byte."""
     api_key: str | None = None
-    """Clients must send it (Authorization: Bearer KEY or x-api-key: KEY); None = open."""
+    """Clients must send it (Authorization: Bearer KEY or x-api-key: KEY) on every route but /health;
+    None = open."""
+    worker_key_file: str | None = None
+    """A file (mode 0600) holding the deployment's worker key, presented to every worker on every call
+    (``frontends.api_key``); ``disagg up`` sets it to ``<run dir>/worker.key``. None: workers need none."""
     workers: tuple[StaticWorker, ...] = ()
     """Static workers; more may register themselves at run time."""
     default_block_size: int = 16
@@ -310,3 +316,13 @@ def load_orchestrator_config(path: str | Path) -> OrchestratorConfig:
         return from_mapping(OrchestratorConfig, data, "orchestrator")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc.key}", str(exc).split(": ", 1)[1]) from None
+
+
+def check_worker_key_file(config: OrchestratorConfig, path: str | Path) -> None:
+    """At start-up, not at the first call to a worker: a worker key file that cannot be used is a
+    ConfigError naming the key (``path``: the config file)."""
+    if config.worker_key_file is not None:
+        try:
+            read_key_file(config.worker_key_file)
+        except KeyFileError as exc:
+            raise ConfigError(f"{path}: orchestrator.worker_key_file", str(exc)) from None

@@ -4,7 +4,7 @@
     ├── NoWorkerError        503: no healthy worker for a leg
     ├── UpstreamFailedError  502: every worker tried for a leg failed (after retries)
     ├── RequestTimeoutError  504: the request ran past timeouts.request_seconds
-    └── UnauthorizedError    401: missing or wrong API key
+    └── UnauthorizedError    401: missing or wrong API key (``frontends.errors``, re-exported)
 
 A worker's own 4xx answer is passed to the client unchanged (``UpstreamRejected``).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
-from frontends.errors import FrontendError
+from frontends.errors import FrontendError, UnauthorizedError
 
 __all__ = ["NoWorkerError", "UpstreamFailedError", "RequestTimeoutError", "UnauthorizedError",
            "UpstreamRejected", "LegFailed", "WorkerErrorDetail", "error_detail"]
@@ -38,13 +38,6 @@ class RequestTimeoutError(FrontendError):
     openai_type = "timeout_error"
     anthropic_type = "api_error"
     code = "timeout"
-
-
-class UnauthorizedError(FrontendError):
-    status = 401
-    openai_type = "invalid_request_error"
-    anthropic_type = "authentication_error"
-    code = "invalid_api_key"
 
 
 class UpstreamRejected(Exception):
