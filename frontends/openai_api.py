@@ -156,7 +156,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     body = msgspec.json.decode(await read_body(request.receive), type=CompletionRequest)
     prepared = prepare_request(ctx, CompletionApi(body), arrival_time, x_request_id)
     generation = prepared.generation
-    response_id, created = f"cmpl-{ctx.response_ids.next_hex()}", int(time.time())
+    response_id, created = prepared.response_ids(ctx, "cmpl")
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         encoder = _CompletionStream(CompletionChunkEncoder(response_id, created, ctx.model_name), ctx.tokenizer,
@@ -238,7 +238,7 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
     api = ChatApi(body)
     prepared = prepare_request(ctx, api, arrival_time, x_request_id)
     generation = prepared.generation
-    response_id, created = f"chatcmpl-{ctx.response_ids.next_hex()}", int(time.time())
+    response_id, created = prepared.response_ids(ctx, "chatcmpl")
     parser = api.tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
