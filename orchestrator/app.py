@@ -210,7 +210,8 @@ def error_parts(exc: BaseException, anthropic: bool) -> tuple[int, bytes, dict[s
         return exc.status, exc.body, {}
     error = http_error(exc)
     body = anthropic_error_body(error) if anthropic else openai_error_body(error)
-    return error.status, body, ({"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else {})
+    # 503 too: no worker can serve it now (none healthy, or each tried said so), retryable in a moment.
+    return error.status, body, ({"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status in (429, 503) else {})
 
 
 def _error(exc: BaseException, anthropic: bool) -> Response:

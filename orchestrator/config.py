@@ -119,6 +119,26 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class MigrationConfig:
+    """A streamed answer whose gen worker fails mid-stream (its process or engine dies, its
+    connection drops, its engine stalls) goes on, token-exact, on another gen worker
+    (``orchestrator.migration``, docs/operations.md "Migration")."""
+
+    limit: int = 3
+    """Moves per request (Dynamo's ``--migration-limit``); 0: a failed stream ends with the API's
+    error event, and gen legs stream unmarked."""
+    max_carried_tokens: int = 16384
+    """A stream that already holds more output tokens than this is not moved (its resume would
+    prefill them all again): it ends with the error event."""
+
+    def validate(self, prefix: str) -> None:
+        if self.limit < 0:
+            raise ConfigError(f"{prefix}.limit", f"must be >= 0 (0: no migration), got {self.limit}")
+        if self.max_carried_tokens < 1:
+            raise ConfigError(f"{prefix}.max_carried_tokens", f"must be >= 1, got {self.max_carried_tokens}")
+
+
+@dataclass(frozen=True)
 class TimeoutConfig:
     connect_seconds: float = 5.0
     request_seconds: float = 600.0
@@ -223,6 +243,7 @@ class OrchestratorConfig:
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     max_retries: int = 2
     """Extra workers tried per leg when one fails before the client saw a byte."""
+    migration: MigrationConfig = field(default_factory=MigrationConfig)
     api_key: str | None = None
     """Clients must send it (Authorization: Bearer KEY or x-api-key: KEY) on every route but /health;
     None = open."""

@@ -1,7 +1,7 @@
 """The orchestrator's additions to the frontends' error tree (``frontends.errors``)::
 
     FrontendError
-    ├── NoWorkerError        503: no healthy worker for a leg
+    ├── NoWorkerError        503: no healthy worker for a leg, or every one tried said it is unavailable
     ├── UpstreamFailedError  502: every worker tried for a leg failed (after retries)
     ├── RequestTimeoutError  504: the request ran past timeouts.request_seconds
     └── UnauthorizedError    401: missing or wrong API key (``frontends.errors``, re-exported)
@@ -92,11 +92,15 @@ class LegFailed(Exception):
 
     ``unanswered``: no answer came (no connection, timeout, connection lost): the worker is suspect.
     ``connection_lost``: of those, a connection lost after it was made (one frontend process died,
-    perhaps not the worker): the same worker may be tried once more."""
+    perhaps not the worker): the same worker may be tried once more.
+
+    ``unavailable``: the worker answered 503 (its engine is dead or stalled, it is shutting down): it
+    said so itself, so when every worker tried did, the client gets a retryable 503, not a 502."""
 
     def __init__(self, message: str, kv_source_lost: bool = False, refused: bool = False,
-                 unanswered: bool = False, connection_lost: bool = False) -> None:
+                 unanswered: bool = False, connection_lost: bool = False, unavailable: bool = False) -> None:
         super().__init__(message)
+        self.unavailable = unavailable
         self.kv_source_lost = kv_source_lost
         self.refused = refused
         self.unanswered = unanswered
