@@ -9,6 +9,7 @@ import torch
 
 from tests.workers.dsv4_reference import RecordedReference, full_forward, prompt
 from workers.engine.model.deepseek_v4 import attention as attention_module
+from workers.engine.model.deepseek_v4.cache_bytes import state_bytes
 from workers.engine.model.deepseek_v4.model import DeepseekV4Model, SequenceBatch
 from workers.engine.model.deepseek_v4.state import SequenceState
 
@@ -48,6 +49,7 @@ def test_cached_decode_equals_the_reference_full_forward(tiny_dsv4_keep_all_dir:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes of CPU on a busy 2-core machine
 def test_64_decode_steps_after_1500_tokens_equal_the_reference(tiny_dsv4_keep_all_dir: Path) -> None:
     _decode_against_reference(tiny_dsv4_keep_all_dir, 1500, 64)
 
@@ -87,6 +89,7 @@ def test_chunked_prefill_off_the_boundaries_equals_one_prefill(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes of CPU on a busy 2-core machine
 def test_chunked_prefill_over_1500_tokens_equals_one_prefill(tiny_dsv4_dir: Path, monkeypatch) -> None:
     model = DeepseekV4Model.from_dir(tiny_dsv4_dir)
     _assert_chunked_equals_whole(model, prompt(1500), [3, 257, 513, 514, 1001, 1283], monkeypatch)
@@ -117,3 +120,6 @@ def test_state_keeps_a_bounded_window_and_tail(tiny_dsv4_dir: Path) -> None:
     assert (csa.compressor.entries.shape[0], csa.compressor.tail_kv.shape[0]) == (65, 1)
     assert csa.indexer.entries.shape == (65, model.config.index_head_dim)
     assert (hca.compressor.entries.shape[0], hca.compressor.tail_kv.shape[0]) == (2, 5)
+    # The sizing formula (docs/deepseek_v4.md) bounds what is kept: equal but for the tails' unfilled rows.
+    bound = state_bytes(model.config, 261)
+    assert bound - 2 * 4 * (3 * 128 + 127 * 32) * 2 <= state.nbytes() <= bound

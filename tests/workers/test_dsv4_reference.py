@@ -24,6 +24,7 @@ def test_logits_match_reference_past_the_window(tiny_dsv4_keep_all_dir: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes of CPU on a busy 2-core machine
 def test_logits_match_reference_over_1500_tokens(tiny_dsv4_keep_all_dir: Path) -> None:
     # index_topk 4096 >= the 375 CSA entries: no selection, so the definition is exact.
     assert _max_abs_diff(tiny_dsv4_keep_all_dir, 1500) < 1e-4
@@ -44,6 +45,7 @@ def _record_ours(monkeypatch: pytest.MonkeyPatch, forced: list[torch.Tensor] | N
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes of CPU on a busy 2-core machine
 def test_selection_matches_reference_where_scores_are_apart(tiny_dsv4_dir: Path, monkeypatch) -> None:
     length, gap_needed = 1500, 1e-4
     ids = prompt(length)
@@ -69,6 +71,7 @@ def test_selection_matches_reference_where_scores_are_apart(tiny_dsv4_dir: Path,
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes of CPU on a busy 2-core machine
 def test_logits_match_reference_given_its_selection(tiny_dsv4_dir: Path, monkeypatch) -> None:
     ids = prompt(1500)
     reference = RecordedReference(tiny_dsv4_dir)

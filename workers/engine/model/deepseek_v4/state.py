@@ -53,6 +53,17 @@ class SequenceState:
     num_tokens: int = 0
     extra: dict = field(default_factory=dict)
 
+    def nbytes(self) -> int:
+        """Bytes of every tensor this sequence keeps (the measured counterpart of cache_bytes.state_bytes)."""
+        total = 0
+        for layer in self.layers:
+            total += layer.window.nbytes
+            for part in (layer.compressor, layer.indexer):
+                if part is not None:
+                    tensors = (part.entries, part.tail_kv, part.tail_gate, part.overlap_kv, part.overlap_gate)
+                    total += sum(t.nbytes for t in tensors if t is not None)
+        return total
+
     @classmethod
     def empty(cls, config: DeepseekV4Config) -> SequenceState:
         layers = []
