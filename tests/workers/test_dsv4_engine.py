@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from tests.workers.dsv4_reference import prompt
+from tests.worker_process import start_worker, stop_worker
 from tests.workers.engine_runs import run, tokens
 from workers.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
@@ -62,3 +65,24 @@ def test_bfloat16_is_refused_with_the_key(tiny_dsv4_dir: Path) -> None:
     with pytest.raises(ConfigError) as error:
         EngineCore(replace(_config(tiny_dsv4_dir), dtype="bfloat16"))
     assert error.value.key == "engine.dtype"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_disagg_serve_answers_with_the_models_greedy_tokens(tiny_dsv4_dir: Path) -> None:
+    """A real `disagg serve` worker (launcher, engine process, a frontend) over HTTP."""
+    url, proc = start_worker(
+        tiny_dsv4_dir, num_frontends=1, engine="torch", extra_args=["--served-model-name", "m"], timeout=900
+    )
+    try:
+        ids = prompt(150, seed=3).tolist()
+        body = {"model": "m", "prompt": ids, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
+        assert response.status_code == 200, response.text
+        usage = response.json()["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (150, 6)
+        text = response.json()["choices"][0]["text"]
+        expected = _greedy_alone(DeepseekV4Model.from_dir(tiny_dsv4_dir), ids, 6)
+        assert text == AutoTokenizer.from_pretrained(tiny_dsv4_dir).decode(expected)
+    finally:
+        assert stop_worker(proc) == 0

@@ -5,12 +5,11 @@ The torch executor is imported lazily so the synthetic engine never imports torc
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from workers.config import ConfigError, EngineConfig
 from workers.engine.executor import Executor
+from workers.engine.model.deepseek_v4.config import is_deepseek_v4_dir
 
 __all__ = ["build_executor", "build_leader_executor", "COLLECTIVE_TIMEOUT_SECONDS"]
 
@@ -24,7 +23,7 @@ def build_executor(config: EngineConfig) -> Executor:
 
         return SyntheticExecutor(config)
     if config.kind == "torch":
-        if _is_deepseek_v4(config):
+        if is_deepseek_v4_dir(config.model):
             from workers.engine.model.deepseek_v4.runner import DeepseekV4Runner
 
             return DeepseekV4Runner(config)
@@ -45,7 +44,7 @@ def build_leader_executor(config: EngineConfig, link: Any, ranks: Any, start_tim
 
     if config.kind == "synthetic":
         inner = build_executor(config)
-    elif _is_deepseek_v4(config):
+    elif is_deepseek_v4_dir(config.model):
         raise ConfigError("tensor_parallel_size", "a DeepSeek-V4 model runs on one rank for now (docs/deepseek_v4.md)")
     else:
         from workers.engine.model.parallel import tcp_store
@@ -59,10 +58,3 @@ def build_leader_executor(config: EngineConfig, link: Any, ranks: Any, start_tim
     link.wait_ready(start_timeout)
     return LeaderExecutor(inner, link, wait_for_acks=config.kind == "synthetic")
 
-
-def _is_deepseek_v4(config: EngineConfig) -> bool:
-    """config.json's model_type picks the model code (a GGUF file or a missing file: not DeepSeek-V4)."""
-    config_json = Path(config.model or "") / "config.json"
-    if not config_json.is_file():
-        return False
-    return json.loads(config_json.read_text(encoding="utf-8")).get("model_type") == "deepseek_v4"

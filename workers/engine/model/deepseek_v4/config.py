@@ -15,7 +15,15 @@ from pathlib import Path
 from workers.config import ConfigError
 from workers.engine.model.model_config import _require, _token_ids, read_json_file
 
-__all__ = ["AttentionKind", "DeepseekV4Config", "MlpKind", "RopeSpec", "ScoringFunc", "load_dsv4_config"]
+__all__ = [
+    "AttentionKind",
+    "DeepseekV4Config",
+    "MlpKind",
+    "RopeSpec",
+    "ScoringFunc",
+    "is_deepseek_v4_dir",
+    "load_dsv4_config",
+]
 
 MODEL_TYPE = "deepseek_v4"
 
@@ -94,6 +102,14 @@ class DeepseekV4Config:
 
     def compress_rate(self, kind: AttentionKind) -> int:
         return {AttentionKind.SLIDING: 0, AttentionKind.CSA: self.csa_rate, AttentionKind.HCA: self.hca_rate}[kind]
+
+
+def is_deepseek_v4_dir(model: str | Path | None) -> bool:
+    """Whether ``model`` is a directory whose config.json says model_type deepseek_v4 (a GGUF file: no)."""
+    config_json = Path(model or "") / "config.json"
+    if not config_json.is_file():
+        return False
+    return read_json_file(config_json.parent, "config.json").get("model_type") == MODEL_TYPE
 
 
 def load_dsv4_config(model_dir: str | Path) -> DeepseekV4Config:
