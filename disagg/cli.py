@@ -12,6 +12,12 @@ import sys
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
+    if args.arch == "deepseek_v4":
+        from workers.engine.model.tiny_dsv4 import make_tiny_dsv4
+
+        path = make_tiny_dsv4(args.dir, seed=args.seed)
+        print(f"wrote a random-weight tiny DeepSeek-V4 model to {path}")
+        return 0
     from workers.engine.model.tiny import make_tiny_model
 
     path = make_tiny_model(args.dir, size=args.size, seed=args.seed)
@@ -93,9 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_PrintVersion)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    tiny = sub.add_parser("make-tiny-model", help="write a deterministic random-weight Llama checkpoint")
+    tiny = sub.add_parser("make-tiny-model", help="write a deterministic random-weight checkpoint")
     tiny.add_argument("dir", help="output directory (created)")
-    tiny.add_argument("--size", choices=("test", "bench"), default="test")
+    tiny.add_argument("--size", choices=("test", "bench"), default="test", help="Llama dimensions")
+    tiny.add_argument(
+        "--arch",
+        choices=("llama", "deepseek_v4"),
+        default="llama",
+        help="deepseek_v4: every layer kind of DeepSeek-V4 at tiny dimensions (needs the dev extra)",
+    )
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=_make_tiny_model)
 

@@ -32,6 +32,7 @@ from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from workers.attach import attach_file_from_env, read_attach_file
 from workers.rank_env import from_environ
+from workers.engine.model.deepseek_v4.config import is_deepseek_v4_dir
 from workers.log_format import LOG_FORMATS, configure_logging, stdout_line
 from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
 from workers.config import (
@@ -160,7 +161,9 @@ def build_engine_config(args: ServeSettings) -> EngineConfig:
         dtype=args.dtype,
         device=args.device,
         max_model_len=args.max_model_len,
-        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks),
+        # A DeepSeek-V4 engine has no prefix caching yet (docs/deepseek_v4.md): served without it.
+        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                          enable_prefix_caching=not (args.engine == "torch" and is_deepseek_v4_dir(model_dir))),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   stream_interval=args.stream_interval),
         synthetic=synthetic,

@@ -30,3 +30,19 @@ def smollm2_gguf():
         return shipped_model_path(SHIPPED_MODELS["smollm2-135m-instruct"])
     except ModelNotFoundError as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def tiny_dsv4_dir(tmp_path_factory):
+    """The tiny DeepSeek-V4 checkpoint (index_topk 16: the indexer selects), generated once per session."""
+    from workers.engine.model.tiny_dsv4 import make_tiny_dsv4
+
+    return make_tiny_dsv4(tmp_path_factory.mktemp("models") / "tiny-dsv4")
+
+
+@pytest.fixture(scope="session")
+def tiny_dsv4_keep_all_dir(tmp_path_factory):
+    """The same weights with an index_topk above any test's number of CSA entries (the indexer keeps all)."""
+    from workers.engine.model.tiny_dsv4 import make_tiny_dsv4
+
+    return make_tiny_dsv4(tmp_path_factory.mktemp("models") / "tiny-dsv4-keep-all", index_topk=4096)

@@ -9,6 +9,7 @@ from typing import Any
 
 from workers.config import ConfigError, EngineConfig
 from workers.engine.executor import Executor
+from workers.engine.model.deepseek_v4.config import is_deepseek_v4_dir
 
 __all__ = ["build_executor", "build_leader_executor", "COLLECTIVE_TIMEOUT_SECONDS"]
 
@@ -22,6 +23,10 @@ def build_executor(config: EngineConfig) -> Executor:
 
         return SyntheticExecutor(config)
     if config.kind == "torch":
+        if is_deepseek_v4_dir(config.model):
+            from workers.engine.model.deepseek_v4.runner import DeepseekV4Runner
+
+            return DeepseekV4Runner(config)
         from workers.engine.model_runner import ModelRunner
 
         return ModelRunner(config)
@@ -39,6 +44,8 @@ def build_leader_executor(config: EngineConfig, link: Any, ranks: Any, start_tim
 
     if config.kind == "synthetic":
         inner = build_executor(config)
+    elif is_deepseek_v4_dir(config.model):
+        raise ConfigError("tensor_parallel_size", "a DeepSeek-V4 model runs on one rank for now (docs/deepseek_v4.md)")
     else:
         from workers.engine.model.parallel import tcp_store
         from workers.rank_follower import build_rank_runner
@@ -50,3 +57,4 @@ def build_leader_executor(config: EngineConfig, link: Any, ranks: Any, start_tim
         inner = build_rank_runner(config, ranks, COLLECTIVE_TIMEOUT_SECONDS, store)
     link.wait_ready(start_timeout)
     return LeaderExecutor(inner, link, wait_for_acks=config.kind == "synthetic")
+

@@ -25,7 +25,7 @@ from workers.engine.model.loader import DTYPES, load_model, resolve_device
 from workers.engine.model.packed_linear import can_pack, pack_linears
 from workers.engine.model.parallel import TensorParallel
 from workers.engine.native_attention import NativeDecodeKernel, kernel_supports, load_kernel
-from workers.engine.sampler import Sampler, SamplingRow
+from workers.engine.sampler import Sampler, sample_step
 
 __all__ = ["ModelRunner"]
 
@@ -73,15 +73,7 @@ class ModelRunner:
     # -- Executor -------------------------------------------------------
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
-        sampled_requests = [r for r in batch.requests if r.sample]
-        logits = self.compute_logits(batch)
-        rows = [
-            SamplingRow(r.sampling_params, r.num_output_tokens, r.output_token_ids, r.prompt_token_ids, r.grammar)
-            for r in sampled_requests
-        ]
-        with torch.inference_mode():
-            tokens = self.sampler.sample(logits, rows) if rows else []
-        return ExecutorOutput.of(batch, tokens)
+        return sample_step(self.sampler, batch, self.compute_logits(batch))
 
     def compute_logits(self, batch: SchedulerOutput) -> torch.Tensor:
         """Run the step; (S, vocab) float32 logits of the requests with ``sample`` set, in order."""

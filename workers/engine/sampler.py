@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from workers.engine.executor import SampledToken
+from workers.engine.executor import ExecutorOutput, SampledToken, SchedulerOutput
 from workers.engine.logits_processors import (
     apply_grammar_masks,
     apply_logit_bias,
@@ -38,7 +38,7 @@ from workers.engine.logits_processors import (
 from workers.protocol import TokenLogprobs
 from workers.sampling_params import SamplingParams
 
-__all__ = ["SamplingRow", "Sampler"]
+__all__ = ["SamplingRow", "Sampler", "sample_step"]
 
 _MASK64 = 2**64 - 1
 
@@ -193,3 +193,15 @@ def _top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     outside = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+
+
+def sample_step(sampler: Sampler, batch: SchedulerOutput, logits: torch.Tensor) -> ExecutorOutput:
+    """A step's output from its ``logits`` (one row per entry of ``batch`` with ``sample`` set, in order)."""
+    rows = [
+        SamplingRow(r.sampling_params, r.num_output_tokens, r.output_token_ids, r.prompt_token_ids, r.grammar)
+        for r in batch.requests
+        if r.sample
+    ]
+    with torch.inference_mode():
+        tokens = sampler.sample(logits, rows) if rows else []
+    return ExecutorOutput.of(batch, tokens)

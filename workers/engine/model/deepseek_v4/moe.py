@@ -1,0 +1,77 @@
+"""DeepSeek-V4's MoE block: routed experts (hash-routed or top-k routed) plus the shared expert.
+
+Hash layers pick each token's experts by a fixed ``tid2eid[token id]`` table
+(paper §2.1); the learned gate still weighs them. Top-k layers pick the
+``num_experts_per_tok`` highest ``score + e_score_correction_bias`` (the bias
+only steers the choice, the weights are the unbiased scores). Weights are
+normalised to sum 1 when ``norm_topk_prob`` (transformers always does), then
+scaled by ``routed_scaling_factor``. Every expert is a SwiGLU whose gate is
+clamped above and up clamped both ways at ``swiglu_limit``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from workers.engine.model.deepseek_v4.config import ScoringFunc
+from workers.engine.model.deepseek_v4.ops import top_k_stable
+
+__all__ = ["MoeWeights", "moe"]
+
+
+@dataclass(frozen=True)
+class MoeWeights:
+    router: torch.Tensor  # (E, hidden)
+    correction_bias: torch.Tensor | None  # (E,), top-k layers
+    tid2eid: torch.Tensor | None  # (vocab, k) int64, hash layers
+    gate: torch.Tensor  # (E, inter, hidden)
+    up: torch.Tensor  # (E, inter, hidden)
+    down: torch.Tensor  # (E, hidden, inter)
+    shared_gate: torch.Tensor  # (inter, hidden)
+    shared_up: torch.Tensor
+    shared_down: torch.Tensor  # (hidden, inter)
+    top_k: int
+    scoring: ScoringFunc
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    swiglu_limit: float
+
+
+def moe(weights: MoeWeights, hidden: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """(N, hidden) -> (N, hidden)."""
+    scores = _score(weights.scoring, hidden @ weights.router.T)  # (N, E)
+    if weights.tid2eid is not None:
+        chosen = weights.tid2eid[token_ids]
+    else:
+        bias = weights.correction_bias if weights.correction_bias is not None else 0.0
+        chosen = top_k_stable(scores + bias, weights.top_k)
+    routing = scores.gather(1, chosen)
+    if weights.norm_topk_prob:
+        routing = routing / (routing.sum(dim=-1, keepdim=True) + 1e-20)
+    routing = routing * weights.routed_scaling_factor
+    out = torch.zeros_like(hidden)
+    for expert in chosen.unique().tolist():
+        rows, slot = torch.where(chosen == expert)
+        expert_out = _swiglu(
+            hidden[rows], weights.gate[expert], weights.up[expert], weights.down[expert], weights.swiglu_limit
+        )
+        out.index_add_(0, rows, expert_out * routing[rows, slot, None])
+    shared = _swiglu(hidden, weights.shared_gate, weights.shared_up, weights.shared_down, weights.swiglu_limit)
+    return out + shared
+
+
+def _score(scoring: ScoringFunc, logits: torch.Tensor) -> torch.Tensor:
+    if scoring is ScoringFunc.SQRTSOFTPLUS:
+        return F.softplus(logits).sqrt()
+    if scoring is ScoringFunc.SIGMOID:
+        return torch.sigmoid(logits)
+    return torch.softmax(logits, dim=-1)
+
+
+def _swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, limit: float) -> torch.Tensor:
+    g = (x @ gate.T).clamp(max=limit)
+    u = (x @ up.T).clamp(min=-limit, max=limit)
+    return (F.silu(g) * u) @ down.T

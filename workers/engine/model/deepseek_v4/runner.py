@@ -1,0 +1,114 @@
+"""The engine's executor for DeepSeek-V4 checkpoints (``config.json`` model_type ``deepseek_v4``).
+
+What it does today: continuous batching of any number of sequences, chunked
+prefill cut anywhere, greedy and sampled decoding (the engine's ``Sampler``),
+float32 on the CPU, one rank. Each sequence's cache (every state kind of
+``state.py``) lives in a ``SequenceState`` keyed by the sequence's first
+block id: without prefix caching a block belongs to one sequence, and a
+sequence that starts over (a new request, a recompute after preemption) comes
+with ``start_position`` 0 and gets a fresh state.
+
+Not yet: the paged pool per state kind indexed by the block table, hence no
+prefix caching (refused: a cached block would not bring its compressor state),
+no KV export/import (disaggregated transfer), no tensor parallelism, no GPU.
+docs/deepseek_v4.md says how the paged pool is to be laid out.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from workers.config import ConfigError, EngineConfig
+from workers.engine.executor import ExecutorOutput, ProfilingUnsupported, SchedulerOutput
+from workers.engine.model.deepseek_v4.cache_bytes import state_bytes_per_token
+from workers.engine.model.deepseek_v4.model import DeepseekV4Model, SequenceBatch
+from workers.engine.model.deepseek_v4.state import SequenceState
+from workers.engine.model.loader import resolve_device
+from workers.engine.sampler import Sampler, sample_step
+
+__all__ = ["DeepseekV4Runner"]
+
+log = logging.getLogger(__name__)
+
+
+class DeepseekV4Runner:
+    def __init__(self, config: EngineConfig, sampler_seed: int | None = None) -> None:
+        config.validate()
+        _refuse_unsupported(config)
+        if config.model is None:  # validate() refuses a torch engine without one
+            raise ConfigError("engine.model", "a model directory is required for the torch engine")
+        self.config = config
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        self.model = DeepseekV4Model.from_dir(config.model)
+        model_config = self.model.config
+        self.max_model_len = config.max_model_len or model_config.max_position_embeddings
+        self.vocab_size = model_config.vocab_size
+        self.eos_token_ids = model_config.eos_token_ids
+        self.block_size = config.cache.block_size
+        # What a block's tokens keep at the longest context (the window is bounded, so this is an upper bound).
+        self.kv_bytes_per_block = max(1, int(state_bytes_per_token(model_config, self.max_model_len) * self.block_size))
+        self.num_blocks = config.cache.num_blocks or max(1, config.cache.memory_bytes // self.kv_bytes_per_block)
+        self.sampler = Sampler(self.eos_token_ids, torch.device("cpu"), sampler_seed)
+        self._states: dict[int, SequenceState] = {}
+
+    def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
+        return sample_step(self.sampler, batch, self.compute_logits(batch))
+
+    def compute_logits(self, batch: SchedulerOutput) -> torch.Tensor:
+        """(S, vocab) float32 logits of the requests with ``sample`` set, in order."""
+        if not batch.requests:
+            return torch.empty((0, self.vocab_size))
+        token_ids: list[int] = []
+        sequences: list[SequenceBatch] = []
+        last_rows: list[int] = []
+        for request in batch.requests:
+            end = request.start_position + len(request.token_ids)
+            if end > self.max_model_len:
+                raise ValueError(f"request {request.request_id} reaches position {end} > max_model_len")
+            sequences.append(
+                SequenceBatch(self._state_of(request.block_ids[0], request.start_position), len(request.token_ids))
+            )
+            token_ids.extend(request.token_ids)
+            if request.sample:
+                last_rows.append(len(token_ids) - 1)
+        logits = self.model.forward(torch.tensor(token_ids, dtype=torch.long), sequences)
+        return logits[torch.tensor(last_rows, dtype=torch.long)]
+
+    def _state_of(self, first_block: int, start_position: int) -> SequenceState:
+        if start_position == 0:
+            self._states[first_block] = self.model.new_state()
+        state = self._states.get(first_block)
+        if state is None or state.num_tokens != start_position:
+            have = None if state is None else state.num_tokens
+            raise RuntimeError(
+                f"deepseek_v4: no cache for block {first_block} at position {start_position} (has {have})"
+            )
+        return state
+
+    def export_blocks(self, block_ids: list[int]) -> list[memoryview]:
+        raise NotImplementedError("deepseek_v4: KV export (disaggregated transfer) needs the paged pool; not yet")
+
+    def import_blocks(self, block_ids: list[int], buffers: list[Any]) -> None:
+        raise NotImplementedError("deepseek_v4: KV import (disaggregated transfer) needs the paged pool; not yet")
+
+    def start_profile(self, trace_dir: str) -> None:
+        raise ProfilingUnsupported("the DeepSeek-V4 engine has no profiler hook yet")
+
+    def stop_profile(self) -> str:
+        raise ProfilingUnsupported("the DeepSeek-V4 engine has no profiler hook yet")
+
+
+def _refuse_unsupported(config: EngineConfig) -> None:
+    if config.cache.enable_prefix_caching:
+        raise ConfigError(
+            "engine.cache.enable_prefix_caching",
+            "must be false for a DeepSeek-V4 model: a cached block does not bring its compressor state yet",
+        )
+    if config.dtype != "float32":
+        raise ConfigError("engine.dtype", f"the DeepSeek-V4 engine computes in float32 for now, got {config.dtype!r}")
+    if resolve_device(config.device).type != "cpu":
+        raise ConfigError("engine.device", f"the DeepSeek-V4 engine runs on the CPU for now, got {config.device!r}")
