@@ -95,6 +95,7 @@ __all__ = ["EngineProcSpec", "EngineProc", "run_engine", "main"]
 log = logging.getLogger("disagg.engine")
 
 IDLE_POLL_MS = 250  # idle wake-up to notice a SIGTERM; a blocking wait, not a spin
+ONBOARD_POLL_MS = 1  # while a block copy from the host or disk tier runs: collect it within a millisecond
 MAX_INPUTS_PER_LOOP = 4096  # bound one drain so a flood of requests cannot starve step()
 GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (Python's default: 700)
 
@@ -183,6 +184,7 @@ class EngineProc:
                 self.kv_agent.close()
             if self.rank_link is not None:
                 self.rank_link.stop()
+            self.core.close()
         log.info("engine loop stopped after %d steps", self.num_steps)
         return 0
 
@@ -190,6 +192,8 @@ class EngineProc:
         """How long to block in poll with nothing to step. A stalled core (requests wait for
         blocks) wakes at the earliest parked expiry, which frees blocks without any input;
         acks, inputs and KV traffic wake the poll themselves. Any wake-up is followed by a step."""
+        if self.core.onboarding:
+            return ONBOARD_POLL_MS  # a tier copy finishes on its thread, with no input to wake the poll
         if not self.core.stalled:
             return IDLE_POLL_MS
         deadline = self.core.next_parked_deadline()

@@ -7,6 +7,10 @@ Every request state transition happens here (``RequestStatus``):
                                        transfer agent filled them: ``finish_remote_kv``;
                                        or the pull failed: blocks freed, the prompt is
                                        prefilled here instead (``recompute_remote``)
+    WAITING -> ONBOARDING              its prefix continues in the host or disk tier: blocks
+                                       allocated for those, their KV copied in on a thread
+    ONBOARDING -> WAITING              the copy is done (``_collect_onboarded``): first in line,
+                                       the copied blocks computed and cached
     RUNNING -> PREEMPTED               blocks ran out: blocks freed, progress reset,
                                        back to the front of the queue (recompute)
     PREEMPTED -> RUNNING               re-admitted like a new request
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from itertools import repeat
 
 from workers.config import SchedulerConfig
+from workers.engine.block_hash import BlockHash
 from workers.engine.block_manager import BlockManager
 from workers.engine.executor import ExecutorOutput, ScheduledRequest, SchedulerOutput
 from workers.engine.request import Request, RequestStatus
@@ -87,6 +92,11 @@ class Scheduler:
         self._num_remote_kv = 0
         self._park_seconds: dict[int, float] = {}  # request id -> how long to park its KV at finish
         self._finished_outputs: list[RequestOutput] = []  # aborts and rejections, reported next step
+        self.tiers = block_manager.tiers
+        self.onboarding: dict[int, tuple[Request, int]] = {}  # ONBOARDING request id -> (it, its pool hits)
+        # Requests aborted while onboarding: their blocks are freed when the copy into them is done.
+        self._abandoned: dict[int, Request] = {}
+        self._onboarded_blocks: dict[int, int] = {}  # request id -> blocks copied in, charged at admission
         # Cumulative prefix-cache accounting, in tokens, counted at each admission.
         self.num_prefix_queries = 0
         self.num_prefix_hits = 0
@@ -185,7 +195,10 @@ class Scheduler:
             return
         if request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
             self._num_remote_kv -= 1
-        if request.status == RequestStatus.RUNNING:
+        if request.status == RequestStatus.ONBOARDING:
+            del self.onboarding[request_id]
+            self._abandoned[request_id] = request  # the copy still writes its blocks: freed when done
+        elif request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request in self.remote_waiting:
             self.remote_waiting.remove(request)
@@ -194,7 +207,9 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self._park_seconds.pop(request_id, None)
-        self.block_manager.free(request)
+        if request_id not in self._abandoned:
+            self.block_manager.free(request)
+        self._onboarded_blocks.pop(request_id, None)
         request.grammar = None
         request.status = RequestStatus.FINISHED_ABORTED
         self._finished_outputs.append(request_output(request, [], is_first=request.first_token_time is None))
@@ -210,7 +225,17 @@ class Scheduler:
     def has_work(self) -> bool:
         """Whether ``schedule`` can make progress now: false while every unfinished
         request waits for pulled KV (the transfer agent, not a step, moves them on)."""
-        return bool(self.running or self.waiting or self.remote_waiting or self._finished_outputs)
+        return bool(self.running or self.waiting or self.remote_waiting or self._finished_outputs
+                    or (self.tiers is not None and self.tiers.has_done()))
+
+    @property
+    def is_idle(self) -> bool:
+        """No request holds blocks (parked tables aside): none unfinished, none abandoned mid-copy."""
+        return not self.requests and not self._abandoned
+
+    @property
+    def num_onboarding(self) -> int:
+        return len(self.onboarding) + len(self._abandoned)
 
     @property
     def num_waiting_for_remote_kv(self) -> int:
@@ -231,6 +256,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         self.num_preemptions_last_step = 0
         self.block_manager.release_expired(time.time())
+        if self.tiers is not None and self.tiers.has_done():
+            self._collect_onboarded()
         block_size = self.block_manager.block_size
         running, scheduled, owners = self.running, batch.requests, batch.owners
         i = num_decodes = 0
@@ -307,6 +334,12 @@ class Scheduler:
             request = self.waiting[0]
             fresh = request.num_computed_tokens == 0  # else its KV was pulled from a remote engine
             hits = block_manager.get_computed_blocks(request) if fresh else []
+            if fresh and self.tiers is not None:
+                lower = block_manager.lower_tier_hits(request, hits)
+                if lower:
+                    if not self._start_onboarding(request, hits, lower):
+                        break
+                    continue  # (an inline copy put it back first in line: admitted next)
             num_cached = len(hits) * block_manager.block_size
             num_new = request.num_tokens - request.num_computed_tokens - num_cached
             if num_new > budget:
@@ -321,8 +354,42 @@ class Scheduler:
                 self._count_prefix_lookup(request, num_cached)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            if self._onboarded_blocks:
+                batch.num_onboarded_blocks += self._onboarded_blocks.pop(request.request_id, 0)
             self._add_to_batch(batch, request, num_new)
             budget -= num_new
+
+    def _start_onboarding(self, request: Request, hits: list[int], lower: list[BlockHash]) -> bool:
+        """Allocate pool blocks for the ``lower`` tier hits after ``hits`` and start copying them in;
+        False (nothing taken) when the pool has no room now."""
+        block_manager = self.block_manager
+        if not block_manager.try_allocate(request, len(lower) * block_manager.block_size, hits):
+            return False
+        self.waiting.popleft()
+        request.status = RequestStatus.ONBOARDING
+        self.onboarding[request.request_id] = (request, len(hits))
+        self.tiers.onboard(request.request_id, request.block_ids[len(hits):], lower)  # type: ignore[union-attr]
+        if self.tiers.has_done():  # type: ignore[union-attr]  # an inline copy (the simulation)
+            self._collect_onboarded()
+        return True
+
+    def _collect_onboarded(self) -> None:
+        """Requests whose copy is done wait first in line with the copied blocks computed."""
+        block_size = self.block_manager.block_size
+        for request_id, num_loaded in self.tiers.collect():  # type: ignore[union-attr]
+            abandoned = self._abandoned.pop(request_id, None)
+            if abandoned is not None:
+                self.block_manager.free(abandoned)
+                continue
+            request, num_hits = self.onboarding.pop(request_id)
+            self.block_manager.keep_blocks(request, num_hits + num_loaded)
+            num_cached = (num_hits + num_loaded) * block_size
+            request.num_computed_tokens = request.num_cached_tokens = num_cached
+            self._count_prefix_lookup(request, num_cached)
+            self.block_manager.cache_full_blocks(request)
+            self._onboarded_blocks[request_id] = num_loaded
+            request.status = RequestStatus.WAITING
+            self.waiting.appendleft(request)
 
     def _add_to_batch(self, batch: SchedulerOutput, request: Request, num_new: int) -> None:
         start = request.num_computed_tokens
