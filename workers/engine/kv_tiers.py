@@ -40,7 +40,7 @@ ExportBlocks = Callable[[list[int]], Sequence[Any]]
 ImportBlocks = Callable[[list[int], list[Any]], None]
 
 
-class TierStats(msgspec.Struct, frozen=True, array_like=True, gc=False):
+class TierStats(msgspec.Struct, frozen=True, gc=False):
     """The tiers' figures, cumulative since the engine started except the block counts (now)."""
 
     host_blocks: int
