@@ -351,6 +351,7 @@ class EngineProc:
             self.num_lane_drops, self.num_lane_aborts, time.time(),
             num_running=load.num_running, num_waiting=load.num_waiting,
             kv_blocks_used=load.kv_blocks_used, kv_blocks_total=load.kv_blocks_total,
+            tiers=self.core.tiers.stats() if self.core.tiers is not None else None,
         )
 
 

@@ -5,6 +5,8 @@ and disk KV tiers: identical tokens, its full blocks reported as cached, the tie
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import httpx
 import pytest
@@ -26,6 +28,17 @@ def complete(url: str, prompt: list[int]) -> tuple[str, int]:
     answer = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
     details = answer["usage"].get("prompt_tokens_details") or {}
     return answer["choices"][0]["text"], details.get("cached_tokens", 0)
+
+
+def prometheus_sample(url: str, series: str, timeout: float = 20.0) -> float:
+    """The series' value once the launcher's gauge refresh (a health reply a second or so) has set it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = httpx.get(f"{url}/prometheus/metrics", timeout=30).text
+        match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+        if (match and float(match.group(1)) > 0) or time.monotonic() > deadline:
+            return float(match.group(1)) if match else 0.0
+        time.sleep(0.5)
 
 
 @pytest.mark.parametrize("host_blocks,disk_blocks", [(24, 0), (2, 24)], ids=["host", "disk"])
@@ -54,6 +67,8 @@ def test_an_evicted_prompt_comes_back_from_the_tiers_with_identical_output(tiny_
         events = httpx.get(f"{url}/kv_cache_events", timeout=30).json()
         tiers_seen = {e["event"].get("tier", "pool") for e in events}
         assert {"pool", "host"} <= tiers_seen and ("disk" in tiers_seen) == (disk_blocks > 0)
+        tier = "disk" if disk_blocks else "host"
+        assert prometheus_sample(url, f'disagg_kv_tier_hits_total{{tier="{tier}"}}') == tiers[f"{tier}_hits"]
     except Exception:
         print(worker_log(proc))
         raise
