@@ -251,3 +251,28 @@ def test_the_timing_model_charges_onboarding_per_block(tmp_path):
     assert batch.num_onboarded_blocks == 3 and batch.num_prefill_tokens == 1  # two pool hits, the last token
     assert step_seconds(core.config.synthetic, batch) == 1.5
     core.close()
+
+
+def test_a_gen_side_request_copies_its_tier_hits_in_and_pulls_only_the_rest(tmp_path):
+    ctx = make_core(tmp_path, 0)
+    ctx.add_request(EngineRequest(7, LONG, SamplingParams(max_tokens=1, temperature=0.0)), park_kv_seconds=60)
+    first = tokens(run(ctx)[7])
+    parked = ctx.parked_block_ids(7)
+    expected = tokens(run(make_core(tmp_path, 0), make_request(0, LONG))[0])
+    gen = make_core(tmp_path, 8 * 8 * 16)
+    run(gen, make_request(0, LONG))
+    run(gen, make_request(1, OTHER))  # LONG: two full blocks left in the pool, three in the host tier
+    gen.add_remote_request(make_request(2, LONG), first)
+    pulls = []
+    while not pulls:
+        gen.step()
+        pulls = gen.take_kv_pulls()
+    (pull,) = pulls
+    assert (pull.first_block, len(pull.block_ids)) == (5, 1)  # only the last, partial block is pulled
+    gen.import_blocks(pull.block_ids, list(ctx.export_blocks(parked[5:])))
+    gen.finish_remote_kv(2)
+    outputs = run(gen)[2]
+    assert first + tokens(outputs) == expected
+    assert gen.tiers.stats().host_hits == 3 and gen.scheduler.num_waiting_for_remote_kv == 0
+    gen.check_integrity()
+    gen.close()

@@ -355,6 +355,8 @@ class BlockManager:
         for block_hash, block_id in self._cached.items():
             if self._blocks[block_id].block_hash != block_hash:
                 errors.append(f"hash {block_hash:#x} maps to block {block_id} which does not carry it")
+        if self.tiers is not None:
+            errors += self.tiers.integrity_errors()
         total = self.num_free_blocks + self.num_cached_blocks + self.num_used_blocks
         if total != self.num_blocks or len(free | evictable) != len(free) + len(evictable):
             errors.append(f"free + cached + used = {total}, pool has {self.num_blocks}")

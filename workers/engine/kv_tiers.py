@@ -221,6 +221,19 @@ class KVTiers:
         self._host.clear()
         self._disk.clear()
 
+    def integrity_errors(self) -> list[str]:
+        """Broken invariants: every host slot is free, holds one host entry, or is read by one
+        onboarding job (free + held + taken == slots); a disk entry has a file (or its pending bytes)."""
+        slots = [*self._free_slots, *(e.slot for e in self._host.values()),
+                 *(slot for taken in self._taken_slots.values() for slot in taken)]
+        errors = []
+        if sorted(slots) != list(range(self.num_slots)):  # type: ignore[type-var]  # host entries have slots
+            errors.append(f"host slots: {len(self._free_slots)} free + {len(self._host)} held + "
+                          f"{len(slots) - len(self._free_slots) - len(self._host)} taken, of {self.num_slots}")
+        if len(self._disk) > self.max_disk_blocks:
+            errors.append(f"{len(self._disk)} disk blocks over the tier's {self.max_disk_blocks}")
+        return errors
+
     def stats(self) -> TierStats:
         counts, onboarder = self._counts, self.onboarder
         return TierStats(len(self._host), self.num_slots, len(self._disk), self.max_disk_blocks,

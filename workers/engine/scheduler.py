@@ -11,6 +11,9 @@ Every request state transition happens here (``RequestStatus``):
                                        allocated for those, their KV copied in on a thread
     ONBOARDING -> WAITING              the copy is done (``_collect_onboarded``): first in line,
                                        the copied blocks computed and cached
+    WAITING_FOR_REMOTE_KV -> ONBOARDING -> WAITING_FOR_REMOTE_KV
+                                       (gen side) the same before its pull; the copied blocks
+                                       are then pool hits, and only the rest is pulled
     RUNNING -> PREEMPTED               blocks ran out: blocks freed, progress reset,
                                        back to the front of the queue (recompute)
     PREEMPTED -> RUNNING               re-admitted like a new request
@@ -93,7 +96,8 @@ class Scheduler:
         self._park_seconds: dict[int, float] = {}  # request id -> how long to park its KV at finish
         self._finished_outputs: list[RequestOutput] = []  # aborts and rejections, reported next step
         self.tiers = block_manager.tiers
-        self.onboarding: dict[int, tuple[Request, int]] = {}  # ONBOARDING request id -> (it, its pool hits)
+        # ONBOARDING request id -> (it, its pool hits, whether its KV is then pulled from a remote engine)
+        self.onboarding: dict[int, tuple[Request, int, bool]] = {}
         # Requests aborted while onboarding: their blocks are freed when the copy into them is done.
         self._abandoned: dict[int, Request] = {}
         self._onboarded_blocks: dict[int, int] = {}  # request id -> blocks copied in, charged at admission
@@ -196,7 +200,8 @@ class Scheduler:
         if request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
             self._num_remote_kv -= 1
         if request.status == RequestStatus.ONBOARDING:
-            del self.onboarding[request_id]
+            if self.onboarding.pop(request_id)[2]:
+                self._num_remote_kv -= 1
             self._abandoned[request_id] = request  # the copy still writes its blocks: freed when done
         elif request.status == RequestStatus.RUNNING:
             self.running.remove(request)
@@ -297,6 +302,12 @@ class Scheduler:
         while self.remote_waiting:
             request = self.remote_waiting[0]
             hits = block_manager.get_computed_blocks(request)
+            if self.tiers is not None:  # blocks below the pool are copied in first, not pulled
+                lower = block_manager.lower_tier_hits(request, hits)
+                if lower:
+                    if not self._start_onboarding(request, hits, lower, remote=True):
+                        return
+                    continue
             num_cached = len(hits) * block_manager.block_size
             num_remote = request.num_tokens - 1 - num_cached  # the last token is computed here
             if not block_manager.try_allocate(request, num_remote, hits):
@@ -337,7 +348,7 @@ class Scheduler:
             if fresh and self.tiers is not None:
                 lower = block_manager.lower_tier_hits(request, hits)
                 if lower:
-                    if not self._start_onboarding(request, hits, lower):
+                    if not self._start_onboarding(request, hits, lower, remote=False):
                         break
                     continue  # (an inline copy put it back first in line: admitted next)
             num_cached = len(hits) * block_manager.block_size
@@ -359,34 +370,44 @@ class Scheduler:
             self._add_to_batch(batch, request, num_new)
             budget -= num_new
 
-    def _start_onboarding(self, request: Request, hits: list[int], lower: list[BlockHash]) -> bool:
-        """Allocate pool blocks for the ``lower`` tier hits after ``hits`` and start copying them in;
-        False (nothing taken) when the pool has no room now."""
+    def _start_onboarding(self, request: Request, hits: list[int], lower: list[BlockHash], remote: bool) -> bool:
+        """Allocate pool blocks for the ``lower`` tier hits after ``hits`` and start copying them in
+        (``remote``: the request heads ``remote_waiting``, else ``waiting``); False (nothing taken)
+        when the pool has no room now."""
         block_manager = self.block_manager
         if not block_manager.try_allocate(request, len(lower) * block_manager.block_size, hits):
             return False
-        self.waiting.popleft()
+        (self.remote_waiting if remote else self.waiting).popleft()
         request.status = RequestStatus.ONBOARDING
-        self.onboarding[request.request_id] = (request, len(hits))
+        self.onboarding[request.request_id] = (request, len(hits), remote)
         self.tiers.onboard(request.request_id, request.block_ids[len(hits):], lower)  # type: ignore[union-attr]
         if self.tiers.has_done():  # type: ignore[union-attr]  # an inline copy (the simulation)
             self._collect_onboarded()
         return True
 
     def _collect_onboarded(self) -> None:
-        """Requests whose copy is done wait first in line with the copied blocks computed."""
-        block_size = self.block_manager.block_size
+        """Requests whose copy is done wait first in line with the copied blocks computed. One whose
+        KV is pulled lets them go back to the prefix cache, where its allocation finds them again
+        as hits: the pull asks the remote engine only for the blocks after them."""
+        block_manager = self.block_manager
         for request_id, num_loaded in self.tiers.collect():  # type: ignore[union-attr]
             abandoned = self._abandoned.pop(request_id, None)
             if abandoned is not None:
-                self.block_manager.free(abandoned)
+                block_manager.free(abandoned)
                 continue
-            request, num_hits = self.onboarding.pop(request_id)
-            self.block_manager.keep_blocks(request, num_hits + num_loaded)
-            num_cached = (num_hits + num_loaded) * block_size
-            request.num_computed_tokens = request.num_cached_tokens = num_cached
+            request, num_hits, remote = self.onboarding.pop(request_id)
+            block_manager.keep_blocks(request, num_hits + num_loaded)
+            num_cached = (num_hits + num_loaded) * block_manager.block_size
+            request.num_computed_tokens = num_cached
+            block_manager.cache_full_blocks(request)
+            if remote:
+                block_manager.free(request)
+                request.num_computed_tokens = 0
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KV
+                self.remote_waiting.appendleft(request)
+                continue
+            request.num_cached_tokens = num_cached
             self._count_prefix_lookup(request, num_cached)
-            self.block_manager.cache_full_blocks(request)
             self._onboarded_blocks[request_id] = num_loaded
             request.status = RequestStatus.WAITING
             self.waiting.appendleft(request)
