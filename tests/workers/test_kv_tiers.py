@@ -65,8 +65,9 @@ class Pool:
         request = Request(request_id, prompt, SamplingParams(max_tokens=1))
         hits = self.blocks.get_computed_blocks(request)
         lower = self.blocks.lower_tier_hits(request, hits)
+        taken = self.tiers.take(lower)
         assert self.blocks.try_allocate(request, len(lower) * BS, hits)
-        self.tiers.onboard(request_id, request.block_ids[len(hits):], lower)
+        self.tiers.onboard(request_id, request.block_ids[len(hits):], taken)
         ((done_id, num_loaded),) = self.tiers.collect()
         assert done_id == request_id
         self.blocks.keep_blocks(request, len(hits) + num_loaded)
@@ -124,8 +125,8 @@ def test_a_full_host_tier_moves_its_oldest_block_to_disk_checked_by_its_digest(t
     assert num_loaded == 2
     assert [bytes(pool.executor.export_blocks([b])[0]) for b in request.block_ids] == kv
     stats = pool.tiers.stats()
-    # Both from disk: the pool block evicted to make room for them pushed A's first one down too.
-    assert (stats.host_hits, stats.disk_hits, stats.disk_failures) == (0, 2, 0)
+    # Taken out of their tiers before the pool made room for them (its evictions then come down freely).
+    assert (stats.host_hits, stats.disk_hits, stats.disk_failures) == (1, 1, 0)
     pool.tiers.disk_files.flush()
     assert list(pool.tiers.disk_files.directory.iterdir()) == []  # moved up: its file is gone
     pool.tiers.close()
@@ -276,3 +277,18 @@ def test_a_gen_side_request_copies_its_tier_hits_in_and_pulls_only_the_rest(tmp_
     assert gen.tiers.stats().host_hits == 3 and gen.scheduler.num_waiting_for_remote_kv == 0
     gen.check_integrity()
     gen.close()
+
+
+def test_a_block_evicted_while_every_host_slot_is_being_copied_from_is_dropped(tmp_path):
+    pool = Pool(tmp_path, host_blocks=2, inline=False)
+    pool.compute(0, A)
+    pool.compute(1, B)  # A's two blocks fill the host tier
+    request = Request(2, A, SamplingParams(max_tokens=1))
+    lower = pool.blocks.lower_tier_hits(request, [])
+    pool.tiers.onboarder.close()  # (no thread: the copy stays in flight, its slots taken)
+    taken = pool.tiers.take(lower)
+    assert pool.blocks.try_allocate(request, len(lower) * BS)  # evicts one of B's blocks: no slot for it
+    pool.tiers.onboard(2, request.block_ids, taken)
+    stats = pool.tiers.stats()
+    assert stats.host_blocks == 0 and stats.host_evictions >= 1
+    pool.blocks.check_integrity()

@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from workers.config import ConfigError
 from workers.engine.block_hash import BlockHash
 from workers.engine.kv_events import BlockRemoved, BlockStored, KVEventQueue, Tier
 from workers.engine.onboarding import InlineOnboarder, OnboardJob, Onboarder, ThreadOnboarder, TierSource
@@ -91,7 +92,7 @@ class KVTiers:
         self.block_bytes, self.block_size = block_bytes, block_size
         self.num_slots = host_bytes // block_bytes
         if self.num_slots < 1:
-            raise ValueError(f"engine.cache.host_tier_bytes: {host_bytes} bytes hold no block; one needs {block_bytes}")
+            raise ConfigError("engine.cache.host_tier_bytes", f"{host_bytes} bytes hold no block; one needs {block_bytes}")
         self.max_disk_blocks = disk_bytes // block_bytes if disk_path else 0
         # Pinned memory from a GPU executor; else an anonymous map (pages committed as slots fill).
         buffer = allocate_host(self.num_slots * block_bytes) if allocate_host else mmap.mmap(-1, self.num_slots * block_bytes)
@@ -115,11 +116,14 @@ class KVTiers:
         if known is not None:  # computed again while a copy sat below: keep that one, now recent
             (self._host if known.slot is not None else self._disk).move_to_end(block_hash)
             return
-        frames = [memoryview(frame).cast("B") for frame in self._export([block_id])]
+        frames = [_byte_view(frame) for frame in self._export([block_id])]
         sizes = tuple(frame.nbytes for frame in frames)
         if sum(sizes) > self.block_bytes:
             raise ValueError(f"a block exported {sum(sizes)} bytes, more than kv_bytes_per_block ({self.block_bytes})")
         slot = self._free_slot()
+        if slot is None:  # every slot is being read by an onboarding copy: this block is dropped
+            self._counts.host_evictions += 1
+            return
         offset = slot * self.block_bytes
         for frame in frames:
             self._slab[offset:offset + frame.nbytes] = frame
@@ -128,15 +132,15 @@ class KVTiers:
         self._counts.bytes_offloaded += sum(sizes)
         self._stored(block_hash, parent, token_ids, Tier.HOST)
 
-    def _free_slot(self) -> int:
-        if not self._free_slots:  # the host tier is full: its oldest block goes down to disk
+    def _free_slot(self) -> int | None:
+        if not self._free_slots and self._host:  # the host tier is full: its oldest block goes down to disk
             block_hash, entry = self._host.popitem(last=False)
             assert entry.slot is not None  # (a host entry)
             self._counts.host_evictions += 1
             self.events.publish(BlockRemoved([block_hash], Tier.HOST))
             self._to_disk(block_hash, entry)
             self._free_slots.append(entry.slot)
-        return self._free_slots.pop()
+        return self._free_slots.pop() if self._free_slots else None
 
     def _to_disk(self, block_hash: BlockHash, entry: _Entry) -> None:
         if self.disk_files is None:
@@ -165,30 +169,40 @@ class KVTiers:
     def count_miss(self) -> None:
         self._counts.misses += 1
 
-    def onboard(self, request_id: int, block_ids: list[int], block_hashes: list[BlockHash]) -> None:
-        """Take the blocks ``block_hashes`` out of their tiers and copy them into ``block_ids``
-        (pool blocks the request holds); ``collect`` returns the job when done. A block that left the
-        tiers since the lookup (the allocation for these evicted enough to push it off the disk)
-        ends the chain there: the job copies fewer blocks."""
+    def take(self, block_hashes: list[BlockHash]) -> list[tuple[BlockHash, _Entry]]:
+        """Take the blocks out of their tiers before the pool allocates blocks for them (whose
+        evictions come down into the tiers and would push these further down, or out), in order.
+        Hand them to ``onboard``, or back with ``put_back``; the engine loop does either before it
+        publishes or serves anything else, so no event or snapshot sees them missing."""
+        taken = []
+        for block_hash in block_hashes:
+            entry = self._host.pop(block_hash, None) or self._disk.pop(block_hash)
+            taken.append((block_hash, entry))
+        return taken
+
+    def put_back(self, taken: list[tuple[BlockHash, _Entry]]) -> None:
+        """The pool had no room for them: the blocks go back to their tiers (as recently used)."""
+        for block_hash, entry in taken:
+            (self._host if entry.slot is not None else self._disk)[block_hash] = entry
+
+    def onboard(self, request_id: int, block_ids: list[int], taken: list[tuple[BlockHash, _Entry]]) -> None:
+        """Copy the ``take``n blocks into ``block_ids`` (pool blocks the request holds), on the
+        onboarding thread; ``collect`` returns the job when done."""
         sources: list[TierSource] = []
         slots: list[int] = []
-        for block_hash in block_hashes:
-            if block_hash not in self._host and block_hash not in self._disk:
-                break
-            entry = self._host.pop(block_hash, None)
-            if entry is not None:
+        for block_hash, entry in taken:
+            if entry.slot is not None:
                 self._counts.host_hits += 1
-                slots.append(entry.slot)  # type: ignore[arg-type]  # a host entry
-                start = entry.slot * self.block_bytes  # type: ignore[operator]  # (as above)
+                slots.append(entry.slot)
+                start = entry.slot * self.block_bytes
                 sources.append(TierSource(entry.frame_sizes, host=self._slab[start:start + sum(entry.frame_sizes)]))
                 self.events.publish(BlockRemoved([block_hash], Tier.HOST))
             else:
-                entry = self._disk.pop(block_hash)
                 self._counts.disk_hits += 1
                 sources.append(TierSource(entry.frame_sizes, disk=entry.disk))
                 self.events.publish(BlockRemoved([block_hash], Tier.DISK))
         self._taken_slots[request_id] = slots
-        self.onboarder.submit(OnboardJob(request_id, block_ids[:len(sources)], sources))
+        self.onboarder.submit(OnboardJob(request_id, block_ids, sources))
 
     def has_done(self) -> bool:
         return self.onboarder.has_done()
@@ -245,3 +259,9 @@ class KVTiers:
         self.onboarder.close()
         if self.disk_files is not None:
             self.disk_files.close()
+
+
+def _byte_view(frame: Any) -> memoryview:
+    """An exported frame as flat bytes (a copy only when the executor's view is not contiguous)."""
+    view = memoryview(frame)
+    return view.cast("B") if view.c_contiguous else memoryview(view.tobytes())

@@ -374,14 +374,17 @@ class Scheduler:
         """Allocate pool blocks for the ``lower`` tier hits after ``hits`` and start copying them in
         (``remote``: the request heads ``remote_waiting``, else ``waiting``); False (nothing taken)
         when the pool has no room now."""
-        block_manager = self.block_manager
+        block_manager, tiers = self.block_manager, self.tiers
+        assert tiers is not None  # (only called with tiers)
+        taken = tiers.take(lower)  # first: the allocation's evictions must not push them out
         if not block_manager.try_allocate(request, len(lower) * block_manager.block_size, hits):
+            tiers.put_back(taken)
             return False
         (self.remote_waiting if remote else self.waiting).popleft()
         request.status = RequestStatus.ONBOARDING
         self.onboarding[request.request_id] = (request, len(hits), remote)
-        self.tiers.onboard(request.request_id, request.block_ids[len(hits):], lower)  # type: ignore[union-attr]
-        if self.tiers.has_done():  # type: ignore[union-attr]  # an inline copy (the simulation)
+        tiers.onboard(request.request_id, request.block_ids[len(hits):], taken)
+        if tiers.has_done():  # an inline copy (the simulation)
             self._collect_onboarded()
         return True
 
