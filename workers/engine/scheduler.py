@@ -37,6 +37,7 @@ from workers.engine.block_hash import BlockHash
 from workers.engine.block_manager import BlockManager
 from workers.engine.executor import ExecutorOutput, ScheduledRequest, SchedulerOutput
 from workers.engine.request import Request, RequestStatus
+from workers.engine.tier_requests import TierRequests
 from workers.engine.request_rules import admission_error, request_output, stop_filter, stop_status, token_slice
 from workers.protocol import RequestOutput
 
@@ -95,12 +96,8 @@ class Scheduler:
         self._num_remote_kv = 0
         self._park_seconds: dict[int, float] = {}  # request id -> how long to park its KV at finish
         self._finished_outputs: list[RequestOutput] = []  # aborts and rejections, reported next step
-        self.tiers = block_manager.tiers
-        # ONBOARDING request id -> (it, its pool hits, whether its KV is then pulled from a remote engine)
-        self.onboarding: dict[int, tuple[Request, int, bool]] = {}
-        # Requests aborted while onboarding: their blocks are freed when the copy into them is done.
-        self._abandoned: dict[int, Request] = {}
-        self._onboarded_blocks: dict[int, int] = {}  # request id -> blocks copied in, charged at admission
+        tiers = block_manager.tiers
+        self.onboarding = TierRequests(block_manager, tiers) if tiers is not None else None  # ONBOARDING
         # Cumulative prefix-cache accounting, in tokens, counted at each admission.
         self.num_prefix_queries = 0
         self.num_prefix_hits = 0
@@ -200,9 +197,8 @@ class Scheduler:
         if request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
             self._num_remote_kv -= 1
         if request.status == RequestStatus.ONBOARDING:
-            if self.onboarding.pop(request_id)[2]:
+            if self.onboarding.abandon(request).remote:  # type: ignore[union-attr]  # (ONBOARDING: tiers)
                 self._num_remote_kv -= 1
-            self._abandoned[request_id] = request  # the copy still writes its blocks: freed when done
         elif request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request in self.remote_waiting:
@@ -212,9 +208,10 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self._park_seconds.pop(request_id, None)
-        if request_id not in self._abandoned:
+        if self.onboarding is None or not self.onboarding.is_abandoned(request_id):
             self.block_manager.free(request)
-        self._onboarded_blocks.pop(request_id, None)
+        if self.onboarding is not None:
+            self.onboarding.take_charge(request_id)  # (copied in, never scheduled: nothing to charge)
         request.grammar = None
         request.status = RequestStatus.FINISHED_ABORTED
         self._finished_outputs.append(request_output(request, [], is_first=request.first_token_time is None))
@@ -231,16 +228,16 @@ class Scheduler:
         """Whether ``schedule`` can make progress now: false while every unfinished
         request waits for pulled KV (the transfer agent, not a step, moves them on)."""
         return bool(self.running or self.waiting or self.remote_waiting or self._finished_outputs
-                    or (self.tiers is not None and self.tiers.has_done()))
+                    or (self.onboarding is not None and self.onboarding.has_done()))
 
     @property
     def is_idle(self) -> bool:
         """No request holds blocks (parked tables aside): none unfinished, none abandoned mid-copy."""
-        return not self.requests and not self._abandoned
+        return not self.requests and (self.onboarding is None or not self.onboarding.num_abandoned)
 
     @property
     def num_onboarding(self) -> int:
-        return len(self.onboarding) + len(self._abandoned)
+        return 0 if self.onboarding is None else self.onboarding.num_in_flight
 
     @property
     def num_waiting_for_remote_kv(self) -> int:
@@ -261,7 +258,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         self.num_preemptions_last_step = 0
         self.block_manager.release_expired(time.time())
-        if self.tiers is not None and self.tiers.has_done():
+        if self.onboarding is not None and self.onboarding.has_done():
             self._collect_onboarded()
         block_size = self.block_manager.block_size
         running, scheduled, owners = self.running, batch.requests, batch.owners
@@ -302,7 +299,7 @@ class Scheduler:
         while self.remote_waiting:
             request = self.remote_waiting[0]
             hits = block_manager.get_computed_blocks(request)
-            if self.tiers is not None:  # blocks below the pool are copied in first, not pulled
+            if self.onboarding is not None:  # blocks below the pool are copied in first, not pulled
                 lower = block_manager.lower_tier_hits(request, hits)
                 if lower:
                     if not self._start_onboarding(request, hits, lower, remote=True):
@@ -345,7 +342,7 @@ class Scheduler:
             request = self.waiting[0]
             fresh = request.num_computed_tokens == 0  # else its KV was pulled from a remote engine
             hits = block_manager.get_computed_blocks(request) if fresh else []
-            if fresh and self.tiers is not None:
+            if fresh and self.onboarding is not None:
                 lower = block_manager.lower_tier_hits(request, hits)
                 if lower:
                     if not self._start_onboarding(request, hits, lower, remote=False):
@@ -365,55 +362,38 @@ class Scheduler:
                 self._count_prefix_lookup(request, num_cached)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            if self._onboarded_blocks:
-                batch.num_onboarded_blocks += self._onboarded_blocks.pop(request.request_id, 0)
+            if self.onboarding is not None:
+                batch.num_onboarded_blocks += self.onboarding.take_charge(request.request_id)
             self._add_to_batch(batch, request, num_new)
             budget -= num_new
 
     def _start_onboarding(self, request: Request, hits: list[int], lower: list[BlockHash], remote: bool) -> bool:
-        """Allocate pool blocks for the ``lower`` tier hits after ``hits`` and start copying them in
-        (``remote``: the request heads ``remote_waiting``, else ``waiting``); False (nothing taken)
-        when the pool has no room now."""
-        block_manager, tiers = self.block_manager, self.tiers
-        assert tiers is not None  # (only called with tiers)
-        taken = tiers.take(lower)  # first: the allocation's evictions must not push them out
-        if not block_manager.try_allocate(request, len(lower) * block_manager.block_size, hits):
-            tiers.put_back(taken)
+        """Copy the ``lower`` tier hits in (``TierRequests.start``); the request leaves the head of
+        ``remote_waiting`` (``remote``) or ``waiting``. False when the pool has no room now."""
+        onboarding = self.onboarding
+        if onboarding is None or not onboarding.start(request, hits, lower, remote):
             return False
         (self.remote_waiting if remote else self.waiting).popleft()
         request.status = RequestStatus.ONBOARDING
-        self.onboarding[request.request_id] = (request, len(hits), remote)
-        tiers.onboard(request.request_id, request.block_ids[len(hits):], taken)
-        if tiers.has_done():  # an inline copy (the simulation)
+        if onboarding.has_done():  # an inline copy (the simulation)
             self._collect_onboarded()
         return True
 
     def _collect_onboarded(self) -> None:
-        """Requests whose copy is done wait first in line with the copied blocks computed. One whose
-        KV is pulled lets them go back to the prefix cache, where its allocation finds them again
-        as hits: the pull asks the remote engine only for the blocks after them."""
-        block_manager = self.block_manager
-        for request_id, num_loaded in self.tiers.collect():  # type: ignore[union-attr]
-            abandoned = self._abandoned.pop(request_id, None)
-            if abandoned is not None:
-                block_manager.free(abandoned)
-                continue
-            request, num_hits, remote = self.onboarding.pop(request_id)
-            block_manager.keep_blocks(request, num_hits + num_loaded)
-            num_cached = (num_hits + num_loaded) * block_manager.block_size
-            request.num_computed_tokens = num_cached
-            block_manager.cache_full_blocks(request)
-            if remote:
-                block_manager.free(request)
+        """Copied requests wait first in line. One whose KV is pulled lets the copied blocks go to the
+        prefix cache, where its allocation finds them as hits: only the blocks after them are pulled."""
+        for copy in self.onboarding.collect():  # type: ignore[union-attr]  # (called with tiers only)
+            request = copy.request
+            if copy.remote:
+                self.block_manager.free(request)
                 request.num_computed_tokens = 0
                 request.status = RequestStatus.WAITING_FOR_REMOTE_KV
                 self.remote_waiting.appendleft(request)
-                continue
-            request.num_cached_tokens = num_cached
-            self._count_prefix_lookup(request, num_cached)
-            self._onboarded_blocks[request_id] = num_loaded
-            request.status = RequestStatus.WAITING
-            self.waiting.appendleft(request)
+            else:
+                request.num_cached_tokens = request.num_computed_tokens
+                self._count_prefix_lookup(request, request.num_cached_tokens)
+                request.status = RequestStatus.WAITING
+                self.waiting.appendleft(request)
 
     def _add_to_batch(self, batch: SchedulerOutput, request: Request, num_new: int) -> None:
         start = request.num_computed_tokens
