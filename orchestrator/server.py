@@ -80,13 +80,14 @@ class OrchestratorSettings:
 
 def run_orchestrator(parsed: argparse.Namespace) -> int:
     from frontends.server import make_listen_socket, run_event_loop
-    from orchestrator.config import load_orchestrator_config
+    from orchestrator.config import check_worker_key_file, load_orchestrator_config
     from orchestrator.request_end import not_a_client_request
     from workers.log_format import configure_logging
 
     args = OrchestratorSettings.from_args(parsed)
 
     config = load_orchestrator_config(args.config)
+    check_worker_key_file(config, args.config)
     config = dataclasses.replace(config, access_log=_access_log(args, config))  # the flag over the file
     configure_logging(config.log_level, config.log_format, "orchestrator")
     logging.getLogger("uvicorn.access").addFilter(not_a_client_request)
@@ -129,20 +130,26 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    owner_task = group = group_watch = batches = parent_watch = targets = None
+    owner_task = group = group_watch = batches = openai_batches = parent_watch = targets = None
     if index == 0:
         from frontends.batches import batch_routes
+        from frontends.batches.openai_routes import openai_batch_routes
         from orchestrator.batches import open_batch_runner
+        from orchestrator.openai_batches import open_openai_batches
         from orchestrator.process_group import ProcessGroup
         from orchestrator.state import StateOwner
         from workers.restart_budget import RestartBudget
 
-        batches = open_batch_runner(orch)  # the store is process 0's: opened before anything is served
+        batches = open_batch_runner(orch)  # the stores are process 0's: opened before anything is served
         await batches.start()
+        openai_batches = open_openai_batches(orch)
+        await openai_batches.start()
         targets = _prometheus_targets(config, port)
         owner = StateOwner(config, targets.update if targets is not None else None)
         owner_stop = asyncio.Event()
-        owner_task = asyncio.create_task(_run_owner(config, owner, owner_stop, batch_routes(batches)))
+        owner_task = asyncio.create_task(_run_owner(
+            config, owner, owner_stop,
+            [*batch_routes(batches), *openai_batch_routes(openai_batches, config.max_upload_bytes)]))
         group = ProcessGroup(args.config, port, range(1, config.processes),
                              lambda: RestartBudget(config.max_process_restarts, config.process_restart_window_seconds),
                              on_exit=lambda i: _process_exited(owner, group, i),
@@ -171,6 +178,8 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
             group_watch.cancel()
         if batches is not None:  # first: its requests stay pending, not failed by the flow closing under them
             await batches.close()
+        if openai_batches is not None:
+            await openai_batches.close()
         # Every process drains at once (stop accepting, finish in-flight, exit); the state owner
         # stays up until the others are gone, since they still push their loads to it.
         stopping_children = (asyncio.create_task(group.stop(config.grace_seconds + CHILD_STOP_MARGIN_SECONDS))
@@ -236,6 +245,7 @@ async def _run_owner(config: OrchestratorConfig, owner: StateOwner, stop: asynci
     import uvicorn
 
     from frontends.server import FrontendServer
+    from orchestrator.app import worker_key_headers
     from orchestrator.health import HealthChecker
     from orchestrator.perf import PerfJoiner
     from orchestrator.state import state_app
@@ -246,7 +256,7 @@ async def _run_owner(config: OrchestratorConfig, owner: StateOwner, stop: asynci
     unix.bind(str(path))
     os.chmod(path, 0o600)
     unix.listen(1024)
-    client = httpx.AsyncClient(timeout=config.health.timeout_seconds)
+    client = httpx.AsyncClient(timeout=config.health.timeout_seconds, headers=worker_key_headers(config))
     # uvicorn.Config sets the (process-global) uvicorn loggers up in its __init__: none given here,
     # so the client server's log level and access log stand; this server logs no access line.
     owner_config = uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds), extra_routes),
