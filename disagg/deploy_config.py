@@ -51,7 +51,7 @@ from orchestrator.config import (
 )
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
-from workers.config import DECODE_ATTENTION_MODES
+from workers.config import DECODE_ATTENTION_MODES, check_tiers
 from workers.log_format import LOG_FORMATS
 from workers.sampling_params import MAX_STREAM_INTERVAL
 
@@ -148,11 +148,7 @@ class EngineSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{prefix}.{name}", f"must be >= 1, got {value}")
-        if self.disk_tier_bytes and not self.disk_tier_path:
-            raise ConfigError(f"{prefix}.disk_tier_path", "a disk tier (disk_tier_bytes > 0) needs a directory")
-        if self.disk_tier_bytes and not self.host_tier_bytes:
-            raise ConfigError(f"{prefix}.disk_tier_bytes",
-                              "blocks reach the disk tier through the host tier: set host_tier_bytes too")
+        check_tiers(self.host_tier_bytes, self.disk_tier_path, self.disk_tier_bytes, prefix)
 
     def serve_options(self) -> dict[str, object]:
         """These settings as ``disagg serve`` flags; None values are left to serve's defaults."""

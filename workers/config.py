@@ -18,6 +18,15 @@ class ConfigError(ValueError):
         self.key = key
 
 
+def check_tiers(host_bytes: int | None, disk_path: str | None, disk_bytes: int | None, prefix: str) -> None:
+    """The KV tiers' keys together (the engine's ``cache`` and the deployment YAML's ``engine``)."""
+    if disk_bytes and not disk_path:
+        raise ConfigError(f"{prefix}.disk_tier_path", "a disk tier (disk_tier_bytes > 0) needs a directory")
+    if disk_bytes and not host_bytes:
+        raise ConfigError(f"{prefix}.disk_tier_bytes",
+                          "blocks reach the disk tier through the host tier: set host_tier_bytes too")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -50,11 +59,7 @@ class CacheConfig:
         for name in ("host_tier_bytes", "disk_tier_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{prefix}.{name}", f"must be >= 0, got {getattr(self, name)}")
-        if self.disk_tier_bytes and not self.disk_tier_path:
-            raise ConfigError(f"{prefix}.disk_tier_path", "a disk tier (disk_tier_bytes > 0) needs a directory")
-        if self.disk_tier_bytes and not self.host_tier_bytes:
-            raise ConfigError(f"{prefix}.disk_tier_bytes",
-                              "blocks reach the disk tier through the host tier: set host_tier_bytes too")
+        check_tiers(self.host_tier_bytes, self.disk_tier_path, self.disk_tier_bytes, prefix)
 
     @property
     def has_tiers(self) -> bool:

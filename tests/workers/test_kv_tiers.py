@@ -292,3 +292,13 @@ def test_a_block_evicted_while_every_host_slot_is_being_copied_from_is_dropped(t
     stats = pool.tiers.stats()
     assert stats.host_blocks == 0 and stats.host_evictions >= 1
     pool.blocks.check_integrity()
+
+
+def test_the_deployment_yaml_checks_the_tier_keys_by_their_names(tmp_path):
+    from disagg.deploy_config import EngineSettings
+
+    with pytest.raises(ConfigError, match="engine.disk_tier_path"):
+        EngineSettings(host_tier_bytes=1 << 20, disk_tier_bytes=1 << 20).validate("engine")
+    with pytest.raises(ConfigError, match="engine.disk_tier_bytes"):
+        EngineSettings(disk_tier_path=str(tmp_path), disk_tier_bytes=1 << 20).validate("engine")
+    EngineSettings(host_tier_bytes=1 << 20, disk_tier_path=str(tmp_path), disk_tier_bytes=1 << 20).validate("engine")
