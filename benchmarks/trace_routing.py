@@ -15,11 +15,15 @@ one infinite cache shared by every worker would hold), TTFT p50/p90 and goodput 
 the two targets of the issue: kv_cache_aware against round_robin, cached fraction >= 2x and TTFT p90
 <= 0.5x. Beside each real row, the same window on the same YAML through ``disagg simulate``
 (``disagg.sim``), and how far apart they are (the simulation's targets: cached fraction within 0.02,
-TTFT p50 within 15%). Writes JSON. Host and disk tiers (the issue's "tiers on" column) are not built yet.
+TTFT p50 within 15%). With ``--tiers off,on`` each policy also runs with a host KV tier of
+``--host-tier-blocks`` per engine under its pool (bringing a block back costs ``--onboard-ms-per-block``
+per trace block; ``--real-tiers`` says which runs get a real deployment, the others are simulated
+only). Writes JSON.
 
     python benchmarks/trace_routing.py [--trace ../shared/traces/mooncake_conversation_trace.jsonl]
         [--window 0:600] [--time-scale 0.25] [--policies round_robin,least_load,kv_cache_aware]
-        [--ctx 12] [--gen 4] [--num-blocks 2048] [--out benchmarks/results/trace_routing.json]
+        [--ctx 12] [--gen 4] [--num-blocks 2048] [--tiers off,on] [--host-tier-blocks 16384]
+        [--out benchmarks/results/trace_routing.json]
 """
 
 from __future__ import annotations
@@ -54,21 +58,26 @@ def _disagg(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "disagg.cli", *argv], capture_output=True, text=True)
 
 
-def run_policy(policy: str, args: argparse.Namespace, plan: TracePlan, tmp: Path) -> dict:
-    run_dir = tmp / policy
-    config = tmp / f"{policy}.yaml"
-    config.write_text(yaml.safe_dump({**synthetic_deployment(args.ctx, args.gen, args.num_blocks, policy, args),
-                                      "run_dir": str(run_dir)}))
+def run_policy(policy: str, tiers: bool, real: bool, args: argparse.Namespace, plan: TracePlan, tmp: Path) -> dict:
+    """One policy with tiers off or on: a real replay (``real``) and the simulation beside it."""
+    name = f"{policy}-tiers" if tiers else policy
+    run_dir = tmp / name
+    config = tmp / f"{name}.yaml"
+    host_tier_blocks = args.host_tier_blocks if tiers else 0
+    config.write_text(yaml.safe_dump({**synthetic_deployment(args.ctx, args.gen, args.num_blocks, policy, args,
+                                                             host_tier_blocks), "run_dir": str(run_dir)}))
+    simulated = _figures(simulate_trace(load_deploy_config(config), plan).summary)
+    if not real:
+        return {"policy": policy, "tiers": tiers, "real": False, **simulated, "simulated": simulated}
     up = _disagg("up", str(config))
     if up.returncode != 0:
-        raise SystemExit(f"disagg up failed ({policy}):\n{up.stdout}\n{up.stderr}")
+        raise SystemExit(f"disagg up failed ({name}):\n{up.stdout}\n{up.stderr}")
     try:
         url = json.loads((run_dir / "state.json").read_text())["url"]
         level = asyncio.run(replay_trace(dataclasses.replace(plan, url=url), PlainProgress(sys.stderr)))
     finally:
         _disagg("down", "--run-dir", str(run_dir))
-    simulated = simulate_trace(load_deploy_config(config), plan)
-    return {"policy": policy, **_figures(level.summary), "simulated": _figures(simulated.summary)}
+    return {"policy": policy, "tiers": tiers, "real": True, **_figures(level.summary), "simulated": simulated}
 
 
 def _figures(s) -> dict:  # s: a disagg.bench.metrics.RunSummary
@@ -100,6 +109,13 @@ def main() -> int:
                         help="prefill time of one trace block (default 25 ms: ~20k tokens/s at 512 a block)")
     parser.add_argument("--decode-step-ms", type=float, default=30.0)
     parser.add_argument("--slo", default="ttft=2s", help="goodput bounds (default ttft=2s)")
+    parser.add_argument("--tiers", default="off", help="off, on, or off,on: runs without and with host KV tiers")
+    parser.add_argument("--host-tier-blocks", type=int, default=16384, help="host KV tier per engine, in blocks")
+    parser.add_argument("--onboard-ms-per-block", type=float, default=2.5,
+                        help="bringing one trace block back from the host tier (default 2.5 ms: a tenth of "
+                             "its prefill)")
+    parser.add_argument("--real-tiers", default="off,on", help="which of --tiers get a real deployment beside "
+                        "the simulation (the others are simulated only)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/trace_routing.json"))
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still takes its deployment down
@@ -118,24 +134,34 @@ def main() -> int:
           f"tokens; working set {distinct * blocks_per_id} blocks against {args.ctx} x {args.num_blocks} ctx blocks")
     rows = []
     with tempfile.TemporaryDirectory(prefix="disagg-trace-") as tmp:
-        for policy in args.policies.split(","):
-            rows.append(run_policy(policy, args, plan, Path(tmp)))
-            row, sim = rows[-1], rows[-1]["simulated"]
-            row["sim_cached_delta"] = sim["cached_fraction"] - row["cached_fraction"]
-            row["sim_ttft_p50_ratio"] = sim["ttft_p50_s"] / row["ttft_p50_s"]
-            print(_line(policy, row, ceiling.tokens))
-            print(_line("  simulated", sim, ceiling.tokens) + f"; cached {row['sim_cached_delta']:+.3f}, TTFT p50 "
-                  f"{row['sim_ttft_p50_ratio']:.2f}x the real", flush=True)
-    by_policy = {row["policy"]: row for row in rows}
+        for tiers in args.tiers.split(","):
+            for policy in args.policies.split(","):
+                real = tiers in args.real_tiers.split(",")
+                rows.append(run_policy(policy, tiers == "on", real, args, plan, Path(tmp)))
+                row, sim = rows[-1], rows[-1]["simulated"]
+                label = f"{policy}, tiers {tiers}" + ("" if real else " (simulated)")
+                print(_line(label, row, ceiling.tokens), flush=True)
+                if real:
+                    row["sim_cached_delta"] = sim["cached_fraction"] - row["cached_fraction"]
+                    row["sim_ttft_p50_ratio"] = sim["ttft_p50_s"] / row["ttft_p50_s"]
+                    print(_line("  simulated", sim, ceiling.tokens) + f"; cached {row['sim_cached_delta']:+.3f}, "
+                          f"TTFT p50 {row['sim_ttft_p50_ratio']:.2f}x the real", flush=True)
     targets = {}
-    if {"round_robin", "kv_cache_aware"} <= set(by_policy):
-        rr, kv = by_policy["round_robin"], by_policy["kv_cache_aware"]
-        cached_ratio = kv["cached_fraction"] / max(rr["cached_fraction"], 1e-9)
-        p90_ratio = kv["ttft_p90_s"] / rr["ttft_p90_s"]
-        targets = {"cached_ratio": cached_ratio, "ttft_p90_ratio": p90_ratio}
-        print(f"kv_cache_aware / round_robin: cached fraction {cached_ratio:.2f}x (target >= 2: "
-              f"{'PASS' if cached_ratio >= 2 else 'FAIL'}), TTFT p90 {p90_ratio:.2f}x (target <= 0.5: "
-              f"{'PASS' if p90_ratio <= 0.5 else 'FAIL'})")
+    for tiers in (False, True):
+        by_policy = {row["policy"]: row for row in rows if row["tiers"] is tiers}
+        if {"round_robin", "kv_cache_aware"} <= set(by_policy):
+            rr, kv = by_policy["round_robin"], by_policy["kv_cache_aware"]
+            cached_ratio = kv["cached_fraction"] / max(rr["cached_fraction"], 1e-9)
+            p90_ratio = kv["ttft_p90_s"] / rr["ttft_p90_s"]
+            targets["tiers_on" if tiers else "tiers_off"] = {"cached_ratio": cached_ratio, "ttft_p90_ratio": p90_ratio}
+            print(f"tiers {'on' if tiers else 'off'}: kv_cache_aware / round_robin: cached fraction "
+                  f"{cached_ratio:.2f}x (target >= 2: {'PASS' if cached_ratio >= 2 else 'FAIL'}), TTFT p90 "
+                  f"{p90_ratio:.2f}x (target <= 0.5: {'PASS' if p90_ratio <= 0.5 else 'FAIL'})")
+        if "kv_cache_aware" in by_policy and tiers:
+            share = by_policy["kv_cache_aware"]["cached_fraction"] / ceiling.tokens
+            targets["tiers_on_kv_cache_aware_of_ceiling"] = share
+            print(f"tiers on, kv_cache_aware: cached fraction {share:.2f} of the ceiling (target >= 0.9: "
+                  f"{'PASS' if share >= 0.9 else 'FAIL'})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"window": str(window), "time_scale": args.time_scale, "requests": len(requests),
                             "ceiling_tokens": ceiling.tokens, "ceiling_blocks": ceiling.blocks,

@@ -45,16 +45,22 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",")]
 
 
-def synthetic_deployment(ctx: int, gen: int, num_blocks: int, policy: str, args: argparse.Namespace) -> dict:
+def synthetic_deployment(ctx: int, gen: int, num_blocks: int, policy: str, args: argparse.Namespace,
+                         host_tier_blocks: int = 0) -> dict:
     """The deployment YAML (as a dict) of ``ctx`` + ``gen`` synthetic workers whose prefill costs
     ``args.prefill_ms_per_block`` per trace block (of ``args.block_tokens`` tokens); ``policy`` routes the
     ctx leg, the gen leg is KV-aware (a turn decodes where its history is), no conditional skip (every
-    prompt takes the ctx leg, so the ctx pools alone decide the cached fraction). Free ports."""
+    prompt takes the ctx leg, so the ctx pools alone decide the cached fraction). Free ports.
+    ``host_tier_blocks``: each engine's host KV tier, in blocks (0: no tiers), bringing a block back
+    costs ``args.onboard_ms_per_block`` per trace block."""
+    tiers = {} if not host_tier_blocks else {
+        "host_tier_bytes": host_tier_blocks * 8 * 16,  # the synthetic engine's block: one int64 a token
+        "synthetic_onboard_seconds_per_block": args.onboard_ms_per_block * 1e-3 * 16 / args.block_tokens}
     return {"model": "tiny", "engine": {
         "kind": "synthetic", "block_size": 16, "num_blocks": num_blocks, "max_model_len": 32768,
         "max_num_seqs": 128, "max_num_batched_tokens": 8192,
         "synthetic_prefill_seconds_per_token": args.prefill_ms_per_block * 1e-3 / args.block_tokens,
-        "synthetic_decode_step_seconds": args.decode_step_ms * 1e-3},
+        "synthetic_decode_step_seconds": args.decode_step_ms * 1e-3, **tiers},
         "orchestrator": {"host": "127.0.0.1", "port": 0, "processes": 1, "ctx_router": {"policy": policy},
                          "gen_router": {"policy": "kv_cache_aware"}, "conditional": {"enabled": False}},
         "pools": {"ctx": {"instances": ctx, "frontends": 1, "base_port": 0},

@@ -11,7 +11,8 @@
     tool_call_parser: null          # hermes | llama3_json; default: detected from the chat template
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
              max_num_batched_tokens, stream_interval, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
-             synthetic_prefill_seconds_per_token, decode_attention, threads}
+             synthetic_prefill_seconds_per_token, synthetic_onboard_seconds_per_block, decode_attention, threads,
+             host_tier_bytes, disk_tier_path, disk_tier_bytes}
     orchestrator: {host, port, processes, ctx_router, gen_router, conditional, kv_pool, health,
                    timeouts, max_retries, api_key}      # see orchestrator.config
     pools:
@@ -50,7 +51,7 @@ from orchestrator.config import (
 )
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
-from workers.config import DECODE_ATTENTION_MODES
+from workers.config import DECODE_ATTENTION_MODES, check_tiers
 from workers.log_format import LOG_FORMATS
 from workers.sampling_params import MAX_STREAM_INTERVAL
 
@@ -85,6 +86,14 @@ class EngineSettings:
     synthetic_decode_step_seconds: float | None = None
     """Synthetic engine's timing model: seconds per decode step (serve's flag of the same name)."""
     synthetic_prefill_seconds_per_token: float | None = None
+    synthetic_onboard_seconds_per_block: float | None = None
+    """Synthetic engine's timing model: seconds per block brought back from the host or disk tier."""
+    host_tier_bytes: int | None = None
+    """Host-memory KV tier under each engine's pool (pinned beside a GPU); 0 or unset: no tiers."""
+    disk_tier_path: str | None = None
+    """Directory of the disk KV tier (each engine writes a subdirectory of its own)."""
+    disk_tier_bytes: int | None = None
+    """Disk KV tier budget of each engine; needs host_tier_bytes and disk_tier_path."""
     decode_attention: str | None = None
     """auto, native or sdpa: the torch engine's decode attention (serve's --decode-attention)."""
     max_request_bytes: int | None = None
@@ -108,7 +117,8 @@ class EngineSettings:
 
     def validate(self, prefix: str) -> None:
         validate_threads(self.threads, f"{prefix}.threads")
-        for name in ("synthetic_decode_step_seconds", "synthetic_prefill_seconds_per_token"):
+        for name in ("synthetic_decode_step_seconds", "synthetic_prefill_seconds_per_token",
+                     "synthetic_onboard_seconds_per_block", "host_tier_bytes", "disk_tier_bytes"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{prefix}.{name}", f"must be >= 0, got {value}")
@@ -138,6 +148,7 @@ class EngineSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{prefix}.{name}", f"must be >= 1, got {value}")
+        check_tiers(self.host_tier_bytes, self.disk_tier_path, self.disk_tier_bytes, prefix)
 
     def serve_options(self) -> dict[str, object]:
         """These settings as ``disagg serve`` flags; None values are left to serve's defaults."""
@@ -148,6 +159,9 @@ class EngineSettings:
                 "--stream-interval": self.stream_interval,
                 "--synthetic-decode-step-seconds": self.synthetic_decode_step_seconds,
                 "--synthetic-prefill-seconds-per-token": self.synthetic_prefill_seconds_per_token,
+                "--synthetic-onboard-seconds-per-block": self.synthetic_onboard_seconds_per_block,
+                "--kv-host-tier-bytes": self.host_tier_bytes, "--kv-disk-tier-path": self.disk_tier_path,
+                "--kv-disk-tier-bytes": self.disk_tier_bytes,
                 "--kv-park-seconds": self.kv_park_seconds,
                 "--kv-pull-timeout": self.kv_pull_timeout,
                 "--decode-attention": self.decode_attention,

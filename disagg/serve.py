@@ -77,6 +77,13 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--synthetic-decode-step-seconds", dict(type=float, default=0.0,
                                              help="synthetic engine: seconds per decode step (load tests)")),
     ("--synthetic-prefill-seconds-per-token", dict(type=float, default=0.0)),
+    ("--synthetic-onboard-seconds-per-block", dict(type=float, default=0.0,
+                                                   help="synthetic engine: seconds per block brought back from "
+                                                        "the host or disk tier")),
+    ("--kv-host-tier-bytes", dict(type=int, default=0,
+                                  help="host-memory KV tier under the pool (pinned beside a GPU); 0: no tiers")),
+    ("--kv-disk-tier-path", dict(default=None, help="directory of the disk KV tier under the host tier")),
+    ("--kv-disk-tier-bytes", dict(type=int, default=0, help="disk KV tier budget (0: no disk tier)")),
     ("--served-model-name", dict(default=None, help="the model name clients send (default: a short name as "
                                                     "written, a path's last component)")),
     ("--tool-call-parser", dict(default=None, choices=sorted(TOOL_CALL_PARSERS),
@@ -149,9 +156,14 @@ def resolve_num_frontends(requested: int | None) -> int:
 
 
 def build_engine_config(args: ServeSettings) -> EngineConfig:
+    if args.kv_host_tier_bytes and args.tensor_parallel_size > 1:
+        # A tier holds what rank 0 exports: the other ranks' heads would not come back.
+        raise ConfigError("kv_host_tier_bytes", "the KV tiers need tensor_parallel_size 1 (each rank holds "
+                                                "its own heads' KV)")
     model_dir = Path(args.model_dir)
     synthetic = SyntheticConfig(decode_step_base_seconds=args.synthetic_decode_step_seconds,
-                                prefill_seconds_per_token=args.synthetic_prefill_seconds_per_token)
+                                prefill_seconds_per_token=args.synthetic_prefill_seconds_per_token,
+                                onboard_seconds_per_block=args.synthetic_onboard_seconds_per_block)
     if args.engine == "synthetic":
         # Synthetic tokens must be ids the model's tokenizer can decode.
         synthetic = _synthetic_model_shape(model_dir, synthetic)
@@ -163,7 +175,9 @@ def build_engine_config(args: ServeSettings) -> EngineConfig:
         max_model_len=args.max_model_len,
         # A DeepSeek-V4 engine has no prefix caching yet (docs/deepseek_v4.md): served without it.
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                          enable_prefix_caching=not (args.engine == "torch" and is_deepseek_v4_dir(model_dir))),
+                          enable_prefix_caching=not (args.engine == "torch" and is_deepseek_v4_dir(model_dir)),
+                          host_tier_bytes=args.kv_host_tier_bytes, disk_tier_path=args.kv_disk_tier_path,
+                          disk_tier_bytes=args.kv_disk_tier_bytes),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   stream_interval=args.stream_interval),
         synthetic=synthetic,

@@ -40,6 +40,10 @@ class ServeSettings:
     device: str
     synthetic_decode_step_seconds: float
     synthetic_prefill_seconds_per_token: float
+    synthetic_onboard_seconds_per_block: float
+    kv_host_tier_bytes: int
+    kv_disk_tier_path: str | None
+    kv_disk_tier_bytes: int
     served_model_name: str | None
     tool_call_parser: str | None
     grace_seconds: float

@@ -107,6 +107,8 @@ class LauncherState:
         if isinstance(health, EngineHealth):
             self.metrics.set_engine(health.num_running, health.num_waiting, health.kv_blocks_used,
                                     health.kv_blocks_total)
+            if health.tiers is not None:
+                self.metrics.set_tiers(health.tiers)
 
     async def refresh_gauges_forever(self) -> None:
         while True:

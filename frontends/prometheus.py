@@ -23,6 +23,7 @@ from typing import Any
 from frontends.metric_batch import MetricBatch
 from frontends.piece_cache import PieceCache, count_lookups
 from frontends.process_metrics import ProcessMetrics
+from workers.engine.kv_tiers import TierStats
 from workers.protocol import PerfRecord
 
 __all__ = ["MULTIPROC_ENV", "FrontendMetrics", "LauncherMetrics", "render", "mark_process_dead", "CONTENT_TYPE"]
@@ -152,6 +153,10 @@ class LauncherMetrics:
         self.config.labels(**config_labels).set(1)
         self.forwarded = Counter("disagg_admin_forwarded_requests", "Requests an attached frontend replayed "
                                  "to the launcher, by route.", ["route"], registry=registry)
+        self.tier_blocks = gauge("disagg_kv_tier_blocks", "KV blocks held in the host or disk tier.", ("tier",))
+        self.tier_counters = {name: Counter(f"disagg_kv_tier_{name}", doc, list(labels), registry=registry)
+                              for name, doc, labels in _TIER_COUNTERS}
+        self._last_tiers: TierStats | None = None
 
     def set_engine(self, num_running: int, num_waiting: int, kv_blocks_used: int, kv_blocks_total: int) -> None:
         self.engine_up.set(1)
@@ -162,6 +167,35 @@ class LauncherMetrics:
 
     def set_engine_down(self) -> None:
         self.engine_up.set(0)
+
+    def set_tiers(self, tiers: TierStats) -> None:
+        """The tiers' gauges, and their counters moved on by what the engine's cumulative figures
+        grew since the last health reply (all of them after an engine restart, which zeroes them)."""
+        self.tier_blocks.labels(tier="host").set(tiers.host_blocks)
+        self.tier_blocks.labels(tier="disk").set(tiers.disk_blocks)
+        last = self._last_tiers
+        for field, (name, labels) in _TIER_FIELDS.items():
+            now, before = getattr(tiers, field), getattr(last, field) if last is not None else 0
+            grown = now - before if now >= before else now
+            if grown:
+                counter = self.tier_counters[name]
+                (counter.labels(**labels) if labels else counter).inc(grown)
+        self._last_tiers = tiers
+
+
+_TIER_COUNTERS = (
+    ("hits", "KV blocks a prefix lookup found in the host or disk tier (brought back into the pool).", ("tier",)),
+    ("misses", "Prefix lookups past the pool's hits that found nothing below it, or a damaged disk block.", ()),
+    ("disk_failures", "Disk-tier blocks missing or failing their digest check when read back.", ()),
+    ("evictions", "KV blocks moved out of a tier for room (host: to disk; disk: deleted).", ("tier",)),
+    ("bytes", "KV bytes copied out of the pool (offloaded) and back into it (onboarded).", ("direction",)),
+)
+_TIER_FIELDS: dict[str, tuple[str, dict[str, str]]] = {  # TierStats field -> (counter, its labels)
+    "host_hits": ("hits", {"tier": "host"}), "disk_hits": ("hits", {"tier": "disk"}),
+    "misses": ("misses", {}), "disk_failures": ("disk_failures", {}),
+    "host_evictions": ("evictions", {"tier": "host"}), "disk_evictions": ("evictions", {"tier": "disk"}),
+    "bytes_offloaded": ("bytes", {"direction": "offloaded"}), "bytes_onboarded": ("bytes", {"direction": "onboarded"}),
+}
 
 
 def render(registry: Any) -> bytes:

@@ -41,6 +41,9 @@ class RouterConfig:
     load_weight: float = 1.0
     """kv_cache_aware: score = matched prefix blocks - load_weight * load (load in blocks for
     tokens, in requests otherwise)."""
+    tier_weight: float = 0.5
+    """kv_cache_aware: what a matched block in a worker's host or disk KV tier counts for, against 1
+    for one in its pool (it is copied back, not recomputed: cheaper than a miss, dearer than a hit)."""
 
     def validate(self, prefix: str) -> None:
         if self.policy not in ROUTER_POLICIES:
@@ -49,6 +52,8 @@ class RouterConfig:
             raise ConfigError(f"{prefix}.load_metric", f"must be requests or tokens, got {self.load_metric!r}")
         if self.load_weight < 0:
             raise ConfigError(f"{prefix}.load_weight", f"must be >= 0, got {self.load_weight}")
+        if not 0 <= self.tier_weight <= 1:
+            raise ConfigError(f"{prefix}.tier_weight", f"must be in [0, 1], got {self.tier_weight}")
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,7 @@ class HealthChecker:
         snapshot = msgspec.json.decode(response.content, type=_KVSnapshot)
         stale = worker.worker_id in self.owner.kv_index.stale
         self.owner.kv_index.adopt_snapshot(worker.worker_id, snapshot.next_event_id, snapshot.block_hashes,
-                                           snapshot.num_blocks)
+                                           snapshot.num_blocks, snapshot.lower_block_hashes)
         self.owner.kv_changed()
         if stale:
             log.info("worker %s: KV index resynchronised from its snapshot (%d blocks)", worker.worker_id,
@@ -183,3 +183,4 @@ class _KVSnapshot(msgspec.Struct):
     next_event_id: int
     block_hashes: list[int]
     num_blocks: int
+    lower_block_hashes: list[int] = msgspec.field(default_factory=list)

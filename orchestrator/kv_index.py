@@ -23,6 +23,11 @@ A worker without the snapshot route gets its set cleared when it overflows
 (routing quality is lost for a while, correctness never: the worker checks its
 own cache). Invariant: ``len(blocks[w]) <= capacity[w]`` for every worker whose
 capacity is known.
+
+Tiers: an event's ``tier`` (``pool`` when absent) says where the block is; host and disk blocks
+are kept in ``lower``, apart from the pool's (they are not bounded by the pool's capacity), and
+``match`` counts a prompt's chain through both, so a router can score a lower-tier block below a
+pool block.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ _CLEARED = ("AllBlocksCleared", "cleared")
 
 class KVIndex:
     def __init__(self) -> None:
-        self.blocks: dict[str, set[int]] = {}
+        self.blocks: dict[str, set[int]] = {}  # the pool's blocks
+        self.lower: dict[str, set[int]] = {}  # the host and disk tiers' blocks
         self.next_event_id: dict[str, int] = {}
         self.capacity: dict[str, int] = {}
         self.stale: set[str] = set()
@@ -57,11 +63,12 @@ class KVIndex:
         return worker_id in self.stale or worker_id not in self.next_event_id
 
     def adopt_snapshot(self, worker_id: str, next_event_id: int, block_hashes: Iterable[int],
-                       num_blocks: int | None = None) -> None:
+                       num_blocks: int | None = None, lower_block_hashes: Iterable[int] = ()) -> None:
         """The worker's whole cache at ``next_event_id``: replaces what the events built."""
         if num_blocks is not None:
             self.capacity[worker_id] = num_blocks
         self.blocks[worker_id] = set(block_hashes)
+        self.lower[worker_id] = set(lower_block_hashes)
         self.next_event_id[worker_id] = next_event_id
         self._snapshot_floor[worker_id] = next_event_id
         self.stale.discard(worker_id)
@@ -70,6 +77,7 @@ class KVIndex:
     def apply(self, worker_id: str, events: Iterable[dict[str, Any]]) -> int:
         """Apply drained events in order; the number applied."""
         held = self.blocks.setdefault(worker_id, set())
+        lower = self.lower.setdefault(worker_id, set())
         count = 0
         for entry in events:
             event_id = entry.get("event_id")
@@ -77,12 +85,14 @@ class KVIndex:
                 continue
             event = entry.get("event", entry)
             kind = event.get("type")
+            tier = held if event.get("tier", "pool") == "pool" else lower
             if kind in _STORED:
-                held.update(int(h) for h in event.get("block_hashes", ()))
+                tier.update(int(h) for h in event.get("block_hashes", ()))
             elif kind in _REMOVED:
-                held.difference_update(int(h) for h in event.get("block_hashes", ()))
+                tier.difference_update(int(h) for h in event.get("block_hashes", ()))
             elif kind in _CLEARED:
                 held.clear()
+                lower.clear()
             else:
                 continue
             count += 1
@@ -99,6 +109,7 @@ class KVIndex:
         expected = self.next_event_id.get(worker_id)
         if expected is not None and event_id < expected:
             held.clear()  # ids went back: the worker restarted with an empty cache
+            self.lower.get(worker_id, set()).clear()
         elif expected is not None and event_id != expected:
             self.num_gaps += 1
             self.stale.add(worker_id)  # events were lost: what they removed is still counted here
@@ -124,17 +135,39 @@ class KVIndex:
 
     def remove_worker(self, worker_id: str) -> None:
         self.blocks.pop(worker_id, None)
+        self.lower.pop(worker_id, None)
         self.next_event_id.pop(worker_id, None)
         self.capacity.pop(worker_id, None)
         self._snapshot_floor.pop(worker_id, None)
         self.stale.discard(worker_id)
 
-    def replace(self, blocks: dict[str, list[int]]) -> None:
+    def replace(self, blocks: dict[str, list[int]], lower: dict[str, list[int]] | None = None) -> None:
         """Adopt a published snapshot (non-owner processes)."""
         self.blocks = {worker_id: set(hashes) for worker_id, hashes in blocks.items()}
+        self.lower = {worker_id: set(hashes) for worker_id, hashes in (lower or {}).items()}
 
     def export(self) -> dict[str, list[int]]:
         return {worker_id: sorted(hashes) for worker_id, hashes in self.blocks.items()}
+
+    def export_lower(self) -> dict[str, list[int]]:
+        return {worker_id: sorted(hashes) for worker_id, hashes in self.lower.items() if hashes}
+
+    def match(self, worker_id: str, block_hashes: Sequence[int]) -> tuple[int, int]:
+        """Leading blocks of the prompt this worker holds in its pool or a tier below it, and how
+        many of those are below it (a chain: stop at the first block held nowhere)."""
+        held, lower = self.blocks.get(worker_id), self.lower.get(worker_id)
+        if not lower:
+            return self.num_matched_blocks(worker_id, block_hashes), 0
+        count = num_lower = 0
+        for block_hash in block_hashes:
+            if held and block_hash in held:
+                count += 1
+            elif block_hash in lower:
+                count += 1
+                num_lower += 1
+            else:
+                break
+        return count, num_lower
 
     def num_matched_blocks(self, worker_id: str, block_hashes: Sequence[int]) -> int:
         """Leading blocks of the prompt this worker holds (a chain: stop at the first miss)."""

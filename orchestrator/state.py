@@ -135,6 +135,7 @@ class StateOwner:
         settings = self.config.live() if self.settings_version > settings_after else None
         return Snapshot(version=self.version, kv_version=self._kv_version, workers=self.registry.snapshot(),
                         kv=self.kv_index.export() if kv_changed else None,
+                        kv_lower=self.kv_index.export_lower() if kv_changed else None,
                         loads={str(p): loads for p, loads in self.loads.items()},
                         settings=settings, settings_version=self.settings_version)
 

@@ -151,6 +151,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     workers: list[WorkerRecord]
     kv: dict[str, list[int]] | None
     """The KV index (``KVIndex.export``), only when it changed after the caller's ``kv_after``."""
+    kv_lower: dict[str, list[int]] | None = None
+    """Its host- and disk-tier blocks (``KVIndex.export_lower``), sent with ``kv``."""
     loads: dict[str, dict[str, list[int]]]
     """Each process's pushed load by its index (a string: a JSON object key)."""
     settings: LiveSettings | None = None

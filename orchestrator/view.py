@@ -64,7 +64,7 @@ class ClusterView:
         self.version = snapshot.version
         self.workers = {w.worker_id: w for w in snapshot.workers}
         if snapshot.kv is not None:
-            self.kv.replace(snapshot.kv)
+            self.kv.replace(snapshot.kv, snapshot.kv_lower)
             self.kv_version = snapshot.kv_version
         others: dict[str, list[int]] = {}
         for process, loads in snapshot.loads.items():
@@ -102,8 +102,8 @@ class ClusterView:
             if key not in hashes:
                 hashes[key] = list(compute_block_hashes(prompt_ids, key[0], key[1])) if prompt_ids else []
             requests, tokens = self.load(worker.worker_id)
-            rows.append(Candidate(worker.worker_id, requests, tokens,
-                                  self.kv.num_matched_blocks(worker.worker_id, hashes[key]), key[0]))
+            matched, lower = self.kv.match(worker.worker_id, hashes[key])
+            rows.append(Candidate(worker.worker_id, requests, tokens, matched, key[0], lower))
         return rows
 
     def load(self, worker_id: str) -> tuple[int, int]:

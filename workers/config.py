@@ -18,6 +18,15 @@ class ConfigError(ValueError):
         self.key = key
 
 
+def check_tiers(host_bytes: int | None, disk_path: str | None, disk_bytes: int | None, prefix: str) -> None:
+    """The KV tiers' keys together (the engine's ``cache`` and the deployment YAML's ``engine``)."""
+    if disk_bytes and not disk_path:
+        raise ConfigError(f"{prefix}.disk_tier_path", "a disk tier (disk_tier_bytes > 0) needs a directory")
+    if disk_bytes and not host_bytes:
+        raise ConfigError(f"{prefix}.disk_tier_bytes",
+                          "blocks reach the disk tier through the host tier: set host_tier_bytes too")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -32,6 +41,13 @@ class CacheConfig:
     the same seed to agree on block hashes. Collision policy: hashes are 64-bit
     digests of (parent hash, token ids); a hit also compares the block's token
     ids, so a collision costs a cache miss, never wrong KV."""
+    host_tier_bytes: int = 0
+    """Host-memory tier under the pool: blocks evicted from the pool are kept here (pinned memory
+    when the pool is on a GPU) and brought back on a prefix hit. 0: no tiers."""
+    disk_tier_path: str | None = None
+    """Directory of the disk tier under the host tier (each engine makes its own subdirectory)."""
+    disk_tier_bytes: int = 0
+    """Disk tier budget: blocks evicted from the host tier are written here. 0: no disk tier."""
 
     def validate(self, prefix: str = "cache") -> None:
         if self.block_size < 1 or self.block_size > 1024:
@@ -40,6 +56,14 @@ class CacheConfig:
             raise ConfigError(f"{prefix}.num_blocks", f"must be >= 1, got {self.num_blocks}")
         if self.memory_bytes < 1:
             raise ConfigError(f"{prefix}.memory_bytes", f"must be >= 1, got {self.memory_bytes}")
+        for name in ("host_tier_bytes", "disk_tier_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{prefix}.{name}", f"must be >= 0, got {getattr(self, name)}")
+        check_tiers(self.host_tier_bytes, self.disk_tier_path, self.disk_tier_bytes, prefix)
+
+    @property
+    def has_tiers(self) -> bool:
+        return self.host_tier_bytes > 0
 
 
 @dataclass(frozen=True)
@@ -71,13 +95,16 @@ class SyntheticConfig:
     """Timing model of the synthetic engine (no model, no torch).
 
     A step sleeps ``prefill_seconds_per_token * prefill_tokens +
-    decode_step_base_seconds + decode_seconds_per_seq * decode_seqs``
-    (the base only when the step decodes). All zero: as fast as it can go.
+    decode_step_base_seconds + decode_seconds_per_seq * decode_seqs +
+    onboard_seconds_per_block * blocks_onboarded`` (the base only when the step
+    decodes; the last term for the host- and disk-tier blocks brought back for
+    the requests the step admits). All zero: as fast as it can go.
     """
 
     prefill_seconds_per_token: float = 0.0
     decode_step_base_seconds: float = 0.0
     decode_seconds_per_seq: float = 0.0
+    onboard_seconds_per_block: float = 0.0
     vocab_size: int = 32000
     max_model_len: int = 8192
     seed: int = 0

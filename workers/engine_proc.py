@@ -96,6 +96,7 @@ __all__ = ["EngineProcSpec", "EngineProc", "run_engine", "main"]
 log = logging.getLogger("disagg.engine")
 
 IDLE_POLL_MS = 250  # idle wake-up to notice a SIGTERM; a blocking wait, not a spin
+ONBOARD_POLL_MS = 1  # while a block copy from the host or disk tier runs: collect it within a millisecond
 MAX_INPUTS_PER_LOOP = 4096  # bound one drain so a flood of requests cannot starve step()
 GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (Python's default: 700)
 
@@ -184,6 +185,7 @@ class EngineProc:
                 self.kv_agent.close()
             if self.rank_link is not None:
                 self.rank_link.stop()
+            self.core.close()
         log.info("engine loop stopped after %d steps", self.num_steps)
         return 0
 
@@ -191,6 +193,8 @@ class EngineProc:
         """How long to block in poll with nothing to step. A stalled core (requests wait for
         blocks) wakes at the earliest parked expiry, which frees blocks without any input;
         acks, inputs and KV traffic wake the poll themselves. Any wake-up is followed by a step."""
+        if self.core.onboarding:
+            return ONBOARD_POLL_MS  # a tier copy finishes on its thread, with no input to wake the poll
         if not self.core.stalled:
             return IDLE_POLL_MS
         deadline = self.core.next_parked_deadline()
@@ -351,6 +355,7 @@ class EngineProc:
             self.num_lane_drops, self.num_lane_aborts, time.time(),
             num_running=load.num_running, num_waiting=load.num_waiting,
             kv_blocks_used=load.kv_blocks_used, kv_blocks_total=load.kv_blocks_total,
+            tiers=self.core.tiers.stats() if self.core.tiers is not None else None,
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
+from workers.engine.kv_tiers import TierStats
 from workers.sampling_params import SamplingParams
 
 __all__ = [
@@ -296,6 +297,7 @@ class EngineHealth(msgspec.Struct, frozen=True, tag="health"):
     num_waiting: int = 0
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
+    tiers: TierStats | None = None  # the host and disk KV tiers (None: none configured)
 
 
 class DrainReply(msgspec.Struct, frozen=True, tag="drain"):

@@ -115,6 +115,8 @@ class SimCluster:
         while self._queue:
             self.now, _, callback = heapq.heappop(self._queue)
             callback(self.now)
+        for engine in self.engines["ctx"] + self.engines["gen"]:
+            engine.core.close()  # the tiers' disk files
         return self.now
 
     def _drain_events(self, now: float) -> None:
@@ -137,8 +139,8 @@ class SimCluster:
             if key not in flight.hashes:
                 flight.hashes[key] = list(compute_block_hashes(flight.prompt, *key))
             requests, tokens = self.load[engine.worker_id]
-            rows.append(Candidate(engine.worker_id, requests, tokens,
-                                  self.kv.num_matched_blocks(engine.worker_id, flight.hashes[key]), key[0]))
+            matched, lower = self.kv.match(engine.worker_id, flight.hashes[key])
+            rows.append(Candidate(engine.worker_id, requests, tokens, matched, key[0], lower))
         router = self.ctx_router if phase == "ctx" else self.gen_router
         chosen = router.choose(rows, RouteRequest(len(flight.prompt)))
         return next(e for e in engines if e.worker_id == chosen.worker_id), chosen

@@ -47,7 +47,7 @@ class SimEngine:
                  on_pulls: Callable[[float, "SimEngine", list[KVPull]], None]) -> None:
         self.worker_id = worker_id
         self.executor = _ClockedExecutor(config, config.synthetic)
-        self.core = EngineCore(config, self.executor)
+        self.core = EngineCore(config, self.executor, inline_onboarding=True)  # the timing model charges it
         self.schedule, self.on_outputs, self.on_pulls = schedule, on_outputs, on_pulls
         self.busy = False
         self.busy_seconds = 0.0

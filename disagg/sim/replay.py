@@ -33,10 +33,13 @@ def engine_config(settings: EngineSettings) -> EngineConfig:
     scheduler, cache = SchedulerConfig(), CacheConfig()
     synthetic = SyntheticConfig(prefill_seconds_per_token=settings.synthetic_prefill_seconds_per_token or 0.0,
                                 decode_step_base_seconds=settings.synthetic_decode_step_seconds or 0.0,
+                                onboard_seconds_per_block=settings.synthetic_onboard_seconds_per_block or 0.0,
                                 max_model_len=settings.max_model_len or SyntheticConfig.max_model_len)
     return EngineConfig(
         kind="synthetic", max_model_len=settings.max_model_len, synthetic=synthetic,
-        cache=CacheConfig(block_size=settings.block_size or cache.block_size, num_blocks=settings.num_blocks),
+        cache=CacheConfig(block_size=settings.block_size or cache.block_size, num_blocks=settings.num_blocks,
+                          host_tier_bytes=settings.host_tier_bytes or 0, disk_tier_path=settings.disk_tier_path,
+                          disk_tier_bytes=settings.disk_tier_bytes or 0),
         scheduler=SchedulerConfig(max_num_seqs=settings.max_num_seqs or scheduler.max_num_seqs,
                                   max_num_batched_tokens=settings.max_num_batched_tokens
                                   or scheduler.max_num_batched_tokens)).validate()

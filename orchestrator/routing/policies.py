@@ -7,7 +7,8 @@ sorted by worker id, the ones already tried removed) and returns one:
 - ``least_load``: fewest in-flight requests (or tokens, ``load_metric``);
   ties go round robin.
 - ``kv_cache_aware``: most leading prompt blocks already cached on the worker
-  minus ``load_weight * load`` (load in requests, or in blocks for tokens);
+  (one in its host or disk tier counting ``tier_weight``) minus ``load_weight * load``
+  (load in requests, or in blocks for tokens);
   ties go to the lower load, then round robin.
 - ``session``: a request with a session id goes to the same worker every time,
   from every orchestrator process, with no shared table: rendezvous hashing
@@ -32,8 +33,9 @@ class Candidate:
     worker_id: str
     load_requests: int = 0
     load_tokens: int = 0
-    matched_blocks: int = 0
+    matched_blocks: int = 0  # leading prompt blocks the worker holds, in its pool or a tier below it
     block_size: int = 16
+    matched_lower_blocks: int = 0  # of those, the ones in its host or disk tier
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,12 @@ class Router:
             return self._rotate(candidates, candidates)
         if policy == "least_load":
             return self._best(candidates, lambda c: -self._load(c))
-        return self._best(candidates, lambda c: c.matched_blocks - self.config.load_weight * self._load(c),
+        return self._best(candidates, lambda c: self._matched(c) - self.config.load_weight * self._load(c),
                           tie=lambda c: -self._load(c))
+
+    def _matched(self, candidate: Candidate) -> float:
+        lower = candidate.matched_lower_blocks
+        return candidate.matched_blocks - lower + self.config.tier_weight * lower
 
     def _load(self, candidate: Candidate) -> float:
         if self.config.load_metric == "tokens":

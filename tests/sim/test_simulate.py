@@ -21,12 +21,14 @@ from tests.bench.test_trace_replay import conversations
 
 
 def deployment(tmp_path, *, ctx: int = 1, gen: int = 1, policy: str = "kv_cache_aware", num_blocks: int = 4096,
-               prefill: float = 0.001, decode: float = 0.01, conditional: bool = False, kv_pool: bool = False):
-    path = tmp_path / f"sim-{policy}-{ctx}-{num_blocks}-{kv_pool}.yaml"
+               prefill: float = 0.001, decode: float = 0.01, conditional: bool = False, kv_pool: bool = False,
+               host_tier_blocks: int = 0, onboard: float = 0.0):
+    path = tmp_path / f"sim-{policy}-{ctx}-{num_blocks}-{kv_pool}-{host_tier_blocks}.yaml"
     path.write_text(textwrap.dedent(f"""\
         model: tiny
         engine: {{kind: synthetic, block_size: 16, num_blocks: {num_blocks}, max_model_len: 8192,
-                 synthetic_prefill_seconds_per_token: {prefill}, synthetic_decode_step_seconds: {decode}}}
+                 synthetic_prefill_seconds_per_token: {prefill}, synthetic_decode_step_seconds: {decode},
+                 host_tier_bytes: {host_tier_blocks * 8 * 16}, synthetic_onboard_seconds_per_block: {onboard}}}
         orchestrator: {{ctx_router: {{policy: {policy}}}, gen_router: {{policy: kv_cache_aware}},
                        conditional: {{enabled: {str(conditional).lower()}}}, health: {{interval_seconds: 0.1}},
                        kv_pool: {{enabled: {str(kv_pool).lower()}, min_blocks: 1}}}}
@@ -91,6 +93,26 @@ def test_the_routing_policy_decides_what_small_pools_keep(tmp_path):
         cached[policy] = level.summary.cached_fraction
     assert cached["kv_cache_aware"] == pytest.approx(plan_of(lines).ceiling.tokens)
     assert cached["round_robin"] < 0.5 * cached["kv_cache_aware"], cached
+
+
+def test_a_host_tier_keeps_what_small_pools_evict_and_charges_its_copy(tmp_path):
+    """The same conversations on one ctx worker whose pool holds about two of them: without tiers
+    most of their history is evicted; with a host tier it is copied back (at 0.16 ms a block, a
+    tenth of the block's prefill), so the cache meets the ceiling and TTFT falls."""
+    lines, next_id = [], 1000
+    history = {c: [c * 100 + 1] for c in range(7)}
+    for _turn in range(6):
+        for c in range(7):
+            history[c] = [*history[c], next_id]
+            next_id += 1
+            lines.append(TraceRequest(len(lines) * 50, 512 * len(history[c]), 2, list(history[c])))
+    plan = plan_of(lines)
+    levels = {blocks: simulate_trace(deployment(tmp_path, num_blocks=20, prefill=1e-4, host_tier_blocks=blocks,
+                                                onboard=1.6e-4), plan) for blocks in (0, 256)}
+    assert all(level.summary.num_ok == len(lines) for level in levels.values())
+    assert levels[0].summary.cached_fraction < 0.6 * plan.ceiling.tokens
+    assert levels[256].summary.cached_fraction == pytest.approx(plan.ceiling.tokens)
+    assert levels[256].summary.ttft.p50 < levels[0].summary.ttft.p50
 
 
 def test_the_kv_pool_gives_round_robin_the_ceiling(tmp_path):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from workers.engine.block_hash import BlockHash, hash_block_tokens
 from workers.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventQueue
+from workers.engine.kv_tiers import KVTiers
 from workers.engine.request import Request
 
 __all__ = ["BlockManager", "NoFreeBlocksError", "BlockIntegrityError"]
@@ -80,6 +81,10 @@ class BlockManager:
     like a prefill (``get_computed_blocks`` then ``allocate`` for the rest of
     the prompt); the importer writes the blocks past the hits, then the
     scheduler advances ``num_computed_tokens`` and calls ``cache_full_blocks``.
+    Tiers (``tiers``, ``workers.engine.kv_tiers``): an evicted cached block is copied into the
+    host tier before its id is reused. ``lower_tier_hits`` continues a prefix past the pool's hits
+    into the tiers; the scheduler allocates pool blocks for those (``try_allocate`` of their
+    tokens), the tiers copy the KV in, and ``keep_blocks`` drops the ones whose copy failed.
     Single-threaded: the engine loop is the only caller.
     """
 
@@ -90,6 +95,7 @@ class BlockManager:
         hash_seed: int = 0,
         enable_prefix_caching: bool = True,
         events: KVEventQueue | None = None,
+        tiers: KVTiers | None = None,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
@@ -98,6 +104,7 @@ class BlockManager:
         self.hash_seed = hash_seed
         self.enable_prefix_caching = enable_prefix_caching
         self.events = events if events is not None else KVEventQueue()
+        self.tiers = tiers
         self._blocks = [_Block(i) for i in range(num_blocks)]
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()
@@ -162,6 +169,33 @@ class BlockManager:
             hits.append(block_id)
             parent = block_hash
         return hits
+
+    def lower_tier_hits(self, request: Request, hits: Sequence[int]) -> list[BlockHash]:
+        """The blocks after the pool's ``hits`` that the host and disk tiers hold, chained as
+        ``get_computed_blocks`` chains them (never the last token's block)."""
+        if self.tiers is None:
+            return []
+        tokens = request.all_token_ids if request.output_token_ids else request.prompt_token_ids
+        bs = self.block_size
+        parent = self._blocks[hits[-1]].block_hash if hits else None
+        found: list[BlockHash] = []
+        for i in range(len(hits), (len(tokens) - 1) // bs):
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            block_hash = hash_block_tokens(parent, chunk, self.hash_seed)
+            if not self.tiers.find(block_hash, parent, chunk):
+                if not found:
+                    self.tiers.count_miss()
+                break
+            found.append(block_hash)
+            parent = block_hash
+        return found
+
+    def keep_blocks(self, request: Request, num_blocks: int) -> None:
+        """Release the request's blocks past its first ``num_blocks`` (onboarding copied no KV into them)."""
+        dropped = request.block_ids[num_blocks:]
+        if dropped:
+            del request.block_ids[num_blocks:]
+            self._release_blocks(dropped)
 
     def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
         """Whether ``allocate`` can cover ``num_new_tokens`` more tokens (after the hits)."""
@@ -289,6 +323,8 @@ class BlockManager:
             self._free.append(block_id)
         self._evictable.clear()
         self._cached.clear()
+        if self.tiers is not None:
+            self.tiers.clear()
         self.events.publish(AllBlocksCleared())
         return True
 
@@ -319,6 +355,8 @@ class BlockManager:
         for block_hash, block_id in self._cached.items():
             if self._blocks[block_id].block_hash != block_hash:
                 errors.append(f"hash {block_hash:#x} maps to block {block_id} which does not carry it")
+        if self.tiers is not None:
+            errors += self.tiers.integrity_errors()
         total = self.num_free_blocks + self.num_cached_blocks + self.num_used_blocks
         if total != self.num_blocks or len(free | evictable) != len(free) + len(evictable):
             errors.append(f"free + cached + used = {total}, pool has {self.num_blocks}")
@@ -362,6 +400,9 @@ class BlockManager:
         else:
             block = self._blocks[self._evictable.popitem(last=False)[0]]
             evicted.append(block.block_hash)  # type: ignore[arg-type]  # evictable means cached: hashed
+            if self.tiers is not None:  # its KV is still intact: the id is reused only after this
+                self.tiers.offload(block.block_id, block.block_hash, block.parent_hash,  # type: ignore[arg-type]
+                                   block.token_ids)  # type: ignore[arg-type]  # (hashed blocks carry both)
             del self._cached[block.block_hash]  # type: ignore[arg-type]  # (as above)
             block.block_hash = block.parent_hash = block.token_ids = None
         block.ref_count = 1

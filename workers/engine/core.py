@@ -26,6 +26,7 @@ from workers.engine.block_manager import BlockManager
 from workers.engine.executor import Executor, ProfilingUnsupported, SchedulerOutput
 from workers.engine.factory import build_executor
 from workers.engine.kv_events import KVCacheSnapshot, KVEvent, KVEventQueue
+from workers.engine.kv_tiers import KVTiers
 from workers.engine.request import Request
 from workers.engine.scheduler import KVPull, Scheduler
 from workers.engine.stats import IterationStats, StatsQueue
@@ -51,18 +52,22 @@ class EngineCore:
     requests aborted or rejected between steps come out of the next ``step()``.
     """
 
-    def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
+    def __init__(self, config: EngineConfig, executor: Executor | None = None, inline_onboarding: bool = False) -> None:
+        """``inline_onboarding``: copy tier hits back into the pool at once instead of on a thread
+        (the cluster simulation, whose clock charges the copy in the timing model)."""
         self.config = config.validate()
         if executor is None:
             executor = build_executor(self.config)  # torch is imported only for kind="torch"
         self.executor = executor
         self.kv_events = KVEventQueue()
+        self.tiers = _build_tiers(self.config, executor, self.kv_events, inline_onboarding)
         self.block_manager = BlockManager(
             num_blocks=executor.num_blocks,
             block_size=executor.block_size,
             hash_seed=self.config.cache.hash_seed,
             enable_prefix_caching=self.config.cache.enable_prefix_caching,
             events=self.kv_events,
+            tiers=self.tiers,
         )
         self.scheduler = Scheduler(
             self.config.scheduler, self.block_manager, executor.max_model_len, executor.eos_token_ids
@@ -182,7 +187,7 @@ class EngineCore:
             result = self.executor.execute(batch)
             outputs += self.scheduler.update(batch, result)
             self._record_stats(batch, time.perf_counter() - started)
-            if not self.scheduler.requests:
+            if self.scheduler.is_idle:
                 self.block_manager.check_idle()  # O(parked): catches a leak the moment it happens
             self.stalled = False
         else:
@@ -199,7 +204,18 @@ class EngineCore:
 
     def kv_snapshot(self) -> KVCacheSnapshot:
         blocks = self.block_manager
-        return KVCacheSnapshot(self.kv_events.next_event_id, blocks.cached_block_hashes(), blocks.num_blocks)
+        lower = self.tiers.block_hashes() if self.tiers is not None else []
+        return KVCacheSnapshot(self.kv_events.next_event_id, blocks.cached_block_hashes(), blocks.num_blocks, lower)
+
+    @property
+    def onboarding(self) -> bool:
+        """Whether a tier-to-pool copy is in flight (the loop then wakes soon to collect it)."""
+        return self.scheduler.num_onboarding > 0
+
+    def close(self) -> None:
+        """Stop the tiers' threads and remove the disk tier's files."""
+        if self.tiers is not None:
+            self.tiers.close()
 
     def export_blocks(self, block_ids: list[int]) -> Sequence[bytes | memoryview]:
         return self.executor.export_blocks(block_ids)
@@ -313,8 +329,21 @@ class EngineCore:
                 prefix_cache_hit_rate=hits / queries if queries else 0.0,
                 num_waiting_for_remote_kv=scheduler.num_waiting_for_remote_kv,
                 kv_blocks_parked=blocks.num_parked_blocks,
+                tiers=self.tiers.stats() if self.tiers is not None else None,
             )
         )
+
+
+def _build_tiers(config: EngineConfig, executor: Executor, events: KVEventQueue, inline: bool) -> KVTiers | None:
+    """The host (and disk) tiers of ``engine.cache``; None when ``host_tier_bytes`` is 0. Their host
+    memory is the executor's (pinned beside a GPU pool) when it offers any."""
+    cache = config.cache
+    if not cache.has_tiers:
+        return None
+    return KVTiers(block_bytes=executor.kv_bytes_per_block, block_size=executor.block_size,
+                   host_bytes=cache.host_tier_bytes, disk_path=cache.disk_tier_path, disk_bytes=cache.disk_tier_bytes,
+                   export_blocks=executor.export_blocks, import_blocks=executor.import_blocks, events=events,
+                   allocate_host=getattr(executor, "allocate_host_buffer", None), inline=inline)
 
 
 def _grammar_compiler(config: EngineConfig, executor: Executor) -> GrammarCompiler | None:

@@ -55,6 +55,9 @@ class SchedulerOutput:
     requests: list[ScheduledRequest]
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    # Blocks copied back from the host or disk tier for the requests this step admits (copied
+    # already, off the step; the synthetic timing model charges them: ``synthetic.step_seconds``).
+    num_onboarded_blocks: int = 0
     # The scheduler's own object of each entry of ``requests`` (its ``Request``), in the same order:
     # its update reads them back without a lookup by id per request per step. Executors ignore it.
     owners: list[Any] = field(default_factory=list)

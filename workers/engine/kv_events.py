@@ -1,7 +1,10 @@
 """KV-cache events: what a router needs to mirror a worker's prefix cache.
 
 The block manager publishes an event when full blocks become reusable
-(``BlockStored``) and when cached blocks are evicted (``BlockRemoved``).
+(``BlockStored``) and when cached blocks are evicted (``BlockRemoved``), each
+with the tier that holds (held) them: the engine's pool, or the host and disk
+tiers under it (``workers.engine.kv_tiers``), where a hit costs a copy back
+instead of a prefill, so a router scores it below a pool hit.
 Each is wrapped in a ``KVEvent`` with an ``event_id`` that increases by one
 per event for the life of the engine, so a consumer can detect a gap (events
 dropped because nobody drained the queue) and resynchronise.
@@ -10,12 +13,14 @@ Torch-free; the structs travel as MessagePack.
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import deque
 
 import msgspec
 
 __all__ = [
+    "Tier",
     "BlockStored",
     "BlockRemoved",
     "AllBlocksCleared",
@@ -26,8 +31,16 @@ __all__ = [
 ]
 
 
-class BlockStored(msgspec.Struct, frozen=True, tag=True):
-    """Consecutive full blocks of one chain became cached.
+class Tier(enum.Enum):
+    """Where a cached block lives; on the wire as its value (a missing ``tier`` means ``pool``)."""
+
+    POOL = "pool"  # the engine's KV pool: a hit costs nothing
+    HOST = "host"  # host memory (pinned beside a GPU): a hit costs a copy into the pool
+    DISK = "disk"  # files: a hit costs a read, a check and a copy
+
+
+class BlockStored(msgspec.Struct, frozen=True, tag=True, omit_defaults=True):
+    """Consecutive full blocks of one chain became cached in ``tier``.
 
     ``token_ids`` holds ``len(block_hashes) * block_size`` tokens, block by
     block; ``parent_block_hash`` is the hash of the block before the first
@@ -38,12 +51,15 @@ class BlockStored(msgspec.Struct, frozen=True, tag=True):
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
+    tier: Tier = Tier.POOL
 
 
-class BlockRemoved(msgspec.Struct, frozen=True, tag=True):
-    """Cached blocks were evicted: their hashes no longer hit on this worker."""
+class BlockRemoved(msgspec.Struct, frozen=True, tag=True, omit_defaults=True):
+    """Cached blocks left ``tier``: their hashes no longer hit there (a block evicted from the
+    pool into the host tier is a ``BlockRemoved`` of the pool and a ``BlockStored`` of the host)."""
 
     block_hashes: list[int]
+    tier: Tier = Tier.POOL
 
 
 class AllBlocksCleared(msgspec.Struct, frozen=True, tag=True):
@@ -67,8 +83,9 @@ class KVCacheSnapshot(msgspec.Struct, frozen=True):
     adopts this skips queued events with smaller ids)."""
 
     next_event_id: int
-    block_hashes: list[int]
+    block_hashes: list[int]  # the pool's
     num_blocks: int  # the pool's size: no worker ever caches more
+    lower_block_hashes: list[int] = msgspec.field(default_factory=list)  # the host and disk tiers'
 
 
 class KVEventQueue:

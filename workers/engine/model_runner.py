@@ -109,6 +109,14 @@ class ModelRunner:
     def import_blocks(self, block_ids: list[int], buffers: list[Any]) -> None:
         self.kv_cache.import_buffers(block_ids, buffers)
 
+    def allocate_host_buffer(self, num_bytes: int) -> memoryview:
+        """Host memory for the KV tiers (``workers.engine.kv_tiers``): pinned beside a GPU pool, so
+        copies between it and the pool are DMA; plain pages (committed as used) beside a CPU pool.
+        (The numpy array keeps the tensor, and so the memory, alive.)"""
+        pinned = self.kv_cache.storage.device.type == "cuda"
+        host = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=pinned).numpy()
+        return memoryview(host)  # type: ignore[arg-type]  # numpy's stub: ndarray is a buffer (see kv_cache)
+
     def export_heads(self, block_ids: list[int], heads: range) -> list[Any]:
         """Only KV heads ``heads`` of this rank's pool (a peer that splits them otherwise)."""
         return self.kv_cache.export_heads(block_ids, heads)

@@ -16,6 +16,7 @@ from workers.sampling_params import SamplingParams
 class RequestStatus(enum.IntEnum):
     WAITING = enum.auto()
     WAITING_FOR_REMOTE_KV = enum.auto()  # gen side of disaggregation: blocks allocated, KV in flight
+    ONBOARDING = enum.auto()  # blocks allocated, KV being copied back from the host or disk tier
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()  # blocks freed; recomputed from scratch when rescheduled
     # Everything below is finished.

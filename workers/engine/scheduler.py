@@ -7,6 +7,13 @@ Every request state transition happens here (``RequestStatus``):
                                        transfer agent filled them: ``finish_remote_kv``;
                                        or the pull failed: blocks freed, the prompt is
                                        prefilled here instead (``recompute_remote``)
+    WAITING -> ONBOARDING              its prefix continues in the host or disk tier: blocks
+                                       allocated for those, their KV copied in on a thread
+    ONBOARDING -> WAITING              the copy is done (``_collect_onboarded``): first in line,
+                                       the copied blocks computed and cached
+    WAITING_FOR_REMOTE_KV -> ONBOARDING -> WAITING_FOR_REMOTE_KV
+                                       (gen side) the same before its pull; the copied blocks
+                                       are then pool hits, and only the rest is pulled
     RUNNING -> PREEMPTED               blocks ran out: blocks freed, progress reset,
                                        back to the front of the queue (recompute)
     PREEMPTED -> RUNNING               re-admitted like a new request
@@ -26,9 +33,11 @@ from dataclasses import dataclass
 from itertools import repeat
 
 from workers.config import SchedulerConfig
+from workers.engine.block_hash import BlockHash
 from workers.engine.block_manager import BlockManager
 from workers.engine.executor import ExecutorOutput, ScheduledRequest, SchedulerOutput
 from workers.engine.request import Request, RequestStatus
+from workers.engine.tier_requests import TierRequests
 from workers.engine.request_rules import admission_error, request_output, stop_filter, stop_status, token_slice
 from workers.protocol import RequestOutput
 
@@ -87,6 +96,8 @@ class Scheduler:
         self._num_remote_kv = 0
         self._park_seconds: dict[int, float] = {}  # request id -> how long to park its KV at finish
         self._finished_outputs: list[RequestOutput] = []  # aborts and rejections, reported next step
+        tiers = block_manager.tiers
+        self.onboarding = TierRequests(block_manager, tiers) if tiers is not None else None  # ONBOARDING
         # Cumulative prefix-cache accounting, in tokens, counted at each admission.
         self.num_prefix_queries = 0
         self.num_prefix_hits = 0
@@ -199,7 +210,10 @@ class Scheduler:
             return
         if request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
             self._num_remote_kv -= 1
-        if request.status == RequestStatus.RUNNING:
+        if request.status == RequestStatus.ONBOARDING:
+            if self.onboarding.abandon(request).remote:  # type: ignore[union-attr]  # (ONBOARDING: tiers)
+                self._num_remote_kv -= 1
+        elif request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request in self.remote_waiting:
             self.remote_waiting.remove(request)
@@ -208,7 +222,10 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self._park_seconds.pop(request_id, None)
-        self.block_manager.free(request)
+        if self.onboarding is None or not self.onboarding.is_abandoned(request_id):
+            self.block_manager.free(request)
+        if self.onboarding is not None:
+            self.onboarding.take_charge(request_id)  # (copied in, never scheduled: nothing to charge)
         request.grammar = None
         request.status = RequestStatus.FINISHED_ABORTED
         self._finished_outputs.append(request_output(request, [], is_first=request.first_token_time is None))
@@ -224,7 +241,17 @@ class Scheduler:
     def has_work(self) -> bool:
         """Whether ``schedule`` can make progress now: false while every unfinished
         request waits for pulled KV (the transfer agent, not a step, moves them on)."""
-        return bool(self.running or self.waiting or self.remote_waiting or self._finished_outputs)
+        return bool(self.running or self.waiting or self.remote_waiting or self._finished_outputs
+                    or (self.onboarding is not None and self.onboarding.has_done()))
+
+    @property
+    def is_idle(self) -> bool:
+        """No request holds blocks (parked tables aside): none unfinished, none abandoned mid-copy."""
+        return not self.requests and (self.onboarding is None or not self.onboarding.num_abandoned)
+
+    @property
+    def num_onboarding(self) -> int:
+        return 0 if self.onboarding is None else self.onboarding.num_in_flight
 
     @property
     def num_waiting_for_remote_kv(self) -> int:
@@ -245,6 +272,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         self.num_preemptions_last_step = 0
         self.block_manager.release_expired(time.time())
+        if self.onboarding is not None and self.onboarding.has_done():
+            self._collect_onboarded()
         block_size = self.block_manager.block_size
         running, scheduled, owners = self.running, batch.requests, batch.owners
         i = num_decodes = 0
@@ -284,6 +313,12 @@ class Scheduler:
         while self.remote_waiting:
             request = self.remote_waiting[0]
             hits = block_manager.get_computed_blocks(request)
+            if self.onboarding is not None:  # blocks below the pool are copied in first, not pulled
+                lower = block_manager.lower_tier_hits(request, hits)
+                if lower:
+                    if not self._start_onboarding(request, hits, lower, remote=True):
+                        return
+                    continue
             num_cached = len(hits) * block_manager.block_size
             num_remote = max(0, _remote_tokens(request) - num_cached)  # at least the last token is computed here
             if not block_manager.try_allocate(request, num_remote, hits):
@@ -321,6 +356,12 @@ class Scheduler:
             request = self.waiting[0]
             fresh = request.num_computed_tokens == 0  # else its KV was pulled from a remote engine
             hits = block_manager.get_computed_blocks(request) if fresh else []
+            if fresh and self.onboarding is not None:
+                lower = block_manager.lower_tier_hits(request, hits)
+                if lower:
+                    if not self._start_onboarding(request, hits, lower, remote=False):
+                        break
+                    continue  # (an inline copy put it back first in line: admitted next)
             num_cached = len(hits) * block_manager.block_size
             num_new = request.num_tokens - request.num_computed_tokens - num_cached
             if num_new > budget:
@@ -335,8 +376,38 @@ class Scheduler:
                 self._count_prefix_lookup(request, num_cached)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            if self.onboarding is not None:
+                batch.num_onboarded_blocks += self.onboarding.take_charge(request.request_id)
             self._add_to_batch(batch, request, num_new)
             budget -= num_new
+
+    def _start_onboarding(self, request: Request, hits: list[int], lower: list[BlockHash], remote: bool) -> bool:
+        """Copy the ``lower`` tier hits in (``TierRequests.start``); the request leaves the head of
+        ``remote_waiting`` (``remote``) or ``waiting``. False when the pool has no room now."""
+        onboarding = self.onboarding
+        if onboarding is None or not onboarding.start(request, hits, lower, remote):
+            return False
+        (self.remote_waiting if remote else self.waiting).popleft()
+        request.status = RequestStatus.ONBOARDING
+        if onboarding.has_done():  # an inline copy (the simulation)
+            self._collect_onboarded()
+        return True
+
+    def _collect_onboarded(self) -> None:
+        """Copied requests wait first in line. One whose KV is pulled lets the copied blocks go to the
+        prefix cache, where its allocation finds them as hits: only the blocks after them are pulled."""
+        for copy in self.onboarding.collect():  # type: ignore[union-attr]  # (called with tiers only)
+            request = copy.request
+            if copy.remote:
+                self.block_manager.free(request)
+                request.num_computed_tokens = 0
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KV
+                self.remote_waiting.appendleft(request)
+            else:
+                request.num_cached_tokens = request.num_computed_tokens
+                self._count_prefix_lookup(request, request.num_cached_tokens)
+                request.status = RequestStatus.WAITING
+                self.waiting.appendleft(request)
 
     def _add_to_batch(self, batch: SchedulerOutput, request: Request, num_new: int) -> None:
         start = request.num_computed_tokens

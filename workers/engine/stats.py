@@ -9,6 +9,8 @@ from collections import deque
 
 import msgspec
 
+from workers.engine.kv_tiers import TierStats
+
 __all__ = ["IterationStats", "StatsQueue"]
 
 
@@ -38,6 +40,7 @@ class IterationStats(msgspec.Struct, frozen=True, omit_defaults=True, array_like
     prefix_cache_hit_rate: float  # hits / queries (cumulative, tokens); 0.0 before any query
     num_waiting_for_remote_kv: int = 0  # disaggregated gen side: KV being pulled
     kv_blocks_parked: int = 0  # disaggregated ctx side: held for a transfer (counted in used)
+    tiers: TierStats | None = None  # the host and disk tiers (None: none configured)
 
 
 class StatsQueue:

@@ -56,6 +56,7 @@ def step_seconds(timing: SyntheticConfig, batch: SchedulerOutput) -> float:
     """What the timing model says a step costs (decodes are one token each): the synthetic engine
     sleeps it, the cluster simulator (``disagg.sim``) advances its clock by it."""
     seconds = timing.prefill_seconds_per_token * batch.num_prefill_tokens
+    seconds += timing.onboard_seconds_per_block * batch.num_onboarded_blocks
     if batch.num_decode_tokens:
         seconds += timing.decode_step_base_seconds + timing.decode_seconds_per_seq * batch.num_decode_tokens
     return seconds
