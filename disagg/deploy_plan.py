@@ -122,9 +122,10 @@ def orchestrator_config(config: DeployConfig, *, model: Path | str, state_dir: P
     return OrchestratorConfig(
         model_dir=str(model), state_dir=str(state_dir), served_model_name=config.served_model_name,
         host=host, port=port, processes=s.processes, ctx_router=s.ctx_router, gen_router=s.gen_router,
-        conditional=s.conditional, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
+        conditional=s.conditional, kv_pool=s.kv_pool, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
         api_key=s.api_key, workers=workers, default_block_size=config.engine.block_size or 16,
-        max_request_bytes=s.max_request_bytes, max_concurrent_requests=s.max_concurrent_requests,
+        max_request_bytes=s.max_request_bytes, max_upload_bytes=s.max_upload_bytes,
+        max_concurrent_requests=s.max_concurrent_requests,
         grace_seconds=s.grace_seconds, max_process_restarts=s.max_process_restarts,
         process_restart_window_seconds=s.process_restart_window_seconds, access_log=config.access_log,
         strict_request_fields=config.strict_request_fields,

@@ -34,6 +34,7 @@ Plain requests never touch this module (the hot path is unchanged).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,13 +56,17 @@ from workers.protocol import (
     AddRemoteRequest,
     EngineRequest,
     IngressMessage,
+    KVTransferStats,
     ParkedKV,
+    RemotePrefix,
     RequestOutput,
     TokenLogprobs,
 )
 from workers.sampling_params import SamplingParams
 __all__ = ["DisaggConfig", "DisaggLeg", "KVTransferError", "start_leg", "engine_params", "add_ctx_fields",
            "add_ctx_fields_json"]
+
+log = logging.getLogger("disagg.disaggregation")
 
 
 @dataclass(frozen=True)
@@ -100,13 +105,26 @@ class DisaggLeg:
         self.first_token_id: int | None = None
         self.first_logprobs: TokenLogprobs | None = None  # a ctx leg's first token's, when asked for
         self.num_cached_tokens = 0  # a ctx leg's prefix-cache hits (on its engine's first output)
+        self.kv_pull: KVTransferStats | None = None  # a ctx leg's pull of its kv_prefix
         self._first_pending = not self.is_context  # the gen leg's first token is not reported by its engine
 
     def message(self, request: EngineRequest) -> IngressMessage:
         if self.is_context:
-            return AddContextRequest(request, self.config.kv_park_seconds)
+            return AddContextRequest(request, self.config.kv_park_seconds, self._remote_prefix(request))
         first_token_id, ctx_request_id, kv_endpoint = self.kv_source()
         return AddRemoteRequest(request, first_token_id, int(ctx_request_id), kv_endpoint)
+
+    def _remote_prefix(self, request: EngineRequest) -> RemotePrefix | None:
+        """A ctx leg's ``kv_prefix`` when start_leg verified it and it is this prompt's prefix (else the
+        engine computes the prefix: never a wrong answer, at worst a lost saving)."""
+        prefix = self.params.kv_prefix
+        if prefix is None or prefix.prompt_token_ids is None or prefix.ctx_request_id is None:
+            return None
+        prompt, num_tokens = request.prompt_token_ids, len(prefix.prompt_token_ids)
+        if num_tokens >= len(prompt) or prompt[:num_tokens] != prefix.prompt_token_ids or prefix.kv_endpoint is None:
+            log.warning("a ctx leg's kv_prefix is not a prefix of its prompt: computing it instead")
+            return None
+        return RemotePrefix(int(prefix.ctx_request_id), prefix.kv_endpoint, num_tokens)
 
     def signed_prompt_ids(self) -> list[int]:
         """A gen leg's prompt: the ids the ctx leg signed (never re-tokenized)."""
@@ -141,6 +159,8 @@ class DisaggLeg:
                 self.first_logprobs = output.new_logprobs[0] if output.new_logprobs else None
             if output.kv_parked is not None:
                 self.kv_parked = output.kv_parked
+            if output.kv_transfer is not None and not output.kv_transfer.recomputed:
+                self.kv_pull = output.kv_transfer
             return output
         if self._first_pending and output.finish_reason != "abort":
             self._first_pending = False
@@ -165,8 +185,11 @@ class DisaggLeg:
         params = signed_params(self.config.cluster_key, str(self.request_id), self.config.kv_endpoint,
                                self.kv_parked.num_tokens, self.first_token_id, self.kv_parked.expires_at,
                                prompt_token_ids)
-        answer = msgspec.to_builtins(msgspec.structs.replace(params, first_token_logprobs=self.first_logprobs,
-                                                             num_cached_tokens=self.num_cached_tokens))
+        pull = self.kv_pull
+        answer = msgspec.to_builtins(msgspec.structs.replace(
+            params, first_token_logprobs=self.first_logprobs, num_cached_tokens=self.num_cached_tokens,
+            kv_pulled_blocks=None if pull is None else pull.num_blocks,
+            kv_pull_seconds=None if pull is None else pull.seconds))
         answer.pop("prompt_token_ids")  # top-level in the answer
         return answer
 
@@ -189,7 +212,7 @@ def start_leg(config: DisaggConfig | None, params: DisaggParams | None, stream: 
         raise InvalidRequestError("this worker does not serve disaggregated requests (no cluster key)",
                                   param="disaggregated_params")
     wanted = "ctx" if params.request_type == CONTEXT_ONLY else "gen"
-    if config.role not in ("both", wanted):
+    if config.role not in ("both", wanted) and not params.prefix_export:
         raise InvalidRequestError(f"this is a {config.role} worker: it does not serve {params.request_type} "
                                   f"requests", param="disaggregated_params")
     if params.request_type == CONTEXT_ONLY and stream:
@@ -199,6 +222,12 @@ def start_leg(config: DisaggConfig | None, params: DisaggParams | None, stream: 
             verify_params(config.cluster_key, params)
         except DisaggParamsError as exc:
             raise InvalidRequestError(str(exc), param="disaggregated_params") from exc
+    elif params.kv_prefix is not None:
+        try:
+            verify_params(config.cluster_key, params.kv_prefix)
+        except DisaggParamsError as exc:  # e.g. expired on the way: the prefix is computed here instead
+            log.warning("a ctx leg's kv_prefix is unusable (%s): computing it instead", exc)
+            params = msgspec.structs.replace(params, kv_prefix=None)
     return DisaggLeg(params, config)
 
 

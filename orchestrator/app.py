@@ -3,8 +3,8 @@
 Client APIs (OpenAI, Anthropic) run through ``orchestrator.flow``; the rest
 of a worker's client surface (count_tokens, tokenize, models, version) is
 answered here (``orchestrator.surface``); cluster routes read this process's
-``ClusterView``; registration, perf and Message Batches routes are forwarded
-to the state owner (process 0; ``orchestrator.batches``). Every error has the API's shape
+``ClusterView``; registration, perf, Message Batches and OpenAI Files and Batches routes are
+forwarded to the state owner (process 0; ``orchestrator.batches``, ``orchestrator.openai_batches``). Every error has the API's shape
 (``frontends.errors``), also those outside a handler and streams cut short
 (``orchestrator.clean_ends``). With ``api_key`` set, /v1/* and /workers* need
 ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise);
@@ -350,6 +350,11 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/v1/messages/batches", _endpoint(batch_forward, anthropic=True), methods=["GET", "POST"]),
         Route("/v1/messages/batches/{rest:path}", _endpoint(batch_forward, anthropic=True),
               methods=["GET", "POST", "DELETE"]),
+        # The OpenAI Files and Batches, owned by process 0 like the Message Batches (orchestrator.openai_batches).
+        Route("/v1/files", _endpoint(batch_forward), methods=["GET", "POST"]),
+        Route("/v1/files/{rest:path}", _endpoint(batch_forward), methods=["GET", "DELETE"]),
+        Route("/v1/batches", _endpoint(batch_forward), methods=["GET", "POST"]),
+        Route("/v1/batches/{rest:path}", _endpoint(batch_forward), methods=["GET", "POST"]),
         Route("/v1/models", _endpoint(surface.list_models), methods=["GET"]),
         Route("/v1/models/{model_id:path}", _endpoint(surface.retrieve_model_route), methods=["GET"]),
         Route("/tokenize", _endpoint(surface.tokenize_route), methods=["POST"]),
@@ -379,6 +384,8 @@ def build_app(orch: Orchestrator) -> Starlette:
                         routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
                         middleware=[Middleware(CleanEndsMiddleware),  # outermost: it sees every end
                                     Middleware(AdmissionMiddleware, gate=orch.admission),
-                                    Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
+                                    Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes,
+                                               path_limits={"/v1/files": (orch.config.max_upload_bytes,
+                                                                          "max_upload_bytes")})])
     app.state.orchestrator = orch
     return app

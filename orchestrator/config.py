@@ -18,11 +18,12 @@ from orchestrator.typed import ConfigError, from_mapping, to_mapping
 from workers.log_format import LOG_FORMATS
 
 __all__ = [
-    "RouterConfig", "ConditionalDisaggConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",
+    "RouterConfig", "ConditionalDisaggConfig", "KVPoolConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",
     "OrchestratorConfig", "load_orchestrator_config", "ROUTER_POLICIES", "WORKER_ROLES",
-    "DEFAULT_MAX_CONCURRENT_REQUESTS", "LiveSettings", "LOG_LEVELS",
+    "DEFAULT_MAX_CONCURRENT_REQUESTS", "DEFAULT_MAX_UPLOAD_BYTES", "LiveSettings", "LOG_LEVELS",
 ]
 
+DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 * 1024  # OpenAI's limit on a batch input file
 DEFAULT_MAX_CONCURRENT_REQUESTS = 2048  # per process: far above a worker pool's batches, far below exhaustion
 ROUTER_POLICIES = ("round_robin", "least_load", "kv_cache_aware", "session")
 WORKER_ROLES = ("ctx", "gen", "both")
@@ -63,6 +64,35 @@ class ConditionalDisaggConfig:
             raise ConfigError(f"{prefix}.max_local_prefill_tokens", "must be >= 0")
         if not 0.0 < self.min_cached_fraction <= 1.0:
             raise ConfigError(f"{prefix}.min_cached_fraction", f"must be in (0, 1], got {self.min_cached_fraction}")
+
+
+@dataclass(frozen=True)
+class KVPoolConfig:
+    """The deployment-wide KV pool (``orchestrator.kv_pool``): a ctx leg pulls the leading blocks of
+    its prompt that another worker holds, when moving them is cheaper than computing them."""
+
+    enabled: bool = False
+    min_blocks: int = 2
+    """Fetch only when the holder has at least this many more leading blocks than the ctx worker."""
+    transfer_tokens_per_second: float = 0.0
+    """How many tokens' KV the transfer path moves per second (its bandwidth / KV bytes per token);
+    0: measured from the pulls of the fetches (a moving average)."""
+    overhead_seconds: float = 0.01
+    """A fetch's fixed cost: the export leg to the holder (an HTTP round trip, one block's prefill)."""
+    prefill_tokens_per_second: float = 0.0
+    """The ctx workers' prefill speed; 0: measured from the ctx legs (a moving average)."""
+
+    def validate(self, prefix: str) -> None:
+        if self.min_blocks < 1:
+            raise ConfigError(f"{prefix}.min_blocks", f"must be >= 1, got {self.min_blocks}")
+        if self.transfer_tokens_per_second < 0:
+            raise ConfigError(f"{prefix}.transfer_tokens_per_second",
+                              f"must be >= 0 (0: measured), got {self.transfer_tokens_per_second}")
+        if self.overhead_seconds < 0:
+            raise ConfigError(f"{prefix}.overhead_seconds", f"must be >= 0, got {self.overhead_seconds}")
+        if self.prefill_tokens_per_second < 0:
+            raise ConfigError(f"{prefix}.prefill_tokens_per_second",
+                              f"must be >= 0 (0: measured), got {self.prefill_tokens_per_second}")
 
 
 @dataclass(frozen=True)
@@ -151,6 +181,7 @@ class LiveSettings:
     ctx_router: RouterConfig = field(default_factory=RouterConfig)
     gen_router: RouterConfig = field(default_factory=RouterConfig)
     conditional: ConditionalDisaggConfig = field(default_factory=ConditionalDisaggConfig)
+    kv_pool: KVPoolConfig = field(default_factory=KVPoolConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     max_retries: int = 2
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
@@ -185,6 +216,7 @@ class OrchestratorConfig:
     ctx_router: RouterConfig = field(default_factory=RouterConfig)
     gen_router: RouterConfig = field(default_factory=RouterConfig)
     conditional: ConditionalDisaggConfig = field(default_factory=ConditionalDisaggConfig)
+    kv_pool: KVPoolConfig = field(default_factory=KVPoolConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     max_retries: int = 2
@@ -203,6 +235,9 @@ class OrchestratorConfig:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Request bodies over this are refused with 413 before they are buffered."""
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    """``POST /v1/files`` bodies (a batch's input file) over this are refused with 413 instead (the
+    upload is held in memory once while process 0 stores it)."""
     strict_request_fields: bool = False
     """An unknown top-level request field is a 400 naming it; False: ignored, named in a ``Warning``
     header (``frontends.request_fields``)."""
@@ -237,6 +272,8 @@ class OrchestratorConfig:
             raise ConfigError(f"{prefix}.api_key", "must not be empty (omit it for no key)")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
+        if self.max_upload_bytes < 1024:
+            raise ConfigError(f"{prefix}.max_upload_bytes", f"must be >= 1024, got {self.max_upload_bytes}")
         if not 0 < self.grace_seconds <= 3600:
             raise ConfigError(f"{prefix}.grace_seconds", f"must be in (0, 3600], got {self.grace_seconds}")
         if self.max_process_restarts < 0:

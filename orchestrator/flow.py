@@ -62,6 +62,7 @@ from orchestrator.request_end import RequestEnds
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
 from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from orchestrator.kv_pool import KVPool
 from orchestrator.state_protocol import CtxLegTrace, FailedLeg, GenLegTrace, RequestTrace
 from orchestrator.view import ClusterView, StateLink
 
@@ -83,6 +84,7 @@ class Flow:
         self.metrics = metrics
         self.ctx_router = Router(config.ctx_router)
         self.gen_router = Router(config.gen_router)
+        self.pool = KVPool(view, upstream)
 
     def apply(self, config: OrchestratorConfig) -> None:
         """New live settings (``Orchestrator.apply_settings``); a router whose settings are unchanged
@@ -139,7 +141,8 @@ class Flow:
         payload: dict[str, Any] = request.body
         record.mode = "aggregated" if ctx is None else "disagg"
         if ctx is not None:
-            ctx_answer = await self.ctx_phase(request, request_id, ctx, record, watch, deadline)
+            kv_prefix = await self.fetch_prefix(request, request_id, ctx, watch, deadline)
+            ctx_answer = await self.ctx_phase(request, request_id, ctx, record, watch, deadline, kv_prefix)
             if record.ctx is not None:
                 headers["x-disagg-ctx-worker"] = record.ctx.worker_id
             params = (ctx_answer or {}).get("disaggregated_params") or {}
@@ -162,11 +165,24 @@ class Flow:
         self.finish(record, request, answer)
         return JsonAnswer(answer, headers)
 
+    async def fetch_prefix(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, watch: Watch,
+                           deadline: float) -> dict[str, Any] | None:
+        """The ``kv_prefix`` of the ctx leg when the KV pool has the prompt's prefix on another worker."""
+        source = self.pool.source(self.config.kv_pool, request, ctx)
+        if source is None:
+            return None
+        kv_prefix = await watch(self._within(deadline, self.pool.export(source, request, request_id)))
+        self.metrics.kv_pool_fetches.labels("parked" if kv_prefix is not None else "failed").inc()
+        if kv_prefix is not None:
+            self.metrics.kv_pool_tokens.inc(source.gain_tokens)
+        return kv_prefix
+
     async def ctx_phase(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, record: RequestTrace,
-                        watch: Watch, deadline: float) -> dict[str, Any] | None:
+                        watch: Watch, deadline: float, kv_prefix: dict[str, Any] | None = None
+                        ) -> dict[str, Any] | None:
         """The ctx answer, or None when the gen worker should serve the request alone."""
         try:
-            answer, _ = await watch(self._within(deadline, self.run_ctx(request, request_id, ctx, record)))
+            answer, _ = await watch(self._within(deadline, self.run_ctx(request, request_id, ctx, record, kv_prefix)))
         except UpstreamFailedError as exc:
             # Every ctx worker failed (no connection, timeout, 5xx): the gen worker can still do it all.
             log.warning("request %s: no ctx leg (%s); serving it on the gen worker alone", request_id, exc)
@@ -271,9 +287,9 @@ class Flow:
             raise UpstreamRejected(status, content)
         return content
 
-    async def run_ctx(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
-                      record: RequestTrace) -> tuple[dict[str, Any], WorkerRecord]:
-        body = msgspec.json.encode(ctx_body(request))
+    async def run_ctx(self, request: ParsedRequest, request_id: str, first: WorkerRecord, record: RequestTrace,
+                      kv_prefix: dict[str, Any] | None = None) -> tuple[dict[str, Any], WorkerRecord]:
+        body = msgspec.json.encode(ctx_body(request, kv_prefix))
 
         async def leg(worker: WorkerRecord, replay: bool) -> dict[str, Any]:
             start = time.time()
@@ -281,7 +297,10 @@ class Flow:
                                    record, start)
             record.ctx = CtxLegTrace(worker_id=worker.worker_id, start=start, end=time.time())
             self.metrics.observe("ctx", record.ctx.end - start)
-            return msgspec.json.decode(raw)
+            answer = msgspec.json.decode(raw)
+            self.pool.observe_ctx_leg(worker, len(request.prompt_ids), answer.get("disaggregated_params"),
+                                      record.ctx.end - start)
+            return answer
 
         return await self.attempt("ctx", request, first, record, leg)
 

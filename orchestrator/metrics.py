@@ -71,6 +71,13 @@ class Metrics:
                                    registry=self.registry)
         for phase in ("request", "gen"):
             self.disconnects.labels(phase)
+        self.kv_pool_fetches = Counter(f"{prefix}_kv_pool_fetches", "KV-pool exports for a ctx leg: parked on "
+                                       "the holder, or failed (the ctx worker computed the prefix)", ["outcome"],
+                                       registry=self.registry)
+        for outcome in ("parked", "failed"):
+            self.kv_pool_fetches.labels(outcome)
+        self.kv_pool_tokens = Counter(f"{prefix}_kv_pool_fetched_tokens", "Prompt tokens whose KV a ctx leg was "
+                                      "sent to pull from the KV pool instead of computing", registry=self.registry)
         for phase in _KNOWN_PHASES:
             self.retries.labels(phase)
             self.legs.labels(phase)

@@ -96,14 +96,17 @@ def _session_id(api: str, body: dict[str, Any], header: str | None) -> str | Non
     return user if isinstance(user, str) and user else None
 
 
-def ctx_body(request: ParsedRequest) -> dict[str, Any]:
-    """The context_only leg: one token, no streaming; completions get the token ids."""
+def ctx_body(request: ParsedRequest, kv_prefix: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The context_only leg: one token, no streaming; completions get the token ids. ``kv_prefix``:
+    where the prompt's leading blocks are parked for it (``orchestrator.kv_pool``)."""
     body = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options", "max_completion_tokens")}
     body["max_tokens"] = 1
     body["stream"] = False
     if request.api == "completions":
         body["prompt"] = request.prompt_ids
     body["disaggregated_params"] = {"request_type": CONTEXT_ONLY}
+    if kv_prefix is not None:
+        body["disaggregated_params"]["kv_prefix"] = kv_prefix
     return body
 
 

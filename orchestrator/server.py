@@ -129,20 +129,26 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    owner_task = group = group_watch = batches = parent_watch = targets = None
+    owner_task = group = group_watch = batches = openai_batches = parent_watch = targets = None
     if index == 0:
         from frontends.batches import batch_routes
+        from frontends.batches.openai_routes import openai_batch_routes
         from orchestrator.batches import open_batch_runner
+        from orchestrator.openai_batches import open_openai_batches
         from orchestrator.process_group import ProcessGroup
         from orchestrator.state import StateOwner
         from workers.restart_budget import RestartBudget
 
-        batches = open_batch_runner(orch)  # the store is process 0's: opened before anything is served
+        batches = open_batch_runner(orch)  # the stores are process 0's: opened before anything is served
         await batches.start()
+        openai_batches = open_openai_batches(orch)
+        await openai_batches.start()
         targets = _prometheus_targets(config, port)
         owner = StateOwner(config, targets.update if targets is not None else None)
         owner_stop = asyncio.Event()
-        owner_task = asyncio.create_task(_run_owner(config, owner, owner_stop, batch_routes(batches)))
+        owner_task = asyncio.create_task(_run_owner(
+            config, owner, owner_stop,
+            [*batch_routes(batches), *openai_batch_routes(openai_batches, config.max_upload_bytes)]))
         group = ProcessGroup(args.config, port, range(1, config.processes),
                              lambda: RestartBudget(config.max_process_restarts, config.process_restart_window_seconds),
                              on_exit=lambda i: _process_exited(owner, group, i),
@@ -171,6 +177,8 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
             group_watch.cancel()
         if batches is not None:  # first: its requests stay pending, not failed by the flow closing under them
             await batches.close()
+        if openai_batches is not None:
+            await openai_batches.close()
         # Every process drains at once (stop accepting, finish in-flight, exit); the state owner
         # stays up until the others are gone, since they still push their loads to it.
         stopping_children = (asyncio.create_task(group.stop(config.grace_seconds + CHILD_STOP_MARGIN_SECONDS))

@@ -202,8 +202,9 @@ class StateLink:
             except httpx.HTTPError:
                 self.perf_queue[:0] = records[-1000:]
 
-    async def forward(self, method: str, path: str, body: bytes) -> httpx.Response:
-        return await self.client.request(method, path, content=body)
+    async def forward(self, method: str, path: str, body: bytes,
+                      headers: dict[str, str] | None = None) -> httpx.Response:
+        return await self.client.request(method, path, content=body, headers=headers)
 
     async def flush_perf(self) -> None:
         if self.perf_queue:

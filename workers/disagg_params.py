@@ -74,6 +74,16 @@ class DisaggParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     # ctx answer -> gen leg: the ctx engine's prefix-cache hits, which the gen leg reports as the
     # request's cached prompt tokens (frontends.disaggregation). Not signed: it only reports.
     num_cached_tokens: int | None = None
+    # context_only leg that only parks its prompt's KV for another worker's ctx leg (the KV pool,
+    # ``orchestrator.kv_pool``): any role serves it, as every engine keeps a prefix cache.
+    prefix_export: bool = False
+    # context_only leg: an export's answer (signed, with its prompt ids) naming where the leading
+    # blocks of this prompt are parked: pulled instead of computed.
+    kv_prefix: DisaggParams | None = None
+    # ctx answer of a leg that pulled a kv_prefix: the blocks pulled and how long it took, which the
+    # orchestrator's cost model measures the transfer path by. Not signed: it only reports.
+    kv_pulled_blocks: int | None = None
+    kv_pull_seconds: float | None = None
 
     def validate_type(self) -> None:
         if self.request_type not in (CONTEXT_ONLY, GENERATION_ONLY):

@@ -13,6 +13,7 @@ import msgspec
 from workers.sampling_params import SamplingParams
 
 __all__ = [
+    "RemotePrefix",
     "EngineRequest",
     "TokenLogprobs",
     "EngineTiming",
@@ -139,12 +140,23 @@ class AddRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="ad
     request: EngineRequest
 
 
+class RemotePrefix(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """The first ``num_tokens`` of a ctx leg's prompt (whole blocks), parked on another engine as its
+    request ``ctx_request_id``: pulled from ``kv_endpoint`` instead of computed (the KV pool)."""
+
+    ctx_request_id: int
+    kv_endpoint: str
+    num_tokens: int
+
+
 class AddContextRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="add_ctx"):
     """Disaggregated ctx leg: prefill, sample, then park the prompt's KV for ``park_kv_seconds``
-    (the finishing output carries ``kv_parked``; nothing is parked when it ends with ``stop``)."""
+    (the finishing output carries ``kv_parked``; nothing is parked when it ends with ``stop``).
+    With ``kv_prefix`` the prompt's first blocks are pulled from a peer first."""
 
     request: EngineRequest
     park_kv_seconds: float
+    kv_prefix: RemotePrefix | None = None
 
 
 class AddRemoteRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="add_remote"):

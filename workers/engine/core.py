@@ -95,17 +95,19 @@ class EngineCore:
             self.scheduler.add_request(request, park_kv_seconds)
         return request
 
-    def add_remote_request(self, engine_request: EngineRequest, output_token_ids: Sequence[int] = ()) -> Request:
+    def add_remote_request(self, engine_request: EngineRequest, output_token_ids: Sequence[int] = (),
+                           park_kv_seconds: float | None = None, num_remote_tokens: int | None = None) -> Request:
         """Queue a request whose KV comes from another engine (disaggregated gen side).
 
         ``output_token_ids``: tokens the remote engine already sampled (the first
         token); they are not reported again. The KV of every position but the
-        last token's is pulled: see ``take_kv_pulls`` and ``finish_remote_kv``.
+        last token's is pulled: see ``take_kv_pulls`` and ``finish_remote_kv``;
+        with ``num_remote_tokens``, only that prefix (``Scheduler.add_remote_request``).
         """
         request = self._make_request(engine_request)
         request.output_token_ids.extend(output_token_ids)
         if self._accepts_tokens(request) and self._attach_grammar(request):
-            self.scheduler.add_remote_request(request)
+            self.scheduler.add_remote_request(request, park_kv_seconds, num_remote_tokens)
         return request
 
     def take_kv_pulls(self) -> list[KVPull]:
