@@ -71,6 +71,7 @@ class ServeSettings:
     register_url: str | None
     advertise_url: str | None
     register_api_key_file: str | None
+    worker_key_file: str | None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:

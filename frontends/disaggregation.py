@@ -20,6 +20,13 @@ into one leg of a disaggregated request:
   A pull that fails after that is not an error the client sees: the gen
   engine prefills the prompt itself (``Scheduler.recompute_remote``).
 
+- ``resume`` (gen or both role; a stream migrated from a worker that failed mid-answer,
+  ``orchestrator.migration``): the prompt ids and the output tokens the client already holds come
+  in the params; the engine prefills both (``AddResumedRequest``) and samples on from the next
+  position, and the stream replays the output tokens through the detokenizer, stop strings,
+  tool-call parser and encoder without writing them (``generation.replay_start``), so what it
+  writes is exactly what the failed worker would have written next. Needs no cluster key.
+
 Cached prompt tokens (usage ``prompt_tokens_details.cached_tokens``,
 Anthropic ``cache_read_input_tokens``) are the prompt tokens whose prefill a
 prefix cache saved. A disaggregated request's prefill runs on the ctx leg, so
@@ -45,6 +52,7 @@ from frontends.errors import FrontendError, InvalidRequestError
 from workers.disagg_params import (
     CONTEXT_ONLY,
     GENERATION_ONLY,
+    RESUME,
     DisaggParams,
     DisaggParamsError,
     signed_params,
@@ -54,6 +62,7 @@ from workers.kv_protocol import KV_TRANSFER_ERROR
 from workers.protocol import (
     AddContextRequest,
     AddRemoteRequest,
+    AddResumedRequest,
     EngineRequest,
     IngressMessage,
     KVTransferStats,
@@ -100,17 +109,21 @@ class DisaggLeg:
         self.params = params
         self.config = config
         self.is_context = params.request_type == CONTEXT_ONLY
+        self.is_resume = params.request_type == RESUME
         self.request_id: int | None = None  # the engine's request id (the ctx request id of a ctx leg)
         self.kv_parked: ParkedKV | None = None
         self.first_token_id: int | None = None
         self.first_logprobs: TokenLogprobs | None = None  # a ctx leg's first token's, when asked for
         self.num_cached_tokens = 0  # a ctx leg's prefix-cache hits (on its engine's first output)
         self.kv_pull: KVTransferStats | None = None  # a ctx leg's pull of its kv_prefix
-        self._first_pending = not self.is_context  # the gen leg's first token is not reported by its engine
+        # the gen leg's first token is not reported by its engine
+        self._first_pending = not self.is_context and not self.is_resume
 
     def message(self, request: EngineRequest) -> IngressMessage:
         if self.is_context:
             return AddContextRequest(request, self.config.kv_park_seconds, self._remote_prefix(request))
+        if self.is_resume:
+            return AddResumedRequest(request, self.replay_tokens())
         first_token_id, ctx_request_id, kv_endpoint = self.kv_source()
         return AddRemoteRequest(request, first_token_id, int(ctx_request_id), kv_endpoint)
 
@@ -127,8 +140,16 @@ class DisaggLeg:
         return RemotePrefix(int(prefix.ctx_request_id), prefix.kv_endpoint, num_tokens)
 
     def signed_prompt_ids(self) -> list[int]:
-        """A gen leg's prompt: the ids the ctx leg signed (never re-tokenized)."""
+        """A gen leg's prompt: the ids the ctx leg signed (never re-tokenized); a resumed leg's, unsigned."""
         return list(self.params.prompt_token_ids or ())
+
+    def carried_ids(self) -> list[int]:
+        """The tokens past the prompt the engine gets with it: a gen leg's first, a resumed leg's output."""
+        return self.replay_tokens() if self.is_resume else [self.kv_source()[0]]
+
+    def replay_tokens(self) -> list[int]:
+        """A resumed leg's output tokens, which the client already holds (empty for any other leg)."""
+        return list(self.params.output_token_ids or ()) if self.is_resume else []
 
     def kv_source(self) -> tuple[int, str, str]:
         """A gen leg's first token id, ctx request id and KV endpoint: start_leg verified them set."""
@@ -175,6 +196,8 @@ class DisaggLeg:
         """The cached prompt tokens usage reports (module doc); ``own``: this engine's hits."""
         if not self.is_context and self.params.num_cached_tokens is not None:
             return self.params.num_cached_tokens
+        if self.is_resume:  # its prefill may hit its own output's blocks: those are no prompt tokens
+            return min(own, len(self.params.prompt_token_ids or ()))
         return own
 
     def answer_params(self, prompt_token_ids: list[int]) -> dict[str, Any]:
@@ -208,6 +231,13 @@ def start_leg(config: DisaggConfig | None, params: DisaggParams | None, stream: 
         params.validate_type()
     except DisaggParamsError as exc:
         raise InvalidRequestError(str(exc), param="disaggregated_params") from exc
+    if params.request_type == RESUME:
+        if config.role == "ctx":
+            raise InvalidRequestError("this is a ctx worker: it does not serve resume requests",
+                                      param="disaggregated_params")
+        if not stream:  # the client holds the start of the answer only when it streams
+            raise InvalidRequestError("a resume request must stream", param="stream")
+        return DisaggLeg(params, config)
     if config.cluster_key is None or config.kv_endpoint is None:
         raise InvalidRequestError("this worker does not serve disaggregated requests (no cluster key)",
                                   param="disaggregated_params")
@@ -235,6 +265,11 @@ def engine_params(leg: DisaggLeg, params: SamplingParams) -> SamplingParams:
     """A ctx leg samples exactly one token (min_tokens capped so EOS stays masked as it would be)."""
     if leg.is_context:
         return msgspec.structs.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
+    if leg.is_resume:
+        if params.max_tokens <= len(leg.replay_tokens()):
+            raise InvalidRequestError("a resume request needs max_tokens above its output_token_ids' count",
+                                      param="max_tokens")
+        return params
     if params.max_tokens < 2:
         raise InvalidRequestError("a generation_only request needs max_tokens >= 2: the first token is the ctx "
                                   "leg's", param="max_tokens")

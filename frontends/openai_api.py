@@ -204,7 +204,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     prepared = prepare_request(ctx, api, arrival_time, x_request_id)
     generations = choice_generations(prepared.generation, api.num_choices)
     echo = api.echo_text(ctx, prepared.generation.prompt_token_ids)
-    response_id, created = f"cmpl-{ctx.response_ids.next_hex()}", int(time.time())
+    response_id, created = prepared.response_ids(ctx, "cmpl")
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         if len(generations) == 1:
@@ -314,7 +314,7 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
     api = ChatApi(body)
     prepared = prepare_request(ctx, api, arrival_time, x_request_id)
     generations = choice_generations(prepared.generation, api.num_choices)
-    response_id, created = f"chatcmpl-{ctx.response_ids.next_hex()}", int(time.time())
+    response_id, created = prepared.response_ids(ctx, "chatcmpl")
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         closes = len(generations) == 1

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from frontends.api_key import KeyFileError, read_key_file
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
 from workers.log_format import LOG_FORMATS
@@ -21,6 +22,7 @@ __all__ = [
     "RouterConfig", "ConditionalDisaggConfig", "KVPoolConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",
     "OrchestratorConfig", "load_orchestrator_config", "ROUTER_POLICIES", "WORKER_ROLES",
     "DEFAULT_MAX_CONCURRENT_REQUESTS", "DEFAULT_MAX_UPLOAD_BYTES", "LiveSettings", "LOG_LEVELS",
+    "check_worker_key_file",
 ]
 
 DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 * 1024  # OpenAI's limit on a batch input file
@@ -114,6 +116,26 @@ class HealthConfig:
         for name in ("unhealthy_threshold", "healthy_threshold"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{prefix}.{name}", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class MigrationConfig:
+    """A streamed answer whose gen worker fails mid-stream (its process or engine dies, its
+    connection drops, its engine stalls) goes on, token-exact, on another gen worker
+    (``orchestrator.migration``, docs/operations.md "Migration")."""
+
+    limit: int = 3
+    """Moves per request (Dynamo's ``--migration-limit``); 0: a failed stream ends with the API's
+    error event, and gen legs stream unmarked."""
+    max_carried_tokens: int = 16384
+    """A stream that already holds more output tokens than this is not moved (its resume would
+    prefill them all again): it ends with the error event."""
+
+    def validate(self, prefix: str) -> None:
+        if self.limit < 0:
+            raise ConfigError(f"{prefix}.limit", f"must be >= 0 (0: no migration), got {self.limit}")
+        if self.max_carried_tokens < 1:
+            raise ConfigError(f"{prefix}.max_carried_tokens", f"must be >= 1, got {self.max_carried_tokens}")
 
 
 @dataclass(frozen=True)
@@ -221,8 +243,13 @@ class OrchestratorConfig:
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     max_retries: int = 2
     """Extra workers tried per leg when one fails before the client saw a byte."""
+    migration: MigrationConfig = field(default_factory=MigrationConfig)
     api_key: str | None = None
-    """Clients must send it (Authorization: Bearer KEY or x-api-key: KEY); None = open."""
+    """Clients must send it (Authorization: Bearer KEY or x-api-key: KEY) on every route but /health;
+    None = open."""
+    worker_key_file: str | None = None
+    """A file (mode 0600) holding the deployment's worker key, presented to every worker on every call
+    (``frontends.api_key``); ``disagg up`` sets it to ``<run dir>/worker.key``. None: workers need none."""
     workers: tuple[StaticWorker, ...] = ()
     """Static workers; more may register themselves at run time."""
     default_block_size: int = 16
@@ -310,3 +337,13 @@ def load_orchestrator_config(path: str | Path) -> OrchestratorConfig:
         return from_mapping(OrchestratorConfig, data, "orchestrator")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc.key}", str(exc).split(": ", 1)[1]) from None
+
+
+def check_worker_key_file(config: OrchestratorConfig, path: str | Path) -> None:
+    """At start-up, not at the first call to a worker: a worker key file that cannot be used is a
+    ConfigError naming the key (``path``: the config file)."""
+    if config.worker_key_file is not None:
+        try:
+            read_key_file(config.worker_key_file)
+        except KeyFileError as exc:
+            raise ConfigError(f"{path}: orchestrator.worker_key_file", str(exc)) from None

@@ -28,8 +28,9 @@
    KV), or on the same one when only the KV pull failed (``kv_transfer_failed``:
    the ctx engine died or dropped the KV; the gen worker is fine); a connection
    lost before anything was relayed goes once more to the same worker (one of
-   its frontends died, not the worker). After the first byte, the stream ends
-   with the API's error event. Closing the client's stream closes the upstream
+   its frontends died, not the worker). After the first byte, the stream moves
+   to another gen worker, token-exact (``orchestrator.migration``), or, when it
+   cannot, ends with the API's error event. Closing the client's stream closes the upstream
    one, which aborts the request in the worker (and, through it, the KV pull).
 
 A worker's 429 (at its ``max_concurrent_requests``, ``frontends.admission``) is a
@@ -51,11 +52,13 @@ from starlette.responses import Response
 
 from frontends.admission import RETRY_AFTER_SECONDS, OverloadedError
 from frontends.request_fields import warning_header
+from frontends.streaming import FinalFrame
 from orchestrator.answers import Answer, JsonAnswer, StreamAnswer, Watch, to_response
 from orchestrator.attempts import Attempts, kv_source_lost
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.metrics import Metrics
+from orchestrator.migration import MARKS_HEADERS, Migration
 from orchestrator.prompt import ParsedRequest, client_answer, ctx_body, gen_body
 from orchestrator.relay import Relay
 from orchestrator.request_end import RequestEnds
@@ -234,6 +237,10 @@ class Flow:
             self.metrics.errors.labels("gen", "overloaded").inc()
             raise OverloadedError(f"every generation worker is at its concurrent-request limit "
                                   f"({len(attempts.tried)} tried); retry after {RETRY_AFTER_SECONDS} s")
+        if phase == "gen" and attempts.all_unavailable():  # each said so itself (a stalled or dead engine): retryable, not a 502
+            self.metrics.errors.labels(phase, "unavailable").inc()
+            raise NoWorkerError(f"every {'context' if phase == 'ctx' else 'generation'} worker tried is unavailable "
+                                f"({len(attempts.tried)} tried); retry after {RETRY_AFTER_SECONDS} s")
         self.metrics.errors.labels(phase, "upstream").inc()
         name = "context" if phase == "ctx" else "generation"
         raise UpstreamFailedError(f"every {name} worker failed ({len(attempts.tried)} tried)")
@@ -282,7 +289,8 @@ class Flow:
         if status == 429:
             raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)", refused=True)
         if status >= 500:
-            raise LegFailed(f"{worker.worker_id} answered {status}", kv_source_lost=kv_source_lost(content))
+            raise LegFailed(f"{worker.worker_id} answered {status}", kv_source_lost=kv_source_lost(content),
+                            unavailable=status == 503)
         if status != 200:
             raise UpstreamRejected(status, content)
         return content
@@ -321,14 +329,22 @@ class Flow:
                          payload: dict[str, Any], record: RequestTrace, headers: dict[str, str],
                          deadline: float) -> StreamAnswer:
         tokens = len(request.prompt_ids)
+        # A stream of n choices, or one that echoes its prompt, is not moved: its marks name one
+        # choice's tokens, and a resumed leg would echo the prompt again.
+        body = request.body
+        migrating = self.config.migration.limit > 0 and (body.get("n") or 1) == 1 and not body.get("echo")
 
-        async def leg(worker: WorkerRecord, replay: bool) -> tuple[LegResponse, AsyncGenerator[bytes, None], bytes]:
+        async def leg(worker: WorkerRecord, replay: bool
+                      ) -> tuple[LegResponse, AsyncGenerator[bytes, None], bytes, Migration | None]:
             body = request.body if replay else payload
             start = time.time()
             self.metrics.count_leg("gen")
             self.view.acquire(worker.worker_id, tokens)
             upstream = None
             headers = {"x-request-id": f"{request_id}-gen", "content-type": "application/json"}
+            if migrating:
+                headers.update(MARKS_HEADERS)
+            migration = Migration(self, request, request_id, body) if migrating else None
             span = self.ends.open_leg(record, "gen", worker.worker_id, start, headers)
             try:
                 upstream = await self._within(deadline, self.upstream.post(
@@ -337,13 +353,16 @@ class Flow:
                     raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)",
                                     refused=True)
                 if upstream.status >= 500:
-                    raise LegFailed(f"{worker.worker_id} answered {upstream.status}")
+                    raise LegFailed(f"{worker.worker_id} answered {upstream.status}",
+                                    unavailable=upstream.status == 503)
                 if upstream.status != 200:
                     raise UpstreamRejected(upstream.status, await upstream.read())
                 chunks = upstream.chunks()
                 first_chunk = await self._within(deadline, chunks.__anext__())  # still retryable until here
                 if body is not request.body and kv_source_lost(first_chunk):  # the pull failed in band
                     raise LegFailed(f"{worker.worker_id}: the KV pull failed", kv_source_lost=True)
+                if migration is not None:
+                    first_chunk = await self._first_write(worker, migration, chunks, first_chunk, deadline)
             except BaseException as exc:
                 self.view.release(worker.worker_id, tokens)
                 if span is not None:
@@ -362,11 +381,29 @@ class Flow:
                 self.ends.keep_gen_leg(record, span)
             self.metrics.observe("gen_first_byte", record.gen.first_byte - start)
             self.metrics.observe("ttft", record.gen.first_byte - record.arrival)
-            return upstream, chunks, first_chunk
+            return upstream, chunks, first_chunk, migration
 
-        (upstream, chunks, first_chunk), worker = await self.attempt("gen", request, first, record, leg)
-        relay = Relay(self, request, upstream, chunks, first_chunk, worker, tokens, record, deadline)
+        (upstream, chunks, first_chunk, migration), worker = await self.attempt("gen", request, first, record, leg)
+        relay = Relay(self, request, upstream, chunks, first_chunk, worker, tokens, record, deadline, migration)
         return StreamAnswer(relay, {**headers, "x-disagg-gen-worker": worker.worker_id})
+
+    async def _first_write(self, worker: WorkerRecord, migration: Migration, chunks: AsyncGenerator[bytes, None],
+                           chunk: bytes, deadline: float) -> bytes:
+        """A marked leg's first whole write (marks stripped), read on until one is complete; a
+        leg whose first write is a 5xx error event failed before the client saw a byte (LegFailed:
+        retried from the start, as any such failure)."""
+        while True:
+            data = migration.read(chunk)
+            if migration.failed is not None and not data:
+                raise LegFailed(f"{worker.worker_id} failed before its first token ({migration.failed})",
+                                unavailable="status 503" in migration.failed)
+            if migration.failed is not None:
+                return data  # the relay moves the stream after relaying this
+            if type(chunk) is FinalFrame:
+                return FinalFrame(data + migration.rest())
+            if data:
+                return data
+            chunk = await self._within(deadline, chunks.__anext__())
 
 
 async def within(deadline: float, work: Awaitable[T], request_seconds: float) -> T:

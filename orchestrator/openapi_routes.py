@@ -25,8 +25,9 @@ __all__ = ["ORCHESTRATOR_DOCS", "OPENAI_BATCH_DOCS", "DESCRIPTION", "OPEN_PATHS"
 
 DESCRIPTION = ("The one URL of a disagg deployment: OpenAI, Anthropic and Responses APIs over context and "
                "generation workers.")
-# With an API key configured, what needs none (probes and scrapers; ``orchestrator.app``'s protected=False).
-OPEN_PATHS = frozenset({"/health", "/version", "/cluster_info", "/prometheus/metrics", "/metrics", "/perf_metrics"})
+# With an API key configured, what needs none: the readiness probe (``orchestrator.app``'s protected=False).
+# Scrapers present the key (``orchestrator.prometheus_sd`` writes it into Prometheus' scrape config).
+OPEN_PATHS = frozenset({"/health"})
 
 
 class OrchestratorHealth(msgspec.Struct):

@@ -61,8 +61,8 @@ async def turn_answer(orch, raw: bytes, session_header: str | None, run: Callabl
                       fields: dict[str, Any] | None = None) -> tuple[ResponseTurn, Any]:
     """The chat request a /v1/responses body means, and ``run``'s answer to it (its errors in
     Responses terms). Shared by ``create_response`` and the OpenAI Batches (``orchestrator.openai_batches``).
-    ``fields``: where the unknown top-level fields it ignored are left (``frontends.request_fields``)."""
-    turn = await begin_turn(raw, orch.responses, orch.config.strict_request_fields, fields)
+    ``fields``: where the unknown top-level fields it ignored are noted (``frontends.request_fields``)."""
+    turn = await begin_turn(raw, orch.responses, orch.config.strict_request_fields, {} if fields is None else fields)
     try:
         # A conversation is a session (affinity routing) unless the client names one.
         session = session_header or turn.body.user or turn.session_id
@@ -94,8 +94,7 @@ async def create_response(orch, request: Request) -> Response:
 
     try:
         fields: dict[str, Any] = {}  # the unknown fields it ignores (frontends.request_fields)
-        turn, answer = await turn_answer(orch, await request.body(), request.headers.get("x-session-id"), run,
-                                         fields)
+        turn, answer = await turn_answer(orch, await request.body(), request.headers.get("x-session-id"), run, fields)
     except Exception as exc:
         orch.failed(record, exc, False)
         raise

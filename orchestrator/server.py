@@ -80,13 +80,14 @@ class OrchestratorSettings:
 
 def run_orchestrator(parsed: argparse.Namespace) -> int:
     from frontends.server import make_listen_socket, run_event_loop
-    from orchestrator.config import load_orchestrator_config
+    from orchestrator.config import check_worker_key_file, load_orchestrator_config
     from orchestrator.request_end import not_a_client_request
     from workers.log_format import configure_logging
 
     args = OrchestratorSettings.from_args(parsed)
 
     config = load_orchestrator_config(args.config)
+    check_worker_key_file(config, args.config)
     config = dataclasses.replace(config, access_log=_access_log(args, config))  # the flag over the file
     configure_logging(config.log_level, config.log_format, "orchestrator")
     logging.getLogger("uvicorn.access").addFilter(not_a_client_request)
@@ -244,6 +245,7 @@ async def _run_owner(config: OrchestratorConfig, owner: StateOwner, stop: asynci
     import uvicorn
 
     from frontends.server import FrontendServer
+    from orchestrator.app import worker_key_headers
     from orchestrator.health import HealthChecker
     from orchestrator.perf import PerfJoiner
     from orchestrator.state import state_app
@@ -254,7 +256,7 @@ async def _run_owner(config: OrchestratorConfig, owner: StateOwner, stop: asynci
     unix.bind(str(path))
     os.chmod(path, 0o600)
     unix.listen(1024)
-    client = httpx.AsyncClient(timeout=config.health.timeout_seconds)
+    client = httpx.AsyncClient(timeout=config.health.timeout_seconds, headers=worker_key_headers(config))
     # uvicorn.Config sets the (process-global) uvicorn loggers up in its __init__: none given here,
     # so the client server's log level and access log stand; this server logs no access line.
     owner_config = uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds), extra_routes),

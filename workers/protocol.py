@@ -22,6 +22,7 @@ __all__ = [
     "AddRequest",
     "AddContextRequest",
     "AddRemoteRequest",
+    "AddResumedRequest",
     "ParkedKV",
     "KVTransferStats",
     "AbortRequests",
@@ -169,6 +170,16 @@ class AddRemoteRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, t
     kv_endpoint: str
 
 
+class AddResumedRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="add_resumed"):
+    """A stream migrated from a worker that failed mid-answer (``frontends.disaggregation``):
+    prefill the prompt and ``output_token_ids`` (the tokens another engine already sampled), then
+    decode on from there as if this engine had sampled them: they count toward ``max_tokens``
+    and the sampling positions, the grammar is advanced past them, and they are not reported again."""
+
+    request: EngineRequest
+    output_token_ids: list[int]
+
+
 class AbortRequests(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="abort"):
     """Abort these requests in whatever state they are (unknown ids are ignored)."""
 
@@ -182,7 +193,8 @@ class FrontendHello(msgspec.Struct, frozen=True, array_like=True, tag="hello"):
     frontend_id: int
 
 
-IngressMessage = AddRequest | AddContextRequest | AddRemoteRequest | AbortRequests | FrontendHello
+IngressMessage = (AddRequest | AddContextRequest | AddRemoteRequest | AddResumedRequest | AbortRequests
+                  | FrontendHello)
 
 
 # --- lane-<i>.sock: the engine PUSHes, frontend i PULLs ----------------------

@@ -34,6 +34,7 @@ from frontends.responses.render import ResponseEventStream, ResponseTurn
 from frontends.responses.schemas import Item, ResponsesRequest, StoredResponse, with_defaults
 from frontends.responses.store import ADMIN_PREFIX, LocalResponses, ResponsesClient
 from frontends.responses.translate import parse_input, rename_param, validate_request
+from frontends.route_table import over_admin_socket
 from frontends.schemas_openai import ChatCompletionRequest
 from frontends.serving import ServingContext
 from frontends.streaming import EventStreamResponse
@@ -125,17 +126,11 @@ async def delete_response(ctx: ServingContext, request: Request) -> Response:
                     media_type=_JSON)
 
 
-def _over_admin_socket(request: Request) -> bool:
-    # uvicorn gives a Unix socket's connections a (path, None) server address; TCP has a port.
-    server = request.scope.get("server")
-    return server is not None and server[1] is None
-
-
 def admin_routes(store: LocalResponses) -> list[Route]:
     """The launcher's store, for its attached frontends: GET / PUT / DELETE a whole record."""
 
     async def record(request: Request) -> Response:
-        if not _over_admin_socket(request):
+        if not over_admin_socket(request.scope):
             return Response(status_code=404)
         response_id = request.path_params["response_id"]
         if request.method == "PUT":

@@ -19,7 +19,7 @@ ON = KVPoolConfig(enabled=True, min_blocks=2, overhead_seconds=0.0)
 def view_of(held: dict[str, int], roles: dict[str, str] | None = None) -> ClusterView:
     """Workers w0.. holding the prompt's first ``held[w]`` blocks."""
     view = ClusterView(0, 16, 0)
-    for worker_id, blocks in held.items():
+    for worker_id in held:
         role = (roles or {}).get(worker_id, "ctx")
         view.workers[worker_id] = WorkerRecord(worker_id=worker_id, role=role, url=f"http://{worker_id}",
                                                static=True, kv_endpoint=f"tcp://{worker_id}:1", healthy=True)

@@ -81,7 +81,8 @@ class EngineCore:
 
     # ---- requests ----------------------------------------------------------
 
-    def add_request(self, engine_request: EngineRequest, park_kv_seconds: float | None = None) -> Request:
+    def add_request(self, engine_request: EngineRequest, park_kv_seconds: float | None = None,
+                    output_token_ids: Sequence[int] = ()) -> Request:
         """Queue a request; an invalid one is rejected by the next ``step()``.
 
         Returns the engine-side ``Request``, whose timestamps
@@ -89,8 +90,11 @@ class EngineCore:
         Raises ValueError when the id is already in the engine.
         ``park_kv_seconds`` (disaggregated ctx side): park the request's blocks
         at finish for that long (see ``parked_block_ids`` / ``release_parked``).
+        ``output_token_ids``: a migrated stream's tokens sampled elsewhere (``AddResumedRequest``):
+        prefilled with the prompt, never reported, counted as this request's output.
         """
         request = self._make_request(engine_request)
+        request.output_token_ids.extend(output_token_ids)
         if self._accepts_tokens(request) and self._attach_grammar(request):
             self.scheduler.add_request(request, park_kv_seconds)
         return request
