@@ -13,15 +13,17 @@ import httpx
 import openai
 import pytest
 
+from disagg_cluster import DisaggCluster
 from orchestrator_process import start_orchestrator, stop_orchestrator
-from test_surface import MODEL, Cluster
+
+MODEL = "tiny-test"
 
 LONG = [{"role": "user", "content": " ".join(f"token{i}" for i in range(100))}]
 
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, tmp_path_factory):
-    cluster = Cluster(tmp_path_factory.mktemp("choices"), tiny_model_dir)
+    cluster = DisaggCluster(tmp_path_factory.mktemp("choices"), tiny_model_dir)
     yield cluster
     cluster.close()
 
