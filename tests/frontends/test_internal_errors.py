@@ -38,7 +38,7 @@ def test_param_error_is_a_400_naming_the_param():
 
 def break_engine(harness, monkeypatch):
     """The engine breaks an invariant on the next request, as ``EngineCore.add_request`` does on a duplicate id."""
-    def add_request(request: EngineRequest) -> None:
+    def add_request(request: EngineRequest, *args: object, **kwargs: object) -> None:
         raise ValueError(INVARIANT)
 
     monkeypatch.setattr(harness.core, "add_request", add_request)
