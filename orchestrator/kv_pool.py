@@ -68,10 +68,12 @@ def choose_prefix(config: KVPoolConfig, kv: KVIndex, hashes: Sequence[int], num_
     if not config.enabled:
         return None
     usable = (num_prompt_tokens - 1) // block_size  # the last token is computed on the ctx worker
-    own = min(kv.num_matched_blocks(ctx_id, hashes), usable)
+    # Blocks in any tier count: a holder's export onboards its host and disk blocks as any hit does,
+    # and the ctx engine copies in its own before it pulls the rest.
+    own = min(kv.match(ctx_id, hashes)[0], usable)
     best: tuple[int, str] | None = None
     for holder_id in holder_ids:
-        held = min(kv.num_matched_blocks(holder_id, hashes), usable)
+        held = min(kv.match(holder_id, hashes)[0], usable)
         if best is None or held > best[0]:
             best = held, holder_id
     if best is None or best[0] - own < config.min_blocks:

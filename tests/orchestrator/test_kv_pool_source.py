@@ -78,3 +78,12 @@ def test_the_speeds_are_measured_from_the_ctx_answers():
     assert pool.measured_prefill_tps == pytest.approx(2400.0)  # a leg that pulled says nothing of prefill
     pool.observe_ctx_leg(worker, 40, {}, 0.1)  # too few tokens to measure a speed by
     assert pool.measured_prefill_tps == pytest.approx(2400.0)
+
+
+def test_blocks_in_a_lower_tier_count_for_the_holder_and_the_ctx_worker():
+    view = view_of({"w0": 1, "w1": 2})
+    view.kv.lower["w1"] = set(HASHES[2:8])  # pool 2 + host/disk 6: 8 leading blocks
+    source = KVPool(view, None).source(ON, request(), view.workers["w0"])  # type: ignore[arg-type]
+    assert source is not None and (source.holder.worker_id, source.num_tokens, source.gain_tokens) == ("w1", 128, 112)
+    view.kv.lower["w0"] = set(HASHES[1:7])  # the ctx worker holds 7 itself: 1 more is below min_blocks
+    assert KVPool(view, None).source(ON, request(), view.workers["w0"]) is None  # type: ignore[arg-type]
