@@ -125,6 +125,7 @@ def orchestrator_config(config: DeployConfig, *, model: Path | str, state_dir: P
         conditional=s.conditional, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
         api_key=s.api_key, workers=workers, default_block_size=config.engine.block_size or 16,
         max_request_bytes=s.max_request_bytes, max_concurrent_requests=s.max_concurrent_requests,
+        max_queued_requests=s.max_queued_requests, max_queued_prompt_tokens=s.max_queued_prompt_tokens,
         grace_seconds=s.grace_seconds, max_process_restarts=s.max_process_restarts,
         process_restart_window_seconds=s.process_restart_window_seconds, access_log=config.access_log,
         log_format=config.log_format, tracing=config.tracing, log_level=s.log_level,

@@ -38,7 +38,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from frontends.body_limit import BodyLimitMiddleware
-from frontends.admission import RETRY_AFTER_SECONDS, AdmissionGate, AdmissionMiddleware
+from frontends.admission import AdmissionGate, AdmissionMiddleware, QueueBound, per_frontend_limit
 from frontends.errors import InvalidRequestError, anthropic_error_body, http_error, openai_error_body
 from frontends.route_errors import route_error_response
 from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
@@ -89,6 +89,11 @@ class Orchestrator:
         self.metrics.process.on_sample(self._sample_in_flight)
         # One count per process of the generation requests in flight, for the app and the fast lane.
         self.admission = AdmissionGate(config.max_concurrent_requests or None, "this orchestrator process", "")
+        self.admission.on_refused = self.metrics.count_refused
+        # This process's share of the orchestrator's bound on requests without a first token yet.
+        self.queue = QueueBound(per_frontend_limit(config.max_queued_requests, config.processes),
+                                per_frontend_limit(config.max_queued_prompt_tokens, config.processes),
+                                "the orchestrator", self.metrics.count_refused)
         timeouts = config.timeouts
         self.legs = HttpClient(timeouts.connect_seconds, timeouts.idle_seconds)  # request legs: the hot path
         # Health, worker info, KV events, perf: a few calls a second.
@@ -129,7 +134,12 @@ class Orchestrator:
                 # snapshot reaches it: its view is empty, not the cluster. Wait, do not answer 503.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.link.first_snapshot.wait(), FIRST_SNAPSHOT_WAIT_SECONDS)
-            return await self.flow.answer(parsed, request_id, watch, record)
+            queued = self.queue.enter(len(parsed.prompt_ids))
+            try:
+                return await self.flow.answer(parsed, request_id, watch, record, queued)
+            finally:
+                if queued is not None:
+                    queued.leave()  # a stream's first byte is out, or the request ended
         except Exception as exc:
             self.failed(record, exc, api == "messages")
             raise
@@ -201,7 +211,7 @@ def error_parts(exc: BaseException, anthropic: bool) -> tuple[int, bytes, dict[s
         return exc.status, exc.body, {}
     error = http_error(exc)
     body = anthropic_error_body(error) if anthropic else openai_error_body(error)
-    return error.status, body, ({"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else {})
+    return error.status_for(anthropic), body, error.headers()
 
 
 def _error(exc: BaseException, anthropic: bool) -> Response:
