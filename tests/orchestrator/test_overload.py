@@ -85,6 +85,7 @@ def _counter(text: str, name: str, limit: str) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow  # tens of seconds; its refusal times need a machine not loaded many times over
 def test_a_burst_of_ten_times_capacity_keeps_the_admitted_fast_and_refuses_the_rest_at_once(deployment):
     url, worker_urls = deployment
     unloaded = asyncio.run(_run(url, 8, concurrent=False))
