@@ -119,7 +119,10 @@ class _SteppedClient:
     max_model_len, vocab_size, eos_token_ids, is_healthy = 2048, 512, (), True
 
     def __init__(self) -> None:
+        from frontends.admission import QueueBound
+
         self.active: dict[int, list] = {}
+        self.queue = QueueBound(None, None, "this benchmark's engine")
         self.next_id = 0
         self.sink_cpu_s = 0.0
         self.num_outputs = 0

@@ -48,15 +48,20 @@ from frontend_scaling import children, cmdline
 from http_loadgen import cpu_seconds
 
 
-def _deploy_config(source: Path, run_dir: Path, engine_threads: str, settings: list[str]) -> Path:
-    data = yaml.safe_load(source.read_text())
-    for setting in settings:  # KEY.PATH=VALUE, the value read as YAML
+def set_keys(data: dict, settings: list[str]) -> None:
+    """``--set`` overrides of a deployment's YAML: each ``KEY.PATH=VALUE``, the value read as YAML."""
+    for setting in settings:
         path, _, value = setting.partition("=")
         *parents, leaf = path.split(".")
         node = data
         for key in parents:
             node = node.setdefault(key, {})
         node[leaf] = yaml.safe_load(value)
+
+
+def _deploy_config(source: Path, run_dir: Path, engine_threads: str, settings: list[str]) -> Path:
+    data = yaml.safe_load(source.read_text())
+    set_keys(data, settings)
     data["run_dir"] = str(run_dir)
     data["orchestrator"]["port"] = 0  # free ports: never collide with another deployment on the machine
     for pool in data["pools"].values():

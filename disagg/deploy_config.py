@@ -102,6 +102,13 @@ class EngineSettings:
     """Generation requests one worker serves at once, each of its K frontends admitting ceil(limit / K);
     more get 429 with Retry-After, and the orchestrator tries another worker (serve's
     --max-concurrent-requests; default 4 x max_num_seqs; 0: no limit)."""
+    max_queued_requests: int | None = None
+    """Requests one worker has sent to its engine that have no first token yet (its queue), each of its
+    K frontends holding ceil(limit / K); a request past it gets 429 (Anthropic: 529) with Retry-After and
+    the orchestrator tries another worker (serve's --max-queued-requests; default and 0: no bound)."""
+    max_queued_prompt_tokens: int | None = None
+    """The prompt tokens of those queued requests, shared out the same way; a request alone in the
+    queue is never refused for its length (serve's --max-queued-prompt-tokens; default and 0: no bound)."""
     max_perf_records: int | None = None
     perf_record_seconds: float | None = None
     """The launcher keeps at most this many unread per-request perf records, none older than this
@@ -137,9 +144,10 @@ class EngineSettings:
                               f"must be auto, native or sdpa, got {self.decode_attention!r}")
         if self.max_request_bytes is not None and self.max_request_bytes < 1024:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
-        if self.max_concurrent_requests is not None and self.max_concurrent_requests < 0:
-            raise ConfigError(f"{prefix}.max_concurrent_requests",
-                              f"must be >= 0 (0: no limit), got {self.max_concurrent_requests}")
+        for name in ("max_concurrent_requests", "max_queued_requests", "max_queued_prompt_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{prefix}.{name}", f"must be >= 0 (0: no limit), got {value}")
         if self.stream_interval is not None and not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ConfigError(f"{prefix}.stream_interval",
                               f"must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}")
@@ -168,6 +176,8 @@ class EngineSettings:
                 "--engine-wedged-seconds": self.wedged_seconds,
                 "--max-request-bytes": self.max_request_bytes,
                 "--max-concurrent-requests": self.max_concurrent_requests,
+                "--max-queued-requests": self.max_queued_requests,
+                "--max-queued-prompt-tokens": self.max_queued_prompt_tokens,
                 "--max-perf-records": self.max_perf_records, "--perf-record-seconds": self.perf_record_seconds,
                 "--engine-threads": self.threads if isinstance(self.threads, int) else None}
 
@@ -197,6 +207,10 @@ class OrchestratorSettings:
     """Larger ``POST /v1/files`` uploads (batch input files) get a 413 naming this key."""
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
     """Generation requests each orchestrator process serves at once; more get 429 (0: no limit)."""
+    max_queued_requests: int = 0
+    max_queued_prompt_tokens: int = 0
+    """Client requests the orchestrator holds without a first token yet, and their prompt tokens
+    (``orchestrator.config``; shared out over its processes; 0: no bound)."""
     grace_seconds: float = 30.0
     """At `disagg down` the orchestrator drains this long; the supervisor waits at least as long for
     it as for the workers (``disagg.deployment``)."""
@@ -209,9 +223,9 @@ class OrchestratorSettings:
     def validate(self, prefix: str) -> None:
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"{prefix}.log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
-        if self.max_concurrent_requests < 0:
-            raise ConfigError(f"{prefix}.max_concurrent_requests",
-                              f"must be >= 0 (0: no limit), got {self.max_concurrent_requests}")
+        for name in ("max_concurrent_requests", "max_queued_requests", "max_queued_prompt_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{prefix}.{name}", f"must be >= 0 (0: no limit), got {getattr(self, name)}")
         if not 0 < self.grace_seconds <= 3600:
             raise ConfigError(f"{prefix}.grace_seconds", f"must be in (0, 3600], got {self.grace_seconds}")
         if self.max_process_restarts < 0:

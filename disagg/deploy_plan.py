@@ -167,6 +167,7 @@ def orchestrator_config(config: DeployConfig, *, model: Path | str, state_dir: P
         api_key=s.api_key, workers=workers, default_block_size=config.engine.block_size or 16,
         max_request_bytes=s.max_request_bytes, max_upload_bytes=s.max_upload_bytes,
         max_concurrent_requests=s.max_concurrent_requests,
+        max_queued_requests=s.max_queued_requests, max_queued_prompt_tokens=s.max_queued_prompt_tokens,
         grace_seconds=s.grace_seconds, max_process_restarts=s.max_process_restarts,
         process_restart_window_seconds=s.process_restart_window_seconds, access_log=config.access_log,
         strict_request_fields=config.strict_request_fields,

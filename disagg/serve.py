@@ -103,6 +103,14 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
                                        help="generation requests the worker serves at once, shared evenly by its "
                                             "frontends; more get 429 with Retry-After (default: 4 x "
                                             "--max-num-seqs; 0: no limit)")),
+    ("--max-queued-requests", dict(type=int, default=None,
+                                   help="requests sent to the engine without a first token yet, shared evenly "
+                                        "by the frontends; more get 429 (Anthropic: 529) with Retry-After "
+                                        "(default and 0: no bound)")),
+    ("--max-queued-prompt-tokens", dict(type=int, default=None,
+                                        help="prompt tokens of those queued requests, shared the same way; a "
+                                             "request alone in the queue is never refused (default and 0: no "
+                                             "bound)")),
     ("--access-log", dict(action=argparse.BooleanOptionalAction, default=False,
                           help="one INFO line per HTTP request (client, method, path, status)")),
     ("--strict-request-fields", dict(action=argparse.BooleanOptionalAction, default=False,
@@ -213,10 +221,13 @@ def _frontend_config(args: ServeSettings, frontend_id: int, engine_info: Any = N
     if worker_limit is None:
         worker_limit = default_max_concurrent_requests(args.max_num_seqs)
     disagg = None if engine_info is None else frontend_disagg_config(args, engine_info)
+    num_frontends = resolve_num_frontends(args.num_frontends)
     config = FrontendConfig(served_model_name=name, frontend_id=frontend_id, disagg=disagg,
                             tool_call_parser=args.tool_call_parser, max_request_bytes=args.max_request_bytes,
-                            max_concurrent_requests=per_frontend_limit(worker_limit,
-                                                                       resolve_num_frontends(args.num_frontends)),
+                            max_concurrent_requests=per_frontend_limit(worker_limit, num_frontends),
+                            max_queued_requests=per_frontend_limit(args.max_queued_requests, num_frontends),
+                            max_queued_prompt_tokens=per_frontend_limit(args.max_queued_prompt_tokens,
+                                                                        num_frontends),
                             max_perf_records=args.max_perf_records, perf_record_seconds=args.perf_record_seconds,
                             otlp_endpoint=args.otlp_endpoint, trace_service_name=args.trace_service_name,
                             role=args.role, strict_request_fields=args.strict_request_fields,
@@ -368,8 +379,10 @@ def _run_launcher(args: ServeSettings, rank_env: Any = None) -> int:
 
 
 def _check_limits(args: ServeSettings) -> None:
-    if args.max_concurrent_requests is not None and args.max_concurrent_requests < 0:
-        raise ConfigError("max_concurrent_requests", f"must be >= 0 (0: no limit), got {args.max_concurrent_requests}")
+    for name in ("max_concurrent_requests", "max_queued_requests", "max_queued_prompt_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            raise ConfigError(name, f"must be >= 0 (0: no limit), got {value}")
     if args.max_perf_records is not None and args.max_perf_records < 1:
         raise ConfigError("max_perf_records", f"must be >= 1, got {args.max_perf_records}")
     if args.perf_record_seconds is not None and args.perf_record_seconds <= 0:

@@ -53,6 +53,8 @@ class ServeSettings:
     state_dir: str | None
     max_request_bytes: int
     max_concurrent_requests: int | None
+    max_queued_requests: int | None
+    max_queued_prompt_tokens: int | None
     access_log: bool
     strict_request_fields: bool
     max_perf_records: int | None

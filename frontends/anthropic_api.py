@@ -125,7 +125,7 @@ class MessagesApi:
         return ctx.sampling_params(
             num_prompt_tokens, body.max_tokens, prompt_param="messages",
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, guided=guided,
-            guided_param=guided_param, stream_interval=body.stream_interval,
+            guided_param=guided_param, stream_interval=body.stream_interval, priority=body.priority,
         )
 
 

@@ -40,7 +40,7 @@ from frontends.errors import (
     openai_error_body,
 )
 from frontends.generation import EngineClientLike
-from frontends.admission import RETRY_AFTER_SECONDS, AdmissionGate
+from frontends.admission import AdmissionGate, OnRefused
 from frontends.openapi import DocumentedApp
 from frontends.openapi_routes import WORKER_DOCS
 from frontends.route_errors import route_error_response
@@ -195,8 +195,8 @@ _SHUTTING_DOWN = ApiError(503, "the worker is shutting down; retry", "service_un
 
 def error_response(error: ApiError, anthropic: bool) -> Response:
     body = anthropic_error_body(error) if anthropic else openai_error_body(error)
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else None
-    return Response(body, status_code=error.status, media_type="application/json", headers=headers)
+    return Response(body, status_code=error.status_for(anthropic), media_type="application/json",
+                    headers=error.headers())
 
 
 class _Endpoint:
@@ -287,6 +287,7 @@ def build_app(
     extra_routes: Sequence[BaseRoute] = (),
     prefix_routes: Sequence[BaseRoute] = (),
     responses_store: responses.ResponsesClient | None = None,
+    on_refused: OnRefused | None = None,
 ) -> Starlette:
     """The frontend app for one process.
 
@@ -296,7 +297,8 @@ def build_app(
     routes, which are matched first. ``prefix_routes``: matched before every
     other route (the launcher-owned routes: their forwarders or handlers).
     ``responses_store``: where ``/v1/responses`` keeps and finds stored responses
-    (default: an in-memory store of this app's own).
+    (default: an in-memory store of this app's own). ``on_refused``: counts each request the
+    admission gate refuses (``frontends.admission``).
     """
 
     @contextlib.asynccontextmanager
@@ -304,10 +306,12 @@ def build_app(
         async with lifespan(app) if lifespan is not None else contextlib.nullcontext():
             yield
 
+    gate = AdmissionGate(config.max_concurrent_requests)
+    gate.on_refused = on_refused
     app = _FrontendStarlette(
         config.frontend_id,
         config.max_request_bytes,
-        AdmissionGate(config.max_concurrent_requests),
+        gate,
         config.version,
         RequiredKey(config.worker_key) if config.worker_key is not None else None,
         routes=[*prefix_routes, *api_routes(), *extra_routes],

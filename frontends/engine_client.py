@@ -35,6 +35,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from frontends.admission import QueueBound, QueueTicket
 from frontends.errors import EngineDeadError, EngineUnresponsiveError
 from frontends.perf_records import build_record
 from frontends.request_context import TRACEPARENT
@@ -90,6 +91,10 @@ class EngineClient:
         # Called with the record and the request's incoming traceparent when it came with one and
         # tracing is on (frontends.tracing: the worker's spans); None: off.
         self.on_traced_request: Callable[[PerfRecord, str], None] | None = None
+        # This frontend's share of the worker's bound on queued requests (``frontends.admission``): a
+        # request is counted from its submission to its first output. Checked when it is prepared
+        # (``ServingContext.check_queue``), counted here.
+        self.queue = QueueBound(None, None, "this worker")
 
     @property
     def is_healthy(self) -> bool:
@@ -208,6 +213,7 @@ class EngineClient:
         if not self.is_healthy:
             raise self.unavailable_error()
         track = _RequestTrack(self._ids.next_id(), len(prompt_token_ids), arrival_time, x_request_id)
+        track.queued = self.queue.add(len(prompt_token_ids))
         self._queues[track.request_id] = sink
         try:
             request = EngineRequest(track.request_id, list(prompt_token_ids), params, track.arrival_time,
@@ -223,6 +229,9 @@ class EngineClient:
     def _end(self, track: _RequestTrack) -> None:
         """A request's consumer is done with it: unregistered, aborted if unfinished, recorded."""
         request_id = track.request_id
+        if track.queued is not None:
+            track.queued.leave()
+            track.queued = None
         if self._queues.pop(request_id, None) is None:
             return  # ended before
         if not track.finished and self.dead_reason is None:
@@ -331,7 +340,7 @@ class _RequestTrack:
     """What one request's perf record needs, noted output by output."""
 
     __slots__ = ("request_id", "num_prompt_tokens", "arrival_time", "tokenized", "x_request_id", "traceparent",
-                 "last", "last_token_time", "num_output_tokens", "num_cached_tokens", "finished")
+                 "last", "last_token_time", "num_output_tokens", "num_cached_tokens", "finished", "queued")
 
     def __init__(self, request_id: int, num_prompt_tokens: int, arrival_time: float | None,
                  x_request_id: str | None) -> None:
@@ -346,9 +355,13 @@ class _RequestTrack:
         self.num_output_tokens = 0
         self.num_cached_tokens = 0  # on the first output only (the engine's rule): the last one may say 0
         self.finished = False
+        self.queued: QueueTicket | None = None  # its place in the queue bound, until its first output
 
     def note(self, output: RequestOutput, received_at: float) -> None:
         """``received_at``: when its lane message arrived (one clock read a batch, not one an output)."""
+        if self.queued is not None:
+            self.queued.leave()
+            self.queued = None
         self.last = output
         if output.new_token_ids:
             self.last_token_time = received_at

@@ -9,7 +9,8 @@ Exception hierarchy (what a handler or the engine client may raise)::
     ├── UnauthorizedError         401: no or a wrong API key or worker key (frontends.api_key)
     ├── RequestTooLargeError      413: the request body is over the server's limit
     ├── RequestHeadTooLargeError  431: the request line and headers are over 64 KiB (frontends.header_limit)
-    ├── OverloadedError           429: at the concurrent-request limit, with Retry-After (frontends.admission)
+    ├── OverloadedError           429 (Anthropic: 529 overloaded_error) with Retry-After: at an admission
+    │                             limit (frontends.admission)
     ├── ModelNotFoundError        404: the body names a model this frontend does not serve
     ├── NotFoundError             404: unknown route
     ├── EngineDeadError           503: the engine process is gone, or wedged past its limit
@@ -64,6 +65,8 @@ class FrontendError(Exception):
     openai_type: str = "invalid_request_error"
     anthropic_type: str = "invalid_request_error"
     code: str | None = None
+    anthropic_status: int | None = None  # where Anthropic's API answers another status than ``status``
+    retry_after: int | None = None  # seconds, sent as Retry-After: the client may retry then
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -140,12 +143,22 @@ class ApiError(msgspec.Struct, frozen=True):
     anthropic_type: str
     param: str | None = None
     code: str | None = None
+    anthropic_status: int | None = None
+    retry_after: int | None = None
+
+    def status_for(self, anthropic: bool) -> int:
+        """The HTTP status in the API's shape (Anthropic answers overload with 529, OpenAI with 429)."""
+        return self.anthropic_status if anthropic and self.anthropic_status is not None else self.status
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
 
 
 def http_error(exc: BaseException) -> ApiError:
     """The one mapping from exception types to HTTP errors."""
     if isinstance(exc, FrontendError):
-        return ApiError(exc.status, exc.message, exc.openai_type, exc.anthropic_type, exc.param, exc.code)
+        return ApiError(exc.status, exc.message, exc.openai_type, exc.anthropic_type, exc.param, exc.code,
+                        exc.anthropic_status, exc.retry_after)
     if isinstance(exc, msgspec.ValidationError):
         return ApiError(400, f"invalid request body: {exc}", "invalid_request_error", "invalid_request_error",
                         _param_of(exc))

@@ -18,6 +18,7 @@ import time
 from contextlib import aclosing
 from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator, Callable, Protocol, Sequence
 
+from frontends.admission import QueueBound
 from frontends.detokenizer import StopStringMatcher, make_detokenizer
 from frontends.errors import ApiError, EngineDeadError, FrontendError, InvalidRequestError, http_error
 from frontends.stream_marks import STREAM_MARKS, StreamMark, encode_mark
@@ -58,6 +59,9 @@ class EngineClientLike(Protocol):
 
     @property
     def is_healthy(self) -> bool: ...
+
+    @property
+    def queue(self) -> QueueBound: ...  # this frontend's share of the bound on queued requests
 
     def unavailable_error(self) -> Exception: ...  # why new requests are refused while not healthy
 

@@ -15,32 +15,13 @@ it does nothing.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
-from typing import Any, Iterable
+from typing import Iterable
+
+from workers.allocator import release_memory
 
 __all__ = ["TRIM_AFTER_BYTES", "release_memory", "large_body", "release_memory_soon"]
 
 TRIM_AFTER_BYTES = 1024 * 1024
-
-
-def _load_malloc_trim() -> Any:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def release_memory() -> None:
-    """Return the allocator's free heap pages to the system (glibc); a no-op elsewhere."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 def large_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:

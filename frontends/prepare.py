@@ -121,10 +121,11 @@ class PreparedRequest:
 
 def prepare_request(ctx: ServingContext, request: ApiRequest, arrival_time: float | None = None,
                     x_request_id: str | None = None) -> PreparedRequest:
-    """Steps 1-5 (module doc): the engine checked alive last, after every check of the body.
+    """Steps 1-5 (module doc): the engine checked alive, then its queue's room, after every check of the body.
     ``x_request_id``: the HTTP request's header (or a batch request's id), for its perf record."""
     valid = check_request(ctx, request)
     ctx.check_engine()
+    ctx.check_queue(len(valid.prompt_ids))
     generation = Generation(ctx.client, ctx.tokenizer, valid.prompt_ids, valid.params, valid.stop_strings,
                             arrival_time, valid.leg, x_request_id)
     return PreparedRequest(generation, valid.leg)

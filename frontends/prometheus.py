@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from frontends.admission import Limit
 from frontends.metric_batch import MetricBatch
 from frontends.piece_cache import PieceCache, count_lookups
 from frontends.process_metrics import ProcessMetrics
@@ -87,6 +88,10 @@ class FrontendMetrics:
         self.kv_recomputed = Counter("disagg_kv_transfer_recomputed", "Disaggregated gen legs whose KV pull failed "
                                      "(ctx engine gone, parked KV expired): the gen engine prefilled the prompt "
                                      "itself.", registry=r)
+        self.refused = Counter("disagg_requests_refused", "Generation requests refused at an admission limit "
+                               "(429, Anthropic 529, with Retry-After; frontends.admission), by limit.", ["limit"],
+                               registry=r)
+        self._refused = {limit: self.refused.labels(limit) for limit in Limit.ALL if limit != Limit.WORKERS}
         # Created at zero ("no failures" is a 0 series, not none), and looked up once: labels()
         # takes a lock and builds a key per call.
         self._finished = {reason: self.success.labels(reason) for reason in ("stop", "length")}
@@ -124,6 +129,11 @@ class FrontendMetrics:
             batch.count(self.kv_transfer_bytes, record.kv_transfer_bytes)
             if record.kv_transfer_bytes_per_second is not None:
                 batch.observe(self.kv_transfer_rate, record.kv_transfer_bytes_per_second)
+
+    def count_refused(self, limit: str) -> None:
+        """A request refused at ``limit`` (``frontends.admission.OnRefused``), written at once: a burst of
+        refusals is a burst of file writes, each far cheaper than the request it spares the engine."""
+        self._refused[limit].inc()
 
     def flush(self) -> None:
         """Write the counted requests into the (shared) metric files now."""

@@ -123,6 +123,7 @@ class MessagesRequest(msgspec.Struct, frozen=True):
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None  # structured output: frontends.structured
     stream_interval: int | None = None  # tokens per content delta after the first (an extension; 1 to 1024)
+    priority: int = 0  # vLLM's: the engine's queue serves lower values first (an extension)
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
 
 

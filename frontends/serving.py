@@ -49,6 +49,10 @@ class FrontendConfig:
     max_concurrent_requests: int | None = None
     """This frontend's share of its worker's concurrent generation requests (``frontends.admission``);
     more get 429 with Retry-After. None: no limit."""
+    max_queued_requests: int | None = None
+    max_queued_prompt_tokens: int | None = None
+    """This frontend's shares of its worker's bounds on requests sent to the engine without a first
+    token yet, and on their prompt tokens (``frontends.admission.QueueBound``). None: no bound."""
     max_perf_records: int | None = None
     perf_record_seconds: float | None = None
     """The launcher's perf-record store bounds (``frontends.perf_records.PerfStore``; None: its defaults)."""
@@ -108,6 +112,11 @@ class ServingContext:
         if not self.client.is_healthy:
             raise self.client.unavailable_error()
 
+    def check_queue(self, num_prompt_tokens: int) -> None:
+        """Refuse (``OverloadedError``: 429/529) a request the worker's queue bound has no room for,
+        before any of its answer is sent (``frontends.admission.QueueBound``)."""
+        self.client.queue.check(num_prompt_tokens)
+
     def check_prompt_token_ids(self, token_ids: list[int], param: str) -> None:
         if not token_ids:
             raise InvalidRequestError("the prompt is empty", param=param)
@@ -140,6 +149,7 @@ class ServingContext:
         guided: GuidedDecoding | None = None,
         guided_param: str = "response_format",
         stream_interval: int | None = None,
+        priority: int = 0,
     ) -> SamplingParams:
         """Validated SamplingParams, or InvalidRequestError / PromptTooLongError.
 
@@ -179,6 +189,7 @@ class ServingContext:
             logit_bias=logit_bias,
             guided=guided,
             stream_interval=stream_interval,
+            priority=priority,
         )
         try:
             params.validate()

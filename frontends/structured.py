@@ -161,6 +161,7 @@ def openai_controls(body: Any, vocab_size: int) -> dict[str, Any]:
         "repetition_penalty": body.repetition_penalty,
         "min_p": body.min_p,
         "stream_interval": body.stream_interval,
+        "priority": body.priority,
         "logit_bias": logit_bias_pairs(body.logit_bias, vocab_size),
     }
 

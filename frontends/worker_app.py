@@ -31,6 +31,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from frontends.admin_forwarder import FORWARDED_BY_HEADER, LauncherForwarder
+from frontends.admission import QueueBound
 from frontends.app import build_app
 from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore, EngineBatchExecutor, batch_routes
 from frontends.engine_client import EngineClient
@@ -129,6 +130,11 @@ def _tracing(client: EngineClient, config: FrontendConfig) -> Tracing | None:
     return tracing
 
 
+def _queue_bound(config: FrontendConfig, metrics: FrontendMetrics) -> QueueBound:
+    return QueueBound(config.max_queued_requests, config.max_queued_prompt_tokens, "this worker",
+                      metrics.count_refused)
+
+
 def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: FrontendConfig, attach: AttachInfo,
                       control: Control, config_labels: dict[str, str], state_dir: Path) -> ASGIApp:
     """Frontend 0's app. ``control``: ``WorkerGroup.control``. ``state_dir``: where the
@@ -139,6 +145,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     store = PerfStore(config.max_perf_records, config.perf_record_seconds)
     recorder = PerfRecorder(store.extend, _observer(metrics, client))
     client.on_request_done = recorder.add
+    client.queue = _queue_bound(config, metrics)
     tracing = _tracing(client, config)
     state = LauncherState(control, store, launcher_metrics, recorder, attach.engine.kind)
     # Opened here, before serving: a second worker on the same state dir fails at start-up.
@@ -166,7 +173,8 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
 
     app = build_app(client, tokenizer, config, lifespan=lifespan,
                     prefix_routes=[*launcher_routes(state), *batch_routes(batches), *admin_routes(responses)],
-                    extra_routes=[_prometheus_route(metrics, state.refresh_gauges)], responses_store=responses)
+                    extra_routes=[_prometheus_route(metrics, state.refresh_gauges)], responses_store=responses,
+                    on_refused=metrics.count_refused)
     app.state.launcher = state
     app.state.serving.frontends_down_file = attach.paths.frontends_down
     return ForwardedCounter(app, launcher_metrics)
@@ -180,6 +188,7 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     sender = PerfSender(attach.paths.perf, attach.key, attach.frontend_id)
     recorder = PerfRecorder(sender.send, _observer(metrics, client))
     client.on_request_done = recorder.add
+    client.queue = _queue_bound(config, metrics)
     tracing = _tracing(client, config)
     responses = LauncherResponses(str(attach.paths.launcher_admin), timeout=admin_timeout)
 
@@ -199,7 +208,8 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
                 await asyncio.to_thread(tracing.shutdown)
 
     app = build_app(client, tokenizer, config, lifespan=lifespan, prefix_routes=forwarder.routes(),
-                    extra_routes=[_prometheus_route(metrics)], responses_store=responses)
+                    extra_routes=[_prometheus_route(metrics)], responses_store=responses,
+                    on_refused=metrics.count_refused)
     app.state.forwarder = forwarder
     app.state.serving.frontends_down_file = attach.paths.frontends_down
     return app

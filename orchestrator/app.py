@@ -41,7 +41,7 @@ from starlette.routing import Route
 
 from frontends.api_key import RequiredKey, bearer_header, read_key_file
 from frontends.body_limit import BodyLimitMiddleware
-from frontends.admission import RETRY_AFTER_SECONDS, AdmissionGate, AdmissionMiddleware
+from frontends.admission import AdmissionGate, AdmissionMiddleware, QueueBound, per_frontend_limit
 from frontends.errors import InvalidRequestError, anthropic_error_body, http_error, openai_error_body
 from frontends.route_errors import route_error_response
 from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
@@ -96,6 +96,11 @@ class Orchestrator:
         # What clients present (None: open), and what this process presents to every worker.
         self.api_key = RequiredKey(config.api_key) if config.api_key is not None else None
         worker_headers = worker_key_headers(config)
+        self.admission.on_refused = self.metrics.count_refused
+        # This process's share of the orchestrator's bound on requests without a first token yet.
+        self.queue = QueueBound(per_frontend_limit(config.max_queued_requests, config.processes),
+                                per_frontend_limit(config.max_queued_prompt_tokens, config.processes),
+                                "the orchestrator", self.metrics.count_refused)
         timeouts = config.timeouts
         self.legs = HttpClient(timeouts.connect_seconds, timeouts.idle_seconds,  # request legs: the hot path
                                headers=worker_headers)
@@ -138,7 +143,12 @@ class Orchestrator:
                 # snapshot reaches it: its view is empty, not the cluster. Wait, do not answer 503.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.link.first_snapshot.wait(), FIRST_SNAPSHOT_WAIT_SECONDS)
-            return await self.flow.answer(parsed, request_id, watch, record)
+            queued = self.queue.enter(len(parsed.prompt_ids))
+            try:
+                return await self.flow.answer(parsed, request_id, watch, record, queued)
+            finally:
+                if queued is not None:
+                    queued.leave()  # a stream's first byte is out, or the request ended
         except Exception as exc:
             self.failed(record, exc, api == "messages")
             raise
@@ -210,8 +220,7 @@ def error_parts(exc: BaseException, anthropic: bool) -> tuple[int, bytes, dict[s
         return exc.status, exc.body, {}
     error = http_error(exc)
     body = anthropic_error_body(error) if anthropic else openai_error_body(error)
-    # 503 too: no worker can serve it now (none healthy, or each tried said so), retryable in a moment.
-    return error.status, body, ({"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status in (429, 503) else {})
+    return error.status_for(anthropic), body, error.headers()
 
 
 def _error(exc: BaseException, anthropic: bool) -> Response:

@@ -62,8 +62,10 @@ class Attempts:
         return exc.unanswered and not again, again
 
     def may_retry(self) -> bool:
-        """``max_retries`` counts the workers tried, not a same-worker repeat."""
-        return len(self.tried) <= self.max_retries
+        """``max_retries`` counts the workers that failed, not a same-worker repeat nor a worker that
+        refused (429/529: busy, not broken): the leg goes on to every worker of its phase before the
+        client is refused for overload."""
+        return len(self.tried) - self.refusals <= self.max_retries
 
     def all_refused(self) -> bool:
         """Every worker tried answered 429: busy, not broken."""

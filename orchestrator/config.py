@@ -285,6 +285,13 @@ class OrchestratorConfig:
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
     """Generation requests each process serves at once (0: no limit); more get 429 with
     Retry-After at once (``frontends.admission``), never an unbounded queue."""
+    max_queued_requests: int = 0
+    """Client requests the whole orchestrator holds without a first token yet (before their ctx
+    leg's answer, or their gen leg's first byte), each of its processes ceil(limit / processes);
+    past it a request gets 429 (Anthropic: 529) with Retry-After at once, before any leg (0: no bound)."""
+    max_queued_prompt_tokens: int = 0
+    """The prompt tokens of those queued requests, shared out the same way; a request alone in its
+    process's queue is never refused for its length (0: no bound)."""
     access_log: bool = False
     """One INFO line per client request on the ``disagg.access`` logger (method, path, status, latency,
     workers, tokens, request id); uvicorn's access lines for the other routes, polls at DEBUG."""
@@ -313,6 +320,9 @@ class OrchestratorConfig:
         if self.process_restart_window_seconds <= 0:
             raise ConfigError(f"{prefix}.process_restart_window_seconds",
                               f"must be > 0, got {self.process_restart_window_seconds}")
+        for name in ("max_queued_requests", "max_queued_prompt_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{prefix}.{name}", f"must be >= 0 (0: no bound), got {getattr(self, name)}")
 
     def live(self) -> LiveSettings:
         return LiveSettings(**{name: getattr(self, name) for name in LIVE_FIELDS})

@@ -364,7 +364,7 @@ class FastCycle:
         if not self.response_started:
             anthropic = self.api == "messages"
             body = anthropic_error_body(error) if anthropic else openai_error_body(error)
-            self._write_json(error.status, body, {})
+            self._write_json(error.status_for(anthropic), body, error.headers())
         else:
             self.transport.close()
 

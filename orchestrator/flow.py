@@ -33,9 +33,11 @@
    cannot, ends with the API's error event. Closing the client's stream closes the upstream
    one, which aborts the request in the worker (and, through it, the KV pull).
 
-A worker's 429 (at its ``max_concurrent_requests``, ``frontends.admission``) is a
-failed leg that does not make the worker suspect: the leg goes to another worker;
-when every gen worker tried answered 429, the client gets 429 with Retry-After.
+A worker's 429 or 529 (at one of its admission limits, ``frontends.admission``) is a
+failed leg that does not make the worker suspect nor count against ``max_retries``:
+the leg goes on to every other worker of its phase; when every gen worker refused,
+the client gets 429 (Anthropic: 529) with Retry-After. When every ctx worker refused,
+the gen worker serves the request alone (it refuses in turn when it is full).
 A connection lost before any answer is first retried on the same worker by the
 leg client (``orchestrator.http_client``): one dead frontend is not a dead worker.
 """
@@ -50,7 +52,7 @@ from typing import Any, AsyncGenerator, Awaitable, Callable, TypeVar
 import msgspec
 from starlette.responses import Response
 
-from frontends.admission import RETRY_AFTER_SECONDS, OverloadedError
+from frontends.admission import OVERLOADED_STATUSES, RETRY_AFTER_SECONDS, Limit, OverloadedError, QueueTicket
 from frontends.request_fields import warning_header
 from frontends.streaming import FinalFrame
 from orchestrator.answers import Answer, JsonAnswer, StreamAnswer, Watch, to_response
@@ -133,7 +135,10 @@ class Flow:
         """``answer`` as a Starlette response (the ASGI routes, batches)."""
         return to_response(await self.answer(request, request_id, watch, record))
 
-    async def answer(self, request: ParsedRequest, request_id: str, watch: Watch, record: RequestTrace) -> Answer:
+    async def answer(self, request: ParsedRequest, request_id: str, watch: Watch, record: RequestTrace,
+                     queued: QueueTicket | None = None) -> Answer:
+        """``queued``: the request's place in this process's queue bound, left once its first token is
+        known (the ctx leg's answer); the caller leaves it at the latest when this returns."""
         record.num_prompt_tokens = len(request.prompt_ids)
         deadline = time.monotonic() + self.config.timeouts.request_seconds
         gen, ctx = self.plan(request)
@@ -146,6 +151,8 @@ class Flow:
         if ctx is not None:
             kv_prefix = await self.fetch_prefix(request, request_id, ctx, watch, deadline)
             ctx_answer = await self.ctx_phase(request, request_id, ctx, record, watch, deadline, kv_prefix)
+            if queued is not None:
+                queued.leave()
             if record.ctx is not None:
                 headers["x-disagg-ctx-worker"] = record.ctx.worker_id
             params = (ctx_answer or {}).get("disaggregated_params") or {}
@@ -221,8 +228,8 @@ class Flow:
     async def attempt(self, phase: str, request: ParsedRequest, first: WorkerRecord, record: RequestTrace,
                       leg: Callable[[WorkerRecord, bool], Awaitable[T]]) -> tuple[T, WorkerRecord]:
         """``leg(worker, replay)`` until one succeeds, on the worker ``decide`` names after each
-        failure; ``replay``: after a failure a gen leg goes as a normal request (the parked KV may
-        be gone). Any exception but LegFailed (a 4xx, the deadline, a disconnect) ends it at once."""
+        failure; ``replay``: after a failure (not a refusal) a gen leg goes as a normal request (the
+        parked KV may be gone). Any exception but LegFailed (a 4xx, the deadline, a disconnect) ends it at once."""
         attempts = Attempts(phase, self.config.max_retries)
         worker: WorkerRecord | None = first
         replay = False
@@ -232,16 +239,19 @@ class Flow:
                 return await leg(worker, replay), worker
             except LegFailed as exc:
                 worker = self.decide(request, attempts, worker, exc, record)
-                replay = True
-        if phase == "gen" and attempts.all_refused():  # busy, not broken
-            self.metrics.errors.labels("gen", "overloaded").inc()
-            raise OverloadedError(f"every generation worker is at its concurrent-request limit "
-                                  f"({len(attempts.tried)} tried); retry after {RETRY_AFTER_SECONDS} s")
-        if phase == "gen" and attempts.all_unavailable():  # each said so itself (a stalled or dead engine): retryable, not a 502
+                replay = replay or not exc.refused  # a worker that refused touched no parked KV
+        if attempts.all_refused():  # busy, not broken
+            self.metrics.errors.labels(phase, "overloaded").inc()
+            if phase == "gen":
+                self.metrics.count_refused(Limit.WORKERS)
+                raise OverloadedError(f"every generation worker is at an admission limit "
+                                      f"({len(attempts.tried)} tried); retry after {RETRY_AFTER_SECONDS} s")
+        elif phase == "gen" and attempts.all_unavailable():  # each said so itself (a stalled or dead engine): retryable, not a 502
             self.metrics.errors.labels(phase, "unavailable").inc()
-            raise NoWorkerError(f"every {'context' if phase == 'ctx' else 'generation'} worker tried is unavailable "
-                                f"({len(attempts.tried)} tried); retry after {RETRY_AFTER_SECONDS} s")
-        self.metrics.errors.labels(phase, "upstream").inc()
+            raise NoWorkerError(f"every generation worker tried is unavailable ({len(attempts.tried)} tried); "
+                                f"retry after {RETRY_AFTER_SECONDS} s")
+        else:
+            self.metrics.errors.labels(phase, "upstream").inc()
         name = "context" if phase == "ctx" else "generation"
         raise UpstreamFailedError(f"every {name} worker failed ({len(attempts.tried)} tried)")
 
@@ -286,8 +296,8 @@ class Flow:
             self.view.release(worker.worker_id, tokens)
             if span is not None:
                 self.ends.close_leg(span, time.time(), failure)
-        if status == 429:
-            raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)", refused=True)
+        if status in OVERLOADED_STATUSES:
+            raise LegFailed(f"{worker.worker_id} answered {status} (at an admission limit)", refused=True)
         if status >= 500:
             raise LegFailed(f"{worker.worker_id} answered {status}", kv_source_lost=kv_source_lost(content),
                             unavailable=status == 503)
@@ -349,8 +359,8 @@ class Flow:
             try:
                 upstream = await self._within(deadline, self.upstream.post(
                     worker.url + request.path, request.encode(body), headers))
-                if upstream.status == 429:
-                    raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)",
+                if upstream.status in OVERLOADED_STATUSES:
+                    raise LegFailed(f"{worker.worker_id} answered {upstream.status} (at an admission limit)",
                                     refused=True)
                 if upstream.status >= 500:
                     raise LegFailed(f"{worker.worker_id} answered {upstream.status}",

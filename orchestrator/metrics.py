@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from frontends.admission import Limit
 from frontends.metric_batch import MetricBatch
 from frontends.piece_cache import PieceCache, count_lookups
 from frontends.process_metrics import ProcessMetrics
@@ -41,8 +42,8 @@ __all__ = ["Metrics", "CONTENT_TYPE", "FLUSH_SECONDS"]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # (phase) and (phase, kind) values the flow uses; exception names under phase "request" come on top.
 _KNOWN_PHASES = ("ctx", "gen")
-_KNOWN_ERRORS = (("ctx", "upstream"), ("ctx", "leg_refused"), ("gen", "upstream"), ("gen", "overloaded"),
-                 ("gen", "unavailable"), ("gen", "timeout"), ("gen", "stream"))
+_KNOWN_ERRORS = (("ctx", "upstream"), ("ctx", "leg_refused"), ("ctx", "overloaded"), ("gen", "upstream"),
+                 ("gen", "overloaded"), ("gen", "unavailable"), ("gen", "timeout"), ("gen", "stream"))
 FLUSH_SECONDS = 0.1
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -85,6 +86,12 @@ class Metrics:
                                   ["outcome"], registry=self.registry)
         for outcome in ("moved", "failed", "refused"):
             self.migrations.labels(outcome)
+        self.refused = Counter(f"{prefix}_requests_refused", "Client requests refused for overload (429, Anthropic "
+                               "529, with Retry-After), by limit: this process's concurrent_requests, the "
+                               "orchestrator's queued_requests or queued_prompt_tokens, or workers (every "
+                               "generation worker tried refused)", ["limit"], registry=self.registry)
+        for limit in Limit.ALL:
+            self.refused.labels(limit)
         for phase in _KNOWN_PHASES:
             self.retries.labels(phase)
             self.legs.labels(phase)
@@ -113,6 +120,10 @@ class Metrics:
             self.disconnects.labels("request").inc()
         else:
             self.errors.labels("request", type(exc).__name__).inc()
+
+    def count_refused(self, limit: str) -> None:
+        """A client request refused for overload at ``limit`` (``frontends.admission.OnRefused``)."""
+        self.refused.labels(limit).inc()
 
     def phase(self, name: str) -> Histogram:
         """``phase_seconds`` of one phase."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 from typing import AsyncGenerator, Callable, Protocol
 
+from frontends.admission import QueueBound
 from frontends.serving import FrontendConfig, ServingContext
 from frontends.tokenizer import Tokenizer
 from frontends.tool_calls import ToolPolicy
@@ -61,6 +62,10 @@ class _WorkerLimits:
     @property
     def is_healthy(self) -> bool:
         return True
+
+    @property
+    def queue(self) -> QueueBound:  # pragma: no cover - check_request checks no queue
+        raise AssertionError("validation has no engine")
 
     def unavailable_error(self) -> Exception:  # pragma: no cover - never unhealthy
         raise AssertionError("validation has no engine")

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Callable
 import msgspec
 import zmq
 
+from workers.allocator import MemoryTrimmer, release_memory
 from workers.client_ids import FRONTEND_SHIFT, lane_of
 from workers.config import EngineConfig
 from workers.ipc import (
@@ -165,8 +166,10 @@ class EngineProc:
 
     def run(self) -> int:
         self._heartbeat.start()
+        trimmer = MemoryTrimmer()  # freed heap pages back to the system every half-minute (workers.allocator)
         try:
             while not self.should_stop:
+                trimmer.tick()
                 core = self.core
                 busy = bool(self._pending) or (core.has_work() and not core.stalled)
                 busy = busy or (self.kv_agent is not None and self.kv_agent.has_work())
@@ -473,6 +476,7 @@ def run_engine(spec: EngineProcSpec, launcher_pid: int | None = None) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, 10, 10)
+    release_memory()  # what loading the model freed (a GGUF's dequantized copies: ~180 MB for SmolLM2-135M)
     status.send_multipart(status_codec.encode(EngineReady(info, os.getpid())))
     status.close()
     log.info("engine ready: %s", info)

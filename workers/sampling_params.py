@@ -64,6 +64,9 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, array_like
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), bias in [-100, 100]
     guided: GuidedDecoding | None = None  # structured output / forced tool calls
     stream_interval: int | None = None  # tokens per output after the first; None: the engine's stream_interval
+    # Not a sampling knob: it rides with them to the scheduler, whose waiting queue serves lower values
+    # first (vLLM's ``priority``), equal ones in arrival order.
+    priority: int = 0
 
     @property
     def is_greedy(self) -> bool:

@@ -15,6 +15,7 @@ import itertools
 import time
 from typing import Any, AsyncIterator, Callable
 
+from frontends.admission import QueueBound
 from frontends.errors import EngineDeadError
 from workers.config import CacheConfig, EngineConfig, SyntheticConfig
 from workers.engine.core import EngineCore
@@ -47,6 +48,7 @@ class InprocEngineClient:
         self.vocab_size = core.executor.vocab_size
         self.eos_token_ids = tuple(sorted(core.executor.eos_token_ids))
         self.healthy = True
+        self.queue = QueueBound(None, None, "this test engine")
         self.num_aborts = 0
         self._ids = itertools.count(1)
         self._queues: dict[int, Callable[[RequestOutput], None]] = {}  # request id -> where its outputs go

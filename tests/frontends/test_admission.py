@@ -80,7 +80,7 @@ def test_excess_requests_get_429_at_once_and_the_admitted_complete(limited_worke
     assert client.completions.create(model="tiny-test", prompt="hi", max_tokens=2).usage.completion_tokens == 2
 
 
-def test_anthropic_refusal_has_the_anthropic_shape(tiny_model_dir):
+def test_anthropic_refusal_is_529_overloaded_error(tiny_model_dir):
     url, proc = start_worker(tiny_model_dir, 1, extra_args=[
         "--max-concurrent-requests", "1", "--synthetic-decode-step-seconds", "0.05"])
     try:
@@ -90,8 +90,8 @@ def test_anthropic_refusal_has_the_anthropic_shape(tiny_model_dir):
             with http.stream("POST", f"{url}/v1/messages", json=body) as held:
                 assert held.status_code == 200
                 refused = http.post(f"{url}/v1/messages", json={**body, "stream": False})
-            assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
-            assert refused.json()["type"] == "error" and refused.json()["error"]["type"] == "rate_limit_error"
+            assert refused.status_code == 529 and refused.headers["retry-after"] == "1"  # Anthropic's "overloaded"
+            assert refused.json()["type"] == "error" and refused.json()["error"]["type"] == "overloaded_error"
             # The slot is freed when the held stream's client goes away.
             wait_until(lambda: http.post(f"{url}/v1/messages",
                                          json={**body, "stream": False, "max_tokens": 2}).status_code == 200, 10)
@@ -109,3 +109,44 @@ def test_the_limit_is_shared_by_the_frontends_and_configured_from_the_yaml():
     assert EngineSettings(max_concurrent_requests=64).serve_options()["--max-concurrent-requests"] == 64
     with pytest.raises(ConfigError, match="engine.max_concurrent_requests"):
         EngineSettings(max_concurrent_requests=-1).validate("engine")
+
+
+def test_the_queue_bound_refuses_past_requests_or_tokens_and_counts_by_limit():
+    from frontends.admission import Limit, OverloadedError, QueueBound
+    from frontends.errors import http_error
+
+    refused: list[str] = []
+    bound = QueueBound(2, 100, "this worker", refused.append)
+    first = bound.enter(90)  # alone in the queue: admitted whatever its length
+    assert first is not None and (bound.num_queued, bound.num_queued_tokens) == (1, 90)
+    with pytest.raises(OverloadedError, match="90 prompt tokens queued, at most 100"):
+        bound.enter(11)
+    second = bound.enter(10)
+    with pytest.raises(OverloadedError, match="2 requests queued, at most 2"):
+        bound.enter(1)
+    assert refused == [Limit.QUEUED_PROMPT_TOKENS, Limit.QUEUED_REQUESTS]
+    first.leave()
+    first.leave()  # idempotent: the first output and the request's end both leave
+    assert (bound.num_queued, bound.num_queued_tokens) == (1, 10)
+    assert second is not None and bound.enter(90) is not None
+    lone = QueueBound(None, 5, "x")
+    assert lone.enter(500) is not None  # the token bound never refuses a request alone in the queue
+    assert QueueBound(None, None, "x").enter(10**6) is None  # unbounded: nothing counted
+    error = http_error(OverloadedError("busy"))
+    assert (error.status_for(anthropic=False), error.status_for(anthropic=True)) == (429, 529)
+    assert error.headers() == {"Retry-After": "1"} and error.anthropic_type == "overloaded_error"
+
+
+def test_the_queue_bounds_are_configured_from_the_yaml_with_errors_naming_the_key():
+    from disagg.deploy_config import EngineSettings, OrchestratorSettings
+    from orchestrator.config import OrchestratorConfig
+    from workers.config import ConfigError
+
+    options = EngineSettings(max_queued_requests=8, max_queued_prompt_tokens=4096).serve_options()
+    assert options["--max-queued-requests"] == 8 and options["--max-queued-prompt-tokens"] == 4096
+    with pytest.raises(ConfigError, match="engine.max_queued_prompt_tokens"):
+        EngineSettings(max_queued_prompt_tokens=-1).validate("engine")
+    with pytest.raises(ConfigError, match="orchestrator.max_queued_requests"):
+        OrchestratorSettings(max_queued_requests=-2).validate("orchestrator")
+    with pytest.raises(ConfigError, match="orchestrator.max_queued_prompt_tokens"):
+        OrchestratorConfig(model_dir="m", state_dir="s", max_queued_prompt_tokens=-1).validate("orchestrator")

@@ -35,8 +35,8 @@ def test_a_busy_worker_sends_the_request_elsewhere_and_all_busy_is_429(tiny_mode
                     assert refused.json()["error"]["code"] == "too_many_requests"
                     anthropic_refused = http.post(f"{url}/v1/messages", json={
                         "model": "tiny-test", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
-                    assert anthropic_refused.status_code == 429
-                    assert anthropic_refused.json()["error"]["type"] == "rate_limit_error"
+                    assert anthropic_refused.status_code == 529 and anthropic_refused.headers["retry-after"] == "1"
+                    assert anthropic_refused.json()["error"]["type"] == "overloaded_error"
         # Both workers are still in the rotation: a 429 is busy, not broken.
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=3)
         for _ in range(2):

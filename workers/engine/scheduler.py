@@ -15,7 +15,8 @@ Every request state transition happens here (``RequestStatus``):
                                        (gen side) the same before its pull; the copied blocks
                                        are then pool hits, and only the rest is pulled
     RUNNING -> PREEMPTED               blocks ran out: blocks freed, progress reset,
-                                       back to the front of the queue (recompute)
+                                       back to the front of its priority's part of the
+                                       queue (recompute)
     PREEMPTED -> RUNNING               re-admitted like a new request
     RUNNING -> FINISHED_STOPPED        EOS (unless ignore_eos), a stop token id, or its grammar complete
     RUNNING -> FINISHED_LENGTH_CAPPED  max_tokens, or the sequence reached max_model_len
@@ -61,6 +62,10 @@ class KVPull:
 
 class Scheduler:
     """Running requests first (decodes and unfinished prefill chunks), then waiting ones.
+
+    The waiting queue is ordered by each request's ``priority`` (lower first, vLLM's
+    semantics), arrival order among equals; it only orders admission: a running
+    request is never preempted for a more urgent one.
 
     A step holds at most ``max_num_batched_tokens`` tokens and the running set
     at most ``max_num_seqs`` requests. A prompt longer than what is left of the
@@ -114,7 +119,7 @@ class Scheduler:
         blocks are parked for that long instead of freed (``BlockManager.park``).
         """
         if self._admit(request, park_kv_seconds):
-            self.waiting.append(request)
+            self._enqueue(request)
 
     def add_remote_request(self, request: Request, park_kv_seconds: float | None = None,
                            num_remote_tokens: int | None = None) -> None:
@@ -173,7 +178,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
-        self.waiting.append(request)
+        self._enqueue(request)
         return True
 
     def _admit(self, request: Request, park_kv_seconds: float | None) -> bool:
@@ -186,6 +191,20 @@ class Scheduler:
         if park_kv_seconds is not None:
             self._park_seconds[request.request_id] = park_kv_seconds
         return True
+    def _enqueue(self, request: Request) -> None:
+        """Into ``waiting`` behind every request of its priority or a more urgent one (a lower
+        value: vLLM's rule; equal priorities keep their arrival order), never ahead of a request
+        holding blocks (its pulled KV, ``finish_remote_kv``: it must not wait for blocks it holds)."""
+        waiting = self.waiting
+        priority = request.sampling_params.priority
+        if not waiting or waiting[-1].sampling_params.priority <= priority:
+            waiting.append(request)  # the common case: one priority for all
+            return
+        index = len(waiting)
+        while (index > 0 and waiting[index - 1].sampling_params.priority > priority
+               and waiting[index - 1].num_computed_tokens == 0):
+            index -= 1
+        waiting.insert(index, request)
 
     def _accept(self, request: Request) -> bool:
         if request.request_id in self.requests:
@@ -348,7 +367,13 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.num_preemptions_last_step += 1
-        self.waiting.appendleft(request)
+        # First in line among its priority (it arrived before the requests waiting there), behind
+        # more urgent ones: with one priority for all, the front of the queue.
+        waiting, priority = self.waiting, request.sampling_params.priority
+        index = 0
+        while index < len(waiting) and waiting[index].sampling_params.priority < priority:
+            index += 1
+        waiting.insert(index, request)
 
     def _admit_waiting(self, batch: SchedulerOutput, budget: int) -> None:
         block_manager, max_batched = self.block_manager, self.config.max_num_batched_tokens
