@@ -184,6 +184,8 @@ class Relay:
         self.record.retries += 1
         if self.record.gen is not None:
             self.record.gen.worker_id = self.worker.worker_id
+        if time.monotonic() >= self.deadline:  # the deadline's timer fired during the move, on the old leg
+            self.upstream.expire(UpstreamTimeout("the request timed out"))
         return True
 
     def _release(self) -> None:
