@@ -4,7 +4,7 @@ Client APIs (OpenAI, Anthropic) run through ``orchestrator.flow``; the rest
 of a worker's client surface (count_tokens, tokenize, models, version) is
 answered here (``orchestrator.surface``); cluster routes read this process's
 ``ClusterView``; registration, perf and Message Batches routes are forwarded
-to the state owner (process 0; ``orchestrator.batches``). Every error has the API's shape
+to the state owner (the leader, ``orchestrator.leadership``; ``orchestrator.batches``). Every error has the API's shape
 (``frontends.errors``), also those outside a handler and streams cut short
 (``orchestrator.clean_ends``). With ``api_key`` set, /v1/* and /workers* need
 ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise);

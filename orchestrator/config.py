@@ -68,7 +68,7 @@ class ConditionalDisaggConfig:
 @dataclass(frozen=True)
 class HealthConfig:
     interval_seconds: float = 1.0
-    """How often process 0 checks every worker's /health and drains its KV events."""
+    """How often the leader checks every worker's /health and drains its KV events."""
     timeout_seconds: float = 2.0
     unhealthy_threshold: int = 2
     """Consecutive failed checks before a worker leaves the rotation."""
@@ -176,7 +176,7 @@ class OrchestratorConfig:
     model_dir: str
     """The model directory whose tokenizer the orchestrator loads (it tokenizes once, to route)."""
     state_dir: str
-    """Runtime files: process 0's state socket and the Prometheus multiprocess directory."""
+    """Runtime files: the leader's state socket and the Prometheus multiprocess directory."""
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
