@@ -149,14 +149,15 @@ class _EngineCpu(PlainProgress):
     engine's steps did (its worker's /metrics) and where the time to first token went (the
     orchestrator's perf records)."""
 
-    def __init__(self, groups: dict[str, list[int]], url: str, workers: dict[str, str]) -> None:
+    def __init__(self, groups: dict[str, list[int]], url: str, workers: dict[str, str], worker_key: str) -> None:
         super().__init__(sys.stderr)
         self.groups, self.url, self.start, self.used, self.breakdowns = groups, url, {}, [], []
         self.workers, self.steps, self.walls = workers, [], []
+        self.worker_headers = {"Authorization": f"Bearer {worker_key}"}  # every worker route needs it
         self.started = 0.0
 
     def start_level(self, label: str, total: int | None, duration: float | None) -> None:
-        _engine_steps(self.workers, 1.0)  # drains what the steps before this level recorded
+        _engine_steps(self.workers, self.worker_headers, 1.0)  # drains what the steps before this level recorded
         self.start = _group_cpu(self.groups)
         self.started = time.time()
         super().start_level(label, total, duration)
@@ -164,7 +165,7 @@ class _EngineCpu(PlainProgress):
     def end_level(self, summary) -> None:
         self.used.append({name: seconds - self.start[name] for name, seconds in _group_cpu(self.groups).items()})
         self.walls.append(time.time() - self.started)
-        self.steps.append(_engine_steps(self.workers, self.walls[-1]))
+        self.steps.append(_engine_steps(self.workers, self.worker_headers, self.walls[-1]))
         try:
             self.breakdowns.append(_breakdown(self.url, self.started))
         except Exception as exc:  # noqa: BLE001 - a diagnostic: the figures stand without it
@@ -173,7 +174,7 @@ class _EngineCpu(PlainProgress):
         super().end_level(summary)
 
 
-def _engine_steps(workers: dict[str, str], wall: float) -> dict[str, dict[str, float]]:
+def _engine_steps(workers: dict[str, str], headers: dict[str, str], wall: float) -> dict[str, dict[str, float]]:
     """Each engine's steps since the last drain of its worker's /metrics (launcher-owned: one complete
     drain per poll, and nothing else drains it in this deployment): how many, the share of ``wall``
     they took (busy), and the mean decode batch and prefill tokens of the steps that had any."""
@@ -182,7 +183,7 @@ def _engine_steps(workers: dict[str, str], wall: float) -> dict[str, dict[str, f
     steps = {}
     for name, url in workers.items():
         try:
-            stats = httpx.get(f"{url}/metrics", timeout=30).json()
+            stats = httpx.get(f"{url}/metrics", headers=headers, timeout=30).json()
         except (httpx.HTTPError, ValueError):
             continue
         decodes = [s["num_decode_tokens"] for s in stats if s["num_decode_tokens"]]
@@ -193,13 +194,14 @@ def _engine_steps(workers: dict[str, str], wall: float) -> dict[str, dict[str, f
     return steps
 
 
-def _measure(url: str, model: str, num_requests: int, groups: dict[str, list[int]], workers: dict[str, str]) -> list:
+def _measure(url: str, model: str, num_requests: int, groups: dict[str, list[int]], workers: dict[str, str],
+             worker_key: str) -> list:
     """Sequential, then concurrency 4; each level draws prompts of its own (no level finds the
     previous one's prompts in the prefix cache)."""
     workload = WorkloadConfig(system_tokens=0, isl=LengthDist(200), osl=LengthDist(24), turns=LengthDist(1))
     plan = BenchPlan(url=url, api=OpenAIChat(model, ignore_eos=True), workload=workload, concurrencies=(1, 4),
                      num_requests=num_requests, warmup=4)
-    progress = _EngineCpu(groups, url, workers)
+    progress = _EngineCpu(groups, url, workers, worker_key)
     levels, _ = asyncio.run(run_bench(plan, progress))
     runs = [level.summary.to_dict() for level in levels]
     for run, used, wall, steps, breakdown in zip(runs, progress.used, progress.walls, progress.steps,
@@ -242,7 +244,8 @@ def main() -> int:
             load_before = os.getloadavg()
             started = time.time()
             sequential, concurrent = _measure(state["url"], model, args.num_requests,
-                                              _process_groups(state), _worker_urls(state))
+                                              _process_groups(state), _worker_urls(state),
+                                              (run_dir / "worker.key").read_text())
             load_after, elapsed = os.getloadavg(), time.time() - started
             aiperf = _aiperf(args, state["url"], model, Path(tmp)) if args.aiperf else None
             threads = {p["name"]: p["argv"][p["argv"].index("--engine-threads") + 1]

@@ -12,7 +12,7 @@
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
              max_num_batched_tokens, stream_interval, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
              synthetic_prefill_seconds_per_token, decode_attention, threads}
-    orchestrator: {host, port, processes, ctx_router, gen_router, conditional, health,
+    orchestrator: {host, port, processes, ctx_router, gen_router, conditional, kv_pool, health,
                    timeouts, max_retries, api_key}      # see orchestrator.config
     pools:
       ctx: {instances, frontends, host, base_port, role, tensor_parallel_size, gpus_per_worker,
@@ -39,8 +39,10 @@ from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from frontends.tool_parsers import TOOL_CALL_PARSERS
 from orchestrator.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_UPLOAD_BYTES,
     LOG_LEVELS,
     ConditionalDisaggConfig,
+    KVPoolConfig,
     HealthConfig,
     RouterConfig,
     TimeoutConfig,
@@ -169,6 +171,7 @@ class OrchestratorSettings:
     ctx_router: RouterConfig = field(default_factory=RouterConfig)
     gen_router: RouterConfig = field(default_factory=RouterConfig)
     conditional: ConditionalDisaggConfig = field(default_factory=ConditionalDisaggConfig)
+    kv_pool: KVPoolConfig = field(default_factory=KVPoolConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     max_retries: int = 2
@@ -176,6 +179,8 @@ class OrchestratorSettings:
     served_model_name: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Larger request bodies get a 413 before they are buffered."""
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    """Larger ``POST /v1/files`` uploads (batch input files) get a 413 naming this key."""
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
     """Generation requests each orchestrator process serves at once; more get 429 (0: no limit)."""
     grace_seconds: float = 30.0
@@ -202,6 +207,8 @@ class OrchestratorSettings:
                               f"must be > 0, got {self.process_restart_window_seconds}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
+        if self.max_upload_bytes < 1024:
+            raise ConfigError(f"{prefix}.max_upload_bytes", f"must be >= 1024, got {self.max_upload_bytes}")
         if not 1 <= self.processes <= 64:
             raise ConfigError(f"{prefix}.processes", f"must be in [1, 64], got {self.processes}")
         if not 0 <= self.port < 65536:
@@ -291,6 +298,9 @@ class DeployConfig:
     access_log: bool = False
     """One INFO line per client request in every worker's and the orchestrator's log, with its request id
     (health and metrics polls only at debug)."""
+    strict_request_fields: bool = False
+    """An unknown top-level request field is a 400 at the orchestrator and the workers; False: ignored,
+    named in a ``Warning`` header (``frontends.request_fields``)."""
     log_format: str = "text"
     """text, or json (one object a line) for every process: orchestrator, launchers, frontends, engines."""
     tracing: TracingConfig = field(default_factory=TracingConfig)

@@ -25,6 +25,8 @@ Torch-free and light: the Slurm setup step imports it on a CPU node.
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import sys
 from dataclasses import dataclass
@@ -35,20 +37,23 @@ from disagg.serve_settings import render_flags
 from orchestrator.config import OrchestratorConfig, StaticWorker
 from orchestrator.prometheus_sd import TARGETS_DIR
 from slurm.plan import RUN_DIR as SLURM_RUN_DIR  # the job's run dir, filled in by the batch script
+from slurm.rendezvous import WORKER_KEY_FILE
 
 if TYPE_CHECKING:
     from disagg.deploy_config import DeployConfig
     from slurm.placement import WorkerPlacement
 
 __all__ = ["WorkerLaunch", "OrchestratorLaunch", "DeployPlan", "local_plan", "local_worker", "slurm_plan", "orchestrator_config",
-           "ORCHESTRATOR_CONFIG_FILE", "KEY_FILE", "API_KEY_FILE", "SLURM_PYTHON", "SLURM_RUN_DIR"]
+           "ORCHESTRATOR_CONFIG_FILE", "KEY_FILE", "API_KEY_FILE", "WORKER_KEY_FILE", "write_secret", "api_headers",
+           "write_scrape_config", "SLURM_PYTHON", "SLURM_RUN_DIR"]
 
 ORCHESTRATOR_CONFIG_FILE = "orchestrator.json"
 ORCHESTRATOR_STATE_DIR = "orchestrator"
 """The orchestrator's state directory in a run dir (its processes are recorded there: ``down`` sweeps them)."""
 KEY_FILE = "cluster.key"
 API_KEY_FILE = "api.key"
-"""The orchestrator's API key (mode 0600), for workers ``disagg scale`` registers when it has one."""
+"""The orchestrator's API key (mode 0600), when it has one: for the workers ``disagg scale`` registers
+and for Prometheus' scrapes of the orchestrator."""
 SLURM_PYTHON = "python"
 """The interpreter Slurm steps run: the one ``slurm.env_setup`` puts first on PATH (or the submitter's PATH)."""
 
@@ -111,26 +116,65 @@ class DeployPlan:
         if self.run_dir == SLURM_RUN_DIR:
             raise ValueError("this plan's run dir is a placeholder; build it with the job's run dir")
         path = Path(self.run_dir) / ORCHESTRATOR_CONFIG_FILE
-        path.write_text(self.orchestrator.config.to_json())
+        # 0600: it holds the API key. Replaced whole, so a reader never sees half a file.
+        tmp = path.with_name(f".{ORCHESTRATOR_CONFIG_FILE}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.orchestrator.config.to_json())
+        os.replace(tmp, path)
         return path
 
 
+def write_secret(path: Path, text: str) -> None:
+    """``path`` holding ``text``, readable by its owner only (mode 0600 from its creation)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def api_headers(run_dir: Path) -> dict[str, str]:
+    """What a CLI command presents to the orchestrator of the deployment in ``run_dir``: its API key
+    (from ``orchestrator.json``, written by either launcher), or nothing when it has none."""
+    try:
+        api_key = json.loads((run_dir / ORCHESTRATOR_CONFIG_FILE).read_text()).get("api_key")
+    except (OSError, ValueError):
+        return {}
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def write_scrape_config(config: DeployConfig, run_dir: Path) -> None:
+    """``<run dir>/prometheus.yml`` (``orchestrator.prometheus_sd``), its jobs presenting the worker key
+    and, when the deployment has one, the API key, which goes to ``api.key`` for that."""
+    from orchestrator.prometheus_sd import write_prometheus_config
+
+    api_key = config.orchestrator.api_key
+    if api_key is not None:
+        write_secret(run_dir / API_KEY_FILE, api_key)
+    write_prometheus_config(run_dir, config.name, config.prometheus.scrape_interval_seconds,
+                            orchestrator_key_file=None if api_key is None else str(run_dir / API_KEY_FILE),
+                            worker_key_file=str(run_dir / WORKER_KEY_FILE))
+
+
 def orchestrator_config(config: DeployConfig, *, model: Path | str, state_dir: Path | str, host: str, port: int,
-                        workers: tuple[StaticWorker, ...] = (), targets_dir: Path | str | None = None
-                        ) -> OrchestratorConfig:
+                        workers: tuple[StaticWorker, ...] = (), targets_dir: Path | str | None = None,
+                        worker_key_file: Path | str | None = None) -> OrchestratorConfig:
     """``config``'s orchestrator section, serving ``model`` from ``host:port``; ``targets_dir``: where
-    it keeps the Prometheus target files (``<run dir>/prometheus/targets``, ``orchestrator.prometheus_sd``)."""
+    it keeps the Prometheus target files (``<run dir>/prometheus/targets``, ``orchestrator.prometheus_sd``);
+    ``worker_key_file``: the deployment's worker key (``<run dir>/worker.key``)."""
     s = config.orchestrator
     return OrchestratorConfig(
         model_dir=str(model), state_dir=str(state_dir), served_model_name=config.served_model_name,
         host=host, port=port, processes=s.processes, ctx_router=s.ctx_router, gen_router=s.gen_router,
-        conditional=s.conditional, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
+        conditional=s.conditional, kv_pool=s.kv_pool, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
         api_key=s.api_key, workers=workers, default_block_size=config.engine.block_size or 16,
-        max_request_bytes=s.max_request_bytes, max_concurrent_requests=s.max_concurrent_requests,
+        max_request_bytes=s.max_request_bytes, max_upload_bytes=s.max_upload_bytes,
+        max_concurrent_requests=s.max_concurrent_requests,
         grace_seconds=s.grace_seconds, max_process_restarts=s.max_process_restarts,
         process_restart_window_seconds=s.process_restart_window_seconds, access_log=config.access_log,
+        strict_request_fields=config.strict_request_fields,
         log_format=config.log_format, tracing=config.tracing, log_level=s.log_level,
-        prometheus_targets_dir=None if targets_dir is None else str(targets_dir))
+        prometheus_targets_dir=None if targets_dir is None else str(targets_dir),
+        worker_key_file=None if worker_key_file is None else str(worker_key_file))
 
 
 def _serve_argv(config: DeployConfig, pool: str, *, python: str, model: str, host: str, port: int,
@@ -148,8 +192,10 @@ def _serve_argv(config: DeployConfig, pool: str, *, python: str, model: str, hos
 
 
 def _names(config: DeployConfig) -> dict[str, object]:
-    """What every worker of the deployment is told alike: the model's name and its tool-call format."""
-    return {"--served-model-name": config.served_model_name, "--tool-call-parser": config.tool_call_parser}
+    """What every worker of the deployment is told alike: the model's name, its tool-call format, and
+    whether unknown request fields are refused."""
+    return {"--served-model-name": config.served_model_name, "--tool-call-parser": config.tool_call_parser,
+            "--strict-request-fields": config.strict_request_fields or None}
 
 
 def _free_port(host: str) -> int:
@@ -171,6 +217,7 @@ def local_worker(config: DeployConfig, run_dir: Path, model: Path, pool_name: st
         config, pool_name, python=sys.executable, model=str(model), host=pool.host, port=port,
         frontends=pool.frontends, head=["--log-level", "info"],
         options={"--engine-threads": threads, "--cluster-key-file": str(run_dir / KEY_FILE),
+                 "--worker-key-file": str(run_dir / WORKER_KEY_FILE),
                  "--state-dir": str(run_dir / "worker-state" / name), "--kv-host": pool.host, "--kv-port": 0,
                  "--tensor-parallel-size": pool.tensor_parallel_size, **_names(config), **(register or {})})
     return WorkerLaunch(name=name, pool=pool_name, index=index, role=pool.role or pool_name, host=pool.host,
@@ -189,7 +236,8 @@ def local_plan(config: DeployConfig, run_dir: Path, model: Path,
     port = settings.port or _free_port(settings.host)
     orch = orchestrator_config(
         config, model=model, state_dir=(run_dir / ORCHESTRATOR_STATE_DIR).resolve(), host=settings.host, port=port,
-        workers=tuple(StaticWorker(w.role, w.url) for w in workers), targets_dir=(run_dir / TARGETS_DIR).resolve())
+        workers=tuple(StaticWorker(w.role, w.url) for w in workers), targets_dir=(run_dir / TARGETS_DIR).resolve(),
+        worker_key_file=(run_dir / WORKER_KEY_FILE).resolve())
     command = (sys.executable, "-m", "disagg.cli", "orchestrator", "--config", str(run_dir / ORCHESTRATOR_CONFIG_FILE))
     return DeployPlan(launcher="local", run_dir=str(run_dir), model=str(model), workers=tuple(workers),
                       orchestrator=OrchestratorLaunch(argv=command, host=settings.host, port=port, config=orch))
@@ -214,13 +262,14 @@ def slurm_plan(config: DeployConfig, config_path: str, run_dir: str = SLURM_RUN_
             config, worker.pool, python=SLURM_PYTHON, model=model, host="0.0.0.0", port=worker.port,
             frontends=worker.frontends, head=["--tensor-parallel-size", str(tp)] if tp > 1 else [],
             options={**_names(config), "--cluster-key-file": f"{run_dir}/{KEY_FILE}",
+                     "--worker-key-file": f"{run_dir}/{WORKER_KEY_FILE}",
                      "--state-dir": f"{run_dir}/state/{worker.name}", "--kv-host": "0.0.0.0"})
         workers.append(WorkerLaunch(name=worker.name, pool=worker.pool, index=worker.index,
                                     role=pool.role or worker.pool, host="0.0.0.0", port=worker.port,
                                     argv=tuple(argv), tensor_parallel_size=tp, placement=worker))
     port = config.orchestrator.port
     orch = orchestrator_config(config, model=model, state_dir=f"{run_dir}/orchestrator", host="0.0.0.0", port=port,
-                               targets_dir=f"{run_dir}/{TARGETS_DIR}")
+                               targets_dir=f"{run_dir}/{TARGETS_DIR}", worker_key_file=f"{run_dir}/{WORKER_KEY_FILE}")
     command = (SLURM_PYTHON, "-m", "slurm.step", "orchestrator", "--run-dir", run_dir, "--port", str(port), "--",
                SLURM_PYTHON, "-m", "disagg.cli", "orchestrator", "--config", f"{run_dir}/{ORCHESTRATOR_CONFIG_FILE}")
     setup = ((SLURM_PYTHON, "-m", "disagg.orchestrator_plan", config_path, "--run-dir", run_dir),)

@@ -107,11 +107,15 @@ def prometheus_fields(run_dir: Path) -> dict[str, Any]:
     return {"prometheus_config": str(config.resolve()), "prometheus_command": prometheus_command(run_dir)}
 
 
-def cluster_workers(url: str) -> list[WorkerStatus] | None:
+def cluster_workers(url: str, run_dir: Path) -> list[WorkerStatus] | None:
+    """The orchestrator's view of its workers (None: it does not answer), asked with the API key of
+    the deployment in ``run_dir``."""
     import httpx
 
+    from disagg.deploy_plan import api_headers
+
     try:
-        info = httpx.get(f"{url}/cluster_info", timeout=3).json()
+        info = httpx.get(f"{url}/cluster_info", headers=api_headers(run_dir), timeout=3).json()
         return msgspec.convert(info["workers"], list[WorkerStatus])
     except (httpx.HTTPError, ValueError, KeyError, msgspec.ValidationError):
         return None
@@ -136,7 +140,7 @@ def local_status(run_dir: Path, state: LocalRunState | None) -> DeploymentStatus
         config=state.config, url=state.url, processes=processes,
         supervisor=ProcessStatus(name="supervisor", pid=supervisor.pid, log=str(run_dir / "up.log"),
                                  state="running" if supervisor.may_be_running() else "gone"),
-        workers=cluster_workers(state.url), **prometheus_fields(run_dir))
+        workers=cluster_workers(state.url, run_dir), **prometheus_fields(run_dir))
 
 
 def print_status(status: DeploymentStatus, as_json: bool) -> int:

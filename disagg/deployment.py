@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from disagg.deploy_logs import tail
+from disagg.deploy_plan import api_headers
 from disagg.progress import ProgressLine
 from disagg.deploy_plan import ORCHESTRATOR_STATE_DIR
 from disagg.run_dir_link import down_command, link_run_dir
@@ -245,7 +246,7 @@ def _up_detached(config: DeployConfig, args: argparse.Namespace, stop: str) -> i
             return 1
         state = read_state(run_dir, LocalRunState)
         if state is not None:
-            line = health_progress(state.url, ready_processes)
+            line = health_progress(state.url, ready_processes, api_headers(run_dir))
             progress.update(f"disagg up: starting {len(state.processes)} processes ... {line}")
             if line == "ready":
                 progress.finish()

@@ -12,12 +12,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from workers.config import ConfigError
+from frontends.api_key import KeyFileError, read_key_file
 from workers.disagg_params import CLUSTER_KEY_FILE_ENV, ClusterKeyError, load_cluster_key
 
 if TYPE_CHECKING:
     from disagg.serve_settings import ServeSettings
 
-__all__ = ["DISAGG_OPTIONS", "cluster_key", "engine_disagg_spec", "frontend_disagg_config", "start_registration"]
+__all__ = ["DISAGG_OPTIONS", "cluster_key", "key_from_file", "engine_disagg_spec", "frontend_disagg_config", "start_registration"]
 
 DISAGG_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--kv-host", dict(default="127.0.0.1", help="where the engine's KV-transfer agent binds (0.0.0.0: all)")),
@@ -35,6 +36,9 @@ DISAGG_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--advertise-url", dict(default=None, help="this worker's base URL for the orchestrator "
                                                 "(default: http://HOST:PORT)")),
     ("--register-api-key-file", dict(default=None, help="file (mode 0600) with the orchestrator's API key")),
+    ("--worker-key-file", dict(default=None, help="file (mode 0600) with the deployment's worker key: every "
+                                                  "route but /health then requires it (Authorization: Bearer "
+                                                  "KEY); `disagg up` passes <run dir>/worker.key")),
 ]
 
 
@@ -77,6 +81,16 @@ def frontend_disagg_config(args: ServeSettings, engine_info: Any) -> Any:
                         hash_seed=engine_info.hash_seed)
 
 
+def key_from_file(path: str | None, flag: str) -> str | None:
+    """The key in the file a ``--*-key-file`` flag names (None: no flag); ConfigError naming the flag."""
+    if not path:
+        return None
+    try:
+        return read_key_file(path)
+    except KeyFileError as exc:
+        raise ConfigError(flag, str(exc)) from None
+
+
 def start_registration(args: ServeSettings, engine_info: Any) -> Any:
     """The launcher's registration task (None without --register-url); cancelled at shutdown."""
     import asyncio
@@ -85,13 +99,7 @@ def start_registration(args: ServeSettings, engine_info: Any) -> Any:
 
     if not args.register_url:
         return None
-    api_key = None
-    if args.register_api_key_file:
-        path = args.register_api_key_file
-        if os.stat(path).st_mode & 0o077:
-            raise ConfigError("register_api_key_file", f"{path} must have mode 0600")
-        with open(path, encoding="utf-8") as f:
-            api_key = f.read().strip()
+    api_key = key_from_file(args.register_api_key_file, "register_api_key_file")
     url = advertised_url(args.host, args.port, args.advertise_url)
     return asyncio.get_running_loop().create_task(
         register_forever(args.register_url, args.role, url, engine_info.kv_endpoint, api_key), name="registration")

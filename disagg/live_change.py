@@ -23,7 +23,6 @@ fewer are the highest-numbered ones, drained as above.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -48,14 +47,9 @@ class Live:
 
     def __init__(self, run_dir: Path, url: str, processes: list[ProcessRecord]) -> None:
         self.run_dir, self.processes = run_dir, processes
-        from disagg.deploy_plan import ORCHESTRATOR_CONFIG_FILE
+        from disagg.deploy_plan import api_headers
 
-        try:
-            api_key = json.loads((run_dir / ORCHESTRATOR_CONFIG_FILE).read_text()).get("api_key")
-        except (OSError, ValueError):
-            api_key = None
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=url, headers=headers, timeout=httpx.Timeout(30.0, connect=5.0))
+        self.http = httpx.Client(base_url=url, headers=api_headers(run_dir), timeout=httpx.Timeout(30.0, connect=5.0))
 
     # -- what runs ----------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from typing import ClassVar, TypeVar, Union
 
 import msgspec
 
-from disagg.deploy_plan import API_KEY_FILE, KEY_FILE, ORCHESTRATOR_CONFIG_FILE, ORCHESTRATOR_STATE_DIR
+from disagg.deploy_plan import API_KEY_FILE, KEY_FILE, ORCHESTRATOR_CONFIG_FILE, ORCHESTRATOR_STATE_DIR, WORKER_KEY_FILE
 from disagg.supervisor_control import CONTROL_DIR
 from orchestrator.prometheus_sd import CONFIG_FILE as PROMETHEUS_CONFIG, TARGETS_DIR
 
@@ -71,7 +71,8 @@ class ProcessRecord(msgspec.Struct, kw_only=True):
 
 class LocalRunState(msgspec.Struct, kw_only=True):
     FILE: ClassVar[str] = "state.json"
-    RUNTIME_FILES: ClassVar[tuple[str, ...]] = ("state.json", KEY_FILE, ORCHESTRATOR_CONFIG_FILE, API_KEY_FILE)
+    RUNTIME_FILES: ClassVar[tuple[str, ...]] = ("state.json", KEY_FILE, WORKER_KEY_FILE, ORCHESTRATOR_CONFIG_FILE,
+                                                API_KEY_FILE)
     # prometheus.yml stays (Prometheus may still be pointed at it); its targets go: nothing to scrape
     RUNTIME_DIRS: ClassVar[tuple[str, ...]] = (ORCHESTRATOR_STATE_DIR, TARGETS_DIR, CONTROL_DIR)
 
@@ -96,8 +97,8 @@ class SlurmStep(msgspec.Struct, kw_only=True):
 
 class SlurmRunState(msgspec.Struct, kw_only=True):
     FILE: ClassVar[str] = "slurm.json"
-    RUNTIME_FILES: ClassVar[tuple[str, ...]] = (KEY_FILE, "orchestrator.url", ORCHESTRATOR_CONFIG_FILE, "nodes",
-                                                "slurm.json", PROMETHEUS_CONFIG)
+    RUNTIME_FILES: ClassVar[tuple[str, ...]] = (KEY_FILE, WORKER_KEY_FILE, API_KEY_FILE, "orchestrator.url",
+                                                ORCHESTRATOR_CONFIG_FILE, "nodes", "slurm.json", PROMETHEUS_CONFIG)
     RUNTIME_DIRS: ClassVar[tuple[str, ...]] = ("orchestrator", "state", "submitit", "prometheus", "ranks")
 
     launcher: str = "slurm"

@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from disagg.disagg_options import DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, start_registration
+from disagg.disagg_options import (DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, key_from_file,
+                                   start_registration)
 from disagg.model_names import ModelNotFoundError, default_served_name, resolve_model
 from disagg.serve_settings import ServeSettings
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
@@ -96,6 +97,9 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
                                             "--max-num-seqs; 0: no limit)")),
     ("--access-log", dict(action=argparse.BooleanOptionalAction, default=False,
                           help="one INFO line per HTTP request (client, method, path, status)")),
+    ("--strict-request-fields", dict(action=argparse.BooleanOptionalAction, default=False,
+                                     help="an unknown top-level field of a request body is a 400 naming it "
+                                          "(default: ignored, named in a Warning header)")),
     ("--max-perf-records", dict(type=int, default=None,
                                 help="per-request perf records the launcher keeps unread for GET /perf_metrics "
                                      "(default 10,000; the oldest go first)")),
@@ -198,7 +202,8 @@ def _frontend_config(args: ServeSettings, frontend_id: int, engine_info: Any = N
                                                                        resolve_num_frontends(args.num_frontends)),
                             max_perf_records=args.max_perf_records, perf_record_seconds=args.perf_record_seconds,
                             otlp_endpoint=args.otlp_endpoint, trace_service_name=args.trace_service_name,
-                            role=args.role)
+                            role=args.role, strict_request_fields=args.strict_request_fields,
+                            worker_key=key_from_file(args.worker_key_file, "worker_key_file"))
     return Tokenizer.from_model_path(args.model_dir), config
 
 
@@ -247,6 +252,7 @@ def _raise_terminated(signum: int, frame: object) -> None:
 def run_serve(parsed: argparse.Namespace) -> int:
     try:  # once: everything below gets the typed settings, never the namespace
         args = ServeSettings.from_args(parsed)
+        key_from_file(args.worker_key_file, "worker_key_file")  # a bad key file: refused before anything starts
     except ConfigError as exc:
         print(f"disagg serve: {exc}", file=sys.stderr)
         return 2

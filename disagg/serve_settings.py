@@ -50,6 +50,7 @@ class ServeSettings:
     max_request_bytes: int
     max_concurrent_requests: int | None
     access_log: bool
+    strict_request_fields: bool
     max_perf_records: int | None
     perf_record_seconds: float | None
     admin_timeout: float
@@ -70,6 +71,7 @@ class ServeSettings:
     register_url: str | None
     advertise_url: str | None
     register_api_key_file: str | None
+    worker_key_file: str | None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:

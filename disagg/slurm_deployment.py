@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from disagg.deploy_logs import tail
+from disagg.deploy_plan import api_headers
 from disagg.progress import ProgressLine
 from disagg.run_state import SlurmRunState, SlurmStep, clean, read_state, write_state
 from orchestrator.readiness import health_progress
@@ -85,7 +86,7 @@ def slurm_up(config: DeployConfig, config_path: str, run_dir: Path, stop: str = 
     from slurm.jobs import job_in_queue
     from slurm.rendezvous import LOGS_DIR, create_cluster_key
     from slurm.submit import submit_with_submitit
-    from orchestrator.prometheus_sd import write_prometheus_config
+    from disagg.deploy_plan import write_scrape_config
 
     config = dataclasses.replace(config, launcher="slurm")
     plan = build_slurm_plan(config, str(Path(config_path).resolve()))
@@ -97,9 +98,9 @@ def slurm_up(config: DeployConfig, config_path: str, run_dir: Path, stop: str = 
     (run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     for old in (run_dir / LOGS_DIR).glob("*.log"):
         old.unlink()
-    create_cluster_key(run_dir)
+    create_cluster_key(run_dir)  # and the worker key
     run_dir = run_dir.resolve()
-    write_prometheus_config(run_dir, config.name, config.prometheus.scrape_interval_seconds)
+    write_scrape_config(config, run_dir)
     ports = {worker.name: worker.port for worker in config.placement()}
     job_id = submit_with_submitit(plan, run_dir / "submitit", Path.cwd(), env={"DISAGG_RUN_DIR": str(run_dir)})
     state = SlurmRunState(job_id=job_id, config=str(config_path), job_name=config.slurm.job_name,
@@ -145,7 +146,7 @@ def _wait_healthy(run_dir: Path, state: SlurmRunState, timeout: float, stop: str
         elif url is None:
             line = f"job {job_id} RUNNING on {info.node_list}; waiting for the orchestrator"
         else:
-            line = f"job {job_id} RUNNING; {health_progress(url, ready_processes)}"
+            line = f"job {job_id} RUNNING; {health_progress(url, ready_processes, api_headers(run_dir))}"
         progress.update(f"disagg up: {line}")
         if url is not None and line.endswith("ready"):
             progress.finish()
@@ -221,7 +222,7 @@ def slurm_status(run_dir: Path, state: SlurmRunState, as_json: bool = False) -> 
         return 1
     running = _running_step_nodes(job_id)
     url = read_orchestrator_url(run_dir)
-    view = cluster_workers(url) if url else None
+    view = cluster_workers(url, run_dir) if url else None
     by_port = {int(w.url.rstrip("/").rsplit(":", 1)[-1]): w for w in (view or [])}
     for step in state.steps:
         where = f"step {running[step.name][0]} running" if step.name in running else "step ENDED"
@@ -276,7 +277,7 @@ def _print_json_status(run_dir: Path, state: SlurmRunState, info: Any) -> int:
                                         f"{'ended' if info is None else f'{info.state} ({info.reason})'}")
     status = DeploymentStatus(
         running=running_job, run_dir=str(run_dir), message=message, launcher="slurm", job_id=state.job_id,
-        config=state.config, url=url, workers=cluster_workers(url) if url else None,
+        config=state.config, url=url, workers=cluster_workers(url, run_dir) if url else None,
         processes=[ProcessStatus(name=s.name, state="running" if s.name in steps else "ended",
                                  step=steps.get(s.name, (None, None))[0], ranks=s.ranks,
                                  nodes=steps.get(s.name, (None, None))[1],

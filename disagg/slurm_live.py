@@ -44,7 +44,7 @@ def slurm_live(run_dir: Path, state: SlurmRunState, action: str) -> Live:
     url = read_orchestrator_url(run_dir)
     if url is None:
         raise LiveChangeError(f"job {state.job_id}'s orchestrator has not published its URL in {run_dir}")
-    by_port = {int(w.url.rstrip("/").rsplit(":", 1)[-1]): w.url for w in cluster_workers(url) or []}
+    by_port = {int(w.url.rstrip("/").rsplit(":", 1)[-1]): w.url for w in cluster_workers(url, run_dir) or []}
     steps = [ProcessRecord(name=s.name, url=by_port.get(s.port, ""), pool=s.name.rsplit("-", 1)[0])
              for s in state.steps if s.name != "orchestrator"]
     return _SlurmLive(run_dir, url, steps, state)

@@ -33,12 +33,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from disagg.deploy_plan import API_KEY_FILE, KEY_FILE
+from disagg.deploy_plan import API_KEY_FILE, KEY_FILE, WORKER_KEY_FILE, write_scrape_config, write_secret
 from disagg.run_state import STOP_SECONDS, LocalRunState, ProcessRecord, clean, orchestrator_stop_seconds, write_state
 from disagg.supervisor_control import (AddWorkers, ControlAnswer, ControlRequest, Reload, RetireWorkers,
                                        answer_request, take_requests)
 from orchestrator.process_records import sweep
-from orchestrator.prometheus_sd import write_prometheus_config
 from workers.process_identity import process_start_time
 from workers.processes import stop_process, stop_processes
 from workers.restart_budget import RestartBudget
@@ -75,17 +74,12 @@ def _prepare(config: DeployConfig, run_dir: Path) -> DeployPlan:
     from disagg.deploy_plan import local_plan
 
     model = resolve_deploy_model(config, run_dir)
-    _write_secret(run_dir / KEY_FILE, secrets.token_hex(32))
+    for name in (KEY_FILE, WORKER_KEY_FILE):  # fresh for each `up`: a restart rotates both
+        write_secret(run_dir / name, secrets.token_hex(32))
     plan = local_plan(config, run_dir, model, engine_threads(config, available_cores()))
     plan.write_orchestrator_config()
-    write_prometheus_config(run_dir, config.name, config.prometheus.scrape_interval_seconds)
+    write_scrape_config(config, run_dir)
     return plan
-
-
-def _write_secret(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
 
 
 def _start(run_dir: Path, process: ProcessRecord) -> subprocess.Popen:
@@ -199,7 +193,7 @@ class _Supervisor:
         register: dict[str, object] = {"--register-url": self.state.url}
         api_key = self.plan.orchestrator.config.api_key
         if api_key is not None:
-            _write_secret(self.run_dir / API_KEY_FILE, api_key)
+            write_secret(self.run_dir / API_KEY_FILE, api_key)
             register["--register-api-key-file"] = str(self.run_dir / API_KEY_FILE)
         threads = engine_threads(self.config, available_cores()).get(f"{pool}-0")
         started: dict[str, str] = {}

@@ -28,6 +28,7 @@ from frontends.anthropic_tools import (
 )
 from frontends.anthropic_tools import stop_reason as _stop_reason
 from frontends.schemas_anthropic import CountTokensRequest, MessageEventEncoder, MessagesRequest
+from frontends.request_fields import decode_request
 from frontends.request_limits import check_messages, check_tools, stop_strings
 from frontends.prepare import PreparedRequest, prepare_request
 from frontends.serving import ServingContext
@@ -164,7 +165,8 @@ async def generate_message(ctx: ServingContext, body: MessagesRequest, request_i
 async def create_message(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     x_request_id = enter_request(request.scope)
-    body = msgspec.json.decode(await read_body(request.receive), type=MessagesRequest)
+    body = decode_request(await read_body(request.receive), MessagesRequest, ctx.config.strict_request_fields,
+                          request.scope)
     prepared, encoder, parser = prepare_message(ctx, body, arrival_time, x_request_id)
     generation = prepared.generation
     if body.stream:

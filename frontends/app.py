@@ -27,9 +27,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from frontends import anthropic_api, openai_api, responses, tokenize_api
 from workers.frontends_down import read_frontends_down
+from frontends.api_key import RequiredKey
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
 from frontends.direct_body import DIRECT_BODY
 from frontends.memory import large_body, release_memory_soon
+from frontends.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
 from frontends.errors import (
     ApiError,
     EngineDeadError,
@@ -42,6 +44,7 @@ from frontends.admission import RETRY_AFTER_SECONDS, AdmissionGate
 from frontends.openapi import DocumentedApp
 from frontends.openapi_routes import WORKER_DOCS
 from frontends.route_errors import route_error_response
+from frontends.route_table import over_admin_socket
 from frontends.serving import FrontendConfig, ServingContext
 from frontends.static_routes import StaticRouter
 from frontends.streaming import ClientDisconnected
@@ -72,6 +75,9 @@ class FrontendHeaderMiddleware:
     ``http_exception``; any other exception answers 500 through ``unhandled``
     when nothing was sent yet, and is re-raised, as ServerErrorMiddleware does.
 
+    With a worker key, a request over TCP to any route but /health that does not present it is
+    answered 401 before anything else (``_needs_key``).
+
     Streamed bodies write their middle frames around ``send`` where the server offers it
     (``frontends.direct_body``); with ``direct_body`` False (the app has middleware of its
     own, which may rewrite bodies) the offer is withdrawn.
@@ -79,8 +85,10 @@ class FrontendHeaderMiddleware:
 
     def __init__(self, app: ASGIApp, frontend_id: int, http_exception: ErrorHandler,
                  unhandled: ErrorHandler, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 admission: AdmissionGate | None = None, direct_body: bool = True) -> None:
+                 admission: AdmissionGate | None = None, direct_body: bool = True,
+                 worker_key: RequiredKey | None = None) -> None:
         self.app = app
+        self.worker_key = worker_key
         self.direct_body = direct_body
         self.max_request_bytes = max_request_bytes
         self.admission = admission or AdmissionGate(None)
@@ -107,8 +115,15 @@ class FrontendHeaderMiddleware:
             if message["type"] == "http.response.start":
                 started = True
                 message["headers"] = [*message.get("headers", ()), header]
+                ignored = scope.get(IGNORED_FIELDS_SCOPE_KEY)
+                if ignored:  # left by the handler's decode_request
+                    message["headers"].append(warning_header(ignored))
             await send(message)
 
+        if self.worker_key is not None and _needs_key(scope) and not self.worker_key.accepts_headers(scope["headers"]):
+            await error_response(http_error(self.worker_key.refusal("the deployment's worker key")),
+                                 _is_anthropic(scope["path"]))(scope, receive, send_with_header)
+            return
         admission = self.admission
         gated = admission.gates(scope["method"], scope["path"])
         if gated and not admission.try_admit():  # refused before a byte of the body is read
@@ -144,10 +159,11 @@ class _FrontendStarlette(DocumentedApp):
     """The documented app with ``FrontendHeaderMiddleware`` as its whole middleware stack."""
 
     def __init__(self, frontend_id: int, max_request_bytes: int, admission: AdmissionGate, version: str,
-                 **kwargs: Any) -> None:
+                 worker_key: RequiredKey | None = None, **kwargs: Any) -> None:
         self.frontend_id = frontend_id
         self.max_request_bytes = max_request_bytes
         self.admission = admission
+        self.worker_key = worker_key
         super().__init__(WORKER_DOCS, title="disagg worker", version=version, description=_DESCRIPTION, **kwargs)
 
     def build_middleware_stack(self) -> ASGIApp:
@@ -155,11 +171,18 @@ class _FrontendStarlette(DocumentedApp):
         for cls, args, kwargs in reversed(self.user_middleware):
             app = cls(app, *args, **kwargs)
         return FrontendHeaderMiddleware(app, self.frontend_id, _http_exception, _unhandled, self.max_request_bytes,
-                                        self.admission, direct_body=not self.user_middleware)
+                                        self.admission, direct_body=not self.user_middleware,
+                                        worker_key=self.worker_key)
 
 
 _DESCRIPTION = ("One worker of a disagg deployment (OpenAI, Anthropic and Responses APIs). Clients normally "
                 "call the orchestrator, which serves the same APIs for the whole cluster.")
+
+
+def _needs_key(scope: Scope) -> bool:
+    """Whether a request must present the worker key: every one but the liveness probe, except on
+    the launcher's admin socket, where attached frontends replay what they accepted themselves."""
+    return scope["path"] != "/health" and not over_admin_socket(scope)
 
 
 def _is_anthropic(path: str) -> bool:
@@ -286,6 +309,7 @@ def build_app(
         config.max_request_bytes,
         AdmissionGate(config.max_concurrent_requests),
         config.version,
+        RequiredKey(config.worker_key) if config.worker_key is not None else None,
         routes=[*prefix_routes, *api_routes(), *extra_routes],
         lifespan=app_lifespan,
     )

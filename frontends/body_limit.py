@@ -19,7 +19,7 @@ that came whole (about 2.5 us a request of the ~3).
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -32,7 +32,10 @@ __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "limit_body", "read_body", "BodyLimitMid
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024  # millions of tokens: above any context window served here
 
 
-def limit_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], max_bytes: int) -> Receive:
+def limit_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], max_bytes: int,
+               key: str | None = None) -> Receive:
+    """``key``: the config key of this limit, named in the 413 (the caller's own, when it has one)."""
+    where = f" ({key})" if key else ""
     declared: int | None = None
     for name, value in headers:
         if name == b"content-length":
@@ -47,7 +50,7 @@ def limit_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], max_byt
 
         async def refuse() -> Message:
             raise RequestTooLargeError(
-                f"the request body is {declared} bytes; this server accepts at most {max_bytes}")
+                f"the request body is {declared} bytes; this server accepts at most {max_bytes}{where}")
 
         return refuse
     received = 0
@@ -58,7 +61,8 @@ def limit_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], max_byt
         if message["type"] == "http.request":
             received += len(message.get("body", b""))
             if received > max_bytes:
-                raise RequestTooLargeError(f"the request body exceeds {max_bytes} bytes, the most this server accepts")
+                raise RequestTooLargeError(f"the request body exceeds {max_bytes} bytes, the most this server "
+                                           f"accepts{where}")
         return message
 
     return counted
@@ -84,17 +88,22 @@ class BodyLimitMiddleware:
     """``limit_body`` as an ASGI layer, for apps without a middleware of their own (the orchestrator);
     after a large body it gives the memory back (``frontends.memory``)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 path_limits: Mapping[str, tuple[int, str]] | None = None) -> None:
+        """``path_limits``: path -> (its own limit, the config key to name in its 413), e.g. the
+        orchestrator's file uploads."""
         self.app = app
         self.max_bytes = max_bytes
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         large = large_body(scope["headers"])
+        max_bytes, key = self.path_limits.get(scope["path"], (self.max_bytes, None))
         try:
-            await self.app(scope, limit_body(receive, scope["headers"], self.max_bytes), send)
+            await self.app(scope, limit_body(receive, scope["headers"], max_bytes, key), send)
         finally:
             if large:
                 release_memory_soon()

@@ -20,6 +20,13 @@ into one leg of a disaggregated request:
   A pull that fails after that is not an error the client sees: the gen
   engine prefills the prompt itself (``Scheduler.recompute_remote``).
 
+- ``resume`` (gen or both role; a stream migrated from a worker that failed mid-answer,
+  ``orchestrator.migration``): the prompt ids and the output tokens the client already holds come
+  in the params; the engine prefills both (``AddResumedRequest``) and samples on from the next
+  position, and the stream replays the output tokens through the detokenizer, stop strings,
+  tool-call parser and encoder without writing them (``generation.replay_start``), so what it
+  writes is exactly what the failed worker would have written next. Needs no cluster key.
+
 Cached prompt tokens (usage ``prompt_tokens_details.cached_tokens``,
 Anthropic ``cache_read_input_tokens``) are the prompt tokens whose prefill a
 prefix cache saved. A disaggregated request's prefill runs on the ctx leg, so
@@ -34,6 +41,7 @@ Plain requests never touch this module (the hot path is unchanged).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +52,7 @@ from frontends.errors import FrontendError, InvalidRequestError
 from workers.disagg_params import (
     CONTEXT_ONLY,
     GENERATION_ONLY,
+    RESUME,
     DisaggParams,
     DisaggParamsError,
     signed_params,
@@ -53,15 +62,20 @@ from workers.kv_protocol import KV_TRANSFER_ERROR
 from workers.protocol import (
     AddContextRequest,
     AddRemoteRequest,
+    AddResumedRequest,
     EngineRequest,
     IngressMessage,
+    KVTransferStats,
     ParkedKV,
+    RemotePrefix,
     RequestOutput,
     TokenLogprobs,
 )
 from workers.sampling_params import SamplingParams
 __all__ = ["DisaggConfig", "DisaggLeg", "KVTransferError", "start_leg", "engine_params", "add_ctx_fields",
            "add_ctx_fields_json"]
+
+log = logging.getLogger("disagg.disaggregation")
 
 
 @dataclass(frozen=True)
@@ -95,22 +109,47 @@ class DisaggLeg:
         self.params = params
         self.config = config
         self.is_context = params.request_type == CONTEXT_ONLY
+        self.is_resume = params.request_type == RESUME
         self.request_id: int | None = None  # the engine's request id (the ctx request id of a ctx leg)
         self.kv_parked: ParkedKV | None = None
         self.first_token_id: int | None = None
         self.first_logprobs: TokenLogprobs | None = None  # a ctx leg's first token's, when asked for
         self.num_cached_tokens = 0  # a ctx leg's prefix-cache hits (on its engine's first output)
-        self._first_pending = not self.is_context  # the gen leg's first token is not reported by its engine
+        self.kv_pull: KVTransferStats | None = None  # a ctx leg's pull of its kv_prefix
+        # the gen leg's first token is not reported by its engine
+        self._first_pending = not self.is_context and not self.is_resume
 
     def message(self, request: EngineRequest) -> IngressMessage:
         if self.is_context:
-            return AddContextRequest(request, self.config.kv_park_seconds)
+            return AddContextRequest(request, self.config.kv_park_seconds, self._remote_prefix(request))
+        if self.is_resume:
+            return AddResumedRequest(request, self.replay_tokens())
         first_token_id, ctx_request_id, kv_endpoint = self.kv_source()
         return AddRemoteRequest(request, first_token_id, int(ctx_request_id), kv_endpoint)
 
+    def _remote_prefix(self, request: EngineRequest) -> RemotePrefix | None:
+        """A ctx leg's ``kv_prefix`` when start_leg verified it and it is this prompt's prefix (else the
+        engine computes the prefix: never a wrong answer, at worst a lost saving)."""
+        prefix = self.params.kv_prefix
+        if prefix is None or prefix.prompt_token_ids is None or prefix.ctx_request_id is None:
+            return None
+        prompt, num_tokens = request.prompt_token_ids, len(prefix.prompt_token_ids)
+        if num_tokens >= len(prompt) or prompt[:num_tokens] != prefix.prompt_token_ids or prefix.kv_endpoint is None:
+            log.warning("a ctx leg's kv_prefix is not a prefix of its prompt: computing it instead")
+            return None
+        return RemotePrefix(int(prefix.ctx_request_id), prefix.kv_endpoint, num_tokens)
+
     def signed_prompt_ids(self) -> list[int]:
-        """A gen leg's prompt: the ids the ctx leg signed (never re-tokenized)."""
+        """A gen leg's prompt: the ids the ctx leg signed (never re-tokenized); a resumed leg's, unsigned."""
         return list(self.params.prompt_token_ids or ())
+
+    def carried_ids(self) -> list[int]:
+        """The tokens past the prompt the engine gets with it: a gen leg's first, a resumed leg's output."""
+        return self.replay_tokens() if self.is_resume else [self.kv_source()[0]]
+
+    def replay_tokens(self) -> list[int]:
+        """A resumed leg's output tokens, which the client already holds (empty for any other leg)."""
+        return list(self.params.output_token_ids or ()) if self.is_resume else []
 
     def kv_source(self) -> tuple[int, str, str]:
         """A gen leg's first token id, ctx request id and KV endpoint: start_leg verified them set."""
@@ -141,6 +180,8 @@ class DisaggLeg:
                 self.first_logprobs = output.new_logprobs[0] if output.new_logprobs else None
             if output.kv_parked is not None:
                 self.kv_parked = output.kv_parked
+            if output.kv_transfer is not None and not output.kv_transfer.recomputed:
+                self.kv_pull = output.kv_transfer
             return output
         if self._first_pending and output.finish_reason != "abort":
             self._first_pending = False
@@ -155,6 +196,8 @@ class DisaggLeg:
         """The cached prompt tokens usage reports (module doc); ``own``: this engine's hits."""
         if not self.is_context and self.params.num_cached_tokens is not None:
             return self.params.num_cached_tokens
+        if self.is_resume:  # its prefill may hit its own output's blocks: those are no prompt tokens
+            return min(own, len(self.params.prompt_token_ids or ()))
         return own
 
     def answer_params(self, prompt_token_ids: list[int]) -> dict[str, Any]:
@@ -165,8 +208,11 @@ class DisaggLeg:
         params = signed_params(self.config.cluster_key, str(self.request_id), self.config.kv_endpoint,
                                self.kv_parked.num_tokens, self.first_token_id, self.kv_parked.expires_at,
                                prompt_token_ids)
-        answer = msgspec.to_builtins(msgspec.structs.replace(params, first_token_logprobs=self.first_logprobs,
-                                                             num_cached_tokens=self.num_cached_tokens))
+        pull = self.kv_pull
+        answer = msgspec.to_builtins(msgspec.structs.replace(
+            params, first_token_logprobs=self.first_logprobs, num_cached_tokens=self.num_cached_tokens,
+            kv_pulled_blocks=None if pull is None else pull.num_blocks,
+            kv_pull_seconds=None if pull is None else pull.seconds))
         answer.pop("prompt_token_ids")  # top-level in the answer
         return answer
 
@@ -185,11 +231,18 @@ def start_leg(config: DisaggConfig | None, params: DisaggParams | None, stream: 
         params.validate_type()
     except DisaggParamsError as exc:
         raise InvalidRequestError(str(exc), param="disaggregated_params") from exc
+    if params.request_type == RESUME:
+        if config.role == "ctx":
+            raise InvalidRequestError("this is a ctx worker: it does not serve resume requests",
+                                      param="disaggregated_params")
+        if not stream:  # the client holds the start of the answer only when it streams
+            raise InvalidRequestError("a resume request must stream", param="stream")
+        return DisaggLeg(params, config)
     if config.cluster_key is None or config.kv_endpoint is None:
         raise InvalidRequestError("this worker does not serve disaggregated requests (no cluster key)",
                                   param="disaggregated_params")
     wanted = "ctx" if params.request_type == CONTEXT_ONLY else "gen"
-    if config.role not in ("both", wanted):
+    if config.role not in ("both", wanted) and not params.prefix_export:
         raise InvalidRequestError(f"this is a {config.role} worker: it does not serve {params.request_type} "
                                   f"requests", param="disaggregated_params")
     if params.request_type == CONTEXT_ONLY and stream:
@@ -199,6 +252,12 @@ def start_leg(config: DisaggConfig | None, params: DisaggParams | None, stream: 
             verify_params(config.cluster_key, params)
         except DisaggParamsError as exc:
             raise InvalidRequestError(str(exc), param="disaggregated_params") from exc
+    elif params.kv_prefix is not None:
+        try:
+            verify_params(config.cluster_key, params.kv_prefix)
+        except DisaggParamsError as exc:  # e.g. expired on the way: the prefix is computed here instead
+            log.warning("a ctx leg's kv_prefix is unusable (%s): computing it instead", exc)
+            params = msgspec.structs.replace(params, kv_prefix=None)
     return DisaggLeg(params, config)
 
 
@@ -206,6 +265,11 @@ def engine_params(leg: DisaggLeg, params: SamplingParams) -> SamplingParams:
     """A ctx leg samples exactly one token (min_tokens capped so EOS stays masked as it would be)."""
     if leg.is_context:
         return msgspec.structs.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
+    if leg.is_resume:
+        if params.max_tokens <= len(leg.replay_tokens()):
+            raise InvalidRequestError("a resume request needs max_tokens above its output_token_ids' count",
+                                      param="max_tokens")
+        return params
     if params.max_tokens < 2:
         raise InvalidRequestError("a generation_only request needs max_tokens >= 2: the first token is the ctx "
                                   "leg's", param="max_tokens")

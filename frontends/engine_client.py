@@ -9,9 +9,11 @@ output. Nobody polls the engine.
 
 Liveness tells slow from dead. A lane silent for ``ENGINE_SILENCE_LIMIT``
 heartbeats makes the engine *unresponsive*: ``is_healthy`` is False (so
-``/health`` answers 503 and routers steer away) and new requests are refused,
-but in-flight ones keep waiting, and the next heartbeat makes it healthy again
-with its KV cache intact. The engine is *dead* when its process is gone or it
+``/health`` answers 503 and routers steer away), new requests are refused,
+and in-flight ones end at once with ``EngineUnresponsiveError`` (a retryable
+503: the orchestrator moves a stream to another worker, ``orchestrator.migration``,
+or retries the request there), never waiting for the stall to end; the next
+heartbeat makes it healthy again with its KV cache intact. The engine is *dead* when its process is gone or it
 has been silent for the attach info's ``engine_wedged_seconds`` (minutes):
 then every in-flight ``generate()`` ends with ``EngineDeadError`` (never a
 hang), and the frontend's watchdog stops serving.
@@ -287,10 +289,12 @@ class EngineClient:
                 self._mark_dead(f"no heartbeat from the engine for {silent_for:.1f} s "
                                 f"(wedged: the limit is {self.attach.engine_wedged_seconds:g} s)")
             elif silent_for > silence_limit and not stalled:
-                if self.unresponsive_reason is None:
-                    log.warning("the engine is unresponsive (no heartbeat for %.1f s): refusing new requests "
-                                "until it answers; %d in flight wait", silent_for, len(self._queues))
+                first = self.unresponsive_reason is None
                 self.unresponsive_reason = f"no heartbeat from the engine for {silent_for:.1f} s"
+                if first:
+                    log.warning("the engine is unresponsive (no heartbeat for %.1f s): refusing new requests "
+                                "until it answers; failing %d in flight", silent_for, len(self._queues))
+                    self._fail_in_flight()
             elif silent_for <= silence_limit and self.unresponsive_reason is not None:
                 log.info("the engine answers again (%s before)", self.unresponsive_reason)
                 self.unresponsive_reason = None
@@ -303,6 +307,13 @@ class EngineClient:
             log.error("engine marked dead: %s; failing %d in-flight requests", reason, len(self._queues))
         for sink in list(self._queues.values()):
             sink(EngineDeadError(self._dead_message()))
+
+    def _fail_in_flight(self) -> None:
+        """End every in-flight request with a retryable 503 (its abort reaches the engine when it
+        reads again): a stalled engine holds no request for as long as the stall lasts."""
+        error = EngineUnresponsiveError(f"the engine is not responding: {self.unresponsive_reason}")
+        for sink in list(self._queues.values()):
+            sink(error)
 
     def unavailable_error(self) -> EngineDeadError:
         """Why this client refuses new requests now (call when not ``is_healthy``)."""

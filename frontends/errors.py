@@ -6,7 +6,7 @@ Exception hierarchy (what a handler or the engine client may raise)::
     ├── InvalidRequestError       400: malformed JSON, wrong type, out-of-range value
     │   ├── PromptTooLongError    400: prompt tokens + max_tokens > max_model_len
     │   └── PreviousResponseNotFoundError  400: unknown previous_response_id (frontends.responses.api)
-    ├── UnauthorizedError         401: no or a wrong API key (orchestrator.errors)
+    ├── UnauthorizedError         401: no or a wrong API key or worker key (frontends.api_key)
     ├── RequestTooLargeError      413: the request body is over the server's limit
     ├── RequestHeadTooLargeError  431: the request line and headers are over 64 KiB (frontends.header_limit)
     ├── OverloadedError           429: at the concurrent-request limit, with Retry-After (frontends.admission)
@@ -51,6 +51,7 @@ __all__ = [
     "EngineUnresponsiveError",
     "LauncherUnavailableError",
     "NotSupportedError",
+    "UnauthorizedError",
     "ApiError",
     "http_error",
     "openai_error_body",
@@ -76,6 +77,13 @@ class InvalidRequestError(FrontendError):
 
 class PromptTooLongError(InvalidRequestError):
     code = "context_length_exceeded"
+
+
+class UnauthorizedError(FrontendError):
+    status = 401
+    openai_type = "invalid_request_error"
+    anthropic_type = "authentication_error"
+    code = "invalid_api_key"
 
 
 class RequestTooLargeError(FrontendError):

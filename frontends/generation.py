@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator, Callable, Proto
 
 from frontends.detokenizer import StopStringMatcher, make_detokenizer
 from frontends.errors import ApiError, EngineDeadError, FrontendError, InvalidRequestError, http_error
+from frontends.stream_marks import STREAM_MARKS, StreamMark, encode_mark
 from frontends.streaming import FinalFrame
 from frontends.tokenizer import Tokenizer
 from workers.protocol import EngineRequest, IngressMessage, RequestOutput, TokenLogprobs
@@ -38,6 +39,7 @@ __all__ = [
     "RequestAbortedError",
     "StreamEncoder",
     "stream_events",
+    "start_frames",
 ]
 
 logger = logging.getLogger(__name__)
@@ -81,6 +83,11 @@ class OutputHook(Protocol):
     def early_tokens(self) -> tuple[list[int], list[TokenLogprobs] | None] | None:
         """Output tokens (and logprobs) known before the engine reports any: they go to the client at
         once, and ``on_output`` does not report them again. None: none (asked once, before the run)."""
+        ...
+
+    def replay_tokens(self) -> list[int]:
+        """Output tokens the client already holds (a migrated stream's): replayed through the
+        cutter and the encoder with their frames dropped (``start_frames``); empty: none."""
         ...
 
 
@@ -139,6 +146,8 @@ class Generation:
         self.num_cached_tokens = 0
         self.hook = hook
         self.x_request_id = x_request_id  # the HTTP request's header (or a batch request's id): its perf record's
+        # Called once, at the engine's first output (the prompt is prefilled then): frontends.choices.
+        self.on_engine_output: Callable[[], None] | None = None
 
     @property
     def num_usage_cached_tokens(self) -> int:
@@ -151,8 +160,9 @@ class Generation:
         return self.client.open_stream(self.prompt_token_ids, self.params, on_output,  # type: ignore[attr-defined]
                                        self.arrival_time, make_message, self.x_request_id)
 
-    async def pieces(self) -> AsyncIterator[Piece]:
-        cutter = PieceCutter(self)
+    async def pieces(self, cutter: PieceCutter | None = None) -> AsyncIterator[Piece]:
+        """``cutter``: the stream's own (it marks and replays with it); a fresh one by default."""
+        cutter = PieceCutter(self) if cutter is None else cutter
         early = cutter.cut_early()
         if early is not None:
             yield early
@@ -188,7 +198,8 @@ class PieceCutter:
     """One generation's engine outputs cut into pieces, one output at a time (synchronous:
     ``pieces()`` and the pushed stream, ``frontends.push_stream``, both run it)."""
 
-    __slots__ = ("generation", "detokenizer", "matcher", "want_logprobs", "pending_ids", "pending_logprobs")
+    __slots__ = ("generation", "detokenizer", "matcher", "want_logprobs", "pending_ids", "pending_logprobs",
+                 "unmarked")
 
     def __init__(self, generation: Generation) -> None:
         self.generation = generation
@@ -198,6 +209,26 @@ class PieceCutter:
         # Tokens whose text is still held back travel with the next piece.
         self.pending_ids: list[int] = []
         self.pending_logprobs: list[TokenLogprobs] | None = [] if self.want_logprobs else None
+        # A marked stream (``frontends.stream_marks``): every token consumed since the last write's mark.
+        self.unmarked: list[int] | None = [] if STREAM_MARKS.get() else None
+
+    def mark(self, error: int | None = None) -> bytes:
+        """The mark that ends a write (b"" on an unmarked stream): the tokens consumed since the last."""
+        if self.unmarked is None:
+            return b""
+        tokens, self.unmarked = self.unmarked, []
+        return encode_mark(StreamMark(tokens, error))
+
+    def replay(self, token_ids: list[int]) -> Piece | None:
+        """Consume tokens the client already holds (a migrated stream's): the piece they would have
+        made; they are in no mark (the orchestrator carries them already)."""
+        piece = self._add(token_ids, None, None)
+        if piece is not None and piece.finish_reason is not None:
+            raise InvalidRequestError("the output tokens to resume after already end the request (a stop string)",
+                                      param="disaggregated_params.output_token_ids")
+        if self.unmarked is not None:
+            self.unmarked = []
+        return piece
 
     def cut_early(self) -> Piece | None:
         """The piece of the hook's early tokens (a gen leg's first token), None without them or
@@ -216,12 +247,17 @@ class PieceCutter:
             if output.error:
                 raise InvalidRequestError(output.error)
             raise RequestAbortedError("the engine aborted the request")
+        if generation.on_engine_output is not None:
+            generation.on_engine_output()
+            generation.on_engine_output = None
         if output.num_cached_tokens > generation.num_cached_tokens:  # a comparison: max() is a call an output
             generation.num_cached_tokens = output.num_cached_tokens
         return self._add(output.new_token_ids, output.new_logprobs, output.finish_reason)
 
     def _add(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None, finish_reason: str | None) -> Piece | None:
         self.generation.num_output_tokens += len(token_ids)
+        if self.unmarked is not None:
+            self.unmarked.extend(token_ids)
         self.pending_ids.extend(token_ids)
         if self.pending_logprobs is not None and logprobs:
             self.pending_logprobs.extend(logprobs)
@@ -267,6 +303,20 @@ class StreamEncoder(Protocol):
     def error(self, error: ApiError) -> list[bytes]: ...
 
 
+def start_frames(generation: Generation, encoder: StreamEncoder, cutter: PieceCutter) -> bytes:
+    """The start frames, which go out with the first piece's. A resumed stream's are b"": the
+    client has them, and the tokens it holds are replayed through ``cutter`` and ``encoder``
+    (their frames dropped), leaving both where the failed worker's were."""
+    frames = b"".join(encoder.start(generation))
+    replayed = [] if generation.hook is None else generation.hook.replay_tokens()
+    if not replayed:
+        return frames
+    piece = cutter.replay(replayed)
+    if piece is not None:
+        encoder.piece(piece)
+    return b""
+
+
 async def stream_events(generation: Generation, encoder: StreamEncoder) -> AsyncGenerator[bytes, None]:
     """The one streaming loop: every API's SSE stream is this loop and an encoder.
 
@@ -275,23 +325,25 @@ async def stream_events(generation: Generation, encoder: StreamEncoder) -> Async
     Frames that are ready together go out as one write: the start frames
     with the first piece's frame, the finishing piece's frame with the
     finish frames (a ``FinalFrame``, after ``pieces()`` has ended, so a stop
-    string's abort reaches the engine first).
+    string's abort reaches the engine first). On a marked stream each write
+    ends with its mark (``frontends.stream_marks``).
     """
-    pending = b"".join(encoder.start(generation))
+    cutter = PieceCutter(generation)
+    error_status: int | None = None
+    pending = b""
     try:
+        pending = start_frames(generation, encoder, cutter)
         last: Piece | None = None
-        async for piece in generation.pieces():
+        async for piece in generation.pieces(cutter):
             frame = encoder.piece(piece)
             last = piece
             if frame is None:
                 continue
             if piece.finish_reason is not None:  # the last piece: pieces() ends right after it
                 pending += frame
-            elif pending:
-                yield pending + frame
-                pending = b""
             else:
-                yield frame
+                yield pending + frame + cutter.mark()
+                pending = b""
         assert last is not None
         frames = encoder.finish(generation, last)
     except Exception as exc:  # reported to the client in the stream
@@ -299,4 +351,5 @@ async def stream_events(generation: Generation, encoder: StreamEncoder) -> Async
         if error.status >= 500:
             logger.error("stream failed", exc_info=exc)
         frames = encoder.error(error)
-    yield FinalFrame(pending + b"".join(frames))
+        error_status = error.status
+    yield FinalFrame(pending + b"".join(frames) + cutter.mark(error_status))

@@ -8,7 +8,7 @@ this module) or collect the answer. Errors are raised, never rendered here.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 from starlette.requests import Request
@@ -16,9 +16,10 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from frontends.body_limit import read_body
+from frontends.choices import check_choices, choice_generations, collect_choices, stream_choices
 from frontends.disaggregation import DisaggLeg
 from frontends.errors import ApiError, InvalidRequestError, openai_error_body
-from frontends.generation import Generation, Piece, StreamEncoder
+from frontends.generation import Completion, Generation, Piece, StreamEncoder
 from frontends.schemas_openai import (
     SSE_DONE,
     ChatChunkEncoder,
@@ -32,19 +33,20 @@ from frontends.schemas_openai import (
 )
 from frontends.openai_tools import ToolCallChatStream, ToolPolicy, chat_message, finish_reason, openai_tool_policy, \
     template_messages
+from frontends.request_fields import decode_request
 from frontends.request_limits import check_chat_contents, check_messages, check_tools, stop_strings
 from frontends.prepare import prepare_request
 from frontends.serving import ServingContext
 from frontends.tool_prompt import PromptSource, adapt_conversation
 from frontends.structured import openai_controls, openai_guided
 from frontends.push_stream import stream_response
-from frontends.streaming import run_until_disconnect
+from frontends.streaming import EventStreamResponse, run_until_disconnect
 from frontends.tokenizer import ChatTemplateError, Tokenizer, too_long_error
 from frontends.request_context import enter_request
 from workers.sampling_params import SamplingParams
 
 __all__ = ["create_completion", "create_chat_completion", "serve_chat_completion", "list_models",
-           "CompletionApi", "ChatApi", "chat_prompt_ids"]
+           "CompletionApi", "ChatApi", "chat_prompt_ids", "check_prefill"]
 
 _JSON = "application/json"
 
@@ -53,25 +55,38 @@ def _json_response(payload: Any) -> Response:
     return Response(msgspec.json.encode(payload), media_type=_JSON)
 
 
-def _usage(generation: Generation) -> Usage:
-    prompt, completion = generation.num_prompt_tokens, generation.num_output_tokens
-    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(generation.num_usage_cached_tokens))
+def _usage(generations: Sequence[Generation]) -> Usage:
+    """The prompt once (the choices share it), every choice's completion tokens; the cached prompt
+    tokens of choice 0 (the others hit its blocks)."""
+    prompt, completion = generations[0].num_prompt_tokens, sum(g.num_output_tokens for g in generations)
+    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(generations[0].num_usage_cached_tokens))
 
 
-def _check_single_choice(n: int) -> None:
-    if n != 1:
-        raise InvalidRequestError(f"only n=1 is supported, got n={n}", param="n")
+def _error_frames(error: ApiError) -> list[bytes]:
+    return [b"data: " + openai_error_body(error) + b"\n\n", SSE_DONE]
+
+
+async def _collect(receive: Receive, generations: list[Generation]) -> list[Completion]:
+    if len(generations) == 1:  # the common case, without the choices' tasks
+        return [await run_until_disconnect(receive, generations[0].collect())]
+    return await run_until_disconnect(receive, collect_choices(generations))
 
 
 class _CompletionStream:
-    def __init__(self, encoder: CompletionChunkEncoder, tokenizer: Tokenizer, include_usage: bool) -> None:
+    """One choice's stream; ``closes``: it is the whole stream (usage and ``[DONE]`` at its end),
+    else one of ``n`` (``frontends.choices.stream_choices`` ends the stream)."""
+
+    def __init__(self, encoder: CompletionChunkEncoder, tokenizer: Tokenizer, include_usage: bool,
+                 closes: bool = True, echo: str = "") -> None:
         self.encoder = encoder
         self.tokenizer = tokenizer
         self.include_usage = include_usage
+        self.closes = closes
+        self.echo = echo
         self.text_offset = 0
 
     def start(self, generation: Generation) -> list[bytes]:
-        return []
+        return [self.encoder.text(self.echo)] if self.echo else []
 
     def piece(self, piece: Piece) -> bytes | None:
         logprobs = None
@@ -81,18 +96,24 @@ class _CompletionStream:
         return self.encoder.text(piece.text, logprobs, piece.finish_reason)
 
     def finish(self, generation: Generation, last: Piece) -> list[bytes]:
-        usage = [self.encoder.usage(_usage(generation))] if self.include_usage else []
+        if not self.closes:
+            return []
+        usage = [self.encoder.usage(_usage([generation]))] if self.include_usage else []
         return usage + [SSE_DONE]
 
     def error(self, error: ApiError) -> list[bytes]:
-        return [b"data: " + openai_error_body(error) + b"\n\n", SSE_DONE]
+        return _error_frames(error)
 
 
 class _ChatStream:
-    def __init__(self, encoder: ChatChunkEncoder, tokenizer: Tokenizer, include_usage: bool) -> None:
+    """One choice's stream; ``closes`` as for ``_CompletionStream``."""
+
+    def __init__(self, encoder: ChatChunkEncoder, tokenizer: Tokenizer, include_usage: bool,
+                 closes: bool = True) -> None:
         self.encoder = encoder
         self.tokenizer = tokenizer
         self.include_usage = include_usage
+        self.closes = closes
 
     def start(self, generation: Generation) -> list[bytes]:
         return [self.encoder.role()]
@@ -105,12 +126,14 @@ class _ChatStream:
 
     def finish(self, generation: Generation, last: Piece) -> list[bytes]:
         frames = [self.encoder.finish(last.finish_reason or "stop")]
+        if not self.closes:
+            return frames
         if self.include_usage:
-            frames.append(self.encoder.usage(_usage(generation)))
+            frames.append(self.encoder.usage(_usage([generation])))
         return frames + [SSE_DONE]
 
     def error(self, error: ApiError) -> list[bytes]:
-        return [b"data: " + openai_error_body(error) + b"\n\n", SSE_DONE]
+        return _error_frames(error)
 
 
 class CompletionApi:
@@ -118,11 +141,22 @@ class CompletionApi:
 
     def __init__(self, body: CompletionRequest) -> None:
         self.body = body
+        self.num_choices = 1  # the body's n, once check() has read it (a ctx leg's is 1)
 
     def check(self, ctx: ServingContext, leg: DisaggLeg | None) -> None:
-        _check_single_choice(self.body.n)
-        if self.body.echo:
-            raise InvalidRequestError("echo=true is not supported", param="echo")
+        body = self.body
+        check_choices(body.n, body.best_of)
+        self.num_choices = _num_choices(body.n, leg)
+        if body.echo and body.logprobs is not None:
+            raise InvalidRequestError("echo with logprobs needs the prompt's logprobs, which this server does not "
+                                      "compute; ask for echo or logprobs, not both", param="echo")
+
+    def echo_text(self, ctx: ServingContext, prompt_ids: list[int]) -> str:
+        """What each choice's text starts with: the prompt when ``echo`` is asked, else nothing."""
+        if not self.body.echo:
+            return ""
+        prompt = self.body.prompt
+        return prompt if isinstance(prompt, str) else ctx.tokenizer.decode(prompt_ids, skip_special_tokens=False)
 
     def stop_strings(self) -> tuple[str, ...]:
         return stop_strings(self.body.stop, "stop")
@@ -150,24 +184,46 @@ class CompletionApi:
         )
 
 
+def _num_choices(n: int, leg: DisaggLeg | None) -> int:
+    """A ctx leg prefills the prompt and samples choice 0's first token; the gen leg makes the n choices."""
+    return 1 if leg is not None and leg.is_context else n
+
+
+def _stream_usage(encoder: CompletionChunkEncoder | ChatChunkEncoder, generations: list[Generation],
+                  include_usage: bool) -> list[bytes]:
+    """The end of an ``n`` > 1 stream: the usage chunk when asked, ``[DONE]``."""
+    return ([encoder.usage(_usage(generations))] if include_usage else []) + [SSE_DONE]
+
+
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     x_request_id = enter_request(request.scope)
-    body = msgspec.json.decode(await read_body(request.receive), type=CompletionRequest)
-    prepared = prepare_request(ctx, CompletionApi(body), arrival_time, x_request_id)
-    generation = prepared.generation
-    response_id, created = f"cmpl-{ctx.response_ids.next_hex()}", int(time.time())
+    body = decode_request(await read_body(request.receive), CompletionRequest, ctx.config.strict_request_fields,
+                          request.scope)
+    api = CompletionApi(body)
+    prepared = prepare_request(ctx, api, arrival_time, x_request_id)
+    generations = choice_generations(prepared.generation, api.num_choices)
+    echo = api.echo_text(ctx, prepared.generation.prompt_token_ids)
+    response_id, created = prepared.response_ids(ctx, "cmpl")
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        encoder = _CompletionStream(CompletionChunkEncoder(response_id, created, ctx.model_name), ctx.tokenizer,
-                                    include_usage)
-        return stream_response(generation, encoder)
-    result = await run_until_disconnect(request.receive, generation.collect())
-    logprobs = completion_logprobs(ctx.tokenizer, result.logprobs, 0) if result.logprobs is not None else None
-    choice = {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}
+        if len(generations) == 1:
+            encoder = _CompletionStream(CompletionChunkEncoder(response_id, created, ctx.model_name), ctx.tokenizer,
+                                        include_usage, echo=echo)
+            return stream_response(generations[0], encoder)
+        chunks = [CompletionChunkEncoder(response_id, created, ctx.model_name, index)
+                  for index in range(len(generations))]
+        encoders: list[StreamEncoder] = [_CompletionStream(c, ctx.tokenizer, False, False, echo) for c in chunks]
+        return EventStreamResponse(stream_choices(
+            generations, encoders, lambda: _stream_usage(chunks[0], generations, include_usage), _error_frames))
+    choices = []
+    for index, result in enumerate(await _collect(request.receive, generations)):
+        logprobs = completion_logprobs(ctx.tokenizer, result.logprobs, 0) if result.logprobs is not None else None
+        choices.append({"index": index, "text": echo + result.text, "logprobs": logprobs,
+                        "finish_reason": result.finish_reason})
     payload = {
         "id": response_id, "object": "text_completion", "created": created, "model": ctx.model_name,
-        "choices": [choice], "usage": _usage(generation),
+        "choices": choices, "usage": _usage(generations),
     }
     return _json_response(prepared.answer(payload))
 
@@ -185,9 +241,25 @@ def chat_prompt_ids(ctx: PromptSource, body: ChatCompletionRequest, max_tokens: 
         return ctx.tokenizer.encode_chat(
             messages, tools=tools, max_tokens=max_tokens,
             add_generation_prompt=body.add_generation_prompt, template_kwargs=body.chat_template_kwargs,
+            continue_final_message=body.continue_final_message,
         )
     except ChatTemplateError as exc:
         raise InvalidRequestError(str(exc), param="messages") from exc
+
+
+def check_prefill(body: ChatCompletionRequest) -> None:
+    """vLLM's rules for continuing the last message (assistant prefill): it must be an assistant's,
+    and no generation prompt is added after it."""
+    if not body.continue_final_message:
+        return
+    if body.add_generation_prompt:
+        raise InvalidRequestError("continue_final_message and add_generation_prompt cannot both be true: set "
+                                  "add_generation_prompt to false to continue the last message",
+                                  param="continue_final_message")
+    role = body.messages[-1].role if body.messages else None
+    if role != "assistant":
+        raise InvalidRequestError(f"continue_final_message continues the last message, which must be an "
+                                  f"assistant's; the last message is {role!r}", param="continue_final_message")
 
 
 class ChatApi:
@@ -196,10 +268,13 @@ class ChatApi:
     def __init__(self, body: ChatCompletionRequest) -> None:
         self.body = body
         self.tool_policy = ToolPolicy()  # the body's, once check() has read it
+        self.num_choices = 1  # the body's n, once check() has read it (a ctx leg's is 1)
 
     def check(self, ctx: ServingContext, leg: DisaggLeg | None) -> None:
         body = self.body
-        _check_single_choice(body.n)
+        check_choices(body.n)
+        self.num_choices = _num_choices(body.n, leg)
+        check_prefill(body)
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
         self.tool_policy = openai_tool_policy(body)
@@ -227,7 +302,8 @@ class ChatApi:
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     x_request_id = enter_request(request.scope)
-    body = msgspec.json.decode(await read_body(request.receive), type=ChatCompletionRequest)
+    body = decode_request(await read_body(request.receive), ChatCompletionRequest,
+                          ctx.config.strict_request_fields, request.scope)
     return await serve_chat_completion(ctx, body, request.receive, arrival_time, x_request_id)
 
 
@@ -237,29 +313,32 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
     ``x_request_id``: the HTTP request's header, for its perf record."""
     api = ChatApi(body)
     prepared = prepare_request(ctx, api, arrival_time, x_request_id)
-    generation = prepared.generation
-    response_id, created = f"chatcmpl-{ctx.response_ids.next_hex()}", int(time.time())
-    parser = api.tool_policy.parser(ctx.tool_syntax, streaming=body.stream)
+    generations = choice_generations(prepared.generation, api.num_choices)
+    response_id, created = prepared.response_ids(ctx, "chatcmpl")
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = ChatChunkEncoder(response_id, created, ctx.model_name)
-        encoder: StreamEncoder = _ChatStream(chunks, ctx.tokenizer, include_usage)
-        if parser is not None:
-            encoder = ToolCallChatStream(encoder, chunks, parser)
-        return stream_response(generation, encoder)
-    result = await run_until_disconnect(receive, generation.collect())
-    logprobs = chat_logprobs(ctx.tokenizer, result.logprobs) if result.logprobs is not None else None
-    message, num_calls = ({"role": "assistant", "content": result.text}, 0) if parser is None \
-        else chat_message(result.text, parser, result.finish_reason)
-    choice = {
-        "index": 0,
-        "message": message,
-        "logprobs": logprobs,
-        "finish_reason": finish_reason(result.finish_reason, num_calls),
-    }
+        closes = len(generations) == 1
+        chunks = [ChatChunkEncoder(response_id, created, ctx.model_name, index) for index in range(len(generations))]
+        encoders: list[StreamEncoder] = []
+        for chunk in chunks:  # a parser per choice: each holds its choice's calls
+            parser = api.tool_policy.parser(ctx.tool_syntax, streaming=True)
+            encoder: StreamEncoder = _ChatStream(chunk, ctx.tokenizer, include_usage and closes, closes)
+            encoders.append(encoder if parser is None else ToolCallChatStream(encoder, chunk, parser))
+        if closes:
+            return stream_response(generations[0], encoders[0])
+        return EventStreamResponse(stream_choices(
+            generations, encoders, lambda: _stream_usage(chunks[0], generations, include_usage), _error_frames))
+    choices = []
+    for index, result in enumerate(await _collect(receive, generations)):
+        parser = api.tool_policy.parser(ctx.tool_syntax, streaming=False)
+        logprobs = chat_logprobs(ctx.tokenizer, result.logprobs) if result.logprobs is not None else None
+        message, num_calls = ({"role": "assistant", "content": result.text}, 0) if parser is None \
+            else chat_message(result.text, parser, result.finish_reason)
+        choices.append({"index": index, "message": message, "logprobs": logprobs,
+                        "finish_reason": finish_reason(result.finish_reason, num_calls)})
     payload = {
         "id": response_id, "object": "chat.completion", "created": created, "model": ctx.model_name,
-        "choices": [choice], "usage": _usage(generation),
+        "choices": choices, "usage": _usage(generations),
     }
     return _json_response(prepared.answer(payload))
 

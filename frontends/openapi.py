@@ -74,6 +74,8 @@ class RouteDoc:
     """With ``"stream": true`` the 200 answer is ``text/event-stream``: the type of each event's ``data``."""
     anthropic: bool = False
     """Errors have Anthropic's shape (else OpenAI's)."""
+    request_media_type: str = "application/json"
+    """How ``request`` is sent (``multipart/form-data``: a file upload, its fields ``request``'s)."""
 
 
 def openapi_document(title: str, version: str, description: str, docs: Sequence[RouteDoc],
@@ -125,7 +127,7 @@ def _operation(doc: RouteDoc, schema_of: dict[Any, Any]) -> dict[str, Any]:
                                    for p in params]
     if doc.request is not None:
         operation["requestBody"] = {"required": doc.request is not EmptyBody,
-                                    "content": {"application/json": {"schema": schema_of[doc.request]}}}
+                                    "content": {doc.request_media_type: {"schema": schema_of[doc.request]}}}
     return operation
 
 

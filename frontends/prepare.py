@@ -26,6 +26,7 @@ order and the disaggregation are here.
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple, Protocol
 
 from frontends.disaggregation import DisaggLeg, add_ctx_fields, add_ctx_fields_json, engine_params, start_leg
@@ -83,8 +84,8 @@ def check_request(ctx: ServingContext, request: ApiRequest) -> ValidRequest:
     stops = request.stop_strings()
     if leg is not None and not leg.is_context:
         prompt_ids = leg.signed_prompt_ids()
-        # The first token rides with the prompt to the engine: it is checked with it.
-        ctx.check_prompt_token_ids(prompt_ids + [leg.kv_source()[0]], "disaggregated_params.prompt_token_ids")
+        # The first token (a resumed leg's output) rides with the prompt to the engine: checked with it.
+        ctx.check_prompt_token_ids(prompt_ids + leg.carried_ids(), "disaggregated_params.prompt_token_ids")
     else:
         prompt_ids = request.prompt_ids(ctx)
     params = request.sampling_params(ctx, len(prompt_ids))
@@ -101,6 +102,13 @@ class PreparedRequest:
     def __init__(self, generation: Generation, leg: DisaggLeg | None) -> None:
         self.generation = generation
         self.leg = leg
+
+    def response_ids(self, ctx: ServingContext, prefix: str) -> tuple[str, int]:
+        """The answer's id and creation time: a resumed stream's own (its client holds them), else new."""
+        params = None if self.leg is None or not self.leg.is_resume else self.leg.params
+        if params is not None and params.response_id is not None and params.created is not None:
+            return params.response_id, params.created
+        return f"{prefix}-{ctx.response_ids.next_hex()}", int(time.time())
 
     def answer(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The non-streaming answer: a ctx leg's carries its ``disaggregated_params`` and prompt ids."""

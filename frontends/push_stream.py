@@ -29,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from frontends.direct_body import DirectBody
 from frontends.errors import ApiError, http_error
-from frontends.generation import Generation, Piece, PieceCutter, StreamEncoder, stream_events
+from frontends.generation import Generation, Piece, PieceCutter, StreamEncoder, start_frames, stream_events
 from frontends.streaming import SSE_HEADERS, DisconnectWatch, EventStreamResponse
 from workers.protocol import RequestOutput
 
@@ -109,7 +109,7 @@ class _PushedStream:
         self.direct = direct  # the middle frames' way around send, where the server offers one
         self.cutter = PieceCutter(generation)
         self.request: Any = None  # the engine client's PushedRequest, once open
-        self.pending = b"".join(encoder.start(generation))  # the start frames go out with the first piece's
+        self.pending = b""  # the start frames go out with the first piece's (``run``)
         self.held: list[bytes] = []  # frames produced while the request's task owns the writes
         self.suspended: _Suspended | None = None  # set: the request's task owns the writes
         self.final = False  # the last frame is written or held
@@ -120,6 +120,7 @@ class _PushedStream:
         try:
             await self.send({"type": "http.response.start", "status": 200, "headers": headers})
             try:
+                self.pending = start_frames(self.generation, self.encoder, self.cutter)
                 # Early tokens (a gen leg's first) are cut first: a stop string among them ends the
                 # request before the engine sees it; else they go out right after it was sent.
                 early = self.cutter.cut_early()
@@ -178,13 +179,14 @@ class _PushedStream:
         frame = self.encoder.piece(piece)
         if piece.finish_reason is None:
             if frame is not None:
-                self._write(self.pending + frame if self.pending else frame, final=False)
+                mark = self.cutter.mark()
+                self._write(self.pending + frame + mark if self.pending or mark else frame, final=False)
                 self.pending = b""
             return
         if piece.stop_string is not None and self.request is not None:
             self.request.close()  # the abort reaches the engine before the client sees the end
-        self._write(self.pending + (frame or b"") + b"".join(self.encoder.finish(self.generation, piece)),
-                    final=True)
+        self._write(self.pending + (frame or b"") + b"".join(self.encoder.finish(self.generation, piece))
+                    + self.cutter.mark(), final=True)
 
     def fail(self, error: ApiError) -> None:
         try:
@@ -192,7 +194,7 @@ class _PushedStream:
         except Exception as encode_exc:  # nothing more can be told: end the stream
             logger.error("stream error event failed", exc_info=encode_exc)
             frames = b""
-        self._write(self.pending + frames, final=True)
+        self._write(self.pending + frames + self.cutter.mark(error.status), final=True)
 
     def _write(self, data: bytes, final: bool) -> None:
         self.final = final

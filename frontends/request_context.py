@@ -6,7 +6,9 @@ lower-case names of the ASGI spec) and sets ``workers.log_format.REQUEST_ID``
 (every log line of the request's task names it, uvicorn's access line
 included: it is written from the same task) and ``TRACEPARENT``, which the
 engine client keeps on the request's track and hands, with its perf record,
-to the tracer when the request ends (``frontends.tracing``).
+to the tracer when the request ends (``frontends.tracing``). An orchestrator's
+``x-disagg-stream-marks: 1`` sets ``frontends.stream_marks.STREAM_MARKS``: the
+request's stream marks the tokens of each write.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from contextvars import ContextVar
 from starlette.types import Scope
 
 from frontends.request_headers import X_REQUEST_ID
+from frontends.stream_marks import MARKS_HEADER, STREAM_MARKS
 from workers.log_format import REQUEST_ID
 
 __all__ = ["enter_request", "TRACEPARENT"]
@@ -24,6 +27,7 @@ TRACEPARENT: ContextVar[str | None] = ContextVar("disagg_traceparent", default=N
 """The W3C ``traceparent`` the request came with (None: none)."""
 
 _TRACEPARENT = b"traceparent"
+_MARKS = MARKS_HEADER.encode()
 
 
 def enter_request(scope: Scope) -> str | None:
@@ -35,6 +39,8 @@ def enter_request(scope: Scope) -> str | None:
                 request_id = value.decode("latin-1")
         elif key == _TRACEPARENT and traceparent is None:
             traceparent = value.decode("latin-1")
+        elif key == _MARKS and value == b"1":
+            STREAM_MARKS.set(True)
     if request_id is not None:
         REQUEST_ID.set(request_id)
     if traceparent is not None:

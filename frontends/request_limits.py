@@ -12,6 +12,8 @@ Documented once, here (workers and the orchestrator run the same checks):
   ``MAX_LOGIT_BIAS`` entries; a guided ``choice``: at most ``MAX_CHOICES``
   alternatives. Each is work per decoded token (or a grammar to compile) that
   a 16 MiB body could otherwise make a million entries long.
+- ``n``: 1 to ``MAX_N`` choices (OpenAI's own limit); each choice is one
+  engine request (``frontends.choices``).
 - OpenAI chat messages need ``content``, except an assistant message that
   carries ``tool_calls`` (OpenAI's rule); a message without either is a 400
   naming ``messages[i].content``, not an empty turn.
@@ -24,7 +26,7 @@ from typing import Sequence
 from frontends.errors import InvalidRequestError
 
 __all__ = ["MAX_STOP_STRINGS", "MAX_STOP_STRING_CHARS", "MAX_MESSAGES", "MAX_TOOLS", "MAX_STOP_TOKEN_IDS",
-           "MAX_LOGIT_BIAS", "MAX_CHOICES", "stop_strings", "check_messages", "check_tools", "check_chat_contents",
+           "MAX_LOGIT_BIAS", "MAX_CHOICES", "MAX_N", "stop_strings", "check_messages", "check_tools", "check_chat_contents",
            "check_count"]
 
 MAX_STOP_STRINGS = 16
@@ -34,6 +36,7 @@ MAX_TOOLS = 128
 MAX_STOP_TOKEN_IDS = 256
 MAX_LOGIT_BIAS = 1024
 MAX_CHOICES = 1024
+MAX_N = 128
 
 
 def stop_strings(stop: str | Sequence[str] | None, param: str) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import Scope
 
 __all__ = [
     "LAUNCHER_ROUTES",
@@ -23,6 +24,7 @@ __all__ = [
     "ADMIN_ONLY_PREFIXES",
     "FRONTEND_LOCAL_PATHS",
     "FORWARD_METHODS",
+    "over_admin_socket",
     "is_launcher_owned",
     "is_frontend_local",
     "unclassified_routes",
@@ -44,6 +46,14 @@ LAUNCHER_PREFIXES: tuple[str, ...] = ("/v1/messages/batches/", "/v1/responses/")
 # socket only, never forwarded (a client could otherwise reach them through any frontend).
 ADMIN_ONLY_PREFIXES: tuple[str, ...] = ("/_admin/",)
 FORWARD_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def over_admin_socket(scope: Scope) -> bool:
+    """Whether a request came over the launcher's admin Unix socket (reachable only by the worker's own
+    user: its directory is 0700), not TCP: uvicorn gives a Unix socket's connections a (path, None)
+    server address, TCP ones a port."""
+    server = scope.get("server")
+    return server is not None and server[1] is None
 
 FRONTEND_LOCAL_PATHS: frozenset[str] = frozenset({
     "/v1/completions",

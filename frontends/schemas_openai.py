@@ -77,7 +77,8 @@ class CompletionRequest(SamplingControls, frozen=True):
     stream_options: StreamOptions | None = None
     logprobs: int | None = None
     n: int = 1
-    echo: bool = False
+    best_of: int | None = None  # accepted equal to n only (frontends.choices)
+    echo: bool = False  # the prompt's text starts each choice's text
     ignore_eos: bool = False
     min_tokens: int = 0
     user: str | None = None
@@ -142,6 +143,7 @@ class ChatCompletionRequest(SamplingControls, frozen=True):
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}: frontends.openai_tools
     parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM's: the last (assistant) message is continued; openai_api.check_prefill
     chat_template_kwargs: dict[str, Any] | None = None
     user: str | None = None
     disaggregated_params: DisaggParams | None = None  # a disaggregated leg: frontends.disaggregation
@@ -200,12 +202,17 @@ class _ChunkTemplates:
         return self.head + b'[],"usage":' + _encode(usage) + b"}\n\n"
 
 
+def _choice_head(head: bytes, index: int) -> bytes:
+    """``...,"choices":[{"index":<index>,``: every chunk of one choice (``n`` > 1 streams several)."""
+    return head + b'[{"index":' + str(index).encode() + b","
+
+
 class CompletionChunkEncoder(_ChunkTemplates):
     __slots__ = ("_text_head",)
 
-    def __init__(self, response_id: str, created: int, model: str) -> None:
+    def __init__(self, response_id: str, created: int, model: str, index: int = 0) -> None:
         super().__init__(response_id, "text_completion", created, model)
-        self._text_head = self.head + b'[{"index":0,"text":'
+        self._text_head = _choice_head(self.head, index) + b'"text":'
 
     def text(self, text: str, logprobs: dict[str, Any] | None = None, finish_reason: str | None = None) -> bytes:
         return (
@@ -215,14 +222,15 @@ class CompletionChunkEncoder(_ChunkTemplates):
 
 
 class ChatChunkEncoder(_ChunkTemplates):
-    __slots__ = ("_content_head",)
+    __slots__ = ("_choice", "_content_head")
 
-    def __init__(self, response_id: str, created: int, model: str) -> None:
+    def __init__(self, response_id: str, created: int, model: str, index: int = 0) -> None:
         super().__init__(response_id, "chat.completion.chunk", created, model)
-        self._content_head = self.head + b'[{"index":0,"delta":{"content":'
+        self._choice = _choice_head(self.head, index)
+        self._content_head = self._choice + b'"delta":{"content":'
 
     def role(self) -> bytes:
-        return (self.head + b'[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+        return (self._choice + b'"delta":{"role":"assistant","content":""},"logprobs":null,'
                 b'"finish_reason":null}]}\n\n')
 
     def content(self, text: str, logprobs: dict[str, Any] | None = None) -> bytes:
@@ -239,9 +247,9 @@ class ChatChunkEncoder(_ChunkTemplates):
         return self._tool_call({"index": index, "function": {"arguments": arguments}})
 
     def _tool_call(self, call: dict[str, Any]) -> bytes:
-        return (self.head + b'[{"index":0,"delta":{"tool_calls":[' + _encode(call)
+        return (self._choice + b'"delta":{"tool_calls":[' + _encode(call)
                 + b']},"logprobs":null,"finish_reason":null}]}\n\n')
 
     def finish(self, finish_reason: str) -> bytes:
-        return (self.head + b'[{"index":0,"delta":{},"logprobs":null,"finish_reason":' + _encode(finish_reason)
+        return (self._choice + b'"delta":{},"logprobs":null,"finish_reason":' + _encode(finish_reason)
                 + b"}]}\n\n")

@@ -12,7 +12,7 @@ room left: ``max_model_len - prompt tokens``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from pathlib import Path
 
@@ -57,6 +57,12 @@ class FrontendConfig:
     trace_service_name: str = "disagg-worker"
     role: str = "both"
     """The worker's role (ctx, gen, both), on its spans."""
+    strict_request_fields: bool = False
+    """An unknown top-level request field is a 400 naming it; False: ignored, named in a ``Warning``
+    header (``frontends.request_fields``)."""
+    worker_key: str | None = field(default=None, repr=False)
+    """The deployment's worker key (``--worker-key-file``): required on every route but /health
+    over TCP (``frontends.api_key``); None: none is required."""
 
     @classmethod
     def for_model_dir(cls, model_dir: str | Path, frontend_id: int = 0,

@@ -3,12 +3,16 @@
 Client APIs (OpenAI, Anthropic) run through ``orchestrator.flow``; the rest
 of a worker's client surface (count_tokens, tokenize, models, version) is
 answered here (``orchestrator.surface``); cluster routes read this process's
-``ClusterView``; registration, perf and Message Batches routes are forwarded
-to the state owner (the leader, ``orchestrator.leadership``; ``orchestrator.batches``). Every error has the API's shape
+``ClusterView``; registration, perf, Message Batches and OpenAI Files and Batches routes are
+forwarded to the state owner (the leader, ``orchestrator.leadership``; ``orchestrator.batches``,
+``orchestrator.openai_batches``). Every error has the API's shape
 (``frontends.errors``), also those outside a handler and streams cut short
-(``orchestrator.clean_ends``). With ``api_key`` set, /v1/* and /workers* need
-``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise);
-/health, /cluster_info and the metrics stay open for probes and scrapers.
+(``orchestrator.clean_ends``). With ``api_key`` set, every route but /health
+needs ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise;
+``frontends.api_key``): the cluster view, the metrics and perf records name the
+workers and describe the traffic. The API's description (/openapi.json, /docs,
+/redoc) stays open: it holds no state. With ``worker_key_file`` set, every
+call to a worker presents the deployment's worker key.
 The app is a ``frontends.openapi.DocumentedApp``: FastAPI's ``/openapi.json``
 and ``/docs`` (``orchestrator.openapi_routes``), Starlette's request path.
 The generation routes' requests mostly never reach it: ``orchestrator.fast_http``
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import itertools
 import logging
 import time
@@ -37,6 +40,7 @@ from starlette.responses import Response
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from frontends.api_key import RequiredKey, bearer_header, read_key_file
 from frontends.body_limit import BodyLimitMiddleware
 from frontends.admission import RETRY_AFTER_SECONDS, AdmissionGate, AdmissionMiddleware
 from frontends.errors import InvalidRequestError, anthropic_error_body, http_error, openai_error_body
@@ -50,7 +54,7 @@ from orchestrator.answers import Answer, Watch, disconnect_watch, to_response
 from orchestrator.batches import batch_forward
 from orchestrator.clean_ends import CleanEndsMiddleware
 from orchestrator.config import LiveSettings, OrchestratorConfig
-from orchestrator.errors import NoWorkerError, UnauthorizedError, UpstreamRejected
+from orchestrator.errors import NoWorkerError, UpstreamRejected
 from orchestrator.flow import Flow
 from orchestrator.state_protocol import DrainRequest, RequestTrace, WorkerRef
 from orchestrator.metrics import CONTENT_TYPE, Metrics
@@ -65,7 +69,7 @@ from workers.log_format import REQUEST_ID
 if TYPE_CHECKING:
     from frontends.tracing import Tracing
 
-__all__ = ["build_app", "Orchestrator", "error_parts", "CLIENT_CLOSED_REQUEST"]
+__all__ = ["build_app", "Orchestrator", "error_parts", "worker_key_headers", "CLIENT_CLOSED_REQUEST"]
 
 log = logging.getLogger("disagg.orchestrator")
 
@@ -83,16 +87,22 @@ class Orchestrator:
         self.tokenizer = tokenizer
         self.view = ClusterView(process_index, config.default_block_size, config.default_hash_seed)
         # Every client body is checked whole here, by the workers' own code, before any leg.
-        self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self))
+        self.validator = RequestValidator(tokenizer, config.model_name, _KnownLimits(self),
+                                          config.strict_request_fields)
         self.link = StateLink(config.state_socket, self.view, push_loads=config.processes > 1)
         self.metrics = Metrics(tokenizer.piece_cache)
         self.metrics.process.on_sample(self._sample_in_flight)
         # One count per process of the generation requests in flight, for the app and the fast lane.
         self.admission = AdmissionGate(config.max_concurrent_requests or None, "this orchestrator process", "")
+        # What clients present (None: open), and what this process presents to every worker.
+        self.api_key = RequiredKey(config.api_key) if config.api_key is not None else None
+        worker_headers = worker_key_headers(config)
         timeouts = config.timeouts
-        self.legs = HttpClient(timeouts.connect_seconds, timeouts.idle_seconds)  # request legs: the hot path
+        self.legs = HttpClient(timeouts.connect_seconds, timeouts.idle_seconds,  # request legs: the hot path
+                               headers=worker_headers)
         # Health, worker info, KV events, perf: a few calls a second.
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeouts.idle_seconds, connect=timeouts.connect_seconds))
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeouts.idle_seconds, connect=timeouts.connect_seconds),
+                                        headers=worker_headers)
         self.tracing = _tracing(config)
         # Every client request's end: its perf record, access line and spans (orchestrator.request_end).
         self.ends = RequestEnds(self.link, config.access_log, self.tracing)
@@ -201,7 +211,8 @@ def error_parts(exc: BaseException, anthropic: bool) -> tuple[int, bytes, dict[s
         return exc.status, exc.body, {}
     error = http_error(exc)
     body = anthropic_error_body(error) if anthropic else openai_error_body(error)
-    return error.status, body, ({"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else {})
+    # 503 too: no worker can serve it now (none healthy, or each tried said so), retryable in a moment.
+    return error.status, body, ({"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status in (429, 503) else {})
 
 
 def _error(exc: BaseException, anthropic: bool) -> Response:
@@ -213,14 +224,11 @@ def _json(payload, status: int = 200) -> Response:
     return Response(msgspec.json.encode(payload), status_code=status, media_type="application/json")
 
 
-def _authorized(config: OrchestratorConfig, request: Request) -> bool:
-    if config.api_key is None:
-        return True
-    given = request.headers.get("x-api-key")
-    auth = request.headers.get("authorization", "")
-    if given is None and auth.lower().startswith("bearer "):
-        given = auth[7:].strip()
-    return given is not None and hmac.compare_digest(given.encode(), config.api_key.encode())
+def worker_key_headers(config: OrchestratorConfig) -> dict[str, str]:
+    """The header that presents the deployment's worker key to a worker (none without one)."""
+    if config.worker_key_file is None:
+        return {}
+    return bearer_header(read_key_file(config.worker_key_file))
 
 
 Handler = Callable[[Orchestrator, Request], Awaitable[Response]]
@@ -230,8 +238,9 @@ def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True)
     async def endpoint(request: Request) -> Response:
         orch: Orchestrator = request.app.state.orchestrator
         try:
-            if protected and not _authorized(orch.config, request):
-                raise UnauthorizedError("a valid API key is required (Authorization: Bearer KEY or x-api-key)")
+            key = orch.api_key
+            if protected and key is not None and not key.accepts_headers(request.scope["headers"]):
+                raise key.refusal("a valid API key")
             return await handler(orch, request)
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -349,22 +358,27 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/v1/messages/batches", _endpoint(batch_forward, anthropic=True), methods=["GET", "POST"]),
         Route("/v1/messages/batches/{rest:path}", _endpoint(batch_forward, anthropic=True),
               methods=["GET", "POST", "DELETE"]),
+        # The OpenAI Files and Batches, owned by the leader like the Message Batches (orchestrator.openai_batches).
+        Route("/v1/files", _endpoint(batch_forward), methods=["GET", "POST"]),
+        Route("/v1/files/{rest:path}", _endpoint(batch_forward), methods=["GET", "DELETE"]),
+        Route("/v1/batches", _endpoint(batch_forward), methods=["GET", "POST"]),
+        Route("/v1/batches/{rest:path}", _endpoint(batch_forward), methods=["GET", "POST"]),
         Route("/v1/models", _endpoint(surface.list_models), methods=["GET"]),
         Route("/v1/models/{model_id:path}", _endpoint(surface.retrieve_model_route), methods=["GET"]),
         Route("/tokenize", _endpoint(surface.tokenize_route), methods=["POST"]),
         Route("/detokenize", _endpoint(surface.detokenize_route), methods=["POST"]),
-        Route("/version", _endpoint(surface.version, protected=False), methods=["GET"]),
+        Route("/version", _endpoint(surface.version), methods=["GET"]),
         Route("/v1/responses", _endpoint(responses.create_response), methods=["POST"]),
         Route("/v1/responses/{response_id}", _endpoint(responses.retrieve_response), methods=["GET"]),
         Route("/v1/responses/{response_id}", _endpoint(responses.delete_response), methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", _endpoint(responses.list_input_items), methods=["GET"]),
         Route("/health", _endpoint(_health, protected=False), methods=["GET"]),
-        Route("/cluster_info", _endpoint(_cluster_info, protected=False), methods=["GET"]),
-        Route("/prometheus/metrics", _endpoint(_prometheus, protected=False), methods=["GET"]),
+        Route("/cluster_info", _endpoint(_cluster_info), methods=["GET"]),
+        Route("/prometheus/metrics", _endpoint(_prometheus), methods=["GET"]),
         # The same text where scrapers look by default (a ServiceMonitor, aiperf). A worker's /metrics
         # stays its engine's iteration stats (JSON, drained by routers).
-        Route("/metrics", _endpoint(_prometheus, protected=False), methods=["GET"]),
-        Route("/perf_metrics", _endpoint(_perf, protected=False), methods=["GET"]),
+        Route("/metrics", _endpoint(_prometheus), methods=["GET"]),
+        Route("/perf_metrics", _endpoint(_perf), methods=["GET"]),
         Route("/workers", _endpoint(_workers), methods=["GET"]),
         Route("/workers/register", _endpoint(_forward("/register")), methods=["POST"]),
         Route("/workers/heartbeat", _endpoint(_forward("/heartbeat")), methods=["POST"]),
@@ -378,6 +392,8 @@ def build_app(orch: Orchestrator) -> Starlette:
                         routes=routes, exception_handlers={HTTPException: _http_exception}, lifespan=lifespan,
                         middleware=[Middleware(CleanEndsMiddleware),  # outermost: it sees every end
                                     Middleware(AdmissionMiddleware, gate=orch.admission),
-                                    Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes)])
+                                    Middleware(BodyLimitMiddleware, max_bytes=orch.config.max_request_bytes,
+                                               path_limits={"/v1/files": (orch.config.max_upload_bytes,
+                                                                          "max_upload_bytes")})])
     app.state.orchestrator = orch
     return app

@@ -44,6 +44,7 @@ class Attempts:
     tried: set[str] = field(default_factory=set)
     lost_once: set[str] = field(default_factory=set)  # connection lost once before anything was relayed
     refusals: int = 0  # 429s: every worker tried busy is a 429 to the client, not a 502
+    unavailable: int = 0  # 503s (and 429s): every worker tried saying so is a 503 to the client, not a 502
 
     def start(self, worker: WorkerRecord) -> None:
         self.tried.add(worker.worker_id)
@@ -54,6 +55,7 @@ class Attempts:
         mid-answer), not a lost worker: the same worker once more (the next connection reaches
         another of its frontends), not suspected."""
         self.refusals += exc.refused
+        self.unavailable += exc.refused or exc.unavailable
         again = exc.connection_lost and worker.worker_id not in self.lost_once
         if again:
             self.lost_once.add(worker.worker_id)
@@ -66,3 +68,7 @@ class Attempts:
     def all_refused(self) -> bool:
         """Every worker tried answered 429: busy, not broken."""
         return self.refusals == len(self.tried)
+
+    def all_unavailable(self) -> bool:
+        """Every worker tried answered 429 or 503: each said it cannot serve now, none broke a leg."""
+        return self.unavailable >= len(self.tried)

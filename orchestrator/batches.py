@@ -5,7 +5,9 @@ and runner, the workers' own code) and mounts the batch routes on the state
 owner's Unix-socket app; every process, the leader included, replays
 ``/v1/messages/batches*`` to it verbatim (``batch_forward``). So one client
 sees one set of batches whichever process answers, and the file outlives the
-orchestrator: batches left running continue after a restart or a hand-over.
+orchestrator: batches left running continue after a restart or a hand-over. The OpenAI
+Files and Batches (``/v1/files*``, ``/v1/batches*``; ``orchestrator.openai_batches``)
+are owned, replayed and run the same way, with ``through_flow``'s policy.
 
 Each batch request runs through the leader's ``Flow`` exactly like a client's
 non-streaming ``POST /v1/messages`` (ctx leg, then gen leg, retries), so a
@@ -39,12 +41,12 @@ from orchestrator.answers import unwatched
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.state_protocol import RequestTrace
 from orchestrator.http_client import UpstreamError
-from orchestrator.prompt import parse_request
+from orchestrator.prompt import ParsedRequest, parse_request
 
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator
 
-__all__ = ["FlowBatchExecutor", "open_batch_runner", "batch_forward", "MAX_ATTEMPTS"]
+__all__ = ["FlowExecutor", "FlowBatchExecutor", "open_batch_runner", "batch_forward", "through_flow", "MAX_ATTEMPTS"]
 
 log = logging.getLogger("disagg.orchestrator.batches")
 
@@ -53,8 +55,8 @@ RETRY_SECONDS = 1.0
 _TRANSIENT = (NoWorkerError, UpstreamFailedError, RequestTimeoutError, LegFailed, UpstreamError)
 
 
-class FlowBatchExecutor:
-    """Runs one batch request through the orchestrator's flow (module doc: the policy)."""
+class FlowExecutor:
+    """A batch executor over the orchestrator's flow: ready while a gen worker is healthy."""
 
     def __init__(self, orch: "Orchestrator") -> None:
         self.orch = orch
@@ -62,32 +64,38 @@ class FlowBatchExecutor:
     def is_ready(self) -> bool:
         return self.orch.view.has_healthy("gen")
 
+
+class FlowBatchExecutor(FlowExecutor):
+    """Runs one Message Batch request through the orchestrator's flow (module doc: the policy)."""
+
     async def execute(self, params: bytes, request_id: str) -> Outcome | None:
-        orch = self.orch
         try:
             batch_body(params)  # the batch's own rule (no streaming) before the API's
-            parsed = parse_request("messages", params, orch.validator, None)
-        except Exception as exc:  # noqa: BLE001 - the 400 /v1/messages would answer
+            parsed = parse_request("messages", params, self.orch.validator, None)
+            response = await through_flow(self.orch, parsed, request_id, "messages")
+            return succeeded(bytes(response.body))
+        except UpstreamRejected as exc:  # the worker's own Anthropic error body
+            return errored(exc.body)
+        except Exception as exc:  # noqa: BLE001 - the 4xx /v1/messages would answer, or the cluster's failure
             return errored_by(exc)
-        failures = 0
-        while True:
-            record = RequestTrace(request_id=request_id, api="messages", arrival=time.time())
-            try:
-                response = await orch.flow.handle(parsed, request_id, unwatched, record)  # no client to lose
-                return succeeded(bytes(response.body))
-            except UpstreamRejected as exc:  # the worker's own Anthropic error body
-                return errored(exc.body)
-            except _TRANSIENT as exc:
-                failures += 1
-                if failures >= MAX_ATTEMPTS:
-                    return errored_by(UpstreamFailedError(f"the cluster failed this request {failures} times; "
-                                                          f"last: {exc}"))
-                log.warning("batch request %s: %s; retrying when a gen worker is healthy", request_id, exc)
-            except Exception as exc:  # noqa: BLE001 - any other failure is this request's errored result
-                return errored_by(exc)
+
+
+async def through_flow(orch: "Orchestrator", parsed: ParsedRequest, request_id: str, api: str) -> Response:
+    """A batch request's non-streamed answer from the flow, retried while the cluster cannot serve
+    (module doc: the policy); its perf records say ``api``. Raises the request's own failure."""
+    failures = 0
+    while True:
+        record = RequestTrace(request_id=request_id, api=api, arrival=time.time())
+        try:
+            return await orch.flow.handle(parsed, request_id, unwatched, record)  # no client to lose
+        except _TRANSIENT as exc:
+            failures += 1
+            if failures >= MAX_ATTEMPTS:
+                raise UpstreamFailedError(f"the cluster failed this request {failures} times; last: {exc}") from exc
+            log.warning("batch request %s: %s; retrying when a gen worker is healthy", request_id, exc)
+        await asyncio.sleep(RETRY_SECONDS)
+        while not orch.view.has_healthy("gen"):
             await asyncio.sleep(RETRY_SECONDS)
-            while not self.is_ready():
-                await asyncio.sleep(RETRY_SECONDS)
 
 
 def open_batch_runner(orch: "Orchestrator") -> BatchRunner:
@@ -96,11 +104,14 @@ def open_batch_runner(orch: "Orchestrator") -> BatchRunner:
 
 
 async def batch_forward(orch: "Orchestrator", request: Request) -> Response:
-    """Any process: replay a /v1/messages/batches* request to the owner and its answer back."""
+    """Any process: replay a /v1/messages/batches*, /v1/files* or /v1/batches* request to the owner
+    and its answer back."""
     body = await request.body() if request.method in ("POST", "PUT", "PATCH") else b""
     path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    content_type = request.headers.get("content-type")  # a multipart upload's boundary is in it
     try:
-        answer = await orch.link.forward(request.method, path, body)
+        answer = await orch.link.forward(request.method, path, body,
+                                         {"content-type": content_type} if content_type else None)
     except httpx.HTTPError as exc:
         raise UpstreamFailedError(f"the batch store's owner (the leader) did not answer: {exc}") from exc
     if answer.status_code in (404, 405) and answer.headers.get("content-type", "").startswith("text/plain"):

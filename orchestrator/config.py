@@ -13,16 +13,19 @@ from pathlib import Path
 
 import yaml
 
+from frontends.api_key import KeyFileError, read_key_file
 from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
 from workers.log_format import LOG_FORMATS
 
 __all__ = [
-    "RouterConfig", "ConditionalDisaggConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",
+    "RouterConfig", "ConditionalDisaggConfig", "KVPoolConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",
     "OrchestratorConfig", "load_orchestrator_config", "ROUTER_POLICIES", "WORKER_ROLES",
-    "DEFAULT_MAX_CONCURRENT_REQUESTS", "LiveSettings", "LOG_LEVELS",
+    "DEFAULT_MAX_CONCURRENT_REQUESTS", "DEFAULT_MAX_UPLOAD_BYTES", "LiveSettings", "LOG_LEVELS",
+    "check_worker_key_file",
 ]
 
+DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 * 1024  # OpenAI's limit on a batch input file
 DEFAULT_MAX_CONCURRENT_REQUESTS = 2048  # per process: far above a worker pool's batches, far below exhaustion
 ROUTER_POLICIES = ("round_robin", "least_load", "kv_cache_aware", "session")
 WORKER_ROLES = ("ctx", "gen", "both")
@@ -66,6 +69,35 @@ class ConditionalDisaggConfig:
 
 
 @dataclass(frozen=True)
+class KVPoolConfig:
+    """The deployment-wide KV pool (``orchestrator.kv_pool``): a ctx leg pulls the leading blocks of
+    its prompt that another worker holds, when moving them is cheaper than computing them."""
+
+    enabled: bool = False
+    min_blocks: int = 2
+    """Fetch only when the holder has at least this many more leading blocks than the ctx worker."""
+    transfer_tokens_per_second: float = 0.0
+    """How many tokens' KV the transfer path moves per second (its bandwidth / KV bytes per token);
+    0: measured from the pulls of the fetches (a moving average)."""
+    overhead_seconds: float = 0.01
+    """A fetch's fixed cost: the export leg to the holder (an HTTP round trip, one block's prefill)."""
+    prefill_tokens_per_second: float = 0.0
+    """The ctx workers' prefill speed; 0: measured from the ctx legs (a moving average)."""
+
+    def validate(self, prefix: str) -> None:
+        if self.min_blocks < 1:
+            raise ConfigError(f"{prefix}.min_blocks", f"must be >= 1, got {self.min_blocks}")
+        if self.transfer_tokens_per_second < 0:
+            raise ConfigError(f"{prefix}.transfer_tokens_per_second",
+                              f"must be >= 0 (0: measured), got {self.transfer_tokens_per_second}")
+        if self.overhead_seconds < 0:
+            raise ConfigError(f"{prefix}.overhead_seconds", f"must be >= 0, got {self.overhead_seconds}")
+        if self.prefill_tokens_per_second < 0:
+            raise ConfigError(f"{prefix}.prefill_tokens_per_second",
+                              f"must be >= 0 (0: measured), got {self.prefill_tokens_per_second}")
+
+
+@dataclass(frozen=True)
 class HealthConfig:
     interval_seconds: float = 1.0
     """How often the leader checks every worker's /health and drains its KV events."""
@@ -84,6 +116,26 @@ class HealthConfig:
         for name in ("unhealthy_threshold", "healthy_threshold"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{prefix}.{name}", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class MigrationConfig:
+    """A streamed answer whose gen worker fails mid-stream (its process or engine dies, its
+    connection drops, its engine stalls) goes on, token-exact, on another gen worker
+    (``orchestrator.migration``, docs/operations.md "Migration")."""
+
+    limit: int = 3
+    """Moves per request (Dynamo's ``--migration-limit``); 0: a failed stream ends with the API's
+    error event, and gen legs stream unmarked."""
+    max_carried_tokens: int = 16384
+    """A stream that already holds more output tokens than this is not moved (its resume would
+    prefill them all again): it ends with the error event."""
+
+    def validate(self, prefix: str) -> None:
+        if self.limit < 0:
+            raise ConfigError(f"{prefix}.limit", f"must be >= 0 (0: no migration), got {self.limit}")
+        if self.max_carried_tokens < 1:
+            raise ConfigError(f"{prefix}.max_carried_tokens", f"must be >= 1, got {self.max_carried_tokens}")
 
 
 @dataclass(frozen=True)
@@ -151,6 +203,7 @@ class LiveSettings:
     ctx_router: RouterConfig = field(default_factory=RouterConfig)
     gen_router: RouterConfig = field(default_factory=RouterConfig)
     conditional: ConditionalDisaggConfig = field(default_factory=ConditionalDisaggConfig)
+    kv_pool: KVPoolConfig = field(default_factory=KVPoolConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     max_retries: int = 2
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
@@ -185,12 +238,18 @@ class OrchestratorConfig:
     ctx_router: RouterConfig = field(default_factory=RouterConfig)
     gen_router: RouterConfig = field(default_factory=RouterConfig)
     conditional: ConditionalDisaggConfig = field(default_factory=ConditionalDisaggConfig)
+    kv_pool: KVPoolConfig = field(default_factory=KVPoolConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     max_retries: int = 2
     """Extra workers tried per leg when one fails before the client saw a byte."""
+    migration: MigrationConfig = field(default_factory=MigrationConfig)
     api_key: str | None = None
-    """Clients must send it (Authorization: Bearer KEY or x-api-key: KEY); None = open."""
+    """Clients must send it (Authorization: Bearer KEY or x-api-key: KEY) on every route but /health;
+    None = open."""
+    worker_key_file: str | None = None
+    """A file (mode 0600) holding the deployment's worker key, presented to every worker on every call
+    (``frontends.api_key``); ``disagg up`` sets it to ``<run dir>/worker.key``. None: workers need none."""
     workers: tuple[StaticWorker, ...] = ()
     """Static workers; more may register themselves at run time."""
     default_block_size: int = 16
@@ -203,6 +262,12 @@ class OrchestratorConfig:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Request bodies over this are refused with 413 before they are buffered."""
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    """``POST /v1/files`` bodies (a batch's input file) over this are refused with 413 instead (the
+    upload is held in memory once while the leader stores it)."""
+    strict_request_fields: bool = False
+    """An unknown top-level request field is a 400 naming it; False: ignored, named in a ``Warning``
+    header (``frontends.request_fields``)."""
     grace_seconds: float = 30.0
     """At shutdown (SIGTERM, `disagg down`) every process stops accepting and lets in-flight
     requests finish this long before cutting them (each cut one ends with the API's error).
@@ -234,6 +299,8 @@ class OrchestratorConfig:
             raise ConfigError(f"{prefix}.api_key", "must not be empty (omit it for no key)")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
+        if self.max_upload_bytes < 1024:
+            raise ConfigError(f"{prefix}.max_upload_bytes", f"must be >= 1024, got {self.max_upload_bytes}")
         if not 0 < self.grace_seconds <= 3600:
             raise ConfigError(f"{prefix}.grace_seconds", f"must be in (0, 3600], got {self.grace_seconds}")
         if self.max_process_restarts < 0:
@@ -270,3 +337,13 @@ def load_orchestrator_config(path: str | Path) -> OrchestratorConfig:
         return from_mapping(OrchestratorConfig, data, "orchestrator")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc.key}", str(exc).split(": ", 1)[1]) from None
+
+
+def check_worker_key_file(config: OrchestratorConfig, path: str | Path) -> None:
+    """At start-up, not at the first call to a worker: a worker key file that cannot be used is a
+    ConfigError naming the key (``path``: the config file)."""
+    if config.worker_key_file is not None:
+        try:
+            read_key_file(config.worker_key_file)
+        except KeyFileError as exc:
+            raise ConfigError(f"{path}: orchestrator.worker_key_file", str(exc)) from None

@@ -1,10 +1,10 @@
 """The orchestrator's additions to the frontends' error tree (``frontends.errors``)::
 
     FrontendError
-    ├── NoWorkerError        503: no healthy worker for a leg
+    ├── NoWorkerError        503: no healthy worker for a leg, or every one tried said it is unavailable
     ├── UpstreamFailedError  502: every worker tried for a leg failed (after retries)
     ├── RequestTimeoutError  504: the request ran past timeouts.request_seconds
-    └── UnauthorizedError    401: missing or wrong API key
+    └── UnauthorizedError    401: missing or wrong API key (``frontends.errors``, re-exported)
 
 A worker's own 4xx answer is passed to the client unchanged (``UpstreamRejected``).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
-from frontends.errors import FrontendError
+from frontends.errors import FrontendError, UnauthorizedError
 
 __all__ = ["NoWorkerError", "UpstreamFailedError", "RequestTimeoutError", "UnauthorizedError",
            "UpstreamRejected", "LegFailed", "WorkerErrorDetail", "error_detail"]
@@ -38,13 +38,6 @@ class RequestTimeoutError(FrontendError):
     openai_type = "timeout_error"
     anthropic_type = "api_error"
     code = "timeout"
-
-
-class UnauthorizedError(FrontendError):
-    status = 401
-    openai_type = "invalid_request_error"
-    anthropic_type = "authentication_error"
-    code = "invalid_api_key"
 
 
 class UpstreamRejected(Exception):
@@ -99,11 +92,15 @@ class LegFailed(Exception):
 
     ``unanswered``: no answer came (no connection, timeout, connection lost): the worker is suspect.
     ``connection_lost``: of those, a connection lost after it was made (one frontend process died,
-    perhaps not the worker): the same worker may be tried once more."""
+    perhaps not the worker): the same worker may be tried once more.
+
+    ``unavailable``: the worker answered 503 (its engine is dead or stalled, it is shutting down): it
+    said so itself, so when every worker tried did, the client gets a retryable 503, not a 502."""
 
     def __init__(self, message: str, kv_source_lost: bool = False, refused: bool = False,
-                 unanswered: bool = False, connection_lost: bool = False) -> None:
+                 unanswered: bool = False, connection_lost: bool = False, unavailable: bool = False) -> None:
         super().__init__(message)
+        self.unavailable = unavailable
         self.kv_source_lost = kv_source_lost
         self.refused = refused
         self.unanswered = unanswered

@@ -28,7 +28,6 @@ event and the last event with the chunked terminator.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +37,6 @@ from frontends.memory import large_body, release_memory_soon
 from frontends.streaming import ClientDisconnected, FinalFrame
 from orchestrator.answers import JsonAnswer, StreamAnswer
 from orchestrator.clean_ends import INTERNAL_ERROR, SHUTTING_DOWN, STREAM_CUT, stream_error_frame
-from orchestrator.errors import UnauthorizedError
 from workers.log_format import REQUEST_ID
 
 if TYPE_CHECKING:
@@ -109,7 +107,7 @@ class _Lane:
         self.orch = orch
         self.gate = orch.admission  # the app's too: one count of the process's requests in flight
         self.max_bytes = config.max_request_bytes
-        self.api_key = config.api_key.encode() if config.api_key is not None else None
+        self.api_key = orch.api_key  # the app's check (frontends.api_key)
 
 
 class _BodyEvent:
@@ -206,7 +204,7 @@ class FastCycle:
 
     async def _serve(self) -> None:
         request_id = session = traceparent = None
-        given = None
+        x_api_key = authorization = None
         for name, value in self.headers:
             if name == b"content-length":
                 self._declared = int(value) if value.isdigit() else None
@@ -216,15 +214,15 @@ class FastCycle:
                 session = value.decode("latin-1")
             elif name == b"traceparent" and traceparent is None:
                 traceparent = value.decode("latin-1")
-            elif name == b"x-api-key":
-                given = value
-            elif name == b"authorization" and given is None and value[:7].lower() == b"bearer ":
-                given = value[7:].strip()
+            elif name == b"x-api-key" and x_api_key is None:
+                x_api_key = value
+            elif name == b"authorization" and authorization is None:
+                authorization = value
         self._watching = True
         try:
             key = self.lane.api_key
-            if key is not None and (given is None or not hmac.compare_digest(given, key)):
-                raise UnauthorizedError("a valid API key is required (Authorization: Bearer KEY or x-api-key)")
+            if key is not None and not key.accepts(x_api_key, authorization):
+                raise key.refusal("a valid API key")
             answer = await self.lane.orch.generate(self.api, self._read_body, request_id or None, session or None,
                                                    self._watch, traceparent)
         except ClientDisconnected:

@@ -17,7 +17,10 @@
    that already finished (``disaggregated_params.finished``) is the client's
    answer (mode ``ctx_only``); for a streaming client it is instead served as
    a normal request on the gen worker, because re-encoding a finished answer
-   as a stream per API is not worth its code.
+   as a stream per API is not worth its code, and so is one that asked for
+   ``n`` > 1 choices or ``echo`` (``ParsedRequest.ctx_can_answer``). With ``n``
+   > 1 the ctx leg makes choice 0's first token and the gen leg all ``n``
+   choices (``frontends.choices``): the prompt's KV moves once.
 3. gen leg: generation_only with the ctx params and prompt ids,
    ``x-request-id: <id>-gen``, streaming as the client asked. A failure
    before the first byte reached the client is retried as a *normal* request
@@ -25,8 +28,9 @@
    KV), or on the same one when only the KV pull failed (``kv_transfer_failed``:
    the ctx engine died or dropped the KV; the gen worker is fine); a connection
    lost before anything was relayed goes once more to the same worker (one of
-   its frontends died, not the worker). After the first byte, the stream ends
-   with the API's error event. Closing the client's stream closes the upstream
+   its frontends died, not the worker). After the first byte, the stream moves
+   to another gen worker, token-exact (``orchestrator.migration``), or, when it
+   cannot, ends with the API's error event. Closing the client's stream closes the upstream
    one, which aborts the request in the worker (and, through it, the KV pull).
 
 A worker's 429 (at its ``max_concurrent_requests``, ``frontends.admission``) is a
@@ -47,17 +51,21 @@ import msgspec
 from starlette.responses import Response
 
 from frontends.admission import RETRY_AFTER_SECONDS, OverloadedError
+from frontends.request_fields import warning_header
+from frontends.streaming import FinalFrame
 from orchestrator.answers import Answer, JsonAnswer, StreamAnswer, Watch, to_response
 from orchestrator.attempts import Attempts, kv_source_lost
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.metrics import Metrics
+from orchestrator.migration import MARKS_HEADERS, Migration
 from orchestrator.prompt import ParsedRequest, client_answer, ctx_body, gen_body
 from orchestrator.relay import Relay
 from orchestrator.request_end import RequestEnds
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
 from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from orchestrator.kv_pool import KVPool
 from orchestrator.state_protocol import CtxLegTrace, FailedLeg, GenLegTrace, RequestTrace
 from orchestrator.view import ClusterView, StateLink
 
@@ -79,6 +87,7 @@ class Flow:
         self.metrics = metrics
         self.ctx_router = Router(config.ctx_router)
         self.gen_router = Router(config.gen_router)
+        self.pool = KVPool(view, upstream)
 
     def apply(self, config: OrchestratorConfig) -> None:
         """New live settings (``Orchestrator.apply_settings``); a router whose settings are unchanged
@@ -129,14 +138,18 @@ class Flow:
         deadline = time.monotonic() + self.config.timeouts.request_seconds
         gen, ctx = self.plan(request)
         headers = {"x-request-id": request_id}
+        if request.ignored_fields:
+            name, value = warning_header(request.ignored_fields)
+            headers[name.decode()] = value.decode()
         payload: dict[str, Any] = request.body
         record.mode = "aggregated" if ctx is None else "disagg"
         if ctx is not None:
-            ctx_answer = await self.ctx_phase(request, request_id, ctx, record, watch, deadline)
+            kv_prefix = await self.fetch_prefix(request, request_id, ctx, watch, deadline)
+            ctx_answer = await self.ctx_phase(request, request_id, ctx, record, watch, deadline, kv_prefix)
             if record.ctx is not None:
                 headers["x-disagg-ctx-worker"] = record.ctx.worker_id
             params = (ctx_answer or {}).get("disaggregated_params") or {}
-            if ctx_answer is not None and params.get("finished") and not request.stream:
+            if ctx_answer is not None and params.get("finished") and not request.stream and request.ctx_can_answer:
                 record.mode = "ctx_only"
                 self.finish(record, request)
                 return JsonAnswer(msgspec.json.encode(client_answer(ctx_answer)),
@@ -155,11 +168,24 @@ class Flow:
         self.finish(record, request, answer)
         return JsonAnswer(answer, headers)
 
+    async def fetch_prefix(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, watch: Watch,
+                           deadline: float) -> dict[str, Any] | None:
+        """The ``kv_prefix`` of the ctx leg when the KV pool has the prompt's prefix on another worker."""
+        source = self.pool.source(self.config.kv_pool, request, ctx)
+        if source is None:
+            return None
+        kv_prefix = await watch(self._within(deadline, self.pool.export(source, request, request_id)))
+        self.metrics.kv_pool_fetches.labels("parked" if kv_prefix is not None else "failed").inc()
+        if kv_prefix is not None:
+            self.metrics.kv_pool_tokens.inc(source.gain_tokens)
+        return kv_prefix
+
     async def ctx_phase(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, record: RequestTrace,
-                        watch: Watch, deadline: float) -> dict[str, Any] | None:
+                        watch: Watch, deadline: float, kv_prefix: dict[str, Any] | None = None
+                        ) -> dict[str, Any] | None:
         """The ctx answer, or None when the gen worker should serve the request alone."""
         try:
-            answer, _ = await watch(self._within(deadline, self.run_ctx(request, request_id, ctx, record)))
+            answer, _ = await watch(self._within(deadline, self.run_ctx(request, request_id, ctx, record, kv_prefix)))
         except UpstreamFailedError as exc:
             # Every ctx worker failed (no connection, timeout, 5xx): the gen worker can still do it all.
             log.warning("request %s: no ctx leg (%s); serving it on the gen worker alone", request_id, exc)
@@ -211,6 +237,10 @@ class Flow:
             self.metrics.errors.labels("gen", "overloaded").inc()
             raise OverloadedError(f"every generation worker is at its concurrent-request limit "
                                   f"({len(attempts.tried)} tried); retry after {RETRY_AFTER_SECONDS} s")
+        if phase == "gen" and attempts.all_unavailable():  # each said so itself (a stalled or dead engine): retryable, not a 502
+            self.metrics.errors.labels(phase, "unavailable").inc()
+            raise NoWorkerError(f"every {'context' if phase == 'ctx' else 'generation'} worker tried is unavailable "
+                                f"({len(attempts.tried)} tried); retry after {RETRY_AFTER_SECONDS} s")
         self.metrics.errors.labels(phase, "upstream").inc()
         name = "context" if phase == "ctx" else "generation"
         raise UpstreamFailedError(f"every {name} worker failed ({len(attempts.tried)} tried)")
@@ -259,14 +289,15 @@ class Flow:
         if status == 429:
             raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)", refused=True)
         if status >= 500:
-            raise LegFailed(f"{worker.worker_id} answered {status}", kv_source_lost=kv_source_lost(content))
+            raise LegFailed(f"{worker.worker_id} answered {status}", kv_source_lost=kv_source_lost(content),
+                            unavailable=status == 503)
         if status != 200:
             raise UpstreamRejected(status, content)
         return content
 
-    async def run_ctx(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
-                      record: RequestTrace) -> tuple[dict[str, Any], WorkerRecord]:
-        body = msgspec.json.encode(ctx_body(request))
+    async def run_ctx(self, request: ParsedRequest, request_id: str, first: WorkerRecord, record: RequestTrace,
+                      kv_prefix: dict[str, Any] | None = None) -> tuple[dict[str, Any], WorkerRecord]:
+        body = msgspec.json.encode(ctx_body(request, kv_prefix))
 
         async def leg(worker: WorkerRecord, replay: bool) -> dict[str, Any]:
             start = time.time()
@@ -274,7 +305,10 @@ class Flow:
                                    record, start)
             record.ctx = CtxLegTrace(worker_id=worker.worker_id, start=start, end=time.time())
             self.metrics.observe("ctx", record.ctx.end - start)
-            return msgspec.json.decode(raw)
+            answer = msgspec.json.decode(raw)
+            self.pool.observe_ctx_leg(worker, len(request.prompt_ids), answer.get("disaggregated_params"),
+                                      record.ctx.end - start)
+            return answer
 
         return await self.attempt("ctx", request, first, record, leg)
 
@@ -295,14 +329,22 @@ class Flow:
                          payload: dict[str, Any], record: RequestTrace, headers: dict[str, str],
                          deadline: float) -> StreamAnswer:
         tokens = len(request.prompt_ids)
+        # A stream of n choices, or one that echoes its prompt, is not moved: its marks name one
+        # choice's tokens, and a resumed leg would echo the prompt again.
+        body = request.body
+        migrating = self.config.migration.limit > 0 and (body.get("n") or 1) == 1 and not body.get("echo")
 
-        async def leg(worker: WorkerRecord, replay: bool) -> tuple[LegResponse, AsyncGenerator[bytes, None], bytes]:
+        async def leg(worker: WorkerRecord, replay: bool
+                      ) -> tuple[LegResponse, AsyncGenerator[bytes, None], bytes, Migration | None]:
             body = request.body if replay else payload
             start = time.time()
             self.metrics.count_leg("gen")
             self.view.acquire(worker.worker_id, tokens)
             upstream = None
             headers = {"x-request-id": f"{request_id}-gen", "content-type": "application/json"}
+            if migrating:
+                headers.update(MARKS_HEADERS)
+            migration = Migration(self, request, request_id, body) if migrating else None
             span = self.ends.open_leg(record, "gen", worker.worker_id, start, headers)
             try:
                 upstream = await self._within(deadline, self.upstream.post(
@@ -311,13 +353,16 @@ class Flow:
                     raise LegFailed(f"{worker.worker_id} answered 429 (at its concurrent-request limit)",
                                     refused=True)
                 if upstream.status >= 500:
-                    raise LegFailed(f"{worker.worker_id} answered {upstream.status}")
+                    raise LegFailed(f"{worker.worker_id} answered {upstream.status}",
+                                    unavailable=upstream.status == 503)
                 if upstream.status != 200:
                     raise UpstreamRejected(upstream.status, await upstream.read())
                 chunks = upstream.chunks()
                 first_chunk = await self._within(deadline, chunks.__anext__())  # still retryable until here
                 if body is not request.body and kv_source_lost(first_chunk):  # the pull failed in band
                     raise LegFailed(f"{worker.worker_id}: the KV pull failed", kv_source_lost=True)
+                if migration is not None:
+                    first_chunk = await self._first_write(worker, migration, chunks, first_chunk, deadline)
             except BaseException as exc:
                 self.view.release(worker.worker_id, tokens)
                 if span is not None:
@@ -336,11 +381,29 @@ class Flow:
                 self.ends.keep_gen_leg(record, span)
             self.metrics.observe("gen_first_byte", record.gen.first_byte - start)
             self.metrics.observe("ttft", record.gen.first_byte - record.arrival)
-            return upstream, chunks, first_chunk
+            return upstream, chunks, first_chunk, migration
 
-        (upstream, chunks, first_chunk), worker = await self.attempt("gen", request, first, record, leg)
-        relay = Relay(self, request, upstream, chunks, first_chunk, worker, tokens, record, deadline)
+        (upstream, chunks, first_chunk, migration), worker = await self.attempt("gen", request, first, record, leg)
+        relay = Relay(self, request, upstream, chunks, first_chunk, worker, tokens, record, deadline, migration)
         return StreamAnswer(relay, {**headers, "x-disagg-gen-worker": worker.worker_id})
+
+    async def _first_write(self, worker: WorkerRecord, migration: Migration, chunks: AsyncGenerator[bytes, None],
+                           chunk: bytes, deadline: float) -> bytes:
+        """A marked leg's first whole write (marks stripped), read on until one is complete; a
+        leg whose first write is a 5xx error event failed before the client saw a byte (LegFailed:
+        retried from the start, as any such failure)."""
+        while True:
+            data = migration.read(chunk)
+            if migration.failed is not None and not data:
+                raise LegFailed(f"{worker.worker_id} failed before its first token ({migration.failed})",
+                                unavailable="status 503" in migration.failed)
+            if migration.failed is not None:
+                return data  # the relay moves the stream after relaying this
+            if type(chunk) is FinalFrame:
+                return FinalFrame(data + migration.rest())
+            if data:
+                return data
+            chunk = await self._within(deadline, chunks.__anext__())
 
 
 async def within(deadline: float, work: Awaitable[T], request_seconds: float) -> T:

@@ -74,19 +74,26 @@ class HealthChecker:
             degraded = ok and _says_degraded(response.content)
         except httpx.HTTPError as exc:
             ok, error, degraded = False, f"{type(exc).__name__}: {exc}", False
+        # A worker joining (or coming back: it may have restarted differently) is asked its info first:
+        # one that refuses the deployment's worker key (/health needs none) never joins, since every
+        # leg sent to it would come back 401.
+        joining = ok and (worker.block_size is None or not worker.healthy)
+        if joining and await self.fetch_info(worker) == 401:
+            ok, error = False, "it refuses the orchestrator's worker key (401): not the deployment's worker.key"
         moved = self.owner.registry.report_check(worker.worker_id, ok, None if ok else error, degraded)
         if moved:  # joining is a state change (INFO); leaving is a fault (WARNING)
             log.log(logging.INFO if ok else logging.WARNING, "worker %s (%s) %s the rotation%s", worker.worker_id,
                     worker.url, "joined" if ok else "left", "" if ok else f": {error}")
         if not ok:
             return
-        if worker.block_size is None or moved:  # a worker that comes back may have restarted differently
-            await self.fetch_info(worker)
-            self.owner.kv_index.stale.add(worker.worker_id)  # and with another cache
+        if joining:
+            self.owner.kv_index.stale.add(worker.worker_id)  # with another cache, maybe
         if worker.worker_id not in self.no_events:
             await self.drain_events(worker)
 
-    async def fetch_info(self, worker: WorkerRecord) -> None:
+    async def fetch_info(self, worker: WorkerRecord) -> int | None:
+        """Reads ``/worker_info`` into the registry; the status of an answer that was not 200 (None: 200,
+        or no answer)."""
         config = self.owner.config
         info: dict | None = None
         best: tuple[float, float] | None = None  # (round trip, offset) of the fastest probe
@@ -97,6 +104,8 @@ class HealthChecker:
             except httpx.HTTPError:
                 break
             received = time.time()
+            if response.status_code == 401:
+                return 401
             info = msgspec.json.decode(response.content) if response.status_code == 200 else {}
             server_time = info.get("server_time")
             if not isinstance(server_time, (int, float)):
@@ -104,7 +113,7 @@ class HealthChecker:
             if best is None or received - sent < best[0]:
                 best = (received - sent, server_time - (sent + received) / 2)
         if info is None:
-            return
+            return None
         offset = None if best is None else best[1]
         block_size, hash_seed = info.get("block_size"), info.get("hash_seed")
         if block_size is None:
@@ -115,6 +124,7 @@ class HealthChecker:
         self.owner.registry.set_info(worker.worker_id, block_size, hash_seed, info.get("kv_endpoint"), offset,
                                      max_model_len if isinstance(max_model_len, int) else None,
                                      vocab_size if isinstance(vocab_size, int) else None)
+        return None
 
     async def drain_events(self, worker: WorkerRecord) -> None:
         try:

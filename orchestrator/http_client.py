@@ -328,13 +328,25 @@ Deliver = Callable[[bytes, bool, "UpstreamError | None"], None]
 """``deliver(data, end, error)``: push mode's receiver (``LegResponse.relay_to``)."""
 
 
+def _header_lines(headers: dict[str, str]) -> str:
+    lines = []
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+            raise ValueError(f"header {name!r} holds a line break")
+        lines.append(f"{name}: {value}\r\n")
+    return "".join(lines)
+
+
 class HttpClient:
     """Pooled keep-alive connections per origin (TCP, or one Unix socket for every URL: ``uds``)."""
 
-    def __init__(self, connect_timeout: float, idle_timeout: float, uds: str | None = None) -> None:
+    def __init__(self, connect_timeout: float, idle_timeout: float, uds: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        """``headers``: sent with every request (the worker key's ``authorization``)."""
         self.connect_timeout = connect_timeout
         self.idle_timeout = idle_timeout  # the longest wait for the next byte of an answer
         self.uds = uds
+        self._fixed_head = _header_lines(headers or {})
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> LegResponse:
@@ -356,12 +368,9 @@ class HttpClient:
         Raises ``UpstreamError``: no connection (within ``connect_timeout``), lost before
         the answer, or ``UpstreamTimeout``: no answer within ``idle_timeout``."""
         host, port, path = _origin(url)
-        head = [f"{method} {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"]
-        for name, value in (headers or {}).items():
-            if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-                raise ValueError(f"header {name!r} holds a line break")
-            head.append(f"{name}: {value}\r\n")
-        request = "".join(head).encode("latin-1") + b"\r\n" + body
+        head = (f"{method} {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"
+                f"{self._fixed_head}{_header_lines(headers) if headers else ''}")
+        request = head.encode("latin-1") + b"\r\n" + body
         connection = self._take_idle((host, port))
         reused = connection is not None
         fresh_retries = 0

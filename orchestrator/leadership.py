@@ -3,7 +3,8 @@
 The K_o serving processes are alike; one of them, the *leader*, runs the
 state owner (``orchestrator.state``: registry, health checks, KV index,
 loads, live settings, perf) on ``<state_dir>/state.sock``, the Message
-Batches runner (``orchestrator.batches``) and the Prometheus target files.
+Batches runner (``orchestrator.batches``), the OpenAI Files and Batches
+(``orchestrator.openai_batches``) and the Prometheus target files.
 Every process, the leader included, follows the owner's snapshots through
 its ``StateLink``, so each holds a copy of the registry at most one long
 poll old.
@@ -21,9 +22,9 @@ settings it already applies, and starts with a new ``epoch``. It binds the
 socket under a temporary name and renames it over ``state.sock``, so a
 follower connects to the new owner or gets refused, never half of each. A
 follower that sees another epoch takes the whole snapshot and pushes its
-loads again; the dead leader's own loads die with it. The batch store is an
-SQLite file whose lock died with the old leader: the new one opens it and its
-runner takes up the requests left pending. Lost at a hand-over: the perf
+loads again; the dead leader's own loads die with it. The batch stores are on
+disk, their locks died with the old leader: the new one opens them and their
+runners take up the requests left pending. Lost at a hand-over: the perf
 records not yet joined (``GET /perf_metrics``), KV events drained but not yet
 published (each worker's index is resynchronised from its snapshot).
 
@@ -71,6 +72,7 @@ class Leadership:
         self._contending = True
         self._stop = asyncio.Event()
         self._batches: Any = None
+        self._openai_batches: Any = None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -85,6 +87,9 @@ class Leadership:
         if self._batches is not None:
             await self._batches.close()
             self._batches = None
+        if self._openai_batches is not None:
+            await self._openai_batches.close()
+            self._openai_batches = None
 
     async def close(self) -> None:
         """Last at shutdown: the owner stops (its long polls answer first), the lock goes."""
@@ -120,7 +125,10 @@ class Leadership:
         await self._lead()
 
     async def _lead(self) -> None:
+        from frontends.batches import batch_routes
+        from frontends.batches.openai_routes import openai_batch_routes
         from orchestrator.batches import open_batch_runner
+        from orchestrator.openai_batches import open_openai_batches
         from orchestrator.state import StateOwner
 
         orch = self.orch
@@ -136,16 +144,18 @@ class Leadership:
         self.owner = owner
         self._batches = open_batch_runner(orch)
         await self._batches.start()
+        self._openai_batches = open_openai_batches(orch)
+        await self._openai_batches.start()
         if took_over:
             log.warning("orchestrator process %d took over the shared state (the leader died; %d workers "
                         "carried over, %.0f ms)", orch.process_index, len(owner.registry.workers),
                         (time.monotonic() - began) * 1000)
         else:
             log.info("orchestrator process %d leads the shared state", orch.process_index)
-        from frontends.batches import batch_routes
-
         self.leading.set()
-        await _run_owner(orch.config, owner, self._stop, batch_routes(self._batches))
+        routes = [*batch_routes(self._batches),
+                  *openai_batch_routes(self._openai_batches, orch.config.max_upload_bytes)]
+        await _run_owner(orch.config, owner, self._stop, routes)
 
 
 def read_leader(state_dir: str | Path) -> tuple[int, int] | None:
@@ -186,6 +196,7 @@ async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_
     import uvicorn
 
     from frontends.server import FrontendServer
+    from orchestrator.app import worker_key_headers
     from orchestrator.health import HealthChecker
     from orchestrator.perf import PerfJoiner
     from orchestrator.state import state_app
@@ -193,7 +204,7 @@ async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_
     path = Path(config.state_socket)
     unix = _bind_state_socket(path)
     inode = os.stat(path).st_ino
-    client = httpx.AsyncClient(timeout=config.health.timeout_seconds)
+    client = httpx.AsyncClient(timeout=config.health.timeout_seconds, headers=worker_key_headers(config))
     # uvicorn.Config sets the (process-global) uvicorn loggers up in its __init__: none given here,
     # so the client server's log level and access log stand; this server logs no access line.
     owner_config = uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds), extra_routes),

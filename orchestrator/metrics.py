@@ -42,7 +42,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # (phase) and (phase, kind) values the flow uses; exception names under phase "request" come on top.
 _KNOWN_PHASES = ("ctx", "gen")
 _KNOWN_ERRORS = (("ctx", "upstream"), ("ctx", "leg_refused"), ("gen", "upstream"), ("gen", "overloaded"),
-                 ("gen", "timeout"), ("gen", "stream"))
+                 ("gen", "unavailable"), ("gen", "timeout"), ("gen", "stream"))
 FLUSH_SECONDS = 0.1
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -71,6 +71,20 @@ class Metrics:
                                    registry=self.registry)
         for phase in ("request", "gen"):
             self.disconnects.labels(phase)
+        self.kv_pool_fetches = Counter(f"{prefix}_kv_pool_fetches", "KV-pool exports for a ctx leg: parked on "
+                                       "the holder, or failed (the ctx worker computed the prefix)", ["outcome"],
+                                       registry=self.registry)
+        for outcome in ("parked", "failed"):
+            self.kv_pool_fetches.labels(outcome)
+        self.kv_pool_tokens = Counter(f"{prefix}_kv_pool_fetched_tokens", "Prompt tokens whose KV a ctx leg was "
+                                      "sent to pull from the KV pool instead of computing", registry=self.registry)
+        # Rare, written as they happen: a stream moved to another gen worker mid-answer, or not.
+        self.migrations = Counter(f"{prefix}_migrations", "Streams whose gen worker failed mid-answer, by outcome: "
+                                  "moved (resumed on another gen worker), failed (no worker took it), "
+                                  "refused (past migration.limit or max_carried_tokens, or the deadline)",
+                                  ["outcome"], registry=self.registry)
+        for outcome in ("moved", "failed", "refused"):
+            self.migrations.labels(outcome)
         for phase in _KNOWN_PHASES:
             self.retries.labels(phase)
             self.legs.labels(phase)

@@ -12,18 +12,22 @@ from typing import Any, Literal
 
 import msgspec
 
+from frontends.batches.openai_schemas import (CreateBatchBody, FileDeleted, FileList, FileObject, FileUpload,
+                                              OpenAIBatch, OpenAIBatchList)
 from frontends.openapi import RouteDoc
 from frontends.openapi_routes import BATCH_DOCS, GENERATION_DOCS, PROMETHEUS_DOC, SURFACE_DOCS
+from frontends.openapi_types import EmptyBody
 from orchestrator.config import LiveSettings
 from orchestrator.state_protocol import (DrainAck, Ok, Registration, RegistrationAck, SettingsAck, WorkerIdBody,
                                          WorkerRef)
 
-__all__ = ["ORCHESTRATOR_DOCS", "DESCRIPTION", "OPEN_PATHS"]
+__all__ = ["ORCHESTRATOR_DOCS", "OPENAI_BATCH_DOCS", "DESCRIPTION", "OPEN_PATHS"]
 
 DESCRIPTION = ("The one URL of a disagg deployment: OpenAI, Anthropic and Responses APIs over context and "
                "generation workers.")
-# With an API key configured, what needs none (probes and scrapers; ``orchestrator.app``'s protected=False).
-OPEN_PATHS = frozenset({"/health", "/version", "/cluster_info", "/prometheus/metrics", "/metrics", "/perf_metrics"})
+# With an API key configured, what needs none: the readiness probe (``orchestrator.app``'s protected=False).
+# Scrapers present the key (``orchestrator.prometheus_sd`` writes it into Prometheus' scrape config).
+OPEN_PATHS = frozenset({"/health"})
 
 
 class OrchestratorHealth(msgspec.Struct):
@@ -55,9 +59,24 @@ class WorkerList(msgspec.Struct):
     """Each worker's record (``orchestrator.registry.WorkerRecord``)."""
 
 
+_FILES, _BATCHES = "OpenAI Files", "OpenAI Batches"
+OPENAI_BATCH_DOCS: tuple[RouteDoc, ...] = (
+    RouteDoc("POST", "/v1/files", "Upload a file (purpose batch: a batch's JSONL input; at most max_upload_bytes)",
+             _FILES, FileUpload, FileObject, request_media_type="multipart/form-data"),
+    RouteDoc("GET", "/v1/files", "List files (purpose, limit, order, after)", _FILES, response=FileList),
+    RouteDoc("GET", "/v1/files/{file_id}", "Retrieve a file's description", _FILES, response=FileObject),
+    RouteDoc("DELETE", "/v1/files/{file_id}", "Delete a file", _FILES, response=FileDeleted),
+    RouteDoc("GET", "/v1/files/{file_id}/content", "A file's bytes", _FILES, media_type="application/octet-stream"),
+    RouteDoc("POST", "/v1/batches", "Create a batch of an uploaded input file's requests", _BATCHES, CreateBatchBody,
+             OpenAIBatch),
+    RouteDoc("GET", "/v1/batches", "List batches, newest first (limit, after)", _BATCHES, response=OpenAIBatchList),
+    RouteDoc("GET", "/v1/batches/{batch_id}", "Retrieve a batch", _BATCHES, response=OpenAIBatch),
+    RouteDoc("POST", "/v1/batches/{batch_id}/cancel", "Cancel a batch", _BATCHES, EmptyBody, OpenAIBatch),
+)
+
 _CLUSTER, _WORKERS = "Cluster", "Workers"
 ORCHESTRATOR_DOCS: tuple[RouteDoc, ...] = (
-    *GENERATION_DOCS, *SURFACE_DOCS, *BATCH_DOCS, PROMETHEUS_DOC,
+    *GENERATION_DOCS, *SURFACE_DOCS, *BATCH_DOCS, *OPENAI_BATCH_DOCS, PROMETHEUS_DOC,
     RouteDoc("GET", "/metrics", "Prometheus exposition (the same as /prometheus/metrics: where scrapers look by "
              "default)", PROMETHEUS_DOC.tag, media_type=PROMETHEUS_DOC.media_type),
     RouteDoc("GET", "/health", "200 once every process has a healthy ctx and gen worker, 503 before", _CLUSTER,

@@ -5,7 +5,8 @@ up``, local and Slurm alike) and a target directory that the orchestrator's
 leader keeps current, because it alone knows every worker (static or
 self-registered, ``orchestrator.registry``)::
 
-    <run dir>/prometheus.yml                      scrape jobs disagg-orchestrator, disagg-workers
+    <run dir>/prometheus.yml                      scrape jobs disagg-orchestrator, disagg-workers (each with
+                                                  the key file it presents: api.key, worker.key)
     <run dir>/prometheus/targets/orchestrator.json  [{"targets": ["host:port"], "labels": {"role": "orchestrator"}}]
     <run dir>/prometheus/targets/workers.json       one group per worker: labels role (ctx|gen|both), worker (its id)
 
@@ -104,16 +105,23 @@ class TargetFiles:
         self._written[name] = data
 
 
-def render_prometheus_config(run_dir: str | Path, deployment: str, scrape_interval_seconds: float) -> str:
+def render_prometheus_config(run_dir: str | Path, deployment: str, scrape_interval_seconds: float, *,
+                             orchestrator_key_file: str | None = None, worker_key_file: str | None = None) -> str:
     """``prometheus.yml`` for one deployment; every series gets ``deployment="<name>"``, so one
-    Prometheus can scrape several deployments (merge their ``scrape_configs``)."""
+    Prometheus can scrape several deployments (merge their ``scrape_configs``). A job whose servers
+    require a key presents the one in its file (``authorization``: ``Bearer <file's content>``); the
+    key itself is never in this file."""
     targets = Path(run_dir).resolve() / TARGETS_DIR
     interval = f"{scrape_interval_seconds:g}s"
     jobs = []
-    for job, file in (("disagg-orchestrator", "orchestrator.json"), ("disagg-workers", "workers.json")):
+    for job, file, key_file in (("disagg-orchestrator", "orchestrator.json", orchestrator_key_file),
+                                ("disagg-workers", "workers.json", worker_key_file)):
+        authorization = f"""    authorization:
+      credentials_file: "{Path(key_file).resolve()}"
+""" if key_file is not None else ""
         jobs.append(f"""  - job_name: {job}
     metrics_path: {METRICS_PATH}
-    file_sd_configs:
+{authorization}    file_sd_configs:
       - files: ["{targets / file}"]
         refresh_interval: 30s
     relabel_configs:
@@ -126,10 +134,13 @@ def render_prometheus_config(run_dir: str | Path, deployment: str, scrape_interv
             f"scrape_configs:\n" + "".join(jobs))
 
 
-def write_prometheus_config(run_dir: str | Path, deployment: str, scrape_interval_seconds: float) -> Path:
+def write_prometheus_config(run_dir: str | Path, deployment: str, scrape_interval_seconds: float, *,
+                            orchestrator_key_file: str | None = None, worker_key_file: str | None = None) -> Path:
     path = Path(run_dir) / CONFIG_FILE
     tmp = path.with_name(f".{CONFIG_FILE}.tmp")
-    tmp.write_text(render_prometheus_config(run_dir, deployment, scrape_interval_seconds))
+    tmp.write_text(render_prometheus_config(run_dir, deployment, scrape_interval_seconds,
+                                            orchestrator_key_file=orchestrator_key_file,
+                                            worker_key_file=worker_key_file))
     os.replace(tmp, path)
     return path
 

@@ -18,6 +18,7 @@ from frontends.anthropic_api import MessagesApi
 from frontends.errors import InvalidRequestError
 from frontends.openai_api import ChatApi, CompletionApi
 from frontends.prepare import ApiRequest, check_request
+from frontends.request_fields import check_fields
 from frontends.schemas_anthropic import MessagesRequest
 from frontends.schemas_openai import ChatCompletionRequest, CompletionRequest
 from orchestrator.validation import RequestValidator
@@ -40,6 +41,11 @@ class ParsedRequest:
     max_tokens: int | None
     raw: bytes = b""
     """The client's body as it came: a leg that sends ``body`` unchanged forwards these bytes."""
+    ignored_fields: tuple[str, ...] = ()
+    """Unknown top-level fields of the client's body, named in the answer's ``Warning`` header."""
+    ctx_can_answer: bool = True
+    """A ctx leg that finished on its first token is the whole answer (not with ``n`` > 1: the ctx leg
+    makes choice 0 only; nor with ``echo``: the ctx leg's prompt is token ids)."""
     block_hashes: dict[tuple[int, int], list[int]] = field(default_factory=dict, compare=False)
     """The prompt's block hashes by (block size, seed), computed once for all routing decisions."""
 
@@ -71,11 +77,12 @@ def parse_request(api: str, raw: bytes, validator: RequestValidator, session_hea
         request = ChatApi(msgspec.convert(body, ChatCompletionRequest))
     else:
         request = MessagesApi(msgspec.convert(body, MessagesRequest))
+    ignored = check_fields(body, type(request.body), validator.config.strict_request_fields)
     valid = check_request(validator, request)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return ParsedRequest(api, body, valid.prompt_ids, bool(body.get("stream", False)),
                          _session_id(api, body, session_header), max_tokens if isinstance(max_tokens, int) else None,
-                         raw)
+                         raw, ignored, body.get("n", 1) == 1 and not body.get("echo"))
 
 
 def _session_id(api: str, body: dict[str, Any], header: str | None) -> str | None:
@@ -89,14 +96,17 @@ def _session_id(api: str, body: dict[str, Any], header: str | None) -> str | Non
     return user if isinstance(user, str) and user else None
 
 
-def ctx_body(request: ParsedRequest) -> dict[str, Any]:
-    """The context_only leg: one token, no streaming; completions get the token ids."""
+def ctx_body(request: ParsedRequest, kv_prefix: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The context_only leg: one token, no streaming; completions get the token ids. ``kv_prefix``:
+    where the prompt's leading blocks are parked for it (``orchestrator.kv_pool``)."""
     body = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options", "max_completion_tokens")}
     body["max_tokens"] = 1
     body["stream"] = False
     if request.api == "completions":
         body["prompt"] = request.prompt_ids
     body["disaggregated_params"] = {"request_type": CONTEXT_ONLY}
+    if kv_prefix is not None:
+        body["disaggregated_params"]["kv_prefix"] = kv_prefix
     return body
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 __all__ = ["health_progress"]
 
 
-def health_progress(url: str, ready_processes: set[int], probes: int = 8) -> str:
+def health_progress(url: str, ready_processes: set[int], headers: dict[str, str] | None = None,
+                    probes: int = 8) -> str:
     """``"ready"`` once every process has answered ``/health`` 200, else a progress line.
 
-    ``ready_processes`` carries the indices seen so far from one call to the next."""
+    ``ready_processes`` carries the indices seen so far from one call to the next; ``headers``
+    present the API key, which /cluster_info needs when the orchestrator has one."""
     import httpx
 
     try:
@@ -29,7 +31,7 @@ def health_progress(url: str, ready_processes: set[int], probes: int = 8) -> str
                 return "ready"
         else:
             return f"{len(ready_processes)}/{health['processes']} orchestrator processes ready"
-        workers = httpx.get(f"{url}/cluster_info", timeout=2).json()["workers"]
+        workers = httpx.get(f"{url}/cluster_info", headers=headers, timeout=2).json()["workers"]
     except (httpx.HTTPError, ValueError, KeyError):
         return "waiting for the orchestrator"
     return f"{sum(w['healthy'] for w in workers)}/{len(workers)} workers healthy"

@@ -12,10 +12,12 @@ failure is retried). Two ways to drain it, with the same ends:
   caller awaits the end.
 
 Either way the request's deadline is one timer that ends the upstream answer;
-a worker that fails or falls silent mid-stream ends the client's stream with
-the API's error event; ``close()`` (once, on every path) releases the
-worker's load, closes the upstream answer (a client that left: the worker
-sees the disconnect and aborts) and finishes the request's record.
+a worker that fails or falls silent mid-stream has its stream moved to another
+gen worker (``orchestrator.migration``, when ``migration.limit`` > 0: then only
+whole writes are relayed, their marks stripped), or, when it cannot move, ends
+the client's stream with the API's error event; ``close()`` (once, on every
+path) releases the worker's load, closes the upstream answer (a client that
+left: the worker sees the disconnect and aborts) and finishes the request's record.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from frontends.errors import http_error
 from orchestrator.clean_ends import stream_error_frame
 from orchestrator.errors import RequestTimeoutError, UpstreamFailedError
 from orchestrator.http_client import LegResponse, UpstreamError, UpstreamTimeout
+from orchestrator.state_protocol import FailedLeg
 
 if TYPE_CHECKING:
     from orchestrator.flow import Flow
+    from orchestrator.migration import Migration
     from orchestrator.prompt import ParsedRequest
     from orchestrator.registry import WorkerRecord
     from orchestrator.state_protocol import RequestTrace
@@ -44,8 +48,9 @@ Sink = Callable[[bytes, bool], None]
 class Relay:
     def __init__(self, flow: Flow, request: ParsedRequest, upstream: LegResponse, chunks: AsyncGenerator[bytes, None],
                  first_chunk: bytes, worker: WorkerRecord, tokens: int, record: RequestTrace,
-                 deadline: float) -> None:
+                 deadline: float, migration: Migration | None = None) -> None:
         self.flow = flow
+        self.migration = migration  # None: relayed as it comes, a failure ends the stream
         self.request = request
         self.upstream = upstream
         self.chunks = chunks  # the upstream body after first_chunk
@@ -58,26 +63,50 @@ class Relay:
         self.previous = b""  # the bytes before ``last``: with it, where the answer's usage is (the access log)
         self._expiry: asyncio.TimerHandle | None = None
         self._closed = False
+        self._holding = True  # the current worker's load is ours to release
         self._ended = False  # the stream reached its end (or its error event): closed before, the client left
 
     def _start(self) -> None:
         # One timer for the request's deadline, not an asyncio.timeout per relayed event: it ends
         # the upstream answer (closing the connection aborts the request in the worker).
+        # The upstream read when it fires: after a migration, the resumed leg's.
         self._expiry = asyncio.get_running_loop().call_later(
-            max(self.deadline - time.monotonic(), 0.001), self.upstream.expire,
-            UpstreamTimeout("the request timed out"))
+            max(self.deadline - time.monotonic(), 0.001),
+            lambda: self.upstream.expire(UpstreamTimeout("the request timed out")))
 
     async def frames(self) -> AsyncGenerator[bytes, None]:
         self._start()
         try:
             yield self.first_chunk
-            async for chunk in self.chunks:
-                self.previous, self.last = self.last, chunk
-                yield chunk
-            self._ended = True
-        except (UpstreamError, asyncio.TimeoutError) as exc:
-            self._ended = True
-            yield self.error_frame(exc)
+            migration = self.migration
+            while True:
+                failure: BaseException | str | None = None if migration is None else migration.take_failure()
+                if failure is None:
+                    try:
+                        async for chunk in self.chunks:
+                            if migration is not None:
+                                chunk = migration.read(chunk)
+                            if chunk:
+                                self.previous, self.last = self.last, chunk
+                                yield chunk
+                            if migration is not None and migration.failed is not None:
+                                break
+                        else:
+                            rest = b"" if migration is None else migration.rest()
+                            if rest:
+                                self.previous, self.last = self.last, rest
+                                yield rest
+                            self._ended = True
+                            return
+                        failure = migration.take_failure()
+                    except (UpstreamError, asyncio.TimeoutError) as exc:
+                        failure = exc
+                assert failure is not None
+                if not await self._migrate(failure):
+                    self._ended = True
+                    yield self.error_frame(failure)
+                    return
+                self.chunks = self.upstream.chunks()
         finally:
             self.close()
 
@@ -86,10 +115,44 @@ class Relay:
         cancelling this closes the upstream answer."""
         await self.chunks.aclose()  # the upstream's pull reader: replaced by the push below
         self._start()
-        done = asyncio.get_running_loop().create_future()
+        try:
+            while True:
+                failure: BaseException | str | None = None
+                if self.migration is not None:
+                    failure = self.migration.take_failure()
+                if failure is None:
+                    failure = await self._push(sink)
+                if failure is None:
+                    return
+                if not await self._migrate(failure):
+                    self._ended = True
+                    sink(self.error_frame(failure), True)
+                    return
+        finally:
+            self.close()
+
+    async def _push(self, sink: Sink) -> BaseException | str | None:
+        """Relay the current upstream answer to ``sink`` until its end (None) or a failure that a
+        migration may mend (returned, nothing written for it)."""
+        done: asyncio.Future[BaseException | str | None] = asyncio.get_running_loop().create_future()
+        upstream, migration = self.upstream, self.migration
 
         def deliver(data: bytes, end: bool, error: UpstreamError | None) -> None:
-            if self._closed:  # the client left: what the closing upstream says after that is nobody's
+            # The client left (closed), or this answer failed and is being replaced: nobody's.
+            if self._closed or done.done():
+                return
+            failed = None
+            if migration is not None:
+                data = migration.read(data)
+                failed = migration.take_failure()
+                if end and failed is None and error is None:
+                    data += migration.rest()
+            if failed is not None or (error is not None and migration is not None):
+                if data:
+                    self.previous, self.last = self.last, data
+                    sink(data, False)
+                upstream.close()
+                done.set_result(failed if failed is not None else error)
                 return
             self._ended = end
             if data:
@@ -97,20 +160,46 @@ class Relay:
             if error is not None:
                 data += self.error_frame(error)
             sink(data, end)
-            if end and not done.done():
+            if end:
                 done.set_result(None)
 
-        try:
-            self.upstream.relay_to(deliver)
-            await done
-        finally:
-            self.close()
+        upstream.relay_to(deliver)
+        return await done
 
-    def error_frame(self, exc: BaseException) -> bytes:
-        """The API's error event that ends the stream after ``exc``, counted and recorded."""
+    async def _migrate(self, failure: BaseException | str) -> bool:
+        """Move the stream to another gen worker (``orchestrator.migration``); False: it cannot."""
+        migration = self.migration
+        if migration is None:
+            return False
+        why = failure if isinstance(failure, str) else f"{type(failure).__name__}: {failure}"
+        failed = self.worker
+        self._release()
+        moved = await migration.move(failed, why, time.monotonic() >= self.deadline)
+        if moved is None:
+            return False
+        self.record.legs.append(FailedLeg("gen", failed.worker_id, why))
+        self.worker, self.upstream = moved
+        self.flow.view.acquire(self.worker.worker_id, self.tokens)
+        self._holding = True
+        self.record.retries += 1
+        if self.record.gen is not None:
+            self.record.gen.worker_id = self.worker.worker_id
+        return True
+
+    def _release(self) -> None:
+        """Give back the current worker's load and answer (once per worker)."""
+        if self._holding:
+            self._holding = False
+            self.flow.view.release(self.worker.worker_id, self.tokens)
+        self.upstream.close()
+
+    def error_frame(self, exc: BaseException | str) -> bytes:
+        """The API's error event that ends the stream after ``exc`` (a str: the worker's own error
+        event, which a marked stream does not relay), counted and recorded."""
         timed_out = isinstance(exc, (asyncio.TimeoutError, UpstreamTimeout))
+        name = exc.split(",")[0] if isinstance(exc, str) else type(exc).__name__
         error = http_error(RequestTimeoutError("the request timed out") if timed_out else
-                           UpstreamFailedError(f"the generation worker failed mid-stream: {type(exc).__name__}"))
+                           UpstreamFailedError(f"the generation worker failed mid-stream: {name}"))
         self.record.error = error.message
         self.flow.metrics.errors.labels("gen", "timeout" if timed_out else "stream").inc()
         separator = b"" if self.last.endswith(b"\n\n") else b"\n\n"
@@ -129,6 +218,5 @@ class Relay:
         if gen is not None:
             gen.end = time.time()
             flow.metrics.observe("gen", gen.end - gen.start)
-        flow.view.release(self.worker.worker_id, self.tokens)
-        self.upstream.close()  # a client that left: the worker sees the disconnect and aborts
+        self._release()  # a client that left: the worker sees the disconnect and aborts
         flow.finish(self.record, self.request, self.previous + self.last)

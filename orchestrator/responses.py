@@ -21,23 +21,26 @@ routing keeps a conversation where its KV is. Perf records say
 from __future__ import annotations
 
 import time
+from typing import Any, Awaitable, Callable
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
 from frontends.errors import FrontendError, NotFoundError
+from frontends.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
 from frontends.responses import ResponseEventStream, begin_turn, input_items_page, store_turn
+from frontends.responses.render import ResponseTurn
 from frontends.responses.schemas import Item
 from frontends.responses.translate import rename_fields, rename_param, responses_param
 from frontends.streaming import EventStreamResponse
 from orchestrator.answers import disconnect_watch
 from orchestrator.errors import UpstreamRejected
 from orchestrator.state_protocol import RequestTrace
-from orchestrator.prompt import parse_request
+from orchestrator.prompt import ParsedRequest, parse_request
 from workers.log_format import REQUEST_ID
 
-__all__ = ["create_response", "retrieve_response", "list_input_items", "delete_response"]
+__all__ = ["create_response", "retrieve_response", "list_input_items", "delete_response", "turn_answer", "finish_turn"]
 
 _JSON = "application/json"
 
@@ -54,38 +57,61 @@ def _renamed(exc: UpstreamRejected) -> UpstreamRejected:
     return UpstreamRejected(exc.status, msgspec.json.encode(body))
 
 
+async def turn_answer(orch, raw: bytes, session_header: str | None, run: Callable[[ParsedRequest], Awaitable[Any]],
+                      fields: dict[str, Any] | None = None) -> tuple[ResponseTurn, Any]:
+    """The chat request a /v1/responses body means, and ``run``'s answer to it (its errors in
+    Responses terms). Shared by ``create_response`` and the OpenAI Batches (``orchestrator.openai_batches``).
+    ``fields``: where the unknown top-level fields it ignored are noted (``frontends.request_fields``)."""
+    turn = await begin_turn(raw, orch.responses, orch.config.strict_request_fields, {} if fields is None else fields)
+    try:
+        # A conversation is a session (affinity routing) unless the client names one.
+        session = session_header or turn.body.user or turn.session_id
+        parsed = parse_request("chat", msgspec.json.encode(turn.chat_body()), orch.validator, session)
+        return turn, await run(parsed)
+    except FrontendError as exc:
+        raise rename_param(exc) from None
+    except UpstreamRejected as exc:
+        raise _renamed(exc) from None
+
+
+async def finish_turn(orch, turn: ResponseTurn, chat_answer: bytes) -> bytes:
+    """A non-streamed chat answer as the response object, stored (when the body asks) and encoded."""
+    response, output = turn.from_chat(msgspec.json.decode(chat_answer))
+    encoded = msgspec.json.encode(response)
+    await store_turn(turn, orch.responses, encoded, output)
+    return encoded
+
+
 async def create_response(orch, request: Request) -> Response:
     request_id = request.headers.get("x-request-id") or orch.new_request_id()
     REQUEST_ID.set(request_id)  # every log line of this request's task (workers.log_format)
     record = RequestTrace(request_id=request_id, api="responses", arrival=time.time())
     orch.ends.begin(record, request.headers.get("traceparent"))
-    store = orch.responses
+
+    async def run(parsed: ParsedRequest):
+        record.tokenized = time.time()
+        return await orch.flow.handle(parsed, request_id, disconnect_watch(request.receive), record)
+
     try:
-        turn = await begin_turn(await request.body(), store)
-        try:
-            # A conversation is a session (affinity routing) unless the client names one.
-            session = request.headers.get("x-session-id") or turn.body.user or turn.session_id
-            parsed = parse_request("chat", msgspec.json.encode(turn.chat_body()), orch.validator, session)
-            record.tokenized = time.time()
-            answer = await orch.flow.handle(parsed, request_id, disconnect_watch(request.receive), record)
-        except FrontendError as exc:
-            raise rename_param(exc) from None
-        except UpstreamRejected as exc:
-            raise _renamed(exc) from None
+        fields: dict[str, Any] = {}  # the unknown fields it ignores (frontends.request_fields)
+        turn, answer = await turn_answer(orch, await request.body(), request.headers.get("x-session-id"), run, fields)
     except Exception as exc:
         orch.failed(record, exc, False)
         raise
     if isinstance(answer, EventStreamResponse):  # its headers (x-disagg-*) stay
+        store = orch.responses
 
         async def keep(response_json: bytes, output: list[Item]) -> None:
             await store_turn(turn, store, response_json, output)
 
         answer.events = ResponseEventStream(turn, keep).run(answer.events)
+        answer.raw_headers += [warning_header(fields[IGNORED_FIELDS_SCOPE_KEY])] if fields else []
         return answer
-    response, output = turn.from_chat(msgspec.json.decode(answer.body))
-    encoded = msgspec.json.encode(response)
-    await store_turn(turn, store, encoded, output)
+    encoded = await finish_turn(orch, turn, answer.body)
     headers = {k: v for k, v in answer.headers.items() if k.startswith("x-")}
+    if fields:
+        name, value = warning_header(fields[IGNORED_FIELDS_SCOPE_KEY])
+        headers[name.decode()] = value.decode()
     return Response(encoded, media_type=_JSON, headers=headers)
 
 

@@ -77,13 +77,14 @@ class OrchestratorSettings:
 
 def run_orchestrator(parsed: argparse.Namespace) -> int:
     from frontends.server import make_listen_socket, run_event_loop
-    from orchestrator.config import load_orchestrator_config
+    from orchestrator.config import check_worker_key_file, load_orchestrator_config
     from orchestrator.request_end import not_a_client_request
     from workers.log_format import configure_logging
 
     args = OrchestratorSettings.from_args(parsed)
 
     config = load_orchestrator_config(args.config)
+    check_worker_key_file(config, args.config)
     config = dataclasses.replace(config, access_log=_access_log(args, config))  # the flag over the file
     configure_logging(config.log_level, config.log_format, "orchestrator")
     logging.getLogger("uvicorn.access").addFilter(not_a_client_request)

@@ -79,10 +79,11 @@ class _WorkerLimits:
 class RequestValidator(ServingContext):
     """A ``ServingContext`` without an engine: checks bodies, never starts a generation."""
 
-    def __init__(self, tokenizer: Tokenizer, model_name: str, limits: "WorkerLimitsSource") -> None:
+    def __init__(self, tokenizer: Tokenizer, model_name: str, limits: "WorkerLimitsSource",
+                 strict_request_fields: bool = False) -> None:
         vocab_size = tokenizer.backend.get_vocab_size(with_added_tokens=True)
         super().__init__(_WorkerLimits(limits, vocab_size), tokenizer,
-                         FrontendConfig(served_model_name=model_name))
+                         FrontendConfig(served_model_name=model_name, strict_request_fields=strict_request_fields))
 
     def forced_tool_guided(self, policy: ToolPolicy) -> GuidedDecoding | None:
         # The workers may name their tool-call format (--tool-call-parser) where the orchestrator,

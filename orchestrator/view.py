@@ -221,13 +221,14 @@ class StateLink:
             except httpx.HTTPError:
                 self.perf_queue[:0] = records[-1000:]
 
-    async def forward(self, method: str, path: str, body: bytes) -> httpx.Response:
+    async def forward(self, method: str, path: str, body: bytes,
+                      headers: dict[str, str] | None = None) -> httpx.Response:
         """The owner's answer; while no owner takes the connection (a hand-over), tried again for up to
         ``HANDOVER_SECONDS`` (a refused connection never reached an owner: safe to send again)."""
         deadline = time.monotonic() + HANDOVER_SECONDS
         while True:
             try:
-                return await self.client.request(method, path, content=body)
+                return await self.client.request(method, path, content=body, headers=headers)
             except httpx.ConnectError:
                 if time.monotonic() >= deadline:
                     raise

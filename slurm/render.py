@@ -14,7 +14,7 @@ import textwrap
 
 from slurm.config import ContainerConfig, SlurmConfig
 from slurm.plan import RUN_DIR, JobPlan, Step
-from slurm.rendezvous import KEY_FILE, LOGS_DIR, NODES_FILE
+from slurm.rendezvous import KEY_FILE, LOGS_DIR, NODES_FILE, WORKER_KEY_FILE
 
 __all__ = ["render_script", "sbatch_options", "SIGNAL_LEAD_SECONDS"]
 
@@ -93,9 +93,11 @@ def _run_dir(plan: JobPlan) -> str:
         f'RUN_DIR="${{DISAGG_RUN_DIR:-{base}/$SLURM_JOB_NAME-$SLURM_JOB_ID}}"',
         f'mkdir -p "$RUN_DIR/{LOGS_DIR}"',
         'export DISAGG_RUN_DIR="$RUN_DIR"',
-        "# The key that signs KV handles between workers: one per deployment, owner-only (0600).",
-        f'[[ -s "$RUN_DIR/{KEY_FILE}" ]] || '
-        f'(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d \' \\n\' > "$RUN_DIR/{KEY_FILE}")',
+        "# The key that signs KV handles between workers, and the key every worker requires of its",
+        "# callers: one each per deployment, owner-only (0600).",
+        *(f'[[ -s "$RUN_DIR/{name}" ]] || '
+          f'(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d \' \\n\' > "$RUN_DIR/{name}")'
+          for name in (KEY_FILE, WORKER_KEY_FILE)),
         "# Steps are pinned by node index: NODES[i] is the i-th node of the allocation.",
         'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         f'printf \'%s\\n\' "${{NODES[@]}}" > "$RUN_DIR/{NODES_FILE}"',

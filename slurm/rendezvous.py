@@ -3,13 +3,15 @@
 It lives on a filesystem every node and the submitting machine share:
 
     <run dir>/cluster.key       64 hex digits, mode 0600: signs KV handles between workers
+    <run dir>/worker.key        64 hex digits, mode 0600: what every worker requires of its callers
+                                (the orchestrator, Prometheus; docs/operations.md, "Security")
     <run dir>/nodes             the allocation's host names, one a line (NODES[i] in the script)
     <run dir>/orchestrator.url  written by the orchestrator once it answers; workers and
                                 `disagg up` wait for it, then register / report the URL
     <run dir>/logs/<step>.log   one per srun step
 
-``disagg up`` makes the directory and the key before submitting (and passes
-it as DISAGG_RUN_DIR); a script submitted by hand makes both itself. Files are
+``disagg up`` makes the directory and the keys before submitting (and passes
+it as DISAGG_RUN_DIR); a script submitted by hand makes them itself. Files are
 replaced atomically (write, then rename) because readers on other nodes poll them.
 """
 
@@ -21,10 +23,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["KEY_FILE", "NODES_FILE", "ORCHESTRATOR_URL_FILE", "LOGS_DIR", "create_cluster_key",
+__all__ = ["KEY_FILE", "WORKER_KEY_FILE", "NODES_FILE", "ORCHESTRATOR_URL_FILE", "LOGS_DIR", "create_cluster_key",
            "publish_orchestrator_url", "read_orchestrator_url", "wait_for_orchestrator_url", "read_nodes"]
 
 KEY_FILE = "cluster.key"
+WORKER_KEY_FILE = "worker.key"
 NODES_FILE = "nodes"
 ORCHESTRATOR_URL_FILE = "orchestrator.url"
 LOGS_DIR = "logs"
@@ -32,13 +35,14 @@ _POLL_SECONDS = 0.2
 
 
 def create_cluster_key(run_dir: Path) -> Path:
-    """A fresh key, readable by its owner only; refuses to overwrite one (FileExistsError)."""
+    """Fresh keys (the cluster key, whose path this returns, and the worker key), readable by their
+    owner only; refuses to overwrite one (FileExistsError)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / KEY_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-    return path
+    for name in (KEY_FILE, WORKER_KEY_FILE):
+        fd = os.open(run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return run_dir / KEY_FILE
 
 
 def publish_orchestrator_url(run_dir: Path, url: str) -> None:

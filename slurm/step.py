@@ -50,10 +50,12 @@ def _bind_gpus(mask: str) -> None:
 
 
 def _answers(port: int) -> bool:
+    """Whether the orchestrator serves: /health needs no API key, and answers 503 while no worker
+    has registered yet (they wait for the URL this publishes)."""
     import httpx
 
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/cluster_info", timeout=2).status_code == 200
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code in (200, 503)
     except httpx.HTTPError:
         return False
 

@@ -51,8 +51,8 @@ def operation_problems(doc: dict[str, Any]) -> list[str]:
     components = doc["components"]["schemas"]
     for method, path, operation in operations(doc):
         name = f"{method} {path}"
-        if method == "POST" and not operation.get("requestBody", {}).get("content", {}).get("application/json",
-                                                                                           {}).get("schema"):
+        request_content = operation.get("requestBody", {}).get("content", {})  # JSON, or a multipart upload
+        if method == "POST" and not any(media.get("schema") for media in request_content.values()):
             problems.append(f"{name}: no request schema")
         responses = operation.get("responses", {})
         for status in ("200", "4XX", "5XX"):

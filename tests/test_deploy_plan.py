@@ -14,8 +14,8 @@ from orchestrator.config import StaticWorker, load_orchestrator_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 # What a launcher adds on its own: where the worker finds its key and state, how it logs, its cores.
-LAUNCHER_FLAGS = {"--host", "--port", "--cluster-key-file", "--state-dir", "--kv-host", "--kv-port",
-                  "--log-level", "--engine-threads", "--tensor-parallel-size"}
+LAUNCHER_FLAGS = {"--host", "--port", "--cluster-key-file", "--worker-key-file", "--state-dir", "--kv-host",
+                  "--kv-port", "--log-level", "--engine-threads", "--tensor-parallel-size"}
 
 
 def _serve_flags(argv: tuple[str, ...]) -> dict[str, str | None]:
@@ -40,13 +40,18 @@ def test_both_launchers_start_the_same_workers_with_the_same_settings(path, tmp_
     for here, there in zip(local.workers, slurm.workers):
         assert _serve_flags(here.argv) == _serve_flags(there.argv), here.name
         assert there.argv[:7] == ("python", "-m", "slurm.step", "worker", "--run-dir", SLURM_RUN_DIR, "--")
+        # Every worker of either requires the run dir's worker key, which the orchestrator presents.
+        assert here.argv[here.argv.index("--worker-key-file") + 1] == str(tmp_path / "worker.key")
+        assert there.argv[there.argv.index("--worker-key-file") + 1] == f"{SLURM_RUN_DIR}/worker.key"
         assert there.placement is not None and there.placement.name == there.name
     # The orchestrator: the same section, different discovery (static list here, registration there).
-    differ = {"model_dir", "state_dir", "host", "port", "workers", "prometheus_targets_dir"}
+    differ = {"model_dir", "state_dir", "host", "port", "workers", "prometheus_targets_dir", "worker_key_file"}
     mine, theirs = (dataclasses.asdict(p.orchestrator.config) for p in (local, slurm))
     assert {k: v for k, v in mine.items() if k not in differ} == {k: v for k, v in theirs.items() if k not in differ}
     assert local.orchestrator.config.workers == tuple(StaticWorker(w.role, w.url) for w in local.workers)
     assert slurm.orchestrator.config.workers == ()
+    assert local.orchestrator.config.worker_key_file == str((tmp_path / "worker.key").resolve())
+    assert slurm.orchestrator.config.worker_key_file == f"{SLURM_RUN_DIR}/worker.key"
 
 
 def test_a_local_plan_takes_the_fixed_ports_and_picks_free_ones_for_the_rest(tmp_path):

@@ -32,6 +32,7 @@ __all__ = [
     "CLUSTER_KEY_FILE_ENV",
     "CONTEXT_ONLY",
     "GENERATION_ONLY",
+    "RESUME",
     "DisaggParams",
     "DisaggParamsError",
     "ClusterKeyError",
@@ -45,6 +46,11 @@ __all__ = [
 CLUSTER_KEY_FILE_ENV = "DISAGG_CLUSTER_KEY_FILE"
 CONTEXT_ONLY = "context_only"
 GENERATION_ONLY = "generation_only"
+# A stream migrated mid-answer (orchestrator.migration): the worker prefills the prompt and the
+# tokens already sent itself, replays them through its detokenizer, stop strings, tool-call parser
+# and grammar without writing them, and writes what follows. Unsigned: it moves no KV and names no
+# endpoint, so it can do nothing a client's own token-id prompt could not.
+RESUME = "resume"
 MIN_KEY_BYTES = 16
 
 
@@ -59,7 +65,7 @@ class ClusterKeyError(ValueError):
 class DisaggParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """``disaggregated_params`` of a request or of a ctx answer (see the module doc)."""
 
-    request_type: str  # context_only | generation_only
+    request_type: str  # context_only | generation_only | resume
     ctx_request_id: str | None = None  # the ctx engine's request id, a decimal string
     kv_endpoint: str | None = None  # tcp://host:port of the ctx engine's KV-transfer agent
     num_tokens: int | None = None  # prompt tokens whose KV is parked on the ctx engine
@@ -74,12 +80,29 @@ class DisaggParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     # ctx answer -> gen leg: the ctx engine's prefix-cache hits, which the gen leg reports as the
     # request's cached prompt tokens (frontends.disaggregation). Not signed: it only reports.
     num_cached_tokens: int | None = None
+    # context_only leg that only parks its prompt's KV for another worker's ctx leg (the KV pool,
+    # ``orchestrator.kv_pool``): any role serves it, as every engine keeps a prefix cache.
+    prefix_export: bool = False
+    # context_only leg: an export's answer (signed, with its prompt ids) naming where the leading
+    # blocks of this prompt are parked: pulled instead of computed.
+    kv_prefix: DisaggParams | None = None
+    # ctx answer of a leg that pulled a kv_prefix: the blocks pulled and how long it took, which the
+    # orchestrator's cost model measures the transfer path by. Not signed: it only reports.
+    kv_pulled_blocks: int | None = None
+    kv_pull_seconds: float | None = None
+    # resume: the output tokens the client's stream already holds (with ``prompt_token_ids``), and
+    # the answer's id and creation time as its events carried them (the resumed events carry the same).
+    output_token_ids: list[int] | None = None
+    response_id: str | None = None
+    created: int | None = None
 
     def validate_type(self) -> None:
-        if self.request_type not in (CONTEXT_ONLY, GENERATION_ONLY):
+        if self.request_type not in (CONTEXT_ONLY, GENERATION_ONLY, RESUME):
             raise DisaggParamsError(
-                f"disaggregated_params.request_type must be {CONTEXT_ONLY!r} or {GENERATION_ONLY!r}, "
+                f"disaggregated_params.request_type must be {CONTEXT_ONLY!r}, {GENERATION_ONLY!r} or {RESUME!r}, "
                 f"got {self.request_type!r}")
+        if self.request_type == RESUME and (not self.prompt_token_ids or not self.output_token_ids):
+            raise DisaggParamsError("disaggregated_params for resume need prompt_token_ids and output_token_ids")
 
 
 def prompt_hash(prompt_token_ids: list[int]) -> str:

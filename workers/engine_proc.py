@@ -63,6 +63,7 @@ from workers.protocol import (
     AddContextRequest,
     AddRemoteRequest,
     AddRequest,
+    AddResumedRequest,
     ControlAck,
     ControlReply,
     ControlRequest,
@@ -225,7 +226,7 @@ class EngineProc:
                     self._control.send_multipart([identity, *self._reply_codec.encode(reply)], flags=zmq.NOBLOCK)
 
     def _handle_input(self, message: IngressMessage) -> None:
-        if isinstance(message, (AddRequest, AddContextRequest, AddRemoteRequest)):
+        if isinstance(message, (AddRequest, AddContextRequest, AddRemoteRequest, AddResumedRequest)):
             request = message.request
             lane = request.request_id >> FRONTEND_SHIFT  # lane_of and _add_to_core's common case, inlined: per request
             if not 0 <= lane < self.num_lanes:
@@ -277,9 +278,12 @@ class EngineProc:
             if batch and not send_nowait(self._lanes[lane], self._lane_codec, OutputBatch(batch, now)):
                 self._drop_lane(lane, len(batch))
 
-    def _add_to_core(self, message: AddRequest | AddContextRequest | AddRemoteRequest) -> Request:
+    def _add_to_core(self, message: AddRequest | AddContextRequest | AddRemoteRequest | AddResumedRequest
+                     ) -> Request:
         if isinstance(message, AddRequest):
             return self.core.add_request(message.request)
+        if isinstance(message, AddResumedRequest):  # prefilled here: no KV transfer involved
+            return self.core.add_request(message.request, output_token_ids=message.output_token_ids)
         if self.kv_agent is None:
             raise ValueError("this worker has no KV-transfer agent: start it with a cluster key to serve "
                              "disaggregated requests")

@@ -287,7 +287,8 @@ class FollowerKVStore:
     def add_request(self, engine_request: EngineRequest, park_kv_seconds: float | None = None) -> Request:
         raise RuntimeError("a follower rank's KV store takes no requests")
 
-    def add_remote_request(self, engine_request: EngineRequest, output_token_ids: Sequence[int] = ()) -> Request:
+    def add_remote_request(self, engine_request: EngineRequest, output_token_ids: Sequence[int] = (),
+                           park_kv_seconds: float | None = None, num_remote_tokens: int | None = None) -> Request:
         raise RuntimeError("a follower rank's KV store takes no requests")
 
     def import_blocks(self, block_ids: list[int], buffers: list[Any]) -> None:

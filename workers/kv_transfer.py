@@ -141,20 +141,31 @@ class KVTransferAgent:
             poller.register(sock, zmq.POLLIN)
 
     def add_context(self, message: AddContextRequest) -> Any:
-        request = message.request
-        engine_request = self.core.add_request(request, park_kv_seconds=message.park_kv_seconds)
+        request, prefix = message.request, message.kv_prefix
+        if prefix is None:
+            engine_request = self.core.add_request(request, park_kv_seconds=message.park_kv_seconds)
+        else:  # the prompt's first blocks come from a peer (the KV pool), the rest is prefilled here
+            endpoint, layout = self._source(prefix.kv_endpoint)
+            engine_request = self.core.add_remote_request(request, (), message.park_kv_seconds, prefix.num_tokens)
+            self._pulls[request.request_id] = _Pull(endpoint, prefix.ctx_request_id, layout=layout,
+                                                    x_request_id=request.x_request_id)
         self._ctx_requests[request.request_id] = len(request.prompt_token_ids)
         return engine_request
 
     def add_remote(self, message: AddRemoteRequest) -> Any:
         request = message.request
-        endpoint, layout = message.kv_endpoint, None
-        if self.ranks is not None and self.ranks.wants(endpoint):
-            endpoint, layout = self.ranks.ack_endpoint(endpoint), endpoint  # ValueError: a bad layout
+        endpoint, layout = self._source(message.kv_endpoint)
         engine_request = self.core.add_remote_request(request, [message.first_token_id])
         self._pulls[request.request_id] = _Pull(endpoint, message.ctx_request_id, layout=layout,
                                                 x_request_id=request.x_request_id)
         return engine_request
+
+    def _source(self, endpoint: str) -> tuple[str, str | None]:
+        """Where to pull from and ack, and the other side's rank layout when every rank pulls its
+        heads (``kv_rank_pulls``); ValueError: a bad layout."""
+        if self.ranks is not None and self.ranks.wants(endpoint):
+            return self.ranks.ack_endpoint(endpoint), endpoint
+        return endpoint, None
 
     def abort(self, request_id: int) -> None:
         """Before ``core.abort``: a gen request's pull stops and the ctx side is released."""

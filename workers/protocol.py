@@ -13,6 +13,7 @@ import msgspec
 from workers.sampling_params import SamplingParams
 
 __all__ = [
+    "RemotePrefix",
     "EngineRequest",
     "TokenLogprobs",
     "EngineTiming",
@@ -21,6 +22,7 @@ __all__ = [
     "AddRequest",
     "AddContextRequest",
     "AddRemoteRequest",
+    "AddResumedRequest",
     "ParkedKV",
     "KVTransferStats",
     "AbortRequests",
@@ -139,12 +141,23 @@ class AddRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="ad
     request: EngineRequest
 
 
+class RemotePrefix(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """The first ``num_tokens`` of a ctx leg's prompt (whole blocks), parked on another engine as its
+    request ``ctx_request_id``: pulled from ``kv_endpoint`` instead of computed (the KV pool)."""
+
+    ctx_request_id: int
+    kv_endpoint: str
+    num_tokens: int
+
+
 class AddContextRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="add_ctx"):
     """Disaggregated ctx leg: prefill, sample, then park the prompt's KV for ``park_kv_seconds``
-    (the finishing output carries ``kv_parked``; nothing is parked when it ends with ``stop``)."""
+    (the finishing output carries ``kv_parked``; nothing is parked when it ends with ``stop``).
+    With ``kv_prefix`` the prompt's first blocks are pulled from a peer first."""
 
     request: EngineRequest
     park_kv_seconds: float
+    kv_prefix: RemotePrefix | None = None
 
 
 class AddRemoteRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="add_remote"):
@@ -155,6 +168,16 @@ class AddRemoteRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, t
     first_token_id: int
     ctx_request_id: int
     kv_endpoint: str
+
+
+class AddResumedRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="add_resumed"):
+    """A stream migrated from a worker that failed mid-answer (``frontends.disaggregation``):
+    prefill the prompt and ``output_token_ids`` (the tokens another engine already sampled), then
+    decode on from there as if this engine had sampled them: they count toward ``max_tokens``
+    and the sampling positions, the grammar is advanced past them, and they are not reported again."""
+
+    request: EngineRequest
+    output_token_ids: list[int]
 
 
 class AbortRequests(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="abort"):
@@ -170,7 +193,8 @@ class FrontendHello(msgspec.Struct, frozen=True, array_like=True, tag="hello"):
     frontend_id: int
 
 
-IngressMessage = AddRequest | AddContextRequest | AddRemoteRequest | AbortRequests | FrontendHello
+IngressMessage = (AddRequest | AddContextRequest | AddRemoteRequest | AddResumedRequest | AbortRequests
+                  | FrontendHello)
 
 
 # --- lane-<i>.sock: the engine PUSHes, frontend i PULLs ----------------------

@@ -29,6 +29,7 @@ import msgspec
 from disagg.bench.metrics import RequestRecord
 from disagg.deploy_config import DeployConfig
 from orchestrator.kv_index import KVIndex
+from orchestrator.kv_pool import choose_prefix
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
 from workers.config import EngineConfig
 from workers.engine.block_hash import compute_block_hashes
@@ -67,6 +68,10 @@ class _Flight:
     ctx_request_id: int | None = None
     hashes: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     """The prompt's block hashes by (block size, seed), computed once for all routing decisions."""
+    holder: SimEngine | None = None
+    """The KV pool's holder of the prompt's prefix, parked there by the export leg ``export_id``."""
+    export_id: int | None = None
+    prefix_tokens: int = 0
 
 
 class SimCluster:
@@ -159,29 +164,68 @@ class SimCluster:
             self._start(now, flight, flight.gen, max_tokens)
         else:
             flight.ctx, _ = self._choose("ctx", flight)
-            self._start(now, flight, flight.ctx, 1)
+            if not self._export(now, flight, flight.ctx):
+                self._start(now, flight, flight.ctx, 1)
+
+    def _export(self, now: float, flight: _Flight, ctx: SimEngine) -> bool:
+        """The KV pool (``orchestrator.kv_pool``): park the prompt's prefix on the worker holding it, for
+        the ctx leg to pull; False when the pool decides against it. Its speeds are the model's own:
+        prefill from the timing model, transfer from ``SimTiming``."""
+        config = self.config.orchestrator.kv_pool
+        if not config.enabled:
+            return False
+        cache = ctx.core.config.cache
+        key = (cache.block_size, cache.hash_seed)
+        holders = {e.worker_id: e for phase in ("ctx", "gen") for e in self.engines[phase]
+                   if e is not ctx and (e.core.config.cache.block_size, e.core.config.cache.hash_seed) == key}
+        per_token = ctx.core.config.synthetic.prefill_seconds_per_token
+        prefill = config.prefill_tokens_per_second or (1.0 / per_token if per_token > 0 else 0.0)
+        transfer = config.transfer_tokens_per_second or (
+            self.timing.transfer_bytes_per_second / self.timing.kv_bytes_per_token)
+        found = choose_prefix(config, self.kv, flight.hashes[key], len(flight.prompt), key[0], ctx.worker_id,
+                              sorted(holders), prefill, transfer)
+        if found is None:
+            return False
+        holder_id, num_tokens, _ = found
+        flight.holder, flight.prefix_tokens = holders[holder_id], num_tokens
+        flight.export_id = self._leg(now, flight, flight.holder, flight.prompt[:num_tokens], 1,
+                                     lambda engine, request: engine.core.add_request(
+                                         request, park_kv_seconds=self.timing.park_seconds))
+        return True
 
     def _start(self, now: float, flight: _Flight, engine: SimEngine, max_tokens: int,
                first_token: int | None = None) -> None:
         """A leg reaches ``engine`` one hop from now; ``first_token``: a gen leg after its ctx leg."""
-        request_id = next(self._ids)
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        request = EngineRequest(request_id, flight.prompt, params)
-        self._flights[(engine.worker_id, request_id)] = flight
-        self._acquire(engine, len(flight.prompt))
 
-        def add(at: float) -> None:
+        def add(engine: SimEngine, request: EngineRequest) -> None:
             if first_token is not None:
                 engine.core.add_remote_request(request, [first_token])
                 # The ctx leg's token is written to the client as the gen leg is handed to its engine.
-                flight.record.ttft, flight.record.output_tokens = at - flight.record.start, 1
+                flight.record.ttft, flight.record.output_tokens = self.now - flight.record.start, 1
+            elif engine is flight.ctx and flight.export_id is not None:  # its prefix is parked on the holder
+                engine.core.add_remote_request(request, (), self.timing.park_seconds, flight.prefix_tokens)
             elif engine is flight.ctx:
                 engine.core.add_request(request, park_kv_seconds=self.timing.park_seconds)
             else:
                 engine.core.add_request(request)
+
+        self._leg(now, flight, engine, flight.prompt, max_tokens, add)
+
+    def _leg(self, now: float, flight: _Flight, engine: SimEngine, prompt: list[int], max_tokens: int,
+             add: Callable[[SimEngine, EngineRequest], object]) -> int:
+        """A request of ``prompt`` reaches ``engine`` one hop from now (``add`` hands it over); its id."""
+        request_id = next(self._ids)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        request = EngineRequest(request_id, prompt, params)
+        self._flights[(engine.worker_id, request_id)] = flight
+        self._acquire(engine, len(prompt))
+
+        def arrive(at: float) -> None:
+            add(engine, request)
             engine.kick(at)
 
-        self.at(now + self.timing.hop_seconds, add)
+        self.at(now + self.timing.hop_seconds, arrive)
+        return request_id
 
     def _outputs(self, now: float, engine: SimEngine, outputs: list[RequestOutput]) -> None:
         for output in outputs:
@@ -192,6 +236,15 @@ class SimCluster:
             record = flight.record
             if output.error:
                 record.error_kind, record.error = "engine", output.error
+            if engine is flight.holder and output.request_id == flight.export_id:
+                if output.finish_reason is not None:  # parked: the ctx leg goes, and pulls the prefix
+                    del self._flights[key]
+                    self._acquire(engine, flight.prefix_tokens, -1)
+                    assert flight.ctx is not None
+                    if output.error:
+                        flight.export_id = None  # the ctx leg computes it all
+                    self._start(now, flight, flight.ctx, 1)
+                continue
             if engine is flight.ctx:
                 if output.finish_reason is None:
                     continue
@@ -228,8 +281,11 @@ class SimCluster:
     def _pulls(self, now: float, engine: SimEngine, pulls: list[KVPull]) -> None:
         for pull in pulls:
             flight = self._flights[(engine.worker_id, pull.request_id)]
-            ctx, ctx_id = flight.ctx, flight.ctx_request_id
-            assert ctx is not None and ctx_id is not None, "only a gen leg after a ctx leg pulls"
+            if engine is flight.ctx:  # a ctx leg pulls its prefix from the KV pool's holder
+                ctx, ctx_id = flight.holder, flight.export_id
+            else:
+                ctx, ctx_id = flight.ctx, flight.ctx_request_id
+            assert ctx is not None and ctx_id is not None, "a pull follows a leg that parked its KV"
             num_tokens = len(pull.block_ids) * ctx.core.config.cache.block_size
             seconds = 0.0 if not pull.block_ids else (
                 self.timing.pull_latency_seconds

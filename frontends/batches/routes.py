@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -31,9 +31,9 @@ from starlette.routing import Route
 from frontends.batches.runner import BatchRunner
 from frontends.batches.schemas import BatchList, CreateBatchRequest, DeletedBatch, MessageBatch, rfc3339
 from frontends.batches.store import BatchRecord
-from frontends.errors import InvalidRequestError, NotFoundError, anthropic_error_body, http_error
+from frontends.errors import ApiError, InvalidRequestError, NotFoundError, anthropic_error_body, http_error
 
-__all__ = ["batch_routes", "MAX_REQUESTS_PER_BATCH", "RESULTS_MEDIA_TYPE"]
+__all__ = ["batch_routes", "api_endpoint", "list_limit", "MAX_REQUESTS_PER_BATCH", "RESULTS_MEDIA_TYPE"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ RESULTS_PAGE = 1000  # result rows read from the store per chunk of the JSONL st
 _CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # Anthropic's custom_id rule
 
 Handler = Callable[[BatchRunner, Request], Awaitable[Response]]
+T = TypeVar("T")
 
 
 def _json(payload: msgspec.Struct) -> Response:
@@ -106,21 +107,22 @@ async def _retrieve(runner: BatchRunner, request: Request) -> Response:
     return _json(message_batch(await _existing(runner, request.path_params["batch_id"])))
 
 
-def _list_limit(request: Request) -> int:
+def list_limit(request: Request, default: int = DEFAULT_LIST_LIMIT, most: int = MAX_LIST_LIMIT) -> int:
+    """The ``limit`` query parameter of a list route (a 400 naming it when it is not 1 to ``most``)."""
     raw = request.query_params.get("limit")
     if raw is None:
-        return DEFAULT_LIST_LIMIT
+        return default
     try:
         limit = int(raw)
     except ValueError:
         raise InvalidRequestError(f"limit must be an integer, got {raw!r}", param="limit") from None
-    if not 1 <= limit <= MAX_LIST_LIMIT:
-        raise InvalidRequestError(f"limit must be between 1 and {MAX_LIST_LIMIT}, got {limit}", param="limit")
+    if not 1 <= limit <= most:
+        raise InvalidRequestError(f"limit must be between 1 and {most}, got {limit}", param="limit")
     return limit
 
 
 async def _list(runner: BatchRunner, request: Request) -> Response:
-    limit = _list_limit(request)
+    limit = list_limit(request)
     before_id = request.query_params.get("before_id")
     after_id = request.query_params.get("after_id")
     if before_id is not None and after_id is not None:
@@ -172,27 +174,32 @@ async def _delete(runner: BatchRunner, request: Request) -> Response:
     return _json(DeletedBatch(id=record.id))
 
 
-def _endpoint(runner: BatchRunner, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+def api_endpoint(owner: T, handler: Callable[[T, Request], Awaitable[Response]],
+                 render: Callable[[ApiError], bytes] = anthropic_error_body) -> Callable[[Request], Awaitable[Response]]:
+    """``handler(owner, request)`` as a route endpoint whose every error is a ``render``ed body
+    (the Anthropic shape here; the OpenAI Batches' routes pass ``openai_error_body``)."""
+
     async def endpoint(request: Request) -> Response:
         try:
-            return await handler(runner, request)
-        except Exception as exc:  # always the Anthropic error shape
+            return await handler(owner, request)
+        except Exception as exc:  # always the API's error shape
             error = http_error(exc)
             if error.status >= 500:
                 logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-            return Response(anthropic_error_body(error), status_code=error.status, media_type="application/json")
+            return Response(render(error), status_code=error.status, media_type="application/json")
 
     return endpoint
+
 
 
 def batch_routes(runner: BatchRunner) -> list[Route]:
     """The Message Batches routes over ``runner`` (the caller starts and closes the runner)."""
     base = "/v1/messages/batches"
     return [
-        Route(base, _endpoint(runner, _create), methods=["POST"]),
-        Route(base, _endpoint(runner, _list), methods=["GET"]),
-        Route(base + "/{batch_id}", _endpoint(runner, _retrieve), methods=["GET"]),
-        Route(base + "/{batch_id}", _endpoint(runner, _delete), methods=["DELETE"]),
-        Route(base + "/{batch_id}/results", _endpoint(runner, _results), methods=["GET"]),
-        Route(base + "/{batch_id}/cancel", _endpoint(runner, _cancel), methods=["POST"]),
+        Route(base, api_endpoint(runner, _create), methods=["POST"]),
+        Route(base, api_endpoint(runner, _list), methods=["GET"]),
+        Route(base + "/{batch_id}", api_endpoint(runner, _retrieve), methods=["GET"]),
+        Route(base + "/{batch_id}", api_endpoint(runner, _delete), methods=["DELETE"]),
+        Route(base + "/{batch_id}/results", api_endpoint(runner, _results), methods=["GET"]),
+        Route(base + "/{batch_id}/cancel", api_endpoint(runner, _cancel), methods=["POST"]),
     ]

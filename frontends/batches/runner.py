@@ -26,6 +26,9 @@ Policies (documented once, here):
   ``expires_at`` become ``expired``.
 - Request counts move as requests finish (Anthropic's move only at the end;
   the sum is always the number of requests).
+- ``on_end(batch_id)``, if given, is awaited once a batch has ended (the
+  OpenAI Batches write their output files then); its failure is logged and
+  leaves the batch ended (whoever owns ``on_end`` redoes it at its start).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import functools
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 from frontends.batches.executor import BatchExecutor
 from frontends.batches.store import DEFAULT_TTL_SECONDS, BatchRecord, BatchStore
@@ -52,7 +55,8 @@ class BatchRunner:
     """Owns ``store`` (closed by ``close()``); use as ``async with runner:`` or start()/close()."""
 
     def __init__(self, store: BatchStore, executor: BatchExecutor, *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-                 ttl_seconds: float = DEFAULT_TTL_SECONDS, clock: Callable[[], float] = time.time) -> None:
+                 ttl_seconds: float = DEFAULT_TTL_SECONDS, clock: Callable[[], float] = time.time,
+                 on_end: Callable[[str], Awaitable[None]] | None = None) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.store = store
@@ -60,6 +64,7 @@ class BatchRunner:
         self.max_in_flight = max_in_flight
         self.ttl_seconds = ttl_seconds
         self.clock = clock
+        self.on_end = on_end
         self._slots = asyncio.Semaphore(max_in_flight)
         self._wake = asyncio.Event()
         self._running: dict[str, dict[int, asyncio.Task[None]]] = {}  # batch id -> request index -> task
@@ -96,8 +101,10 @@ class BatchRunner:
 
     # -- what the routes call ------------------------------------------------------------------------
 
-    async def create(self, items: list[tuple[str, bytes]]) -> BatchRecord:
-        record = await asyncio.to_thread(self.store.create, items, self.clock(), self.ttl_seconds)
+    async def create(self, items: list[tuple[str, bytes]],
+                     settled: Mapping[int, tuple[str, bytes]] | None = None, batch_id: str | None = None) -> BatchRecord:
+        """``settled``, ``batch_id``: ``BatchStore.create``'s."""
+        record = await asyncio.to_thread(self.store.create, items, self.clock(), self.ttl_seconds, settled, batch_id)
         self._wake.set()
         return record
 
@@ -174,6 +181,11 @@ class BatchRunner:
             self._running.pop(batch_id, None)
             self._dispatched.discard(batch_id)
             self._canceling.discard(batch_id)
+            if self.on_end is not None:
+                try:
+                    await self.on_end(batch_id)
+                except Exception:  # the batch has ended all the same; on_end's owner retries at its start
+                    logger.exception("batch %s ended, but its end hook failed", batch_id)
 
     # -- one request ---------------------------------------------------------------------------------
 

@@ -16,15 +16,18 @@ lifetime (one worker per state directory); WAL with small transactions.
 from __future__ import annotations
 
 import builtins  # the method BatchStore.list shadows the builtin in annotations after it
+import collections
 import secrets
 import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
-from frontends.batches.schemas import ProcessingStatus, RequestCounts
+from frontends.batches.schemas import ProcessingStatus, RequestCounts, RequestState
 
-__all__ = ["BatchStore", "BatchStoreBusyError", "BatchRecord", "ResultRow", "DEFAULT_TTL_SECONDS"]
+__all__ = ["BatchStore", "BatchStoreBusyError", "BatchRecord", "ResultRow", "DEFAULT_TTL_SECONDS", "Transaction",
+           "open_exclusive"]
 
 DEFAULT_TTL_SECONDS = 24 * 3600.0
 LOCK_TIMEOUT_SECONDS = 1.0  # Anthropic: a batch expires 24 hours after creation
@@ -92,59 +95,73 @@ class ResultRow:
     idx: int
     custom_id: str
     result: bytes
+    state: RequestState = "succeeded"
 
 
-def new_batch_id() -> str:
-    return "msgbatch_" + secrets.token_hex(12)
+def open_exclusive(path: Path, schema: str) -> sqlite3.Connection:
+    """``path``'s SQLite database, held exclusively by this process for the connection's life
+    (raises ``BatchStoreBusyError`` if another process holds it), ``schema`` applied."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=LOCK_TIMEOUT_SECONDS)
+    try:
+        # One owner per file: the exclusive lock keeps a second worker off this state directory,
+        # and lets WAL keep its index in process memory (no shared memory: fine on NFS homes).
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
+        conn.executescript(schema)
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if "locked" in str(exc):
+            raise BatchStoreBusyError(f"{path} is in use by another process: one worker per state "
+                                      "directory") from exc
+        raise
+    return conn
 
 
 class BatchStore:
-    def __init__(self, path: str | Path) -> None:
+    """``id_prefix``: what batch ids start with (``msgbatch_`` for Anthropic's, ``batch_`` for OpenAI's);
+    ``extra_schema``: tables of the API's own in the same file, used through ``transaction()``."""
+
+    def __init__(self, path: str | Path, id_prefix: str = "msgbatch_", extra_schema: str = "") -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.id_prefix = id_prefix
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                     timeout=LOCK_TIMEOUT_SECONDS)
-        try:
-            # One owner per file: the exclusive lock keeps a second worker off this state directory,
-            # and lets WAL keep its index in process memory (no shared memory: fine on NFS homes).
-            self._conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
-            self._conn.executescript(_SCHEMA)
-        except sqlite3.OperationalError as exc:
-            self._conn.close()
-            if "locked" in str(exc):
-                raise BatchStoreBusyError(f"{self.path} is in use by another process: one worker per state "
-                                          "directory") from exc
-            raise
+        self._conn = open_exclusive(self.path, _SCHEMA + extra_schema)
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
 
-    def _transaction(self):
-        return _Transaction(self._lock, self._conn)
+    def transaction(self) -> "Transaction":
+        return Transaction(self._lock, self._conn)
 
     # -- batches -------------------------------------------------------------------------------------
 
-    def create(self, items: list[tuple[str, bytes]], now: float,
-               ttl_seconds: float = DEFAULT_TTL_SECONDS) -> BatchRecord:
-        """A new in-progress batch of ``(custom_id, params JSON)`` items, every request pending."""
-        batch_id = new_batch_id()
-        with self._transaction() as conn:
+    def create(self, items: list[tuple[str, bytes]], now: float, ttl_seconds: float = DEFAULT_TTL_SECONDS,
+               settled: Mapping[int, tuple[str, bytes]] | None = None, batch_id: str | None = None) -> BatchRecord:
+        """A new in-progress batch of ``(custom_id, params JSON)`` items, every request pending but
+        those of ``settled``: index -> (final state, result), finished already (a line that could
+        not be read, say). ``batch_id``: an id chosen by the caller (else a new one)."""
+        batch_id = batch_id or self.id_prefix + secrets.token_hex(12)
+        settled = settled or {}
+        with self.transaction() as conn:
             conn.execute(
                 "INSERT INTO batches (id, processing_status, created_at, expires_at, n_pending) "
-                "VALUES (?, 'in_progress', ?, ?, ?)", (batch_id, now, now + ttl_seconds, len(items)))
+                "VALUES (?, 'in_progress', ?, ?, ?)", (batch_id, now, now + ttl_seconds, len(items) - len(settled)))
             conn.executemany(
-                "INSERT INTO requests (batch_id, idx, custom_id, params, state) VALUES (?, ?, ?, ?, 'pending')",
-                ((batch_id, idx, custom_id, params) for idx, (custom_id, params) in enumerate(items)))
+                "INSERT INTO requests (batch_id, idx, custom_id, params, state, result) VALUES (?, ?, ?, ?, ?, ?)",
+                ((batch_id, idx, custom_id, params, *settled.get(idx, ("pending", None)))
+                 for idx, (custom_id, params) in enumerate(items)))
+            for state, count in collections.Counter(state for state, _ in settled.values()).items():
+                column = _count_column(state)
+                conn.execute(f"UPDATE batches SET {column} = {column} + ? WHERE id = ?", (count, batch_id))
             record = self._get(conn, batch_id)
         assert record is not None  # inserted above, in the same transaction
         return record
 
     def get(self, batch_id: str) -> BatchRecord | None:
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             return self._get(conn, batch_id)
 
     @staticmethod
@@ -156,7 +173,7 @@ class BatchStore:
              after_id: str | None = None) -> tuple[list[BatchRecord], bool] | None:
         """Newest first. ``after_id``: the page of older batches after it; ``before_id``: the page of
         newer ones before it. Returns (page, has_more in that direction), or None for an unknown cursor."""
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             cursor_id = before_id if before_id is not None else after_id
             if cursor_id is None:
                 rows = conn.execute(f"SELECT {_BATCH_COLUMNS} FROM batches ORDER BY seq DESC LIMIT ?",
@@ -178,19 +195,19 @@ class BatchStore:
         return page, has_more
 
     def delete(self, batch_id: str) -> bool:
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             conn.execute("DELETE FROM requests WHERE batch_id = ?", (batch_id,))
             return conn.execute("DELETE FROM batches WHERE id = ?", (batch_id,)).rowcount == 1
 
     def open_batch_ids(self) -> builtins.list[str]:
         """Batches not yet ended, oldest first (the order the runner serves them in)."""
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             rows = conn.execute("SELECT id FROM batches WHERE processing_status != 'ended' ORDER BY seq").fetchall()
         return [row[0] for row in rows]
 
     def begin_cancel(self, batch_id: str, now: float) -> BatchRecord | None:
         """In progress -> canceling (other states unchanged); the batch after it, None if unknown."""
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             conn.execute("UPDATE batches SET processing_status = 'canceling', cancel_initiated_at = ? "
                          "WHERE id = ? AND processing_status = 'in_progress'", (now, batch_id))
             return self._get(conn, batch_id)
@@ -198,7 +215,7 @@ class BatchStore:
     def end_if_done(self, batch_id: str, now: float) -> bool:
         """Called when none of the batch's requests is running: a canceling batch's pending requests
         become canceled; a batch with no pending request ends. True if it ended now."""
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             row = conn.execute("SELECT processing_status FROM batches WHERE id = ?", (batch_id,)).fetchone()
             if row is None or row[0] == "ended":
                 return False
@@ -214,13 +231,13 @@ class BatchStore:
     # -- requests ------------------------------------------------------------------------------------
 
     def pending_indices(self, batch_id: str) -> builtins.list[int]:
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             rows = conn.execute("SELECT idx FROM requests WHERE batch_id = ? AND state = 'pending' ORDER BY idx",
                                 (batch_id,)).fetchall()
         return [row[0] for row in rows]
 
     def request_params(self, batch_id: str, idx: int) -> bytes:
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             (params,) = conn.execute("SELECT params FROM requests WHERE batch_id = ? AND idx = ?",
                                      (batch_id, idx)).fetchone()
         return bytes(params)
@@ -228,7 +245,7 @@ class BatchStore:
     def record_result(self, batch_id: str, idx: int, state: str, result: bytes) -> bool:
         """A pending request's final state and result line; False if it was no longer pending."""
         column = _count_column(state)
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             changed = conn.execute(
                 "UPDATE requests SET state = ?, result = ? WHERE batch_id = ? AND idx = ? AND state = 'pending'",
                 (state, result, batch_id, idx)).rowcount
@@ -239,7 +256,7 @@ class BatchStore:
 
     def expire_pending(self, batch_id: str, exclude: set[int] | frozenset[int] = frozenset()) -> int:
         """Every pending request of the batch except ``exclude`` (still running) becomes expired."""
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             return self._settle_pending(conn, batch_id, "expired", _EXPIRED_RESULT, exclude)
 
     @staticmethod
@@ -258,11 +275,11 @@ class BatchStore:
     def results(self, batch_id: str, after_idx: int | None, limit: int) -> builtins.list[ResultRow]:
         """Finished requests' result lines in request order, a page at a time."""
         start = -1 if after_idx is None else after_idx
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             rows = conn.execute(
-                "SELECT idx, custom_id, result FROM requests WHERE batch_id = ? AND idx > ? AND state != 'pending' "
-                "ORDER BY idx LIMIT ?", (batch_id, start, limit)).fetchall()
-        return [ResultRow(idx, custom_id, bytes(result)) for idx, custom_id, result in rows]
+                "SELECT idx, custom_id, result, state FROM requests WHERE batch_id = ? AND idx > ? "
+                "AND state != 'pending' ORDER BY idx LIMIT ?", (batch_id, start, limit)).fetchall()
+        return [ResultRow(idx, custom_id, bytes(result), state) for idx, custom_id, result, state in rows]
 
 
 def _count_column(state: str) -> str:
@@ -271,7 +288,7 @@ def _count_column(state: str) -> str:
     return f"n_{state}"
 
 
-class _Transaction:
+class Transaction:
     """The store's lock held for one transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
 
     def __init__(self, lock: threading.Lock, conn: sqlite3.Connection) -> None:

@@ -19,6 +19,7 @@ its attached frontends' reads and writes: on the admin Unix socket only.
 from __future__ import annotations
 
 import time
+from typing import Any, MutableMapping
 
 import msgspec
 from starlette.requests import Request
@@ -27,11 +28,13 @@ from starlette.routing import Route
 
 from frontends.errors import FrontendError, InvalidRequestError, NotFoundError
 from frontends.openai_api import serve_chat_completion
+from frontends.request_fields import decode_request
 from frontends.responses.items import input_items_page
 from frontends.responses.render import ResponseEventStream, ResponseTurn
 from frontends.responses.schemas import Item, ResponsesRequest, StoredResponse, with_defaults
 from frontends.responses.store import ADMIN_PREFIX, LocalResponses, ResponsesClient
 from frontends.responses.translate import parse_input, rename_param, validate_request
+from frontends.route_table import over_admin_socket
 from frontends.schemas_openai import ChatCompletionRequest
 from frontends.serving import ServingContext
 from frontends.streaming import EventStreamResponse
@@ -47,8 +50,10 @@ class PreviousResponseNotFoundError(InvalidRequestError):
     code = "previous_response_not_found"
 
 
-async def begin_turn(raw: bytes, store: ResponsesClient) -> ResponseTurn:
-    body = with_defaults(msgspec.json.decode(raw, type=ResponsesRequest))
+async def begin_turn(raw: bytes, store: ResponsesClient, strict_fields: bool = False,
+                     scope: MutableMapping[str, Any] | None = None) -> ResponseTurn:
+    """The request's turn; ``strict_fields`` and ``scope``: ``frontends.request_fields.decode_request``'s."""
+    body = with_defaults(decode_request(raw, ResponsesRequest, strict_fields, scope))
     items = parse_input(body.input)
     history: list[Item] = []
     if body.previous_response_id is not None:
@@ -75,7 +80,7 @@ async def create_response(ctx: ServingContext, request: Request) -> Response:
     arrival_time = time.time()
     x_request_id = enter_request(request.scope)
     store = _store(request)
-    turn = await begin_turn(await request.body(), store)
+    turn = await begin_turn(await request.body(), store, ctx.config.strict_request_fields, request.scope)
     chat = msgspec.convert(turn.chat_body(), ChatCompletionRequest)
     try:
         answer = await serve_chat_completion(ctx, chat, request.receive, arrival_time, x_request_id)
@@ -121,17 +126,11 @@ async def delete_response(ctx: ServingContext, request: Request) -> Response:
                     media_type=_JSON)
 
 
-def _over_admin_socket(request: Request) -> bool:
-    # uvicorn gives a Unix socket's connections a (path, None) server address; TCP has a port.
-    server = request.scope.get("server")
-    return server is not None and server[1] is None
-
-
 def admin_routes(store: LocalResponses) -> list[Route]:
     """The launcher's store, for its attached frontends: GET / PUT / DELETE a whole record."""
 
     async def record(request: Request) -> Response:
-        if not _over_admin_socket(request):
+        if not over_admin_socket(request.scope):
             return Response(status_code=404)
         response_id = request.path_params["response_id"]
         if request.method == "PUT":

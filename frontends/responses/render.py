@@ -27,8 +27,8 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable
 import msgspec
 
 from frontends.responses.items import new_id, with_ids
-from frontends.responses.schemas import FunctionCallItem, Item, MessageItem, OutputText, ResponsesRequest
-from frontends.responses.translate import chat_body
+from frontends.responses.schemas import OUTPUT_TEXT_LOGPROBS, FunctionCallItem, Item, MessageItem, OutputText, ResponsesRequest
+from frontends.responses.translate import chat_body, continues_final_message
 from frontends.streaming import FinalFrame
 
 __all__ = ["ResponseTurn", "ResponseEventStream", "usage_from_chat"]
@@ -63,6 +63,8 @@ class ResponseTurn:
     def __init__(self, body: ResponsesRequest, history: list[Item], items: list[Item]) -> None:
         self.body = body
         self.conversation = [*history, *with_ids(items)]
+        self.continue_final = continues_final_message(items)
+        self.wants_logprobs = OUTPUT_TEXT_LOGPROBS in (body.include or ())
         self.id = new_id("resp")
         self.created_at = int(time.time())
 
@@ -72,7 +74,7 @@ class ResponseTurn:
         return self.conversation[0].id or self.id
 
     def chat_body(self) -> dict[str, Any]:
-        return chat_body(self.body, self.conversation)
+        return chat_body(self.body, self.conversation, self.continue_final)
 
     def response(self, status: str, output: list[Item], usage: dict[str, Any] | None = None,
                  incomplete: str | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -104,11 +106,22 @@ class ResponseTurn:
             output.append(_call(call.get("id"), function.get("name", ""), function.get("arguments", "")))
         incomplete = "max_output_tokens" if choice.get("finish_reason") == "length" else None
         status = "incomplete" if incomplete else "completed"
-        return self.response(status, output, usage_from_chat(completion.get("usage")), incomplete), output
+        response = self.response(status, output, usage_from_chat(completion.get("usage")), incomplete)
+        logprobs = (choice.get("logprobs") or {}).get("content")
+        if logprobs is not None and isinstance(output[0], MessageItem):
+            _add_logprobs(response["output"][0], logprobs)
+        return response, output
 
     def conversation_after(self, output: list[Item]) -> list[Item]:
         """What a follow-up with ``previous_response_id`` = this response continues."""
         return [*self.conversation, *output]
+
+
+def _add_logprobs(message: dict[str, Any], logprobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A rendered message item with its output_text's token logprobs (asked by ``include``; the
+    stored item, the next turn's input, does not keep them)."""
+    message["content"][0]["logprobs"] = logprobs
+    return message
 
 
 class _OpenItem:
@@ -139,6 +152,9 @@ class ResponseEventStream:
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
+        self.logprobs: list[dict[str, Any]] = []  # the open text's, not yet in a delta event
+        self.text_logprobs: list[dict[str, Any]] = []  # the open text's, all of them
+        self.item_logprobs: dict[int, list[dict[str, Any]]] = {}  # output index -> its text's (when asked)
 
     def event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -189,6 +205,9 @@ class ResponseEventStream:
         out = b""
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
+            logprobs = (choice.get("logprobs") or {}).get("content")
+            if logprobs:  # asked by include; a chunk may carry them before its text is out
+                self.logprobs.extend(logprobs)
             if delta.get("content"):
                 out += self._text(delta["content"])
             for call in delta.get("tool_calls") or ():
@@ -210,23 +229,29 @@ class ResponseEventStream:
             out += self._open_text()
         assert self.text is not None
         self.text.parts.append(text)
+        logprobs, self.logprobs = self.logprobs, []
+        self.text_logprobs.extend(logprobs)
         return out + self.event("response.output_text.delta", item_id=self.text.item_id,
-                                output_index=self.text.index, content_index=0, delta=text, logprobs=[])
+                                output_index=self.text.index, content_index=0, delta=text, logprobs=logprobs)
 
     def _close_text(self) -> bytes:
         open_text, self.text = self.text, None
         if open_text is None:
             return b""
         text = "".join(open_text.parts)
-        part = {"type": "output_text", "text": text, "annotations": []}
+        logprobs, self.text_logprobs = self.text_logprobs, []
+        part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
         item = _message(text, open_text.item_id)
         self.output.append(item)
+        rendered = msgspec.to_builtins(item)
+        if self.turn.wants_logprobs:
+            part["logprobs"] = self.item_logprobs[open_text.index] = logprobs
+            _add_logprobs(rendered, logprobs)
         return (self.event("response.output_text.done", item_id=open_text.item_id, output_index=open_text.index,
-                           content_index=0, text=text, logprobs=[])
+                           content_index=0, text=text, logprobs=logprobs)
                 + self.event("response.content_part.done", item_id=open_text.item_id,
                              output_index=open_text.index, content_index=0, part=part)
-                + self.event("response.output_item.done", output_index=open_text.index,
-                             item=msgspec.to_builtins(item)))
+                + self.event("response.output_item.done", output_index=open_text.index, item=rendered))
 
     def _call(self, call: dict[str, Any]) -> bytes:
         out = b""
@@ -271,7 +296,10 @@ class ResponseEventStream:
             out += self._open_text() + self._close_text()
         incomplete = "max_output_tokens" if self.finish_reason == "length" else None
         status = "incomplete" if incomplete else "completed"
-        response = _encode(self.turn.response(status, self.output, usage_from_chat(self.usage), incomplete))
+        completed = self.turn.response(status, self.output, usage_from_chat(self.usage), incomplete)
+        for index, logprobs in self.item_logprobs.items():
+            _add_logprobs(completed["output"][index], logprobs)
+        response = _encode(completed)
         if self.on_done is not None:
             try:
                 await self.on_done(response, self.output)

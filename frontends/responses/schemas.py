@@ -15,6 +15,7 @@ from typing import Any, Literal, Union
 import msgspec
 
 __all__ = [
+    "OUTPUT_TEXT_LOGPROBS",
     "InputText",
     "OutputText",
     "Refusal",
@@ -34,6 +35,10 @@ __all__ = [
     "with_defaults",
     "StoredResponse",
 ]
+
+
+OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
+"""The ``include`` value that asks for the output text's token logprobs."""
 
 
 class InputText(msgspec.Struct, frozen=True, tag_field="type", tag="input_text"):
@@ -135,6 +140,9 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
     metadata: dict[str, str] | None = None
     reasoning: dict[str, Any] | None = None  # echoed; nothing to reason with
     user: str | None = None
+    include: list[str] | None = None  # only OUTPUT_TEXT_LOGPROBS acts: the others name items never made here
+    top_logprobs: int | None = None  # with OUTPUT_TEXT_LOGPROBS
+    conversation: Any = None  # a stored conversation object: not supported (a 400 naming it)
 
 
 def with_defaults(body: ResponsesRequest) -> ResponsesRequest:

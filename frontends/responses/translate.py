@@ -11,6 +11,12 @@ handler; the orchestrator runs it through its disaggregated chat flow.
 
 As in the reference, ``instructions`` are not carried over by
 ``previous_response_id``: each request states its own.
+
+An assistant message last in ``input`` is continued (prefill, as on
+/v1/messages): the chat body's ``continue_final_message``. ``include:
+["message.output_text.logprobs"]`` (with ``top_logprobs``) is the chat
+body's ``logprobs``; the other ``include`` values name items this server
+never makes and change nothing. A ``conversation`` object is a 400.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import msgspec
 
 from frontends.errors import FrontendError, InvalidRequestError
 from frontends.responses.schemas import (
+    OUTPUT_TEXT_LOGPROBS,
     ContentPart,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -34,7 +41,7 @@ from frontends.responses.schemas import (
     ToolChoiceFunction,
 )
 
-__all__ = ["parse_input", "validate_request", "chat_body", "responses_param", "rename_param", "rename_fields"]
+__all__ = ["parse_input", "validate_request", "continues_final_message", "chat_body", "responses_param", "rename_param", "rename_fields"]
 
 # Chat body fields (as the chat path names them in errors) -> the Responses field that set them.
 _PARAMS = {
@@ -42,6 +49,7 @@ _PARAMS = {
     "max_completion_tokens": "max_output_tokens",
     "max_tokens": "max_output_tokens",
     "response_format": "text.format",
+    "continue_final_message": "input",
 }
 
 
@@ -70,6 +78,9 @@ def validate_request(body: ResponsesRequest, items: list[Item], history: Sequenc
         raise InvalidRequestError("input must not be empty", param="input")
     if body.background:
         raise InvalidRequestError("background responses are not supported", param="background")
+    if body.conversation is not None:
+        raise InvalidRequestError("conversation objects are not supported; continue a conversation with "
+                                  "previous_response_id", param="conversation")
     if body.max_output_tokens is not None and body.max_output_tokens < 1:
         raise InvalidRequestError(f"max_output_tokens must be at least 1, got {body.max_output_tokens}",
                                   param="max_output_tokens")
@@ -132,10 +143,23 @@ def _response_format(body: ResponsesRequest) -> dict[str, Any] | None:
     return None
 
 
-def chat_body(body: ResponsesRequest, conversation: list[Item]) -> dict[str, Any]:
-    """The Chat Completions body this request runs as (usage always on: the response reports it)."""
+def continues_final_message(items: Sequence[Item]) -> bool:
+    """An assistant message last in a request's input is continued (prefill, as /v1/messages does):
+    the output text is what the model writes after it."""
+    return bool(items) and isinstance(items[-1], MessageItem) and items[-1].role == "assistant"
+
+
+def chat_body(body: ResponsesRequest, conversation: list[Item], continue_final: bool = False) -> dict[str, Any]:
+    """The Chat Completions body this request runs as (usage always on: the response reports it);
+    ``continue_final``: the conversation's last message is continued (``continues_final_message``)."""
     chat: dict[str, Any] = {"model": body.model, "messages": _messages(body.instructions, conversation),
                             "stream": body.stream}
+    if continue_final:
+        chat["continue_final_message"], chat["add_generation_prompt"] = True, False
+    if OUTPUT_TEXT_LOGPROBS in (body.include or ()):
+        chat["logprobs"] = True
+        if body.top_logprobs is not None:
+            chat["top_logprobs"] = body.top_logprobs
     if body.stream:
         chat["stream_options"] = {"include_usage": True}
     if body.tools:

@@ -29,3 +29,21 @@ async def live_server(tiny_model_dir, tokenizer):
     app, h = await make_harness(tiny_model_dir, tokenizer, decode_step_seconds=0.002)
     async with live_harness(app, h):
         yield h
+
+
+@pytest.fixture(scope="module")
+def torch_worker(tiny_model_dir):
+    """A real worker (one frontend, the tiny model on the torch engine: real tokens) for the module."""
+    from worker_process import start_worker, stop_worker
+
+    url, proc = start_worker(tiny_model_dir, num_frontends=1, engine="torch")
+    yield url
+    assert stop_worker(proc) == 0
+
+
+@pytest.fixture()
+def torch_openai(torch_worker):
+    """The official openai client of ``torch_worker``."""
+    import openai
+
+    return openai.OpenAI(base_url=torch_worker + "/v1", api_key="unused", max_retries=0, timeout=60)

@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from frontends.errors import EngineDeadError
 from workers.config import CacheConfig, EngineConfig, SyntheticConfig
 from workers.engine.core import EngineCore
 from workers.engine.synthetic import SyntheticExecutor
-from workers.protocol import EngineRequest, RequestOutput
+from workers.protocol import AddResumedRequest, EngineRequest, RequestOutput
 from workers.sampling_params import SamplingParams
 
 
@@ -92,8 +92,7 @@ class InprocEngineClient:
         finished = False
         try:
             arrival = time.time() if arrival_time is None else arrival_time
-            self.core.add_request(EngineRequest(request_id, list(prompt_token_ids), params, arrival))
-            self._wakeup.set()
+            self._add(EngineRequest(request_id, list(prompt_token_ids), params, arrival), make_message)
             while True:
                 output = await queue.get()
                 finished = output.finish_reason is not None
@@ -115,9 +114,16 @@ class InprocEngineClient:
         request = _PushedRequest(self, next(self._ids), on_output)
         self._queues[request.request_id] = request.deliver
         arrival = time.time() if arrival_time is None else arrival_time
-        self.core.add_request(EngineRequest(request.request_id, list(prompt_token_ids), params, arrival))
-        self._wakeup.set()
+        self._add(EngineRequest(request.request_id, list(prompt_token_ids), params, arrival), make_message)
         return request
+
+    def _add(self, request: EngineRequest, make_message: Any) -> None:
+        """A resumed leg's carried tokens go with it (``AddResumedRequest``); any other message's
+        extras (a disaggregated leg's) are not this engine's business."""
+        message = None if make_message is None else make_message(request)
+        carried = message.output_token_ids if isinstance(message, AddResumedRequest) else ()
+        self.core.add_request(request, output_token_ids=carried)
+        self._wakeup.set()
 
     async def abort(self, request_id: int) -> None:
         self.num_aborts += 1

@@ -107,7 +107,8 @@ def test_abort_ends_the_stream_with_finish_reason_abort(group):
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
 def test_a_dead_engine_ends_in_flight_requests_with_engine_dead_error(group, how):
-    """SIGKILL: the process is gone. SIGSTOP: alive but silent past the wedged limit (7 s here)."""
+    """SIGKILL: the process is gone. SIGSTOP: alive but silent; its requests end past the heartbeat
+    limit (5 s, ``EngineUnresponsiveError``), the engine is dead past the wedged limit (7 s here)."""
     engine_pid = group.engine.popen.pid
 
     async def main():
@@ -130,6 +131,9 @@ def test_a_dead_engine_ends_in_flight_requests_with_engine_dead_error(group, how
         healthy = client.is_healthy
         with pytest.raises(EngineDeadError):
             await anext(aiter(client.generate([1], GREEDY)))
+        while client.dead_reason is None:  # a stopped engine is dead at the wedged limit
+            assert time.monotonic() - killed_at < 12.0, "never called dead"
+            await asyncio.sleep(0.05)
         await client.close()
         return noticed_after, healthy, client.dead_reason
 
@@ -143,14 +147,15 @@ def test_a_dead_engine_ends_in_flight_requests_with_engine_dead_error(group, how
         assert noticed_after < 2.0
         assert reason == f"the engine process (pid {engine_pid}) exited"
     else:
-        assert 6.5 <= noticed_after < 10.0  # the wedged limit, counted from the last output
+        # In-flight requests end at the heartbeat limit (unresponsive, a retryable 503), not the wedged one.
+        assert 4.5 <= noticed_after < 8.0
         assert reason.startswith("no heartbeat from the engine for ") and "wedged" in reason
 
 
 def test_a_stopped_engine_is_unresponsive_not_dead_and_recovers(group):
-    """Slow is not dead: silence past the heartbeat limit refuses new requests (503) while
-    in-flight ones wait; the engine answering again makes the client healthy, and the
-    waiting request finishes normally."""
+    """Slow is not dead, but nothing waits for it: silence past the heartbeat limit refuses new
+    requests (503) and ends the in-flight ones with the same retryable 503 (never held for the
+    stall's length); the engine answering again makes the client healthy, with no restart."""
     engine_pid = group.engine.popen.pid
     params = SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True)  # ~3 s of 20 ms steps
 
@@ -176,15 +181,15 @@ def test_a_stopped_engine_is_unresponsive_not_dead_and_recovers(group):
             refused = client.unavailable_error()
             with pytest.raises(EngineUnresponsiveError):
                 await anext(aiter(client.generate([1], GREEDY)))
-            await asyncio.sleep(2.0)  # well past the heartbeat limit, far from the wedged one
-            assert client.dead_reason is None and not task.done()
+            with pytest.raises(EngineUnresponsiveError):  # the in-flight request ended with it at once
+                await asyncio.wait_for(task, timeout=1.0)
+            assert client.dead_reason is None
         finally:
             os.kill(engine_pid, signal.SIGCONT)
         continued_at = time.monotonic()
         while not client.is_healthy:
             assert time.monotonic() - continued_at < 5.0, "never healthy again"
             await asyncio.sleep(0.05)
-        await asyncio.wait_for(task, timeout=20.0)
         again = [out async for out in client.generate([1], GREEDY)]
         await client.close()
         return noticed_after, refused, outputs, again
@@ -193,7 +198,7 @@ def test_a_stopped_engine_is_unresponsive_not_dead_and_recovers(group):
     assert 4.5 <= noticed_after < 8.0  # 5 heartbeats of silence, counted from the last output
     assert isinstance(refused, EngineUnresponsiveError) and refused.status == 503
     assert refused.code == "engine_unresponsive" and "no heartbeat" in str(refused)
-    assert sum(len(o.new_token_ids) for o in outputs) == 150 and outputs[-1].finish_reason == "length"
+    assert 0 < sum(len(o.new_token_ids) for o in outputs) < 150
     assert again[-1].finish_reason == "length"
 
 

@@ -85,8 +85,8 @@ async def test_out_of_range_chat_and_anthropic(harness):
 
 
 async def test_unsupported_options(harness):
-    error = openai_error(await harness.http.post("/v1/completions", json={"model": "tiny-test", "prompt": "x", "n": 2}), 400)
-    assert error["param"] == "n" and "n=1" in error["message"]
+    error = openai_error(await harness.http.post("/v1/completions", json={"model": "tiny-test", "prompt": "x", "n": 0}), 400)
+    assert error["param"] == "n" and "[1, 128]" in error["message"]
     error = openai_error(await harness.http.post("/v1/chat/completions", json={
         "model": "tiny-test", "messages": USER, "top_logprobs": 2}), 400)
     assert error["param"] == "top_logprobs"

@@ -38,7 +38,7 @@ def seen_by_every_process(url: str, check) -> bool:
     """True when ``check(cluster_info)`` holds in both orchestrator processes (fresh connections)."""
     seen: set[int] = set()
     for _ in range(200):
-        info = httpx.get(f"{url}/cluster_info").json()
+        info = httpx.get(f"{url}/cluster_info", headers=AUTH).json()
         if not check(info):
             return False
         seen.add(info["process_index"])
@@ -152,17 +152,17 @@ def test_registration_is_shared_by_all_processes_and_expires(cluster):
 
 def test_prometheus_sums_over_processes_and_perf_metrics_join(cluster):
     url, _ = cluster
-    before = _count(httpx.get(f"{url}/prometheus/metrics").text, 'disagg_orchestrator_requests_total{api="completions"')
+    before = _count(httpx.get(f"{url}/prometheus/metrics", headers=AUTH).text, 'disagg_orchestrator_requests_total{api="completions"')
     ids = [f"perf-{i}" for i in range(8)]
     for request_id in ids:  # fresh connections: spread over both processes
         assert httpx.post(f"{url}/v1/completions", headers={**AUTH, "x-request-id": request_id},
                           json={"model": "tiny-test", "prompt": "abc", "max_tokens": 2}).status_code == 200
-    text = httpx.get(f"{url}/prometheus/metrics").text
+    text = httpx.get(f"{url}/prometheus/metrics", headers=AUTH).text
     assert _count(text, 'disagg_orchestrator_requests_total{api="completions"') == before + 8
     assert 'disagg_orchestrator_phase_seconds_count{phase="e2e"}' in text
 
     def records():  # every request recorded, and joined with its worker's own record
-        got = {r["request_id"]: r for r in httpx.get(f"{url}/perf_metrics").json()["records"]}
+        got = {r["request_id"]: r for r in httpx.get(f"{url}/perf_metrics", headers=AUTH).json()["records"]}
         return got if all(i in got and got[i]["gen_worker"] for i in ids) else None
 
     got = wait_until(records, timeout=5)
@@ -208,7 +208,7 @@ def test_kv_cache_aware_routing_follows_the_workers_kv_events(cluster):
     def cached(info) -> dict[str, int]:
         return {w["worker_id"]: w["num_cached_blocks"] for w in info["workers"]}
 
-    before = cached(httpx.get(f"{url}/cluster_info").json())
+    before = cached(httpx.get(f"{url}/cluster_info", headers=AUTH).json())
     first = httpx.post(f"{url}/v1/completions", headers=AUTH,
                        json={"model": "tiny-test", "prompt": prompt, "max_tokens": 2})
     holder = first.headers["x-disagg-gen-worker"]
@@ -220,7 +220,7 @@ def test_kv_cache_aware_routing_follows_the_workers_kv_events(cluster):
     for turn in range(6):  # from either process, the prefix match beats the tie rotation every time
         response = httpx.post(f"{url}/v1/completions", headers=AUTH, json={
             "model": "tiny-test", "max_tokens": 2, "prompt": prompt + f" turn {turn}"})
-        assert response.headers["x-disagg-gen-worker"] == holder, httpx.get(f"{url}/cluster_info").text
+        assert response.headers["x-disagg-gen-worker"] == holder, httpx.get(f"{url}/cluster_info", headers=AUTH).text
 
 
 def test_starts_empty_and_serves_workers_as_they_register(cluster, tiny_model_dir, tmp_path):

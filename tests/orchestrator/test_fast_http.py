@@ -211,7 +211,7 @@ def test_a_client_that_leaves_aborts_the_worker_request(lane, stream):
     _running_steps(worker_url)  # drain what ran until the abort
     time.sleep(0.3)
     assert _running_steps(worker_url) == 0  # 1000 tokens at 20 ms a step would still be running
-    info = httpx.get(f"{url}/cluster_info").json()
+    info = httpx.get(f"{url}/cluster_info", headers=AUTH).json()
     assert all(w["in_flight_requests"] == 0 for w in info["workers"])
     records = httpx.get(f"{url}/perf_metrics", headers=AUTH).json()["records"]
     if not stream:  # ended by the client, and recorded as such

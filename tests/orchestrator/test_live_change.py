@@ -140,13 +140,14 @@ def test_scale_a_pool_out_then_in_under_load_with_an_api_key(tmp_path):
 
 
 def _serve_by_hand(tmp_path, run, url: str, port: int) -> subprocess.Popen:
-    """A gen worker an operator starts on the side: the deployment's key and model name, --register."""
+    """A gen worker an operator starts on the side: the deployment's keys and model name, --register."""
     model = str(tmp_path / "model")
     log = open(tmp_path / f"by-hand-{port}.log", "w")
     return subprocess.Popen(
         [sys.executable, "-m", "disagg.cli", "serve", model, "--engine", "synthetic", "--role", "gen",
          "--port", str(port), "--num-frontends", "1", "--served-model-name", model, "--synthetic-decode-step-seconds",
-         "0.01", "--cluster-key-file", str(run / "cluster.key"), "--register", url], stdout=log, stderr=log)
+         "0.01", "--cluster-key-file", str(run / "cluster.key"), "--worker-key-file", str(run / "worker.key"),
+         "--register", url], stdout=log, stderr=log)
 
 
 def _listed(url: str, worker_url: str) -> dict | None:

@@ -6,6 +6,7 @@ the live document, every POST with a request schema, and live answers fit the do
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
@@ -82,6 +83,16 @@ def test_live_answers_fit_their_schemas(orchestrator):
         call_checked(http, doc, "GET", path)
     assert "disagg" in call_checked(http, doc, "GET", "/prometheus/metrics").text
     call_checked(http, doc, "GET", "/v1/messages/batches")
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": MODEL, "prompt": "Hi"}}
+    upload = call_checked(http, doc, "POST", "/v1/files", data={"purpose": "batch"},
+                          files={"file": ("in.jsonl", json.dumps(line).encode())}).json()
+    call_checked(http, doc, "GET", "/v1/files")
+    call_checked(http, doc, "GET", "/v1/files/{file_id}", f"/v1/files/{upload['id']}")
+    batch = call_checked(http, doc, "POST", "/v1/batches", json={"input_file_id": upload["id"], "endpoint":
+                         "/v1/completions", "completion_window": "24h"}).json()
+    call_checked(http, doc, "GET", "/v1/batches/{batch_id}", f"/v1/batches/{batch['id']}")
+    call_checked(http, doc, "GET", "/v1/batches")
+    call_checked(http, doc, "DELETE", "/v1/files/{file_id}", f"/v1/files/{upload['id']}")
     # Registration: a worker announces itself, heartbeats, leaves.
     ack = call_checked(http, doc, "POST", "/workers/register", json={"role": "gen", "url": "http://127.0.0.1:9"}).json()
     call_checked(http, doc, "POST", "/workers/heartbeat", json={"worker_id": ack["worker_id"]})

@@ -21,6 +21,7 @@ from worker_process import free_port
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "disagg.json"
 RATE_WINDOW = "30s"  # Grafana's $__rate_interval: wide enough for several 1 s scrapes
+API_KEY = "scrape-with-this-key"  # the deployment has one: Prometheus presents it, and the worker key
 
 
 def prometheus_tool(name: str = "prometheus") -> str:
@@ -57,7 +58,7 @@ def test_the_dashboard_has_the_panels_the_issue_names():
 
 
 def _send_load(port: int, model: str) -> None:
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=API_KEY, max_retries=0)
     system = "You are a careful assistant. " * 8  # the same prefix every time: prefix-cache hits
     for turn in range(6):
         chunks = list(client.chat.completions.create(
@@ -77,7 +78,7 @@ def _query(prom: str, expr: str) -> list[dict]:
 def _up(prom: str) -> list[dict]:
     try:
         return _query(prom, 'up{job=~"disagg-.*"} == 1')
-    except httpx.HTTPError:
+    except (httpx.HTTPError, ValueError):  # not listening yet, or 503 "Service Unavailable" while it starts
         return []
 
 
@@ -112,6 +113,7 @@ def test_prometheus_scrapes_the_deployment_and_every_dashboard_query_has_a_serie
     port, prom_port = free_port(), free_port()
     config = write_config(tmp_path, "scraped", port, gen_frontends=2,
                           extra="prometheus: {scrape_interval_seconds: 1}\n")
+    Path(config).write_text(Path(config).read_text().replace("processes: 1,", f"processes: 1, api_key: {API_KEY},"))
     run = tmp_path / ".disagg" / "scraped"
     up = disagg("up", config, cwd=tmp_path)
     prometheus = None
@@ -191,7 +193,8 @@ def test_prometheus_scrapes_the_deployment_and_every_dashboard_query_has_a_serie
         assert {s["metric"]["job"] for s in info} == {"disagg-orchestrator", "disagg-workers"}
         assert all(s["metric"]["version"] and s["metric"]["commit"] for s in info)
         # The orchestrator answers the same text on /metrics, where scrapers look by default.
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 401  # scrapers present the key
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
         assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain")
         assert "disagg_orchestrator_requests_total" in text.text
     finally:

@@ -53,7 +53,8 @@ def deployment(smollm2_gguf, tmp_path_factory):
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         state = json.loads((tmp / "run" / "state.json").read_text())
-        yield {process["name"]: process["url"] for process in state["processes"]}
+        yield {**{process["name"]: process["url"] for process in state["processes"]},
+               "worker_key": (tmp / "run" / "worker.key").read_text()}
     finally:
         disagg("down", "--run-dir", str(tmp / "run"), cwd=tmp)
 
@@ -75,7 +76,8 @@ def test_openai_and_anthropic_answer_paris(deployment):
 
 def test_disaggregated_equals_aggregated_token_for_token(deployment):
     disaggregated = openai.OpenAI(base_url=f"{deployment['orchestrator']}/v1", api_key="unused", max_retries=0)
-    aggregated = openai.OpenAI(base_url=f"{deployment['gen-0']}/v1", api_key="unused", max_retries=0)
+    # A worker of the deployment answers only who presents its worker key (what the orchestrator sends).
+    aggregated = openai.OpenAI(base_url=f"{deployment['gen-0']}/v1", api_key=deployment["worker_key"], max_retries=0)
     for prompt in PROMPTS:
         answers = []
         for client in (disaggregated, aggregated):

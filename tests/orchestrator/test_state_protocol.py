@@ -88,7 +88,7 @@ def test_a_drain_through_the_api_answers_once_every_process_holds_it(tmp_path, t
         ack = httpx.post(f"{url}/workers/drain", json={"worker": "http://127.0.0.1:9"}, headers=auth).json()
         assert ack["worker"]["draining"] and ack["processes_confirmed"] == ack["processes"] == 2, ack
         for _ in range(6):  # whichever process answers already holds it
-            workers = httpx.get(f"{url}/cluster_info").json()["workers"]
+            workers = httpx.get(f"{url}/cluster_info", headers=auth).json()["workers"]
             assert [w["draining"] for w in workers] == [True]
         ack = httpx.post(f"{url}/workers/undrain", json={"worker": "static-0"}, headers=auth).json()
         assert not ack["worker"]["draining"] and ack["processes_confirmed"] == 2

@@ -21,14 +21,15 @@ from tests.bench.test_trace_replay import conversations
 
 
 def deployment(tmp_path, *, ctx: int = 1, gen: int = 1, policy: str = "kv_cache_aware", num_blocks: int = 4096,
-               prefill: float = 0.001, decode: float = 0.01, conditional: bool = False):
-    path = tmp_path / f"sim-{policy}-{ctx}-{num_blocks}.yaml"
+               prefill: float = 0.001, decode: float = 0.01, conditional: bool = False, kv_pool: bool = False):
+    path = tmp_path / f"sim-{policy}-{ctx}-{num_blocks}-{kv_pool}.yaml"
     path.write_text(textwrap.dedent(f"""\
         model: tiny
         engine: {{kind: synthetic, block_size: 16, num_blocks: {num_blocks}, max_model_len: 8192,
                  synthetic_prefill_seconds_per_token: {prefill}, synthetic_decode_step_seconds: {decode}}}
         orchestrator: {{ctx_router: {{policy: {policy}}}, gen_router: {{policy: kv_cache_aware}},
-                       conditional: {{enabled: {str(conditional).lower()}}}, health: {{interval_seconds: 0.1}}}}
+                       conditional: {{enabled: {str(conditional).lower()}}}, health: {{interval_seconds: 0.1}},
+                       kv_pool: {{enabled: {str(kv_pool).lower()}, min_blocks: 1}}}}
         pools: {{ctx: {{instances: {ctx}}}, gen: {{instances: {gen}}}}}
     """))
     return load_deploy_config(path)
@@ -65,18 +66,24 @@ def test_a_cache_that_holds_everything_meets_the_ceiling(tmp_path):
     assert ttft[9] < ttft[0]
 
 
+def seven_conversations(turns: int = 6) -> list[TraceRequest]:
+    """Seven conversations taking turns, each turn one new block after its whole history."""
+    lines, next_id = [], 1000
+    history = {c: [c * 100 + 1] for c in range(7)}
+    for _turn in range(turns):
+        for c in range(7):
+            history[c] = [*history[c], next_id]
+            next_id += 1
+            lines.append(TraceRequest(len(lines) * 50, 512 * len(history[c]), 2, list(history[c])))
+    return lines
+
+
 def test_the_routing_policy_decides_what_small_pools_keep(tmp_path):
     """Seven conversations of six turns (seven: round robin over four workers does not send a
     conversation back to the same one by chance) over four ctx workers whose pools hold about two
     conversations each: round robin spreads every conversation over every worker (each evicts what the
     others need), the KV-aware router keeps a conversation where its blocks are."""
-    lines, next_id = [], 1000
-    history = {c: [c * 100 + 1] for c in range(7)}
-    for _turn in range(6):
-        for c in range(7):
-            history[c] = [*history[c], next_id]
-            next_id += 1
-            lines.append(TraceRequest(len(lines) * 50, 512 * len(history[c]), 2, list(history[c])))
+    lines = seven_conversations()
     cached = {}
     for policy in ("round_robin", "kv_cache_aware"):
         level = simulate_trace(deployment(tmp_path, ctx=4, policy=policy, num_blocks=20, prefill=1e-4), plan_of(lines))
@@ -84,6 +91,22 @@ def test_the_routing_policy_decides_what_small_pools_keep(tmp_path):
         cached[policy] = level.summary.cached_fraction
     assert cached["kv_cache_aware"] == pytest.approx(plan_of(lines).ceiling.tokens)
     assert cached["round_robin"] < 0.5 * cached["kv_cache_aware"], cached
+
+
+def test_the_kv_pool_gives_round_robin_the_ceiling(tmp_path):
+    """Round robin sends each turn of a conversation to another ctx worker, which lacks the earlier
+    turns; with the KV pool on it pulls them from the worker that holds them (the gen worker that
+    decoded the last turn, or a ctx worker), so every cached token the ceiling allows is found, in
+    the same time a KV-aware router takes."""
+    requests = seven_conversations()
+    plan = plan_of(requests)
+    off = simulate_trace(deployment(tmp_path, ctx=4, policy="round_robin", prefill=0.001), plan)
+    on = simulate_trace(deployment(tmp_path, ctx=4, policy="round_robin", prefill=0.001, kv_pool=True), plan)
+    assert off.summary.num_ok == on.summary.num_ok == len(requests)
+    assert off.summary.cached_fraction < 0.8 * plan.ceiling.tokens
+    assert on.summary.cached_fraction == pytest.approx(plan.ceiling.tokens)
+    assert [r.output_tokens for r in on.records] == [r.output_tokens for r in off.records]
+    assert sum(r.ttft for r in on.records) < sum(r.ttft for r in off.records)
 
 
 def test_disagg_simulate_writes_a_bench_results_file(tmp_path):

@@ -91,6 +91,30 @@ def test_up_serves_through_the_orchestrator_and_status_shows_every_step(deployme
     assert logs.returncode == 0 and "registered with http://" in logs.stdout
 
 
+def test_every_worker_step_requires_the_deployments_worker_key(deployment: Path) -> None:
+    key_file = deployment / "worker.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600  # made with the cluster key, before the job
+    worker_key = key_file.read_text()
+    workers = _workers_by_port()
+    assert len(workers) == 3 and all(w["healthy"] and w["block_size"] for w in workers.values())
+    for worker in workers.values():  # each a srun step on the node, reached over the network
+        url = worker["url"]
+        for path in ("/metrics", "/kv_cache_events", "/worker_info", "/prometheus/metrics", "/v1/models"):
+            refused = httpx.get(url + path, timeout=10)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key", (url, path)
+            assert httpx.get(url + path, headers={"Authorization": f"Bearer {worker_key}"},
+                             timeout=10).status_code == 200, (url, path)
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    # The steps were given the file, never the key: no command line holds it, no log line either.
+    steps = processes_mentioning(str(deployment))
+    assert steps and not [line for line in steps if worker_key in line]
+    assert not [log for log in (deployment / "logs").glob("*.log") if worker_key in log.read_text(errors="replace")]
+    # status (above), and the requests through the orchestrator: the orchestrator presents the key.
+    client = _client()
+    done = client.completions.create(model=client.models.list().data[0].id, prompt="keyed", max_tokens=3)
+    assert done.choices[0].finish_reason == "length"
+
+
 def test_killed_worker_step_is_reported_and_routed_around(deployment: Path) -> None:
     from disagg.slurm_deployment import running_steps
 

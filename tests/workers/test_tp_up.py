@@ -57,7 +57,9 @@ def test_up_with_tp2_pools_serves_and_down_leaves_no_rank(tmp_path):
             body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0}
             raw = client.completions.with_raw_response.create(**body, extra_body={"ignore_eos": True})
             assert raw.headers["x-disagg-mode"] == "disagg"
-            plain = httpx.post(f"{ctx_url}/v1/completions", json={**body, "ignore_eos": True}, timeout=60).json()
+            worker_key = {"Authorization": f"Bearer {(run / 'worker.key').read_text()}"}  # a worker's every caller
+            plain = httpx.post(f"{ctx_url}/v1/completions", json={**body, "ignore_eos": True}, headers=worker_key,
+                               timeout=60).json()
             assert raw.parse().choices[0].text == plain["choices"][0]["text"]
     finally:
         down = disagg("down", "--run-dir", str(run), cwd=tmp_path)

@@ -81,7 +81,8 @@ class EngineCore:
 
     # ---- requests ----------------------------------------------------------
 
-    def add_request(self, engine_request: EngineRequest, park_kv_seconds: float | None = None) -> Request:
+    def add_request(self, engine_request: EngineRequest, park_kv_seconds: float | None = None,
+                    output_token_ids: Sequence[int] = ()) -> Request:
         """Queue a request; an invalid one is rejected by the next ``step()``.
 
         Returns the engine-side ``Request``, whose timestamps
@@ -89,23 +90,28 @@ class EngineCore:
         Raises ValueError when the id is already in the engine.
         ``park_kv_seconds`` (disaggregated ctx side): park the request's blocks
         at finish for that long (see ``parked_block_ids`` / ``release_parked``).
-        """
-        request = self._make_request(engine_request)
-        if self._accepts_tokens(request) and self._attach_grammar(request):
-            self.scheduler.add_request(request, park_kv_seconds)
-        return request
-
-    def add_remote_request(self, engine_request: EngineRequest, output_token_ids: Sequence[int] = ()) -> Request:
-        """Queue a request whose KV comes from another engine (disaggregated gen side).
-
-        ``output_token_ids``: tokens the remote engine already sampled (the first
-        token); they are not reported again. The KV of every position but the
-        last token's is pulled: see ``take_kv_pulls`` and ``finish_remote_kv``.
+        ``output_token_ids``: a migrated stream's tokens sampled elsewhere (``AddResumedRequest``):
+        prefilled with the prompt, never reported, counted as this request's output.
         """
         request = self._make_request(engine_request)
         request.output_token_ids.extend(output_token_ids)
         if self._accepts_tokens(request) and self._attach_grammar(request):
-            self.scheduler.add_remote_request(request)
+            self.scheduler.add_request(request, park_kv_seconds)
+        return request
+
+    def add_remote_request(self, engine_request: EngineRequest, output_token_ids: Sequence[int] = (),
+                           park_kv_seconds: float | None = None, num_remote_tokens: int | None = None) -> Request:
+        """Queue a request whose KV comes from another engine (disaggregated gen side).
+
+        ``output_token_ids``: tokens the remote engine already sampled (the first
+        token); they are not reported again. The KV of every position but the
+        last token's is pulled: see ``take_kv_pulls`` and ``finish_remote_kv``;
+        with ``num_remote_tokens``, only that prefix (``Scheduler.add_remote_request``).
+        """
+        request = self._make_request(engine_request)
+        request.output_token_ids.extend(output_token_ids)
+        if self._accepts_tokens(request) and self._attach_grammar(request):
+            self.scheduler.add_remote_request(request, park_kv_seconds, num_remote_tokens)
         return request
 
     def take_kv_pulls(self) -> list[KVPull]:

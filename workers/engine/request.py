@@ -65,6 +65,7 @@ class Request:
         "unreported_logprobs",
         "stop_ids",
         "length_limit",
+        "num_remote_tokens",
     )
 
     def __init__(
@@ -98,6 +99,9 @@ class Request:
         # the output count that does; below it, any other token certainly does not.
         self.stop_ids: frozenset[int] = frozenset()
         self.length_limit = 0
+        # A request whose KV comes from another engine (``Scheduler.add_remote_request``): the
+        # positions [0, num_remote_tokens) are pulled; None for a request computed here alone.
+        self.num_remote_tokens: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

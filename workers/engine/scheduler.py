@@ -102,23 +102,22 @@ class Scheduler:
         ``park_kv_seconds`` (disaggregated ctx side): when the request finishes its
         blocks are parked for that long instead of freed (``BlockManager.park``).
         """
-        if park_kv_seconds is not None and self.block_manager.parked_block_ids(request.request_id) is not None:
-            self.reject(request, f"request id {request.request_id} still has parked KV blocks")
-            return
-        if not self._accept(request):
-            return
-        if park_kv_seconds is not None:
-            self._park_seconds[request.request_id] = park_kv_seconds
-        self.waiting.append(request)
+        if self._admit(request, park_kv_seconds):
+            self.waiting.append(request)
 
-    def add_remote_request(self, request: Request) -> None:
-        """Queue a request whose KV (every position but the last token's) comes from another engine.
+    def add_remote_request(self, request: Request, park_kv_seconds: float | None = None,
+                           num_remote_tokens: int | None = None) -> None:
+        """Queue a request whose KV comes from another engine: by default every position but the
+        last token's (a gen leg); ``num_remote_tokens`` (a whole number of blocks) only that prefix,
+        the rest prefilled here (a ctx leg fetching a prefix from a peer: the deployment's KV pool).
 
         A later ``schedule`` allocates its blocks (reusing local prefix hits) and
         publishes a ``KVPull``; ``finish_remote_kv`` makes it schedulable.
+        ``park_kv_seconds``: as for ``add_request``.
         """
-        if not self._accept(request):
+        if not self._admit(request, park_kv_seconds):
             return
+        request.num_remote_tokens = request.num_tokens - 1 if num_remote_tokens is None else num_remote_tokens
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
         self._num_remote_kv += 1
         self.remote_waiting.append(request)
@@ -135,7 +134,11 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None or request.status != RequestStatus.WAITING_FOR_REMOTE_KV or request in self.remote_waiting:
             raise ValueError(f"request {request_id} is not waiting for pulled KV")
-        request.num_computed_tokens = request.num_tokens - 1
+        remote = _remote_tokens(request)
+        if remote > request.num_computed_tokens:
+            request.num_computed_tokens = remote
+            if remote < request.num_prompt_tokens:  # a prefix from the KV pool: the deployment's cache saved it
+                request.num_cached_tokens = remote
         self.block_manager.cache_full_blocks(request)
         request.status = RequestStatus.WAITING
         self._num_remote_kv -= 1
@@ -160,6 +163,17 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
+        return True
+
+    def _admit(self, request: Request, park_kv_seconds: float | None) -> bool:
+        """``_accept``, and remember how long to park the request's KV at finish (a ctx leg)."""
+        if park_kv_seconds is not None and self.block_manager.parked_block_ids(request.request_id) is not None:
+            self.reject(request, f"request id {request.request_id} still has parked KV blocks")
+            return False
+        if not self._accept(request):
+            return False
+        if park_kv_seconds is not None:
+            self._park_seconds[request.request_id] = park_kv_seconds
         return True
 
     def _accept(self, request: Request) -> bool:
@@ -271,13 +285,13 @@ class Scheduler:
             request = self.remote_waiting[0]
             hits = block_manager.get_computed_blocks(request)
             num_cached = len(hits) * block_manager.block_size
-            num_remote = request.num_tokens - 1 - num_cached  # the last token is computed here
+            num_remote = max(0, _remote_tokens(request) - num_cached)  # at least the last token is computed here
             if not block_manager.try_allocate(request, num_remote, hits):
                 return
             self.remote_waiting.popleft()
             request.num_computed_tokens = request.num_cached_tokens = num_cached
             self._count_prefix_lookup(request, num_cached)
-            pull = KVPull(request.request_id, request.block_ids[len(hits) :], len(hits), request.num_tokens - 1)
+            pull = KVPull(request.request_id, request.block_ids[len(hits) :], len(hits), num_cached + num_remote)
             self._kv_pulls.append(pull)
 
     def _count_prefix_lookup(self, request: Request, num_cached: int) -> None:
@@ -443,3 +457,8 @@ def _report(request: Request, is_first: bool) -> RequestOutput:
     if logprobs is not None:
         request.unreported_logprobs = []
     return request_output(request, new_token_ids, is_first, logprobs)
+
+
+def _remote_tokens(request: Request) -> int:
+    """The positions whose KV a remote request pulls (``add_remote_request``)."""
+    return request.num_tokens - 1 if request.num_remote_tokens is None else request.num_remote_tokens
