@@ -48,6 +48,8 @@ __all__ = ["WorkerLaunch", "OrchestratorLaunch", "DeployPlan", "local_plan", "lo
            "write_scrape_config", "SLURM_PYTHON", "SLURM_RUN_DIR"]
 
 ORCHESTRATOR_CONFIG_FILE = "orchestrator.json"
+ORCHESTRATOR_STATE_DIR = "orchestrator"
+"""The orchestrator's state directory in a run dir (its processes are recorded there: ``down`` sweeps them)."""
 KEY_FILE = "cluster.key"
 API_KEY_FILE = "api.key"
 """The orchestrator's API key (mode 0600), when it has one: for the workers ``disagg scale`` registers
@@ -234,7 +236,7 @@ def local_plan(config: DeployConfig, run_dir: Path, model: Path,
     settings = config.orchestrator
     port = settings.port or _free_port(settings.host)
     orch = orchestrator_config(
-        config, model=model, state_dir=(run_dir / "orchestrator").resolve(), host=settings.host, port=port,
+        config, model=model, state_dir=(run_dir / ORCHESTRATOR_STATE_DIR).resolve(), host=settings.host, port=port,
         workers=tuple(StaticWorker(w.role, w.url) for w in workers), targets_dir=(run_dir / TARGETS_DIR).resolve(),
         worker_key_file=(run_dir / WORKER_KEY_FILE).resolve())
     command = (sys.executable, "-m", "disagg.cli", "orchestrator", "--config", str(run_dir / ORCHESTRATOR_CONFIG_FILE))

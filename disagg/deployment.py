@@ -13,15 +13,18 @@ orchestrator's /health answers 200; it prints the URL and returns. With
    orchestrator, each in its own session, logs in ``<run dir>/logs/<name>.log``,
 4. records them in ``<run dir>/state.json`` (a ``disagg.run_state.LocalRunState``:
    what status/down/logs read), each as pid and start time (``disagg.run_dir_guard``),
-5. restarts a process that exits unexpectedly (the orchestrator as a whole
-   when its process 0 dies; it respawns its other processes itself), within the YAML's ``restarts``
+5. restarts a process that exits unexpectedly (for the orchestrator: its
+   keeper, which adopts the serving processes still running and respawns
+   those that die itself), within the YAML's ``restarts``
    budget over a sliding window; a process past it is left down and marked in
    the state (``disagg status`` says so) while the others keep serving,
 6. on SIGTERM/SIGINT stops the orchestrator first (it stops accepting and lets
    in-flight requests finish within its ``grace_seconds``, as long as the
    workers'), then the workers together (SIGTERM, then SIGKILL after
    ``STOP_SECONDS``) and removes the runtime files (state,
-   key, orchestrator state dir). Logs stay.
+   key, orchestrator state dir). Logs stay. The orchestrator's own processes
+   are recorded in its state dir (``orchestrator.process_records``): ``down``
+   stops any of them still running, also one that outlived its parent.
 
 The supervisor is ``disagg.supervisor``; while it runs, ``disagg drain``,
 ``scale`` and ``reload`` change what it runs (``disagg.live_commands``).
@@ -58,10 +61,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from disagg.deploy_logs import tail
 from disagg.deploy_plan import api_headers
 from disagg.progress import ProgressLine
+from disagg.deploy_plan import ORCHESTRATOR_STATE_DIR
 from disagg.run_dir_link import down_command, link_run_dir
 from disagg.run_dir_guard import busy_ports, live_processes, recorded_processes, stop_recorded
 from disagg.run_state import (STATE_FILES, STOP_SECONDS, LocalRunState, SlurmRunState, clean,
                               find_state, orchestrator_stop_seconds, read_state)
+from orchestrator.process_records import sweep
 from orchestrator.readiness import health_progress
 from workers.ipc_dir_owners import sweep_stale_ipc_dirs
 
@@ -270,12 +275,18 @@ def _down(run_dir: Path, state: LocalRunState | None) -> int:
         # The supervisor stops its children itself (orchestrator first) and cleans up.
         stop_recorded([supervisor], orchestrator_seconds + STOP_SECONDS + 10)
     # Whatever is left: a supervisor that died (or was just killed) leaves these behind. The orchestrator
-    # (last in the list) goes first, so no request is routed to a stopping worker.
+    # goes first, so no request is routed to a stopping worker: its keeper and serving processes as
+    # recorded in its state dir (one that outlived its keeper too), then the rest, its keeper (last
+    # in the list) first.
+    swept = sweep(run_dir / ORCHESTRATOR_STATE_DIR, orchestrator_seconds)
     stopped = stop_recorded(list(reversed(children)), orchestrator_seconds)
     legacy = [p for p in children if p.start_time is None and p.may_be_running()]
     clean(run_dir, LocalRunState)
     _sweep_ipc_dirs()
-    if not supervised and not stopped and not legacy:
+    if swept:
+        print(f"disagg down: stopped {len(swept)} orchestrator processes left running "
+              f"(pids {', '.join(map(str, swept))})")
+    if not supervised and not stopped and not swept and not legacy:
         print(f"disagg down: nothing was running from {run_dir}; removed its stale runtime files")
         return 0
     orphan = "" if supervised else " (unsupervised: its supervisor was gone)"

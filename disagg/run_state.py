@@ -27,7 +27,7 @@ from typing import ClassVar, TypeVar, Union
 
 import msgspec
 
-from disagg.deploy_plan import API_KEY_FILE, KEY_FILE, ORCHESTRATOR_CONFIG_FILE, WORKER_KEY_FILE
+from disagg.deploy_plan import API_KEY_FILE, KEY_FILE, ORCHESTRATOR_CONFIG_FILE, ORCHESTRATOR_STATE_DIR, WORKER_KEY_FILE
 from disagg.supervisor_control import CONTROL_DIR
 from orchestrator.prometheus_sd import CONFIG_FILE as PROMETHEUS_CONFIG, TARGETS_DIR
 
@@ -74,7 +74,7 @@ class LocalRunState(msgspec.Struct, kw_only=True):
     RUNTIME_FILES: ClassVar[tuple[str, ...]] = ("state.json", KEY_FILE, WORKER_KEY_FILE, ORCHESTRATOR_CONFIG_FILE,
                                                 API_KEY_FILE)
     # prometheus.yml stays (Prometheus may still be pointed at it); its targets go: nothing to scrape
-    RUNTIME_DIRS: ClassVar[tuple[str, ...]] = ("orchestrator", TARGETS_DIR, CONTROL_DIR)
+    RUNTIME_DIRS: ClassVar[tuple[str, ...]] = (ORCHESTRATOR_STATE_DIR, TARGETS_DIR, CONTROL_DIR)
 
     config: str = ""
     url: str = ""

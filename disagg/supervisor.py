@@ -37,6 +37,7 @@ from disagg.deploy_plan import API_KEY_FILE, KEY_FILE, WORKER_KEY_FILE, write_sc
 from disagg.run_state import STOP_SECONDS, LocalRunState, ProcessRecord, clean, orchestrator_stop_seconds, write_state
 from disagg.supervisor_control import (AddWorkers, ControlAnswer, ControlRequest, Reload, RetireWorkers,
                                        answer_request, take_requests)
+from orchestrator.process_records import sweep
 from workers.process_identity import process_start_time
 from workers.processes import stop_process, stop_processes
 from workers.restart_budget import RestartBudget
@@ -232,5 +233,8 @@ class _Supervisor:
         orchestrator = self.children.pop(self.plan.orchestrator.name, None)
         if orchestrator is not None:
             stop_process(orchestrator, self.state.orchestrator_stop_seconds)
+        # Its serving processes stop with it; any that outlived a keeper killed before (and was not
+        # adopted) is recorded in its state dir.
+        sweep(self.plan.orchestrator.config.state_dir, self.state.orchestrator_stop_seconds)
         stop_processes(list(self.children.values()), STOP_SECONDS)
 

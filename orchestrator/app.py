@@ -4,7 +4,8 @@ Client APIs (OpenAI, Anthropic) run through ``orchestrator.flow``; the rest
 of a worker's client surface (count_tokens, tokenize, models, version) is
 answered here (``orchestrator.surface``); cluster routes read this process's
 ``ClusterView``; registration, perf, Message Batches and OpenAI Files and Batches routes are
-forwarded to the state owner (process 0; ``orchestrator.batches``, ``orchestrator.openai_batches``). Every error has the API's shape
+forwarded to the state owner (the leader, ``orchestrator.leadership``; ``orchestrator.batches``,
+``orchestrator.openai_batches``). Every error has the API's shape
 (``frontends.errors``), also those outside a handler and streams cut short
 (``orchestrator.clean_ends``). With ``api_key`` set, every route but /health
 needs ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise;
@@ -366,7 +367,7 @@ def build_app(orch: Orchestrator) -> Starlette:
         Route("/v1/messages/batches", _endpoint(batch_forward, anthropic=True), methods=["GET", "POST"]),
         Route("/v1/messages/batches/{rest:path}", _endpoint(batch_forward, anthropic=True),
               methods=["GET", "POST", "DELETE"]),
-        # The OpenAI Files and Batches, owned by process 0 like the Message Batches (orchestrator.openai_batches).
+        # The OpenAI Files and Batches, owned by the leader like the Message Batches (orchestrator.openai_batches).
         Route("/v1/files", _endpoint(batch_forward), methods=["GET", "POST"]),
         Route("/v1/files/{rest:path}", _endpoint(batch_forward), methods=["GET", "DELETE"]),
         Route("/v1/batches", _endpoint(batch_forward), methods=["GET", "POST"]),

@@ -1,15 +1,15 @@
-"""The Message Batches API at the orchestrator: one store, owned by process 0, run through the flow.
+"""The Message Batches API at the orchestrator: one store, owned by the leader, run through the flow.
 
-Process 0 opens ``<state_dir>/batches.sqlite3`` (``frontends.batches``' store
+The leader (``orchestrator.leadership``) opens ``<state_dir>/batches.sqlite3`` (``frontends.batches``' store
 and runner, the workers' own code) and mounts the batch routes on the state
-owner's Unix-socket app; every process, process 0 included, replays
+owner's Unix-socket app; every process, the leader included, replays
 ``/v1/messages/batches*`` to it verbatim (``batch_forward``). So one client
 sees one set of batches whichever process answers, and the file outlives the
-orchestrator: batches left running continue after a restart. The OpenAI
+orchestrator: batches left running continue after a restart or a hand-over. The OpenAI
 Files and Batches (``/v1/files*``, ``/v1/batches*``; ``orchestrator.openai_batches``)
 are owned, replayed and run the same way, with ``through_flow``'s policy.
 
-Each batch request runs through process 0's ``Flow`` exactly like a client's
+Each batch request runs through the leader's ``Flow`` exactly like a client's
 non-streaming ``POST /v1/messages`` (ctx leg, then gen leg, retries), so a
 batch belongs to no worker. Policy of ``FlowBatchExecutor``:
 
@@ -113,7 +113,7 @@ async def batch_forward(orch: "Orchestrator", request: Request) -> Response:
         answer = await orch.link.forward(request.method, path, body,
                                          {"content-type": content_type} if content_type else None)
     except httpx.HTTPError as exc:
-        raise UpstreamFailedError(f"the batch store's owner (process 0) did not answer: {exc}") from exc
+        raise UpstreamFailedError(f"the batch store's owner (the leader) did not answer: {exc}") from exc
     if answer.status_code in (404, 405) and answer.headers.get("content-type", "").startswith("text/plain"):
         # The owner's router itself: no such batch route (the routes' own errors are JSON).
         raise NotFoundError(f"no route {request.method} {request.url.path}")

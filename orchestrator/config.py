@@ -105,7 +105,7 @@ class KVPoolConfig:
 @dataclass(frozen=True)
 class HealthConfig:
     interval_seconds: float = 1.0
-    """How often process 0 checks every worker's /health and drains its KV events."""
+    """How often the leader checks every worker's /health and drains its KV events."""
     timeout_seconds: float = 2.0
     unhealthy_threshold: int = 2
     """Consecutive failed checks before a worker leaves the rotation."""
@@ -234,7 +234,7 @@ class OrchestratorConfig:
     model_dir: str
     """The model directory whose tokenizer the orchestrator loads (it tokenizes once, to route)."""
     state_dir: str
-    """Runtime files: process 0's state socket and the Prometheus multiprocess directory."""
+    """Runtime files: the leader's state socket and the Prometheus multiprocess directory."""
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
@@ -269,7 +269,7 @@ class OrchestratorConfig:
     """Request bodies over this are refused with 413 before they are buffered."""
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     """``POST /v1/files`` bodies (a batch's input file) over this are refused with 413 instead (the
-    upload is held in memory once while process 0 stores it)."""
+    upload is held in memory once while the leader stores it)."""
     strict_request_fields: bool = False
     """An unknown top-level request field is a 400 naming it; False: ignored, named in a ``Warning``
     header (``frontends.request_fields``)."""

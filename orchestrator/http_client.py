@@ -412,7 +412,11 @@ class HttpClient:
         connecting = (loop.create_unix_connection(factory, self.uds) if self.uds is not None
                       else loop.create_connection(factory, host, port))
         try:
-            _, connection = await asyncio.wait_for(connecting, self.connect_timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+            # lands as the connect finishes, and a cancelled caller (a process shutting down) then
+            # carried on (the state link's retry loop kept a process in its shutdown for ever).
+            async with asyncio.timeout(self.connect_timeout):
+                _, connection = await connecting
         except asyncio.TimeoutError as exc:
             where = self.uds if self.uds is not None else f"{host}:{port}"
             raise UpstreamTimeout(f"cannot connect to {where} within {self.connect_timeout:g} s") from exc

@@ -1,11 +1,11 @@
-"""The OpenAI Files and Batches APIs at the orchestrator: process 0's, run through the flow.
+"""The OpenAI Files and Batches APIs at the orchestrator: the leader's, run through the flow.
 
-Owned like the Message Batches (``orchestrator.batches``): process 0 opens
+Owned like the Message Batches (``orchestrator.batches``): the leader opens
 ``<state_dir>/openai/`` (``frontends.batches.OpenAIBatches``: the files, the
 batches and their requests, on disk, so they outlive a restart) and mounts
 the routes on the state owner's app; every process replays ``/v1/files*``
 and ``/v1/batches*`` to it (``batch_forward``). Each input line runs through
-process 0's ``Flow`` exactly like a client's non-streaming request to its
+the leader's ``Flow`` exactly like a client's non-streaming request to its
 ``url`` (``/v1/chat/completions``, ``/v1/completions``, or ``/v1/responses``,
 translated to chat as ``orchestrator.responses`` does), with the Message
 Batches' retry policy (``through_flow``). Its answer, 200 or the 4xx the
@@ -78,5 +78,5 @@ class FlowLineExecutor(FlowExecutor):
 
 
 def open_openai_batches(orch: "Orchestrator") -> OpenAIBatches:
-    """Process 0's Files and Batches over ``<state_dir>/openai/`` (raises BatchStoreBusyError if taken)."""
+    """The leader's Files and Batches over ``<state_dir>/openai/`` (raises BatchStoreBusyError if taken)."""
     return OpenAIBatches(Path(orch.config.state_dir) / OPENAI_DIR, FlowLineExecutor(orch))

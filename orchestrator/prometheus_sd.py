@@ -1,8 +1,8 @@
 """Prometheus file-based service discovery of a deployment: who to scrape, kept current.
 
 A deployment's run directory holds ``prometheus.yml`` (written by ``disagg
-up``, local and Slurm alike) and a target directory that orchestrator process
-0 keeps current, because it alone knows every worker (static or
+up``, local and Slurm alike) and a target directory that the orchestrator's
+leader keeps current, because it alone knows every worker (static or
 self-registered, ``orchestrator.registry``)::
 
     <run dir>/prometheus.yml                      scrape jobs disagg-orchestrator, disagg-workers (each with

@@ -1,6 +1,6 @@
 """The worker registry: static workers, self-registered workers with a TTL, health state.
 
-Owned by orchestrator process 0 alone (see ``orchestrator.state``); the other
+Owned by the orchestrator's leader alone (see ``orchestrator.state``); the other
 processes see its snapshots. Pure bookkeeping with an injected clock, so
 the TTL and threshold rules are unit-tested without sleeping.
 
@@ -110,7 +110,7 @@ class Registry:
             record = None
         if record is None and len(self.workers) >= self.max_workers:
             # Every worker is health-checked each interval: a flood of registrations must not
-            # turn process 0 into a request amplifier.
+            # turn the leader into a request amplifier.
             raise RegistryError(f"the registry holds {len(self.workers)} workers, the most it accepts; "
                                 "deregister one or wait for a registration to expire", "url")
         if record is None:

@@ -1,6 +1,7 @@
 """Cluster state shared by the K_o orchestrator processes: one owner, published snapshots.
 
-Process 0 owns the state (``StateOwner``): the worker registry, the KV index
+The leader (``orchestrator.leadership``: whichever process holds the lock) owns
+the state (``StateOwner``): the worker registry, the KV index
 (it alone drains the workers' destructive ``/kv_cache_events``), health, the
 in-flight load that every process reports, and the perf records. It serves
 them on a Unix socket (``<state_dir>/state.sock``) with ``state_app``:
@@ -12,14 +13,15 @@ them on a Unix socket (``<state_dir>/state.sock``) with ``state_app``:
     POST /load        this process's in-flight load, {worker_id: [requests, tokens]}
     POST /perf        finished requests' orchestrator timings
     GET  /perf        the records joined with the workers' timings (``orchestrator.perf``)
-    GET  /snapshot?after=V&kv_after=K&settings_after=S&process=I   long poll: the state once its
-                      version exceeds V (or after 5 s); the KV index only if its own version
-                      exceeds K, the live settings only if theirs exceeds S (else null), so load
-                      changes, the frequent ones, stay small. Process I asking after V has
-                      applied version V: what /drain and /settings wait for
+    GET  /snapshot?after=V&kv_after=K&settings_after=S&process=I&epoch=E   long poll: the state
+                      once its version exceeds V (or after 5 s); the KV index only if its own
+                      version exceeds K, the live settings only if theirs exceeds S (else null), so
+                      load changes, the frequent ones, stay small. Process I asking after V has
+                      applied version V: what /drain and /settings wait for. An epoch E other
+                      than this owner's (a new leader) answers the whole state at once
     /v1/messages/batches*   the Message Batches (``orchestrator.batches``), replayed by any process
 
-Every process, process 0 included, learns the state the same way: a
+Every process, the leader included, learns the state the same way: a
 ``StateLink`` long-polls ``/snapshot`` (see ``orchestrator.view``).
 So a registration made through any process is visible to all of them
 within one round trip, and the KV index is published, never drained twice.
@@ -32,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -47,6 +49,10 @@ from orchestrator.registry import Registry, RegistryError
 from orchestrator.state_protocol import (DrainAck, DrainRequest, LoadPush, Ok, PerfPush, Registration,
                                          RegistrationAck, RequestTrace, SettingsAck, Snapshot, WorkerIdBody)
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
+from workers.processes import pid_alive
+
+if TYPE_CHECKING:
+    from orchestrator.view import ClusterView
 
 __all__ = ["StateOwner", "state_app", "SNAPSHOT_WAIT_SECONDS", "CONFIRM_SECONDS"]
 
@@ -63,15 +69,21 @@ _DECODERS: dict[type, msgspec.json.Decoder] = {
 
 class StateOwner:
     def __init__(self, config: OrchestratorConfig,
-                 on_workers_changed: Callable[[list[Any]], None] | None = None) -> None:
+                 on_workers_changed: Callable[[list[Any]], None] | None = None, epoch: int = 0,
+                 seed: ClusterView | None = None) -> None:
         """``on_workers_changed(records)``: called with the registry's workers at start and whenever
-        the registry changed at a ``notify`` (the Prometheus target files, ``orchestrator.prometheus_sd``)."""
+        the registry changed at a ``notify`` (the Prometheus target files, ``orchestrator.prometheus_sd``).
+        ``epoch``: this owner's, different at every hand-over. ``seed``: the view of the process that
+        takes over from a dead leader, whose workers (and KV index) this owner carries on with."""
         self.config = config
+        self.epoch = epoch
         self.registry = Registry(config.health)
         self._on_workers_changed = on_workers_changed
         self._announced_version = -1
         self.kv_index = KVIndex()
         self.loads: dict[int, dict[str, list[int]]] = {}
+        self.load_pids: dict[int, int] = {}
+        """The pid that pushed each process's loads: dropped once it is dead (``drop_dead_loads``)."""
         self.perf_records: collections.deque[RequestTrace] = collections.deque(maxlen=config.perf_records)
         self.worker_perf: dict[str, dict[str, Any]] = {}
         """Worker perf records by x-request-id, kept because a worker's /perf_metrics may drain."""
@@ -83,14 +95,32 @@ class StateOwner:
         """The state version each process last asked after, i.e. holds (``/snapshot?process=``)."""
         self.closing = False
         self.registry.drained_urls = _read_drains(self.drains_path)
-        for worker in config.workers:
-            self.registry.add_static(worker.role, worker.url)
+        if seed is not None:
+            self._take_over(seed)
+        else:
+            for worker in config.workers:
+                self.registry.add_static(worker.role, worker.url)
         self._announce_workers()
+
+    def _take_over(self, seed: ClusterView) -> None:
+        now = self.registry.clock()
+        for record in seed.workers.values():
+            # A copy: the seed's records are replaced by the next snapshot, these are ours to change.
+            record = msgspec.structs.replace(record)
+            if not record.static:
+                # Heartbeats are not published: the copy's last_seen may be old. A full TTL from now:
+                # a live worker heartbeats within it, a dead one expires after it.
+                record.last_seen = now
+            self.registry.workers[record.worker_id] = record
+        self.registry.version += 1
+        # The blocks as published; each worker is resynchronised from its /kv_cache_snapshot at the
+        # next drain (its event ids are unknown here), so events drained by the dead leader are not lost.
+        self.kv_index.replace(seed.kv.export())
 
     @property
     def drains_path(self) -> Path:
-        """The drained workers' URLs: a restarted orchestrator (``disagg up`` restarts it when its process
-        0 dies) must not put a drained worker back in the rotation."""
+        """The drained workers' URLs: a restarted orchestrator must not put a drained worker back in
+        the rotation."""
         return Path(self.config.state_dir) / DRAINS_FILE
 
     def save_drains(self) -> None:
@@ -123,10 +153,21 @@ class StateOwner:
         self._kv_version += 1
         self.notify()
 
-    def set_loads(self, process: int, loads: dict[str, list[int]]) -> None:
+    def set_loads(self, process: int, loads: dict[str, list[int]], pid: int = 0) -> None:
         self.loads[process] = loads
+        if pid:
+            self.load_pids[process] = pid
         self._load_version += 1
         self.notify()
+
+    def drop_dead_loads(self) -> None:
+        """A process that died holds no request: its counts go (nobody else would ever lower them, and
+        ``least_load`` would steer away from those workers for ever)."""
+        for process, pid in list(self.load_pids.items()):
+            if not pid_alive(pid):
+                del self.load_pids[process]
+                if self.loads.get(process):
+                    self.set_loads(process, {})
 
     def snapshot(self, kv_after: int = -1, settings_after: int = -1) -> Snapshot:
         """The state; the KV index (the large part) only when it changed after ``kv_after``, the
@@ -137,7 +178,7 @@ class StateOwner:
                         kv=self.kv_index.export() if kv_changed else None,
                         kv_lower=self.kv_index.export_lower() if kv_changed else None,
                         loads={str(p): loads for p, loads in self.loads.items()},
-                        settings=settings, settings_version=self.settings_version)
+                        settings=settings, settings_version=self.settings_version, epoch=self.epoch)
 
     async def wait_newer(self, after: int, kv_after: int, settings_after: int, timeout: float) -> Snapshot:
         if self.version <= after and not self.closing:
@@ -244,7 +285,7 @@ def _typed(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Reque
 
 def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
     """The owner's Unix-socket app; ``join_perf(owner) -> list`` builds GET /perf. ``extra_routes``:
-    routes that process 0 owns for all (the Message Batches, ``orchestrator.batches``)."""
+    routes that the leader owns for all (the Message Batches, ``orchestrator.batches``)."""
 
     async def register(request: Request) -> Response:
         body = await _body(request, Registration)
@@ -291,7 +332,7 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
 
     async def load(request: Request) -> Response:
         body = await _body(request, LoadPush)
-        owner.set_loads(body.process, body.loads)
+        owner.set_loads(body.process, body.loads, body.pid)
         return _json(Ok())
 
     async def perf_push(request: Request) -> Response:
@@ -303,8 +344,10 @@ def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = 
         return Response(_ENCODER.encode({"records": await join_perf(owner)}), media_type="application/json")
 
     async def snapshot(request: Request) -> Response:
-        after, kv_after, settings_after, process = (
-            _query_int(request, name) for name in ("after", "kv_after", "settings_after", "process"))
+        after, kv_after, settings_after, process, epoch = (
+            _query_int(request, name) for name in ("after", "kv_after", "settings_after", "process", "epoch"))
+        if epoch != owner.epoch:  # it followed another owner: its versions mean nothing here
+            after = kv_after = settings_after = -1
         owner.note_applied(process, after)
         return _json(await owner.wait_newer(after, kv_after, settings_after, SNAPSHOT_WAIT_SECONDS))
 

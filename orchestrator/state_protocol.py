@@ -89,6 +89,8 @@ class LoadPush(msgspec.Struct, frozen=True):
 
     process: int
     loads: dict[str, list[int]]
+    pid: int = 0
+    """The pushing process: the owner drops these loads once it is dead."""
 
 
 class CtxLegTrace(msgspec.Struct, kw_only=True):
@@ -159,3 +161,5 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The live settings, only when they changed after the caller's ``settings_after``."""
     settings_version: int = 0
     """Bumped by every POST /settings."""
+    epoch: int = 0
+    """The owner's: another epoch is another leader (``orchestrator.leadership``)."""

@@ -1,5 +1,10 @@
 """One orchestrator process's view of the cluster, kept current from the owner's snapshots.
 
+The owner is whichever process leads (``orchestrator.leadership``); when it
+dies another takes over under a new epoch, and the link follows it: the
+long poll reconnects, takes the new owner's whole state and pushes this
+process's loads again; a forwarded call waits out the hand-over.
+
 ``ClusterView`` answers the routing questions (the healthy candidates of a
 leg, with their load and prefix match) from the last snapshot plus this
 process's own live in-flight counts; ``StateLink`` moves data to and from
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Callable, Sequence
 
@@ -32,6 +38,10 @@ __all__ = ["ClusterView", "StateLink", "LOAD_PUSH_SECONDS"]
 log = logging.getLogger("disagg.orchestrator.view")
 
 LOAD_PUSH_SECONDS = 0.02
+FOLLOW_RETRY_SECONDS = 0.05
+"""The pause before the long poll tries again after no owner answered (a hand-over takes ~0.1 s)."""
+HANDOVER_SECONDS = 5.0
+"""How long a forwarded call (registration, drain, settings, batches) waits for an owner to answer."""
 SUSPECT_SECONDS = 2.0
 """How long a worker that just failed a request is avoided by this process."""
 
@@ -146,6 +156,8 @@ class StateLink:
         # (on httpx they were ~15% of a busy orchestrator's CPU).
         self.fast = HttpClient(connect_timeout=10.0, idle_timeout=30.0, uds=socket_path)
         self.perf_queue: list[RequestTrace] = []
+        self.epoch = 0
+        """The owner's epoch of the last snapshot (``orchestrator.leadership``)."""
         self.first_snapshot = asyncio.Event()
         self.tasks: list[asyncio.Task] = []
 
@@ -167,18 +179,25 @@ class StateLink:
                 snapshot = await self._call("GET", f"/snapshot?after={self.view.version}"
                                                    f"&kv_after={self.view.kv_version}"
                                                    f"&settings_after={self.view.settings_version}"
-                                                   f"&process={self.view.process_index}")
-                self.view.apply(_SNAPSHOT.decode(snapshot))
+                                                   f"&process={self.view.process_index}&epoch={self.epoch}")
+                decoded = _SNAPSHOT.decode(snapshot)
+                if decoded.epoch != self.epoch:
+                    if self.epoch:
+                        log.info("process %d follows a new state owner (epoch %d)", self.view.process_index,
+                                 decoded.epoch)
+                    self.epoch = decoded.epoch
+                    self.view.load_dirty.set()  # the new owner knows nothing of this process's loads
+                self.view.apply(decoded)
                 self.first_snapshot.set()
             except UpstreamError as exc:
                 log.debug("state owner not reachable: %s", exc)
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(FOLLOW_RETRY_SECONDS)
 
     async def _push_loads(self) -> None:
         while True:
             await self.view.load_dirty.wait()
             self.view.load_dirty.clear()
-            body = LoadPush(self.view.process_index, self.view.local_load)
+            body = LoadPush(self.view.process_index, self.view.local_load, os.getpid())
             try:
                 await self._call("POST", "/load", _ENCODER.encode(body))
             except UpstreamError:
@@ -204,9 +223,21 @@ class StateLink:
 
     async def forward(self, method: str, path: str, body: bytes,
                       headers: dict[str, str] | None = None) -> httpx.Response:
-        return await self.client.request(method, path, content=body, headers=headers)
+        """The owner's answer; while no owner takes the connection (a hand-over), tried again for up to
+        ``HANDOVER_SECONDS`` (a refused connection never reached an owner: safe to send again)."""
+        deadline = time.monotonic() + HANDOVER_SECONDS
+        while True:
+            try:
+                return await self.client.request(method, path, content=body, headers=headers)
+            except httpx.ConnectError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(FOLLOW_RETRY_SECONDS)
 
     async def flush_perf(self) -> None:
         if self.perf_queue:
             records, self.perf_queue = self.perf_queue, []
-            await self.client.post("/perf", content=_ENCODER.encode(PerfPush(records)))
+            try:
+                await self.client.post("/perf", content=_ENCODER.encode(PerfPush(records)))
+            except httpx.HTTPError:  # no owner this moment (a hand-over): sent with the next push
+                self.perf_queue[:0] = records[-1000:]

@@ -26,7 +26,7 @@ __all__ = ["start_orchestrator", "stop_orchestrator", "wait_until", "orchestrato
 
 
 def start_orchestrator(tmp_path: Path, model_dir: str | Path, workers: list[tuple[str, str]], processes: int = 2,
-                       wait_healthy: bool = True, timeout: float = 60.0, **overrides: Any
+                       wait_healthy: bool = True, timeout: float = 120.0, **overrides: Any
                        ) -> tuple[str, subprocess.Popen]:
     port = free_port()
     state_dir = Path(tmp_path) / f"orch-{port}"

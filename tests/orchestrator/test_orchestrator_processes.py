@@ -1,6 +1,6 @@
 """The orchestrator's processes under faults and shutdown (issue 16 items 8, 9): real processes, real SIGKILL/SIGTERM.
 
-- a SIGKILLed non-zero process is respawned by process 0, the others keep serving, and the
+- a SIGKILLed process is respawned by the keeper, the others keep serving, and the
   in-flight counts it held at the state owner are released;
 - SIGTERM drains: every stream in flight finishes normally, then the orchestrator exits 0;
 - past the grace period a cut stream ends with the API's error event (and [DONE] for OpenAI),
@@ -80,7 +80,7 @@ def test_a_killed_process_is_respawned_and_its_in_flight_counts_released(tmp_pat
     url, proc = start_orchestrator(tmp_path, tiny_model_dir, [("both", worker)], processes=3,
                                    conditional={"enabled": False})
     try:
-        children = wait_until(lambda: (c := _children(proc.pid)) and len(c) == 2 and c)
+        children = wait_until(lambda: (c := _children(proc.pid)) and len(c) == 3 and c)
         results: list = []
         threads = [threading.Thread(target=_stream, args=(url, 120, results)) for _ in range(16)]
         for thread in threads:
@@ -100,7 +100,7 @@ def test_a_killed_process_is_respawned_and_its_in_flight_counts_released(tmp_pat
             assert answer.status_code == 200, answer.text
         # Nobody would ever release the killed process's counts: its slot at the owner was cleared.
         wait_until(lambda: _in_flight(url) == 0, timeout=10)
-        assert respawned[1] == children[1]
+        assert respawned[0] == children[0] and respawned[1] == children[1]
         assert "orchestrator process 2" in orchestrator_log(proc) and "respawning" in orchestrator_log(proc)
     finally:
         assert stop_orchestrator(proc, 60) == 0

@@ -3,8 +3,8 @@
 - `disagg down` while 16 streams are in flight cuts none of them: the orchestrator is
   stopped first and drains (its grace_seconds, 30 s, as long as the workers') while the
   workers, still up, finish the streams; then the workers stop.
-- A SIGKILLed process 0 takes its other processes with it (they hold no state of their own);
-  the supervisor restarts the orchestrator and it serves again within seconds.
+- A SIGKILLed keeper (the orchestrator's own process, which serves nothing) is restarted by the
+  supervisor and adopts the serving processes, which served on meanwhile (issue 27 item 3).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 from test_up import disagg, write_deployment
 from worker_process import free_port
 
+from orchestrator.process_records import read_records
 from workers.processes import pid_alive
 
 
@@ -76,10 +77,12 @@ def test_down_under_load_cuts_no_stream(tmp_path):
         httpx.get(f"{url}/health", timeout=5)
 
 
-def test_a_killed_process_0_is_restarted_by_the_supervisor(tmp_path):
+def test_a_killed_keeper_is_restarted_by_the_supervisor_and_adopts_the_processes(tmp_path):
     url, state = _up(tmp_path)
     run = tmp_path / "run"
     try:
+        serving = {i: r.pid for i, r in read_records(run / "orchestrator").items()}
+        assert len(serving) == 2
         orchestrator = next(p for p in state["processes"] if p["name"] == "orchestrator")
         os.kill(orchestrator["pid"], signal.SIGKILL)
 
@@ -101,5 +104,7 @@ def test_a_killed_process_0_is_restarted_by_the_supervisor(tmp_path):
             time.sleep(0.2)
         assert time.monotonic() < deadline - 45, "serving again took over 15 s"
         assert "orchestrator exited" in (run / "up.log").read_text()
+        assert {i: r.pid for i, r in read_records(run / "orchestrator").items()} == serving  # adopted
+        assert all(pid_alive(pid) for pid in serving.values())
     finally:
         assert disagg("down", "--run-dir", str(run), cwd=tmp_path).returncode == 0
