@@ -164,6 +164,8 @@ def test_a_request_waiting_for_blocks_while_others_run_is_not_a_stall():
 
 
 class _Core:
+    onboarding = False  # no tier copy in flight (it would wake the poll sooner)
+
     def __init__(self, stalled: bool, deadline: float | None) -> None:
         self.stalled, self.deadline = stalled, deadline
 
