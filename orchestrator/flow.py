@@ -413,7 +413,13 @@ class Flow:
                 return FinalFrame(data + migration.rest())
             if data:
                 return data
-            chunk = await self._within(deadline, chunks.__anext__())
+            try:
+                chunk = await self._within(deadline, chunks.__anext__())
+            except StopAsyncIteration:  # it ended unmarked (a worker that ignores the header): all of it
+                rest = migration.rest()
+                if not rest:
+                    raise
+                return FinalFrame(rest)
 
 
 async def within(deadline: float, work: Awaitable[T], request_seconds: float) -> T:

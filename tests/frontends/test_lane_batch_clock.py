@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 from frontends import engine_client
+from frontends.admission import QueueBound
 from frontends.engine_client import EngineClient
 from workers.client_ids import ClientIdAllocator
 from workers.ipc import FrameCodec
@@ -24,6 +25,7 @@ def bare_client(records: list[PerfRecord]) -> EngineClient:
     client._ingress_codec = FrameCodec(KEY, OutputBatch, "test ingress")
     client._lane_codec = FrameCodec(KEY, OutputBatch, "test lane")
     client._queues = {}
+    client.queue = QueueBound(None, None, "this worker")
     client._started, client.dead_reason, client.unresponsive_reason = True, None, None
     client._last_heard = client._received_at = 0.0
     client.on_request_done = records.append
