@@ -179,7 +179,9 @@ def _prometheus_targets(config: Any, port: int) -> Any:
 def _bind_state_socket(path: Path) -> socket.socket:
     """Listening on ``path``: bound under a private name, then renamed over it at once (atomic), so a
     follower reaches the old owner or the new one, never no file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    # No longer than the socket's own name: a Unix socket's path has at most 107 bytes, and a run
+    # directory deep in a temporary tree comes near that (".state.sock.<pid>" went over).
+    tmp = path.with_name(f".{os.getpid():x}"[:len(path.name)])
     tmp.unlink(missing_ok=True)
     unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     unix.bind(str(tmp))
