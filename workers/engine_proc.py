@@ -34,11 +34,10 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
@@ -46,13 +45,12 @@ import zmq
 from workers.allocator import MemoryTrimmer, release_memory
 from workers.client_ids import FRONTEND_SHIFT, lane_of
 from workers.config import EngineConfig
+from workers.engine_lanes import Heartbeat, connect_lane
 from workers.ipc import (
-    HEARTBEAT_SECONDS,
     INGRESS_HWM,
     LANE_SNDHWM,
     FrameCodec,
     IpcPaths,
-    configure_engine_push,
     send_nowait,
 )
 from workers.kv_transfer import DisaggEngineSpec, KVTransferAgent
@@ -140,7 +138,7 @@ class EngineProc:
         self._control = ctx.socket(zmq.ROUTER)
         self._control.setsockopt(zmq.LINGER, 0)
         self._control.bind(paths.control)
-        self._lanes = [_connect_lane(ctx, paths, i, lane_sndhwm) for i in range(num_lanes)]
+        self._lanes = [connect_lane(ctx, paths, i, lane_sndhwm) for i in range(num_lanes)]
         self._live: list[set[int]] = [set() for _ in range(num_lanes)]  # unfinished ids per lane
         # request id -> (engine-side Request, arrival time): the finishing output carries its timing
         self._timings: dict[int, tuple[Request, float]] = {}
@@ -153,7 +151,7 @@ class EngineProc:
         if rank_link is not None:  # a follower's message or lost connection wakes it too
             self._poller.register(rank_link.sock, zmq.POLLIN)
             self._poller.register(rank_link.monitor, zmq.POLLIN)
-        self._heartbeat = _Heartbeat(ctx, paths, key, num_lanes, launcher_pid, self._on_launcher_gone)
+        self._heartbeat = Heartbeat(ctx, paths, key, num_lanes, launcher_pid, self._on_launcher_gone)
 
     def _on_launcher_gone(self) -> None:
         log.error("the launcher is gone: stopping the engine")
@@ -360,48 +358,6 @@ class EngineProc:
             kv_blocks_used=load.kv_blocks_used, kv_blocks_total=load.kv_blocks_total,
             tiers=self.core.tiers.stats() if self.core.tiers is not None else None,
         )
-
-
-def _connect_lane(ctx: zmq.Context, paths: IpcPaths, frontend_id: int, sndhwm: int = LANE_SNDHWM) -> zmq.Socket:
-    # Not zmq.IMMEDIATE: a lane connected before its frontend binds queues the
-    # Hello reply until the frontend is there, instead of dropping it.
-    sock = ctx.socket(zmq.PUSH)
-    configure_engine_push(sock, sndhwm)
-    sock.connect(paths.lane(frontend_id))
-    return sock
-
-
-class _Heartbeat:
-    """Sends an empty OutputBatch on every lane each HEARTBEAT_SECONDS, from its own
-    thread and sockets (zmq sockets are not thread-safe), even during a long step.
-    It also watches the launcher: an orphaned engine stops instead of holding the GPU."""
-
-    def __init__(self, ctx: zmq.Context, paths: IpcPaths, key: bytes, num_lanes: int,
-                 launcher_pid: int | None, on_launcher_gone: Callable[[], None]) -> None:
-        self._ctx, self._paths, self._num_lanes = ctx, paths, num_lanes
-        self._launcher_pid, self._on_launcher_gone = launcher_pid, on_launcher_gone
-        self._codec: FrameCodec = FrameCodec(key, OutputBatch, "engine heartbeat")
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-heartbeat", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        lanes = [_connect_lane(self._ctx, self._paths, i) for i in range(self._num_lanes)]
-        try:
-            while not self._stopped.wait(HEARTBEAT_SECONDS):
-                if self._launcher_pid is not None and os.getppid() != self._launcher_pid:
-                    self._on_launcher_gone()
-                for lane in lanes:
-                    send_nowait(lane, self._codec, OutputBatch([], time.time()))
-        finally:
-            for lane in lanes:
-                lane.close(linger=0)
 
 
 def build_core(config: EngineConfig, rank_link: LeaderLink | None = None,
