@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -46,3 +47,34 @@ def tiny_dsv4_keep_all_dir(tmp_path_factory):
     from workers.engine.model.tiny_dsv4 import make_tiny_dsv4
 
     return make_tiny_dsv4(tmp_path_factory.mktemp("models") / "tiny-dsv4-keep-all", index_topk=4096)
+
+
+def _process_logs(value, seen: set[int]) -> list[tuple[str, str]]:
+    """(name, path) of every process log reachable from a fixture value (tuples, lists, dicts, Popen)."""
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
+    if isinstance(value, (tuple, list)):
+        return [found for item in value for found in _process_logs(item, seen)]
+    if isinstance(value, dict):
+        return [found for item in value.values() for found in _process_logs(item, seen)]
+    path = getattr(value, "log_path", None)
+    if isinstance(path, str) and os.path.exists(path):
+        return [(f"{' '.join(map(str, getattr(value, 'args', ())))[-80:]} (pid {getattr(value, 'pid', '?')})", path)]
+    return []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test shows the tail of each log of the processes its fixtures started: on CI that
+    output is all there is to go by."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    started = sys.modules.get("orchestrator_process")  # tests/orchestrator's helper, when imported
+    running = [proc for proc in getattr(started, "STARTED", ()) if proc.poll() is None]
+    for name, path in _process_logs([*getattr(item, "funcargs", {}).values(), *running], set()):
+        with open(path, errors="replace") as log:
+            tail = log.read()[-6000:]
+        report.sections.append((f"log of {name}", tail))

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import weakref
+
 import httpx
 
 from orchestrator.readiness import health_progress
@@ -22,7 +24,10 @@ from orchestrator.server import READY_MESSAGE
 from workers.processes import stop_process
 from worker_process import free_port
 
-__all__ = ["start_orchestrator", "stop_orchestrator", "wait_until", "orchestrator_log"]
+__all__ = ["start_orchestrator", "stop_orchestrator", "wait_until", "orchestrator_log", "STARTED"]
+
+# Every orchestrator a test started: a failing test shows the logs of those still running (tests/conftest.py).
+STARTED: weakref.WeakSet[subprocess.Popen] = weakref.WeakSet()
 
 
 def start_orchestrator(tmp_path: Path, model_dir: str | Path, workers: list[tuple[str, str]], processes: int = 2,
@@ -40,6 +45,7 @@ def start_orchestrator(tmp_path: Path, model_dir: str | Path, workers: list[tupl
                             stdout=subprocess.PIPE, stderr=log, text=True)
     proc.log_path = log.name
     log.close()
+    STARTED.add(proc)
     ready = threading.Event()
 
     def read() -> None:
