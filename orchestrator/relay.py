@@ -62,6 +62,7 @@ class Relay:
         self.last = first_chunk  # the last bytes relayed: an error event must start on a line of its own
         self.previous = b""  # the bytes before ``last``: with it, where the answer's usage is (the access log)
         self._expiry: asyncio.TimerHandle | None = None
+        self._expired = False  # the deadline's timer fired: the request's own end, not the worker's failure
         self._closed = False
         self._holding = True  # the current worker's load is ours to release
         self._ended = False  # the stream reached its end (or its error event): closed before, the client left
@@ -70,9 +71,15 @@ class Relay:
         # One timer for the request's deadline, not an asyncio.timeout per relayed event: it ends
         # the upstream answer (closing the connection aborts the request in the worker).
         # The upstream read when it fires: after a migration, the resumed leg's.
-        self._expiry = asyncio.get_running_loop().call_later(
-            max(self.deadline - time.monotonic(), 0.001),
-            lambda: self.upstream.expire(UpstreamTimeout("the request timed out")))
+        self._expiry = asyncio.get_running_loop().call_later(max(self.deadline - time.monotonic(), 0.001),
+                                                             self._expire)
+
+    def _expire(self) -> None:
+        # Remembered, not read off the clock later: uvloop's timers run up to a millisecond before
+        # time.monotonic() reaches the deadline, and a cut taken for a worker's failure migrated the
+        # stream and made the worker suspect (a request past its deadline blamed a healthy worker).
+        self._expired = True
+        self.upstream.expire(UpstreamTimeout("the request timed out"))
 
     async def frames(self) -> AsyncGenerator[bytes, None]:
         self._start()
@@ -174,7 +181,7 @@ class Relay:
         why = failure if isinstance(failure, str) else f"{type(failure).__name__}: {failure}"
         failed = self.worker
         self._release()
-        moved = await migration.move(failed, why, time.monotonic() >= self.deadline)
+        moved = await migration.move(failed, why, self._expired or time.monotonic() >= self.deadline)
         if moved is None:
             return False
         self.record.legs.append(FailedLeg("gen", failed.worker_id, why))
@@ -184,8 +191,8 @@ class Relay:
         self.record.retries += 1
         if self.record.gen is not None:
             self.record.gen.worker_id = self.worker.worker_id
-        if time.monotonic() >= self.deadline:  # the deadline's timer fired during the move, on the old leg
-            self.upstream.expire(UpstreamTimeout("the request timed out"))
+        if self._expired or time.monotonic() >= self.deadline:  # the deadline's timer fired during the move
+            self._expire()
         return True
 
     def _release(self) -> None:

@@ -49,6 +49,12 @@ def test_request_timeout_is_504_or_a_final_error_event(faults):
         frames = [line for line in stream.iter_lines() if line.startswith("data: ")]
     assert len(frames) > 5  # tokens flowed before the deadline
     assert msgspec.json.decode(frames[-2][6:])["error"]["code"] == "timeout" and frames[-1] == "data: [DONE]"
+    # The request's own deadline, not the worker's failure: the stream did not move, nobody is suspect
+    # (uvloop's timer fires just before the clock reaches the deadline: it once looked like a failure).
+    assert _sample(url, MIGRATIONS) == 0.0
+    served = {httpx.post(f"{url}/v1/completions", json=body(1), timeout=30).headers["x-disagg-gen-worker"]
+              for _ in range(2)}
+    assert served == {"static-0", "static-1"}  # round robin: neither worker is suspect
 
 
 def _running_steps(worker_url: str) -> int:
@@ -65,6 +71,7 @@ def _sample(url: str, series: str) -> float:
     return 0.0
 
 
+MIGRATIONS = 'disagg_orchestrator_migrations_total{outcome="moved"}'
 DISCONNECTS = 'disagg_orchestrator_client_disconnects_total{phase="gen"}'
 STREAM_ERRORS = 'disagg_orchestrator_errors_total{kind="stream",phase="gen"}'
 
