@@ -49,6 +49,25 @@ def tiny_dsv4_keep_all_dir(tmp_path_factory):
     return make_tiny_dsv4(tmp_path_factory.mktemp("models") / "tiny-dsv4-keep-all", index_topk=4096)
 
 
+def _started(helper: str) -> list:
+    """The processes a test helper module (``worker_process``, ``orchestrator_process``) started, when imported."""
+    return list(getattr(sys.modules.get(helper), "STARTED", ()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_process_outlives_its_module():
+    """Stops every worker and orchestrator a module's tests started and left running: a fixture whose
+    setup failed half way (the third worker did not start in time) would otherwise leave the first two
+    serving, and loading the machine, for the rest of the run."""
+    yield
+    from workers.processes import stop_processes
+
+    left = [proc for helper in ("orchestrator_process", "worker_process") for proc in _started(helper)
+            if proc.poll() is None]
+    if left:
+        stop_processes(left, timeout=30.0)
+
+
 def _process_logs(value, seen: set[int]) -> list[tuple[str, str]]:
     """(name, path) of every process log reachable from a fixture value (tuples, lists, dicts, Popen)."""
     if id(value) in seen:
@@ -72,8 +91,7 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when != "call" or not report.failed:
         return
-    started = sys.modules.get("orchestrator_process")  # tests/orchestrator's helper, when imported
-    running = [proc for proc in getattr(started, "STARTED", ()) if proc.poll() is None]
+    running = [proc for proc in _started("orchestrator_process") if proc.poll() is None]
     for name, path in _process_logs([*getattr(item, "funcargs", {}).values(), *running], set()):
         with open(path, errors="replace") as log:
             tail = log.read()[-6000:]

@@ -27,8 +27,12 @@ from disagg.serve import READY_MESSAGE  # the line the launcher prints when ever
 from workers.ipc import write_private_file
 from workers.processes import stop_process
 
-__all__ = ["free_port", "spawn_worker", "start_worker", "stop_worker", "port_is_free", "worker_log", "READY_MESSAGE",
+__all__ = ["STARTED", "free_port", "spawn_worker", "start_worker", "stop_worker", "port_is_free", "worker_log", "READY_MESSAGE",
            "disagg_worker_args"]
+
+
+# Every worker a test started: tests/conftest.py stops those still running when their module ends.
+STARTED: weakref.WeakSet[subprocess.Popen] = weakref.WeakSet()
 
 
 def free_port() -> int:
@@ -71,6 +75,7 @@ def spawn_worker(model_dir: str | Path, num_frontends: int, engine: str = "synth
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, text=True)
     log.close()
     proc.port, proc.ipc_root, proc.log_path = port, str(ipc_root), log.name
+    STARTED.add(proc)
     weakref.finalize(proc, shutil.rmtree, base, True)  # the log and TMPDIR go when the test drops proc
     proc.stdout_lines = []
     proc.ready = threading.Event()
