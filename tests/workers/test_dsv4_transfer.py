@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
@@ -11,7 +12,7 @@ from tests.workers.dsv4_reference import prompt
 from tests.workers.engine_runs import run, tokens
 from workers.config import CacheConfig, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
-from workers.engine.model.deepseek_v4.block_payload import assemble_state, decode_payload, encode_block
+from workers.engine.model.deepseek_v4.block_payload import assemble_state, check_payload, decode_payload, encode_block
 from workers.engine.model.deepseek_v4.model import DeepseekV4Model, SequenceBatch
 from workers.engine.model.deepseek_v4.runner import DeepseekV4Runner
 from workers.engine.model.deepseek_v4.state import SequenceState
@@ -78,6 +79,8 @@ def test_blocks_payloads_assemble_into_the_same_state(tiny_dsv4_dir: Path, lengt
     model.forward(prompt(length), [SequenceBatch(state, length)])
     num_blocks = -(-length // BLOCK_SIZE)
     frames = [encode_block(state, i, BLOCK_SIZE, model.config) for i in range(num_blocks)]
+    for frame in frames:
+        check_payload(decode_payload(frame), model.config, BLOCK_SIZE)
     assembled = assemble_state([decode_payload(f) for f in frames], model.config, BLOCK_SIZE)
     assert assembled.num_tokens == length
     for ours, theirs in zip(_tensors(assembled), _tensors(state), strict=True):
@@ -117,8 +120,29 @@ def test_pulled_state_continues_identically_on_another_engine(tiny_dsv4_dir: Pat
     assert _runner(gen).num_tracked_blocks == 0
 
 
-def test_foreign_frames_are_refused(tiny_dsv4_dir: Path) -> None:
+def test_foreign_frames_are_refused_on_arrival(tiny_dsv4_dir: Path) -> None:
     core = _core(tiny_dsv4_dir)
+    config = _runner(core).model.config
+    state = _runner(core).model.new_state()
+    _runner(core).model.forward(prompt(40), [SequenceBatch(state, 40)])
+    good = decode_payload(encode_block(state, 2, BLOCK_SIZE, config))  # the last of 3 blocks: it has the tails
+    layer = good.layers[1]  # a CSA layer
+    assert layer.compressor is not None and layer.indexer is not None
+    foreign = [
+        msgspec.structs.replace(good, block_size=32),
+        msgspec.structs.replace(good, layers=good.layers[:-1]),  # a model with one layer less
+        msgspec.structs.replace(good, index=3),  # past the sequence's last token
+        msgspec.structs.replace(good, num_tokens=60),  # then it is not the last block: no tail belongs
+        msgspec.structs.replace(good, layers=[good.layers[0], msgspec.structs.replace(layer, window=layer.window[:-4]),
+                                              *good.layers[2:]]),
+        msgspec.structs.replace(good, layers=[good.layers[0], msgspec.structs.replace(layer, indexer=None),
+                                              *good.layers[2:]]),
+    ]
+    for payload in foreign:
+        with pytest.raises(ValueError, match="deepseek_v4"):
+            core.import_blocks([0], [msgspec.msgpack.encode(payload)])
+    core.import_blocks([0], [msgspec.msgpack.encode(good)])
+    assert _runner(core).num_tracked_blocks == 1
     with pytest.raises(ValueError, match="not a KV block payload"):
         core.import_blocks([0], [b"\x93\x01\x02"])
     with pytest.raises(ValueError, match="frames for"):

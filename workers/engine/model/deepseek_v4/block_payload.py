@@ -26,7 +26,7 @@ import torch
 from workers.engine.model.deepseek_v4.config import AttentionKind, DeepseekV4Config
 from workers.engine.model.deepseek_v4.state import CompressorState, SequenceState
 
-__all__ = ["BlockPayload", "assemble_state", "decode_payload", "encode_block"]
+__all__ = ["BlockPayload", "assemble_state", "check_payload", "decode_payload", "encode_block"]
 
 
 class CompressorPart(msgspec.Struct, array_like=True, frozen=True):
@@ -81,6 +81,54 @@ def decode_payload(frame: bytes | memoryview) -> BlockPayload:
         return _decoder.decode(frame)
     except msgspec.DecodeError as exc:
         raise ValueError(f"deepseek_v4: not a KV block payload ({exc})") from exc
+
+
+def check_payload(payload: BlockPayload, config: DeepseekV4Config, block_size: int) -> None:
+    """ValueError unless ``payload`` is exactly what ``encode_block`` gives for its block of a sequence
+    of this model and block size: checked on arrival, so a foreign frame fails the pull (and the gen
+    engine prefills instead) rather than the step that would assemble it."""
+    n, start, end = payload.num_tokens, payload.index * block_size, (payload.index + 1) * block_size
+    if payload.block_size != block_size:
+        raise ValueError(f"deepseek_v4: KV blocks of block size {payload.block_size}, this engine's is {block_size}")
+    if not 0 <= start < n or len(payload.layers) != config.num_layers:
+        raise ValueError(f"deepseek_v4: KV block {payload.index} of {n} tokens and {len(payload.layers)} layers does "
+                         f"not belong to this {config.num_layers}-layer model")
+    last = payload.index == (n - 1) // block_size
+    window_start = n - min(n, config.sliding_window - 1)
+    window_rows = max(0, min(end, n) - max(start, window_start))
+    for kind, part in zip(config.layer_kinds, payload.layers):
+        _check_rows(part.window, config.head_dim, window_rows, "window")
+        expected = ((config.head_dim, part.compressor, kind is not AttentionKind.SLIDING),
+                    (config.index_head_dim, part.indexer, kind is AttentionKind.CSA))
+        for dim, piece, present in expected:
+            if (piece is not None) != present:
+                raise ValueError(f"deepseek_v4: KV block {payload.index} has the wrong compressors for a {kind} layer")
+            if piece is None:
+                continue
+            rate = config.compress_rate(kind)
+            overlap = kind is AttentionKind.CSA
+            total = n // rate
+            _check_rows(piece.entries, dim, min(end // rate, total) - min(start // rate, total), "entries")
+            tails = (piece.tail_kv, piece.tail_gate)
+            overlaps = (piece.overlap_kv, piece.overlap_gate)
+            if not last:
+                if any(t is not None for t in (*tails, *overlaps)):
+                    raise ValueError(f"deepseek_v4: KV block {payload.index} is not the last but has a tail")
+                continue
+            width = 2 * dim if overlap else dim
+            for tail in tails:
+                _check_rows(tail, width, n % rate, "tail")
+            for series in overlaps:
+                if overlap and n >= rate:
+                    _check_rows(series, dim, rate, "overlap")
+                elif series is not None:
+                    raise ValueError(f"deepseek_v4: KV block {payload.index} has an overlap series it cannot have")
+
+
+def _check_rows(data: bytes | None, dim: int, rows: int, what: str) -> None:
+    if data is None or len(data) != rows * dim * 4:
+        size = "none" if data is None else f"{len(data)} bytes"
+        raise ValueError(f"deepseek_v4: a KV block's {what} holds {size} where {rows} rows of {dim} float32 belong")
 
 
 def assemble_state(payloads: list[BlockPayload], config: DeepseekV4Config, block_size: int) -> SequenceState:

@@ -30,7 +30,13 @@ import torch
 
 from workers.config import ConfigError, EngineConfig
 from workers.engine.executor import ExecutorOutput, ProfilingUnsupported, SchedulerOutput
-from workers.engine.model.deepseek_v4.block_payload import BlockPayload, assemble_state, decode_payload, encode_block
+from workers.engine.model.deepseek_v4.block_payload import (
+    BlockPayload,
+    assemble_state,
+    check_payload,
+    decode_payload,
+    encode_block,
+)
 from workers.engine.model.deepseek_v4.cache_bytes import state_bytes_per_token
 from workers.engine.model.deepseek_v4.model import DeepseekV4Model, SequenceBatch
 from workers.engine.model.deepseek_v4.state import SequenceState
@@ -142,14 +148,13 @@ class DeepseekV4Runner:
         return frames
 
     def import_blocks(self, block_ids: list[int], buffers: list[Any]) -> None:
-        """Keep the payloads until the request's first step assembles them (ValueError: not payloads)."""
+        """Keep the payloads until the request's first step assembles them (ValueError: not this model's
+        payloads: the pull fails and the request is prefilled here)."""
         if len(buffers) != len(block_ids):
             raise ValueError(f"deepseek_v4: {len(buffers)} KV frames for {len(block_ids)} blocks")
         payloads = [decode_payload(frame) for frame in buffers]
         for payload in payloads:
-            if payload.block_size != self.block_size:
-                raise ValueError(f"deepseek_v4: KV blocks of block size {payload.block_size}, "
-                                 f"this engine's is {self.block_size}")
+            check_payload(payload, self.model.config, self.block_size)
         self._imported.update(zip(block_ids, payloads))
 
     def blocks_freed(self, block_ids: list[int]) -> None:
