@@ -149,3 +149,21 @@ def test_foreign_frames_are_refused_on_arrival(tiny_dsv4_dir: Path) -> None:
         core.import_blocks([0, 1], [b""])
     with pytest.raises(ValueError, match="holds no sequence"):
         core.export_blocks([5])
+
+
+def test_a_gen_request_aborted_after_its_blocks_arrived_leaves_nothing(tiny_dsv4_dir: Path) -> None:
+    ids = prompt(45).tolist()
+    ctx, gen = _core(tiny_dsv4_dir), _core(tiny_dsv4_dir)
+    ctx.add_request(_request(0, ids, 1), park_kv_seconds=60.0)
+    (first,) = run(ctx)[0]
+    gen.add_remote_request(_request(0, ids, 5), output_token_ids=first.new_token_ids)
+    gen.step()
+    (pull,) = gen.take_kv_pulls()
+    parked = ctx.parked_block_ids(0)
+    assert parked is not None
+    gen.import_blocks(pull.block_ids, list(ctx.export_blocks(parked)))
+    assert _runner(gen).num_tracked_blocks == len(pull.block_ids) == 3
+    gen.abort(0)
+    gen.step()
+    assert (_runner(gen).num_live_states, _runner(gen).num_tracked_blocks) == (0, 0)
+    assert gen.block_manager.num_used_blocks == 0
