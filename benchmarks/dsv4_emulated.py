@@ -1,9 +1,9 @@
-"""configs/dsv4.yaml for real on this machine: the emulated 15-node, 4-GPU-per-node Slurm cluster.
+"""configs/dsv4-synthetic.yaml (the published TP layout, synthetic engines) for real on this machine: the emulated 15-node, 4-GPU-per-node Slurm cluster.
 
 What it does, in order, and what it measures:
 
 1. ``slurm/dev_cluster.sh up --nodes 15 --gpus-per-node 4`` (as root; a no-op when it is up).
-2. ``disagg up configs/dsv4.yaml --launcher slurm``: one job, the orchestrator and 12 worker steps
+2. ``disagg up configs/dsv4-synthetic.yaml --launcher slurm``: one job, the orchestrator and 12 worker steps
    (11 ctx workers of TP 4 with 8 frontends, 1 gen worker of TP 16 over 4 nodes with 4
    frontends), synthetic engines on the dsv4 timing model. START-UP TIME: from the command to
    "ready" (the orchestrator reports every registered worker healthy).
@@ -20,7 +20,7 @@ CI. Measured on the 2-core, 24 GB machine (busy with other work) with the engine
 whole run 88 s; start-up 59.1 s; 186 processes, RSS 8.4 GiB, PSS 4.8 GiB; 500 requests of 16
 tokens at concurrency 32 in 11.2 s = 44.7 requests/s; `disagg down` 13.7 s.
 
-    sudo python benchmarks/dsv4_emulated.py [--config configs/dsv4.yaml] [--requests 500]
+    sudo python benchmarks/dsv4_emulated.py [--config configs/dsv4-synthetic.yaml] [--requests 500]
         [--concurrency 32] [--max-tokens 16] [--out benchmarks/results/dsv4_emulated.json]
 """
 
@@ -125,7 +125,7 @@ def check(results: dict[str, bool], name: str, ok: bool, detail: str = "") -> No
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default="configs/dsv4.yaml")
+    parser.add_argument("--config", default="configs/dsv4-synthetic.yaml")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=16)

@@ -8,6 +8,7 @@
     model: smollm2-135m-instruct    # a model dir, a .gguf file or a short name (disagg.model_names); served
                                     #   under this id as written; a path must exist. "tiny" ->
     tiny_model_size: bench          #   `up` writes a random-weight tiny model into the run dir first
+    tiny_model_arch: llama          #   or deepseek_v4 (`disagg make-tiny-model --arch deepseek_v4`'s checkpoint)
     tool_call_parser: null          # hermes | llama3_json; default: detected from the chat template
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
              max_num_batched_tokens, stream_interval, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
@@ -60,6 +61,7 @@ __all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig"
            "TINY_MODEL", "LAUNCHERS"]
 
 TINY_MODEL = "tiny"
+TINY_MODEL_ARCHS = ("llama", "deepseek_v4")
 LAUNCHERS = ("local", "slurm")
 
 
@@ -317,6 +319,9 @@ class DeployConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     run_dir: str | None = None
     tiny_model_size: str = "bench"
+    tiny_model_arch: str = "llama"
+    """The architecture of the ``model: tiny`` checkpoint: llama (``tiny_model_size`` sizes it) or
+    deepseek_v4 (written through transformers: the dev extra)."""
     tool_call_parser: str | None = None
     """The model's tool-call format (``disagg serve --tool-call-parser``); None: detected from its chat template."""
     engine: EngineSettings = field(default_factory=EngineSettings)
@@ -343,6 +348,9 @@ class DeployConfig:
             raise ConfigError(f"{prefix}launcher", f"must be local or slurm, got {self.launcher!r}")
         if self.tiny_model_size not in ("test", "bench"):
             raise ConfigError(f"{prefix}tiny_model_size", f"must be test or bench, got {self.tiny_model_size!r}")
+        if self.tiny_model_arch not in TINY_MODEL_ARCHS:
+            raise ConfigError(f"{prefix}tiny_model_arch",
+                              f"must be one of {', '.join(TINY_MODEL_ARCHS)}, got {self.tiny_model_arch!r}")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ConfigError(f"{prefix}tool_call_parser", f"must be one of {', '.join(sorted(TOOL_CALL_PARSERS))}, "
                                                            f"got {self.tool_call_parser!r}")
@@ -393,11 +401,26 @@ def resolve_deploy_model(config: DeployConfig, run_dir: Path) -> Path:
         return check_deploy_model(config)
     path = run_dir / "model"
     if not (path / "config.json").exists():
-        from workers.engine.model.tiny import make_tiny_model
+        if config.tiny_model_arch == "deepseek_v4":
+            _write_tiny_dsv4(config, path)
+        else:
+            from workers.engine.model.tiny import make_tiny_model
 
-        print(f"disagg: writing a random-weight {config.tiny_model_size} model to {path}", flush=True)
-        make_tiny_model(path, size=config.tiny_model_size)
+            print(f"disagg: writing a random-weight {config.tiny_model_size} model to {path}", flush=True)
+            make_tiny_model(path, size=config.tiny_model_size)
     return path.resolve()
+
+
+def _write_tiny_dsv4(config: DeployConfig, path: Path) -> None:
+    try:
+        from workers.engine.model.tiny_dsv4 import make_tiny_dsv4
+
+        print(f"disagg: writing a random-weight tiny DeepSeek-V4 model to {path}", flush=True)
+        make_tiny_dsv4(path)
+    except ImportError as exc:  # transformers writes it: an install without the dev extra cannot
+        raise ConfigError(f"{config.source}: tiny_model_arch",
+                          f"deepseek_v4 is written through transformers >= 5.24 (pip install -e '.[dev]'): {exc}; "
+                          f"or set model: to a DeepSeek-V4 checkpoint directory") from None
 
 
 def check_deploy_model(config: DeployConfig) -> Path:

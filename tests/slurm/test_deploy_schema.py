@@ -21,8 +21,23 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_dsv4_yaml_places_twelve_workers_of_tp_ranks() -> None:
+def test_dsv4_yaml_places_fifteen_one_rank_workers_of_the_deepseek_v4_engine() -> None:
     config = load_deploy_config(REPO / "configs/dsv4.yaml")
+    assert (config.model, config.tiny_model_arch, config.engine.kind) == ("tiny", "deepseek_v4", "torch")
+    workers = config.placement()
+    assert [w.name for w in workers] == [*(f"ctx-{i}" for i in range(11)), *(f"gen-{i}" for i in range(4))]
+    assert [(w.nodes, w.num_tasks) for w in workers] == [((i,), 1) for i in range(15)]
+
+
+def test_unknown_tiny_model_arch_is_refused_with_the_key(tmp_path: Path) -> None:
+    path = _write(tmp_path, (REPO / "configs/dsv4.yaml").read_text().replace("arch: deepseek_v4", "arch: gpt2"))
+    with pytest.raises(ConfigError) as info:
+        load_deploy_config(path)
+    assert info.value.key == f"{path}: tiny_model_arch"
+
+
+def test_dsv4_synthetic_yaml_places_twelve_workers_of_tp_ranks() -> None:
+    config = load_deploy_config(REPO / "configs/dsv4-synthetic.yaml")
     assert config.launcher == "slurm" and config.slurm.nodes == 15 and config.slurm.gpus_per_node == 4
     workers = config.placement()
     assert [w.name for w in workers] == [*(f"ctx-{i}" for i in range(11)), "gen-0"]
@@ -40,7 +55,7 @@ def test_scaled_yaml_is_runnable_on_one_cpu_node() -> None:
 
 
 def test_placement_that_cannot_fit_shows_the_arithmetic(tmp_path: Path) -> None:
-    text = (REPO / "configs/dsv4.yaml").read_text().replace("nodes: 15", "nodes: 14")
+    text = (REPO / "configs/dsv4-synthetic.yaml").read_text().replace("nodes: 15", "nodes: 14")
     path = _write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
         load_deploy_config(path)

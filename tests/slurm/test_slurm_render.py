@@ -39,16 +39,16 @@ def _yaml_script(name: str) -> str:
     return render_script(build_slurm_plan(load_deploy_config(REPO / "configs" / name), f"configs/{name}"))
 
 
-@pytest.mark.parametrize("name", ["local", "dsv4"])
+@pytest.mark.parametrize("name", ["local", "dsv4", "dsv4-synthetic"])
 def test_yaml_snapshot(name: str) -> None:
     _check_snapshot(f"{name}.sbatch", _yaml_script(f"{name}.yaml"))
 
 
-def test_dsv4_yaml_script_runs_twelve_workers_that_register_through_the_run_dir() -> None:
-    script = _yaml_script("dsv4.yaml")
+def test_dsv4_synthetic_yaml_script_runs_twelve_workers_that_register_through_the_run_dir() -> None:
+    script = _yaml_script("dsv4-synthetic.yaml")
     steps = _srun_steps(script)
     assert len(steps) == 13 and sum("--mpi=pmix" in s for s in steps) == 12
-    assert "python -m disagg.orchestrator_plan configs/dsv4.yaml --run-dir \"$RUN_DIR\"\n" in script
+    assert "python -m disagg.orchestrator_plan configs/dsv4-synthetic.yaml --run-dir \"$RUN_DIR\"\n" in script
     for step in steps[1:]:
         assert ' python -m slurm.step worker --run-dir "$RUN_DIR" -- python -m disagg.cli serve ' in step
         assert ' --host 0.0.0.0 ' in step and ' --cluster-key-file "$RUN_DIR"/cluster.key ' in step

@@ -46,3 +46,13 @@ class RecordedReference:
 
 def full_forward(model: DeepseekV4Model, token_ids: torch.Tensor) -> torch.Tensor:
     return model.forward(token_ids, [SequenceBatch(model.new_state(), token_ids.shape[0])])
+
+
+def greedy_tokens(model: DeepseekV4Model, ids: list[int], steps: int) -> list[int]:
+    """``steps`` greedy tokens after ``ids``, one sequence alone: prefill, then cached decode."""
+    state, out = model.new_state(), []
+    logits = model.forward(torch.tensor(ids), [SequenceBatch(state, len(ids))])[-1]
+    for _ in range(steps):
+        out.append(int(logits.argmax()))
+        logits = model.forward(torch.tensor(out[-1:]), [SequenceBatch(state, 1)])[0]
+    return out

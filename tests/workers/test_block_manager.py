@@ -402,3 +402,20 @@ def test_idle_check_catches_a_leak():
     manager._tables.clear()  # forget the table, as a buggy caller that never freed would
     with pytest.raises(BlockIntegrityError, match="blocks leaked"):
         manager.check_idle()
+
+
+def test_on_free_is_told_each_block_once_when_no_table_or_hash_holds_it():
+    freed: list[list[int]] = []
+    manager = BlockManager(10, BLOCK_SIZE, enable_prefix_caching=True, on_free=freed.append)
+    hashed, loose, parked = make_request(0, list(range(9))), make_request(1, [50, 51]), make_request(2, [60] * 3)
+    for request in (hashed, loose, parked):
+        admit(manager, request)
+    manager.free(hashed)  # its 2 full blocks stay cached (evictable): only the partial third is free
+    manager.free(loose)
+    assert freed == [[2], [3]]
+    manager.park(parked)
+    assert freed == [[2], [3]]
+    assert manager.release(2)
+    assert freed == [[2], [3], [4]]
+    assert manager.reset_prefix_cache()
+    assert sorted(freed[-1]) == [0, 1]

@@ -7,15 +7,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 from transformers import AutoTokenizer
 
-from tests.workers.dsv4_reference import prompt
+from tests.workers.dsv4_reference import greedy_tokens, prompt
 from tests.worker_process import start_worker, stop_worker
 from tests.workers.engine_runs import run, tokens
 from workers.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
-from workers.engine.model.deepseek_v4.model import DeepseekV4Model, SequenceBatch
+from workers.engine.model.deepseek_v4.model import DeepseekV4Model
 from workers.engine.model.deepseek_v4.runner import DeepseekV4Runner
 from workers.protocol import EngineRequest
 from workers.sampling_params import SamplingParams
@@ -31,15 +30,6 @@ def _config(model_dir: Path, **cache: object) -> EngineConfig:
     )
 
 
-def _greedy_alone(model: DeepseekV4Model, ids: list[int], steps: int) -> list[int]:
-    state, out = model.new_state(), []
-    logits = model.forward(torch.tensor(ids), [SequenceBatch(state, len(ids))])[-1]
-    for _ in range(steps):
-        out.append(int(logits.argmax()))
-        logits = model.forward(torch.tensor(out[-1:]), [SequenceBatch(state, 1)])[0]
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_continuous_batching_gives_each_sequence_its_own_greedy_tokens(tiny_dsv4_dir: Path) -> None:
@@ -51,7 +41,7 @@ def test_continuous_batching_gives_each_sequence_its_own_greedy_tokens(tiny_dsv4
     outputs = run(core, *[EngineRequest(i, p, params) for i, p in enumerate(prompts)])
     model = core.executor.model
     for i, ids in enumerate(prompts):
-        assert tokens(outputs[i]) == _greedy_alone(model, ids, 8), f"prompt of {lengths[i]} tokens"
+        assert tokens(outputs[i]) == greedy_tokens(model, ids, 8), f"prompt of {lengths[i]} tokens"
 
 
 def test_prefix_caching_is_refused_with_the_key(tiny_dsv4_dir: Path) -> None:
@@ -82,7 +72,7 @@ def test_disagg_serve_answers_with_the_models_greedy_tokens(tiny_dsv4_dir: Path)
         usage = response.json()["usage"]
         assert (usage["prompt_tokens"], usage["completion_tokens"]) == (150, 6)
         text = response.json()["choices"][0]["text"]
-        expected = _greedy_alone(DeepseekV4Model.from_dir(tiny_dsv4_dir), ids, 6)
+        expected = greedy_tokens(DeepseekV4Model.from_dir(tiny_dsv4_dir), ids, 6)
         assert text == AutoTokenizer.from_pretrained(tiny_dsv4_dir).decode(expected)
     finally:
         assert stop_worker(proc) == 0

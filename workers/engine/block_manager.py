@@ -6,7 +6,7 @@ Torch-free: it hands out block ids; the executor owns the memory behind them.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from workers.engine.block_hash import BlockHash, hash_block_tokens
@@ -85,6 +85,8 @@ class BlockManager:
     host tier before its id is reused. ``lower_tier_hits`` continues a prefix past the pool's hits
     into the tiers; the scheduler allocates pool blocks for those (``try_allocate`` of their
     tokens), the tiers copy the KV in, and ``keep_blocks`` drops the ones whose copy failed.
+    ``on_free`` is told the blocks that become free (no table holds them, no hash keeps them), once
+    per release: an executor that keeps state outside the pool per sequence drops it then.
     Single-threaded: the engine loop is the only caller.
     """
 
@@ -96,6 +98,7 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         events: KVEventQueue | None = None,
         tiers: KVTiers | None = None,
+        on_free: Callable[[list[int]], None] | None = None,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
@@ -105,6 +108,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.events = events if events is not None else KVEventQueue()
         self.tiers = tiers
+        self.on_free = on_free
         self._blocks = [_Block(i) for i in range(num_blocks)]
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()
@@ -317,11 +321,14 @@ class BlockManager:
         """Forget every cached hash; False (and nothing done) while an in-use block carries one."""
         if any(self._blocks[b].ref_count > 0 for b in self._cached.values()):
             return False
-        for block_id in self._evictable:
+        freed = list(self._evictable)
+        for block_id in freed:
             block = self._blocks[block_id]
             block.block_hash = block.parent_hash = block.token_ids = None
             self._free.append(block_id)
         self._evictable.clear()
+        if freed and self.on_free is not None:
+            self.on_free(freed)
         self._cached.clear()
         if self.tiers is not None:
             self.tiers.clear()
@@ -409,14 +416,18 @@ class BlockManager:
         return block.block_id
 
     def _release_blocks(self, block_ids: list[int]) -> None:
+        freed = []
         for block_id in reversed(block_ids):
             block = self._blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.block_hash is None:
                     self._free.append(block_id)
+                    freed.append(block_id)
                 else:
                     self._evictable[block_id] = None
+        if freed and self.on_free is not None:
+            self.on_free(freed)
 
     def _publish_stored(self, run: list[BlockHash], parent: BlockHash | None, tokens: list[int], first: int) -> None:
         if run:

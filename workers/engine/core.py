@@ -68,6 +68,8 @@ class EngineCore:
             enable_prefix_caching=self.config.cache.enable_prefix_caching,
             events=self.kv_events,
             tiers=self.tiers,
+            # An optional capability (DeepSeek-V4's runner): per-sequence state outside the pool.
+            on_free=getattr(executor, "blocks_freed", None),
         )
         self.scheduler = Scheduler(
             self.config.scheduler, self.block_manager, executor.max_model_len, executor.eos_token_ids

@@ -132,6 +132,9 @@ class Executor(Protocol):
 
     def stop_profile(self) -> str: ...
 
+    # Optional, looked up with getattr: ``blocks_freed(block_ids)``, told the blocks that became
+    # free (``BlockManager.on_free``), by an executor that keeps per-sequence state outside the pool.
+
 
 class ProfilingUnsupported(RuntimeError):
     """The executor has nothing to profile (the synthetic engine runs no model)."""

@@ -6,12 +6,19 @@ float32 on the CPU, one rank. Each sequence's cache (every state kind of
 ``state.py``) lives in a ``SequenceState`` keyed by the sequence's first
 block id: without prefix caching a block belongs to one sequence, and a
 sequence that starts over (a new request, a recompute after preemption) comes
-with ``start_position`` 0 and gets a fresh state.
+with ``start_position`` 0 and gets a fresh state. The block manager tells
+``blocks_freed`` when a sequence's blocks are free (finished, aborted,
+preempted, a parked table released): its state goes with its first block.
+
+KV transfer (disaggregated ctx -> gen): ``export_blocks`` cuts a parked
+sequence's state into one payload per block (``block_payload.py``);
+``import_blocks`` keeps the payloads by block id, and the request's first step
+on this engine assembles them into its state.
 
 Not yet: the paged pool per state kind indexed by the block table, hence no
 prefix caching (refused: a cached block would not bring its compressor state),
-no KV export/import (disaggregated transfer), no tensor parallelism, no GPU.
-docs/deepseek_v4.md says how the paged pool is to be laid out.
+no tensor parallelism, no GPU. docs/deepseek_v4.md says how the paged pool is
+to be laid out.
 """
 
 from __future__ import annotations
@@ -23,6 +30,13 @@ import torch
 
 from workers.config import ConfigError, EngineConfig
 from workers.engine.executor import ExecutorOutput, ProfilingUnsupported, SchedulerOutput
+from workers.engine.model.deepseek_v4.block_payload import (
+    BlockPayload,
+    assemble_state,
+    check_payload,
+    decode_payload,
+    encode_block,
+)
 from workers.engine.model.deepseek_v4.cache_bytes import state_bytes_per_token
 from workers.engine.model.deepseek_v4.model import DeepseekV4Model, SequenceBatch
 from workers.engine.model.deepseek_v4.state import SequenceState
@@ -53,7 +67,21 @@ class DeepseekV4Runner:
         self.kv_bytes_per_block = max(1, int(state_bytes_per_token(model_config, self.max_model_len) * self.block_size))
         self.num_blocks = config.cache.num_blocks or max(1, config.cache.memory_bytes // self.kv_bytes_per_block)
         self.sampler = Sampler(self.eos_token_ids, torch.device("cpu"), sampler_seed)
-        self._states: dict[int, SequenceState] = {}
+        self._states: dict[int, SequenceState] = {}  # first block id -> its sequence's state
+        # block id -> (its sequence's first block, its index in the table): what export_blocks cuts.
+        self._owners: dict[int, tuple[int, int]] = {}
+        self._num_owned: dict[int, int] = {}  # first block id -> blocks of its table in _owners
+        self._imported: dict[int, BlockPayload] = {}  # pulled blocks, until their request's first step
+
+    @property
+    def num_live_states(self) -> int:
+        """Sequences whose state this runner keeps."""
+        return len(self._states)
+
+    @property
+    def num_tracked_blocks(self) -> int:
+        """Blocks this runner knows an owner or a pulled payload of (0 when every block is free)."""
+        return len(self._owners) + len(self._imported)
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         return sample_step(self.sampler, batch, self.compute_logits(batch))
@@ -69,18 +97,25 @@ class DeepseekV4Runner:
             end = request.start_position + len(request.token_ids)
             if end > self.max_model_len:
                 raise ValueError(f"request {request.request_id} reaches position {end} > max_model_len")
-            sequences.append(
-                SequenceBatch(self._state_of(request.block_ids[0], request.start_position), len(request.token_ids))
-            )
+            sequences.append(SequenceBatch(self._state_of(request.block_ids, request.start_position),
+                                           len(request.token_ids)))
             token_ids.extend(request.token_ids)
             if request.sample:
                 last_rows.append(len(token_ids) - 1)
         logits = self.model.forward(torch.tensor(token_ids, dtype=torch.long), sequences)
         return logits[torch.tensor(last_rows, dtype=torch.long)]
 
-    def _state_of(self, first_block: int, start_position: int) -> SequenceState:
+    def _state_of(self, block_ids: list[int], start_position: int) -> SequenceState:
+        first_block = block_ids[0]
         if start_position == 0:
             self._states[first_block] = self.model.new_state()
+            self._num_owned[first_block] = 0
+        elif first_block not in self._states and first_block in self._imported:
+            self._states[first_block] = self._assemble(block_ids, start_position)
+        owned = self._num_owned.get(first_block, 0)
+        for index in range(owned, len(block_ids)):
+            self._owners[block_ids[index]] = (first_block, index)
+        self._num_owned[first_block] = len(block_ids)
         state = self._states.get(first_block)
         if state is None or state.num_tokens != start_position:
             have = None if state is None else state.num_tokens
@@ -89,11 +124,46 @@ class DeepseekV4Runner:
             )
         return state
 
-    def export_blocks(self, block_ids: list[int]) -> list[memoryview]:
-        raise NotImplementedError("deepseek_v4: KV export (disaggregated transfer) needs the paged pool; not yet")
+    def _assemble(self, block_ids: list[int], num_tokens: int) -> SequenceState:
+        """A pulled sequence's state from its blocks' payloads (every block up to position ``num_tokens - 1``)."""
+        covering = block_ids[: -(-num_tokens // self.block_size)]
+        payloads = [self._imported.pop(b) for b in covering if b in self._imported]
+        try:
+            if len(payloads) != len(covering):
+                raise ValueError(f"{len(payloads)} of its {len(covering)} blocks were imported")
+            state = assemble_state(payloads, self.model.config, self.block_size)
+        except ValueError as exc:
+            raise RuntimeError(f"deepseek_v4: the pulled KV of block {block_ids[0]} is unusable: {exc}") from exc
+        return state
+
+    def export_blocks(self, block_ids: list[int]) -> list[bytes]:
+        """One payload frame per block: its share of its sequence's state (``block_payload``)."""
+        frames = []
+        for block_id in block_ids:
+            owner = self._owners.get(block_id)
+            state = None if owner is None else self._states.get(owner[0])
+            if owner is None or state is None:
+                raise ValueError(f"deepseek_v4: block {block_id} holds no sequence's state")
+            frames.append(encode_block(state, owner[1], self.block_size, self.model.config))
+        return frames
 
     def import_blocks(self, block_ids: list[int], buffers: list[Any]) -> None:
-        raise NotImplementedError("deepseek_v4: KV import (disaggregated transfer) needs the paged pool; not yet")
+        """Keep the payloads until the request's first step assembles them (ValueError: not this model's
+        payloads: the pull fails and the request is prefilled here)."""
+        if len(buffers) != len(block_ids):
+            raise ValueError(f"deepseek_v4: {len(buffers)} KV frames for {len(block_ids)} blocks")
+        payloads = [decode_payload(frame) for frame in buffers]
+        for payload in payloads:
+            check_payload(payload, self.model.config, self.block_size)
+        self._imported.update(zip(block_ids, payloads))
+
+    def blocks_freed(self, block_ids: list[int]) -> None:
+        """Drop what the freed blocks held: a sequence's state goes with its first block."""
+        for block_id in block_ids:
+            self._owners.pop(block_id, None)
+            self._imported.pop(block_id, None)
+            self._num_owned.pop(block_id, None)
+            self._states.pop(block_id, None)
 
     def start_profile(self, trace_dir: str) -> None:
         raise ProfilingUnsupported("the DeepSeek-V4 engine has no profiler hook yet")

@@ -1,0 +1,81 @@
+"""DeepSeek-V4 disaggregated: a ctx worker prefills, a gen worker decodes from the pulled state.
+
+Real processes (two `disagg serve` workers of the torch engine, an orchestrator), the tiny
+checkpoint with an ``index_topk`` that keeps every CSA entry: there transformers' own cached
+decode agrees with its full forward (docs/deepseek_v4.md), so its greedy ``generate`` is a
+fair reference next to one aggregated engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from transformers import AutoTokenizer, DeepseekV4ForCausalLM
+
+from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
+from tests.workers.dsv4_reference import prompt
+from tests.workers.engine_runs import run, tokens
+from worker_process import disagg_worker_args, start_worker, stop_worker
+from workers.config import CacheConfig, EngineConfig
+from workers.engine.core import EngineCore
+from workers.protocol import EngineRequest
+from workers.sampling_params import SamplingParams
+
+# 45: inside the window (128); 126: the gen side's decode crosses the window and the first HCA
+# entry (128) and CSA entries; 263: past the window, 2 HCA entries, a CSA tail of 3.
+LENGTHS = (45, 126, 263)
+NEW_TOKENS = 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_disaggregated_tokens_equal_aggregated_and_transformers(tiny_dsv4_keep_all_dir: Path, tmp_path: Path) -> None:
+    model_dir = tiny_dsv4_keep_all_dir
+    prompts = [prompt(n, seed=n).tolist() for n in LENGTHS]
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    core = EngineCore(EngineConfig(model=str(model_dir), device="cpu",
+                                   cache=CacheConfig(block_size=16, num_blocks=200, enable_prefix_caching=False)))
+    aggregated = {i: tokens(o) for i, o in run(core, *[EngineRequest(i, p, params) for i, p in enumerate(prompts)]).items()}
+    reference = DeepseekV4ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        generated = [reference.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(p):]
+                     for p in prompts]
+    assert [aggregated[i] for i in range(len(prompts))] == [g.tolist() for g in generated]
+    del reference, core
+
+    common = disagg_worker_args(tmp_path)
+    started = []
+    try:
+        for role in ("ctx", "gen"):
+            started.append(start_worker(model_dir, 1, engine="torch", timeout=900,
+                                        extra_args=["--role", role, *common]))
+        url, orchestrator = start_orchestrator(tmp_path, model_dir, [("ctx", started[0][0]), ("gen", started[1][0])],
+                                               processes=1, conditional={"enabled": False}, timeout=300)
+        try:
+            decode = AutoTokenizer.from_pretrained(model_dir).decode
+            for i, ids in enumerate(prompts):
+                body = {"model": model_dir.name, "prompt": ids, "max_tokens": NEW_TOKENS, "temperature": 0,
+                        "ignore_eos": True}
+                response = httpx.post(f"{url}/v1/completions", json=body, timeout=600,
+                                      headers={"x-request-id": f"dsv4-{i}"})
+                assert response.status_code == 200, response.text
+                assert response.headers["x-disagg-mode"] == "disagg"
+                assert response.json()["choices"][0]["text"] == decode(aggregated[i]), f"prompt of {LENGTHS[i]}"
+                # The gen leg decoded from the pulled state (every block of the prompt), not from a
+                # prefill of its own after a failed pull.
+                gen = wait_until(lambda rid=f"dsv4-{i}": _gen_record(url, rid), timeout=30)
+                assert (gen["kv_transfer_blocks"], gen["kv_recomputed"]) == (-(-LENGTHS[i] // 16), False)
+        finally:
+            stop_orchestrator(orchestrator)
+    finally:
+        for _, proc in started:
+            assert stop_worker(proc) == 0
+
+
+def _gen_record(url: str, request_id: str) -> dict | None:
+    records = {r["request_id"]: r for r in httpx.get(f"{url}/perf_metrics").json()["records"]}
+    record = records.get(request_id)
+    return record["gen_worker"]["record"] if record and record["gen_worker"] else None
