@@ -75,8 +75,9 @@ def engine_disagg_spec(args: ServeSettings) -> Any:
 def frontend_disagg_config(args: ServeSettings, engine_info: Any) -> Any:
     """A frontend's ``DisaggConfig`` (role, key, KV endpoint from the engine handshake)."""
     from frontends.disaggregation import DisaggConfig
+    from workers.http_protocol import Role
 
-    return DisaggConfig(role=engine_info.role, cluster_key=cluster_key(args), kv_park_seconds=args.kv_park_seconds,
+    return DisaggConfig(role=Role(engine_info.role), cluster_key=cluster_key(args), kv_park_seconds=args.kv_park_seconds,
                         kv_endpoint=engine_info.kv_endpoint, block_size=engine_info.block_size,
                         hash_seed=engine_info.hash_seed)
 

@@ -43,6 +43,7 @@ from frontends.generation import EngineClientLike
 from frontends.admission import AdmissionGate, OnRefused
 from frontends.openapi import DocumentedApp
 from frontends.openapi_routes import WORKER_DOCS
+from frontends.openapi_types import Health
 from frontends.route_errors import route_error_response
 from frontends.route_table import over_admin_socket
 from frontends.serving import FrontendConfig, ServingContext
@@ -237,8 +238,8 @@ async def _health(ctx: ServingContext, request: Request) -> Response:
     if down is None:
         return Response(b'{"status":"ok"}', media_type="application/json")
     # Still serving (200: routers keep it), on fewer frontends than configured.
-    return Response(msgspec.json.encode({"status": "degraded", "frontends_left_down": down.left_down,
-                                         "num_frontends": down.num_frontends}), media_type="application/json")
+    return Response(msgspec.json.encode(Health(status="degraded", frontends_left_down=down.left_down,
+                                               num_frontends=down.num_frontends)), media_type="application/json")
 
 
 async def _version(ctx: ServingContext, request: Request) -> Response:

@@ -40,25 +40,15 @@ Plain requests never touch this module (the hot path is unchanged).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
-from frontends.error_codes import KV_TRANSFER_FAILED
-from frontends.errors import FrontendError, InvalidRequestError
-from workers.disagg_params import (
-    CONTEXT_ONLY,
-    GENERATION_ONLY,
-    RESUME,
-    DisaggParams,
-    DisaggParamsError,
-    signed_params,
-    verify_params,
-)
-from workers.kv_protocol import KV_TRANSFER_ERROR
+from frontends.errors import InvalidRequestError
+from workers.disagg_params import DisaggParams, DisaggParamsError, RequestType, signed_params, verify_params
+from workers.http_protocol import CtxAnswer, Role, with_fields
 from workers.protocol import (
     AddContextRequest,
     AddRemoteRequest,
@@ -72,7 +62,7 @@ from workers.protocol import (
     TokenLogprobs,
 )
 from workers.sampling_params import SamplingParams
-__all__ = ["DisaggConfig", "DisaggLeg", "KVTransferError", "start_leg", "engine_params", "add_ctx_fields",
+__all__ = ["DisaggConfig", "DisaggLeg", "start_leg", "engine_params", "add_ctx_fields",
            "add_ctx_fields_json"]
 
 log = logging.getLogger("disagg.disaggregation")
@@ -82,23 +72,12 @@ log = logging.getLogger("disagg.disaggregation")
 class DisaggConfig:
     """What a frontend needs to serve disaggregated legs (from the engine handshake and CLI)."""
 
-    role: str = "both"  # both | ctx | gen
+    role: Role = Role.BOTH
     cluster_key: bytes | None = field(default=None, repr=False)  # None: this worker serves no legs
     kv_park_seconds: float = 60.0
     kv_endpoint: str | None = None
     block_size: int | None = None
     hash_seed: int | None = None
-
-
-class KVTransferError(FrontendError):
-    """The gen engine ended the leg because it could not pull the KV (expired, ctx gone, ...). Today's
-    engines prefill such a leg themselves instead (``Scheduler.recompute_remote``): kept for an engine
-    that reports the failure, which the orchestrator still replays (``orchestrator.attempts``)."""
-
-    status = 502
-    openai_type = "kv_transfer_error"
-    anthropic_type = "api_error"
-    code = KV_TRANSFER_FAILED
 
 
 class DisaggLeg:
@@ -108,8 +87,8 @@ class DisaggLeg:
     def __init__(self, params: DisaggParams, config: DisaggConfig) -> None:
         self.params = params
         self.config = config
-        self.is_context = params.request_type == CONTEXT_ONLY
-        self.is_resume = params.request_type == RESUME
+        self.is_context = params.request_type == RequestType.CONTEXT_ONLY
+        self.is_resume = params.request_type == RequestType.RESUME
         self.request_id: int | None = None  # the engine's request id (the ctx request id of a ctx leg)
         self.kv_parked: ParkedKV | None = None
         self.first_token_id: int | None = None
@@ -171,8 +150,6 @@ class DisaggLeg:
     def on_output(self, output: RequestOutput) -> RequestOutput:
         """Called on every output before the generation reads it."""
         self.request_id = output.request_id
-        if output.finish_reason == "abort" and output.error and output.error.startswith(KV_TRANSFER_ERROR):
-            raise KVTransferError(output.error)
         if self.is_context:
             self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
             if output.new_token_ids and self.first_token_id is None:
@@ -200,21 +177,22 @@ class DisaggLeg:
             return min(own, len(self.params.prompt_token_ids or ()))
         return own
 
-    def answer_params(self, prompt_token_ids: list[int]) -> dict[str, Any]:
-        """The ctx answer's ``disaggregated_params``."""
+    def answer_fields(self, prompt_token_ids: list[int]) -> CtxAnswer:
+        """The ctx answer's own fields: its ``disaggregated_params`` and ``prompt_token_ids``."""
         if self.kv_parked is None or self.request_id is None or self.first_token_id is None:
-            return {"request_type": CONTEXT_ONLY, "finished": True, "first_token_id": self.first_token_id}
+            finished = DisaggParams(RequestType.CONTEXT_ONLY, finished=True, first_token_id=self.first_token_id)
+            return CtxAnswer(finished, list(prompt_token_ids))
         assert self.config.cluster_key is not None and self.config.kv_endpoint is not None
         params = signed_params(self.config.cluster_key, str(self.request_id), self.config.kv_endpoint,
                                self.kv_parked.num_tokens, self.first_token_id, self.kv_parked.expires_at,
                                prompt_token_ids)
         pull = self.kv_pull
-        answer = msgspec.to_builtins(msgspec.structs.replace(
-            params, first_token_logprobs=self.first_logprobs, num_cached_tokens=self.num_cached_tokens,
+        params = msgspec.structs.replace(
+            params, prompt_token_ids=None,  # top-level in the answer
+            first_token_logprobs=self.first_logprobs, num_cached_tokens=self.num_cached_tokens,
             kv_pulled_blocks=None if pull is None else pull.num_blocks,
-            kv_pull_seconds=None if pull is None else pull.seconds))
-        answer.pop("prompt_token_ids")  # top-level in the answer
-        return answer
+            kv_pull_seconds=None if pull is None else pull.seconds)
+        return CtxAnswer(params, list(prompt_token_ids))
 
 
 def start_leg(config: DisaggConfig | None, params: DisaggParams | None, stream: bool) -> DisaggLeg | None:
@@ -231,8 +209,8 @@ def start_leg(config: DisaggConfig | None, params: DisaggParams | None, stream: 
         params.validate_type()
     except DisaggParamsError as exc:
         raise InvalidRequestError(str(exc), param="disaggregated_params") from exc
-    if params.request_type == RESUME:
-        if config.role == "ctx":
+    if params.request_type == RequestType.RESUME:
+        if config.role == Role.CTX:
             raise InvalidRequestError("this is a ctx worker: it does not serve resume requests",
                                       param="disaggregated_params")
         if not stream:  # the client holds the start of the answer only when it streams
@@ -241,13 +219,13 @@ def start_leg(config: DisaggConfig | None, params: DisaggParams | None, stream: 
     if config.cluster_key is None or config.kv_endpoint is None:
         raise InvalidRequestError("this worker does not serve disaggregated requests (no cluster key)",
                                   param="disaggregated_params")
-    wanted = "ctx" if params.request_type == CONTEXT_ONLY else "gen"
-    if config.role not in ("both", wanted) and not params.prefix_export:
+    wanted = Role.CTX if params.request_type == RequestType.CONTEXT_ONLY else Role.GEN
+    if config.role not in (Role.BOTH, wanted) and not params.prefix_export:
         raise InvalidRequestError(f"this is a {config.role} worker: it does not serve {params.request_type} "
                                   f"requests", param="disaggregated_params")
-    if params.request_type == CONTEXT_ONLY and stream:
+    if params.request_type == RequestType.CONTEXT_ONLY and stream:
         raise InvalidRequestError("a context_only request cannot stream", param="stream")
-    if params.request_type == GENERATION_ONLY:
+    if params.request_type == RequestType.GENERATION_ONLY:
         try:
             verify_params(config.cluster_key, params)
         except DisaggParamsError as exc:
@@ -279,13 +257,15 @@ def engine_params(leg: DisaggLeg, params: SamplingParams) -> SamplingParams:
 def add_ctx_fields(payload: dict[str, Any], leg: DisaggLeg | None, prompt_token_ids: list[int]) -> dict[str, Any]:
     """A ctx leg's answer: the API body plus ``disaggregated_params`` and ``prompt_token_ids``."""
     if leg is not None and leg.is_context:
-        payload["disaggregated_params"] = leg.answer_params(prompt_token_ids)
-        payload["prompt_token_ids"] = list(prompt_token_ids)
+        fields = leg.answer_fields(prompt_token_ids)
+        payload["disaggregated_params"] = fields.disaggregated_params  # encoded with the payload (msgspec)
+        payload["prompt_token_ids"] = fields.prompt_token_ids
     return payload
 
 
 def add_ctx_fields_json(body: bytes, leg: DisaggLeg | None, prompt_token_ids: list[int]) -> bytes:
-    """``add_ctx_fields`` on an already encoded body (the Anthropic encoder writes bytes)."""
+    """``add_ctx_fields`` on an already encoded body (the Anthropic encoder writes bytes): appended to
+    its bytes, which are not decoded again."""
     if leg is None or not leg.is_context:
         return body
-    return json.dumps(add_ctx_fields(json.loads(body), leg, prompt_token_ids)).encode()
+    return with_fields(body, leg.answer_fields(prompt_token_ids))

@@ -16,9 +16,10 @@ Exception hierarchy (what a handler or the engine client may raise)::
     ├── EngineDeadError           503: the engine process is gone, or wedged past its limit
     │   └── EngineUnresponsiveError  503: alive but silent for a few heartbeats (slow, not dead)
     ├── RequestAbortedError       503: the engine ended the request without an answer (frontends.generation)
+    ├── EngineFailedError         500: the engine failed the request itself, not for its fault
+    │                             (``workers.protocol.RejectReason``; frontends.generation)
     ├── LauncherUnavailableError  503: a launcher-owned route, and the launcher does not answer
     ├── NoWorkerError             503: the orchestrator has no healthy worker for the leg (orchestrator.errors)
-    ├── KVTransferError           502: the gen engine could not pull the KV (frontends.disaggregation)
     ├── UpstreamFailedError       502: a worker failed the orchestrator's leg (orchestrator.errors)
     ├── RequestTimeoutError       504: the orchestrator's request deadline passed (orchestrator.errors)
     └── NotSupportedError         501: the engine cannot do this (e.g. profile the synthetic engine)
@@ -43,6 +44,7 @@ from workers.sampling_params import ParamError
 
 __all__ = [
     "FrontendError",
+    "EngineFailedError",
     "InvalidRequestError",
     "PromptTooLongError",
     "ModelNotFoundError",
@@ -120,6 +122,16 @@ class EngineUnresponsiveError(EngineDeadError):
     """The engine process is alive but silent: slow (e.g. CPU-starved or stopped), not dead."""
 
     code = "engine_unresponsive"
+
+
+class EngineFailedError(FrontendError):
+    """The engine ended the request with an error that is its own (an exception while adding it, a
+    broken invariant), not the request's: a 500, which an orchestrator retries on another worker."""
+
+    status = 500
+    openai_type = "internal_error"
+    anthropic_type = "api_error"
+    code = "engine_error"
 
 
 class LauncherUnavailableError(FrontendError):

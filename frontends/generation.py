@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator, Callable, Proto
 
 from frontends.admission import QueueBound
 from frontends.detokenizer import StopStringMatcher, make_detokenizer
-from frontends.errors import ApiError, EngineDeadError, FrontendError, InvalidRequestError, http_error
+from frontends.errors import (
+    ApiError,
+    EngineDeadError,
+    EngineFailedError,
+    FrontendError,
+    InvalidRequestError,
+    http_error,
+)
 from frontends.stream_marks import STREAM_MARKS, StreamMark, encode_mark
 from frontends.streaming import FinalFrame
 from frontends.tokenizer import Tokenizer
@@ -102,6 +109,16 @@ class RequestAbortedError(FrontendError):
     openai_type = "service_unavailable_error"
     anthropic_type = "api_error"
     code = "request_aborted"
+
+
+def rejection(output: RequestOutput, error: str) -> FrontendError:
+    """The error of an output the engine ended with ``error``: the request's own fault (a known
+    ``RejectReason``) a 400, any other the engine's, a 500 (its traceback is in the engine's log)."""
+    reason = output.reject_reason
+    if reason is not None and reason.is_client_error:
+        return InvalidRequestError(error)
+    logger.error("request %d: the engine failed it (%s): %s", output.request_id, reason, error)
+    return EngineFailedError(f"the engine failed the request: {error}")
 
 
 class Piece:
@@ -249,7 +266,7 @@ class PieceCutter:
             output = generation.hook.on_output(output)
         if output.finish_reason == "abort":
             if output.error:
-                raise InvalidRequestError(output.error)
+                raise rejection(output, output.error)
             raise RequestAbortedError("the engine aborted the request")
         if generation.on_engine_output is not None:
             generation.on_engine_output()

@@ -64,6 +64,7 @@ from orchestrator.validation import RequestValidator
 from orchestrator.request_end import RequestEnds
 from orchestrator.view import ClusterView, StateLink
 from orchestrator.http_client import HttpClient
+from workers.http_protocol import Phase
 from workers.log_format import REQUEST_ID
 
 if TYPE_CHECKING:
@@ -272,7 +273,7 @@ def _generate(api: str):
 
 
 async def _health(orch: Orchestrator, request: Request) -> Response:
-    missing = [phase for phase in ("ctx", "gen") if not orch.view.has_healthy(phase)]
+    missing = [phase for phase in Phase if not orch.view.has_healthy(phase)]
     if missing:
         raise NoWorkerError(f"no healthy {' or '.join(missing)} worker yet")
     # Which process answered: `disagg up` waits until every one of them has (orchestrator.readiness).

@@ -3,9 +3,7 @@
 Every leg (ctx, gen, streaming gen) goes through ``Flow.attempt`` with one of these: the
 workers tried so far (excluded from routing; ``max_retries`` counts them), the failures
 counted, the 429s, and the workers whose connection was lost once before anything was
-relayed. With ``Flow.decide`` it is the whole retry policy, in one place. The error body
-is read as a typed struct (``orchestrator.errors.error_detail``), its ``code`` compared with
-the frontends' own constant.
+relayed. With ``Flow.decide`` it is the whole retry policy, in one place.
 """
 
 from __future__ import annotations
@@ -13,33 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from frontends.error_codes import KV_TRANSFER_FAILED
-from orchestrator.errors import LegFailed, error_detail
+from orchestrator.errors import LegFailed
+from workers.http_protocol import Phase
 
 if TYPE_CHECKING:
     from orchestrator.registry import WorkerRecord
 
-__all__ = ["Attempts", "error_code", "kv_source_lost"]
-
-
-def error_code(content: bytes) -> str | None:
-    """The ``code`` of an API error: a JSON body, or any ``data:`` event of an SSE chunk."""
-    lines = [line[5:] for line in content.split(b"\n") if line.startswith(b"data:")] or [content]
-    for data in lines:  # most are no error body: chunks, [DONE], a cut frame
-        detail = error_detail(data)
-        if detail is not None and detail.code is not None:
-            return detail.code
-    return None
-
-
-def kv_source_lost(content: bytes) -> bool:
-    """Only the KV pull failed (the ctx engine's KV is gone): the gen worker itself is fine."""
-    return error_code(content) == KV_TRANSFER_FAILED
+__all__ = ["Attempts"]
 
 
 @dataclass
 class Attempts:
-    phase: str
+    phase: Phase
     max_retries: int
     tried: set[str] = field(default_factory=set)
     lost_once: set[str] = field(default_factory=set)  # connection lost once before anything was relayed

@@ -40,6 +40,7 @@ from frontends.errors import NotFoundError
 from orchestrator.answers import unwatched
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.state_protocol import RequestTrace
+from workers.http_protocol import Phase
 from orchestrator.http_client import UpstreamError
 from orchestrator.prompt import ParsedRequest, parse_request
 
@@ -62,7 +63,7 @@ class FlowExecutor:
         self.orch = orch
 
     def is_ready(self) -> bool:
-        return self.orch.view.has_healthy("gen")
+        return self.orch.view.has_healthy(Phase.GEN)
 
 
 class FlowBatchExecutor(FlowExecutor):
@@ -94,7 +95,7 @@ async def through_flow(orch: "Orchestrator", parsed: ParsedRequest, request_id: 
                 raise UpstreamFailedError(f"the cluster failed this request {failures} times; last: {exc}") from exc
             log.warning("batch request %s: %s; retrying when a gen worker is healthy", request_id, exc)
         await asyncio.sleep(RETRY_SECONDS)
-        while not orch.view.has_healthy("gen"):
+        while not orch.view.has_healthy(Phase.GEN):
             await asyncio.sleep(RETRY_SECONDS)
 
 

@@ -83,10 +83,6 @@ def error_detail(content: bytes) -> WorkerErrorDetail | None:
 class LegFailed(Exception):
     """A worker failed a leg (no connection, timeout, 5xx): retry elsewhere.
 
-    ``kv_source_lost``: the gen worker itself is fine, only the ctx engine's parked
-    KV could not be pulled (502 ``kv_transfer_failed``): a normal request may go
-    to that same worker.
-
     ``refused``: the worker answered 429 (at its concurrent-request limit): it is busy, not
     failing, so it is not suspected, and when every worker tried refused the client gets 429.
 
@@ -97,11 +93,10 @@ class LegFailed(Exception):
     ``unavailable``: the worker answered 503 (its engine is dead or stalled, it is shutting down): it
     said so itself, so when every worker tried did, the client gets a retryable 503, not a 502."""
 
-    def __init__(self, message: str, kv_source_lost: bool = False, refused: bool = False,
+    def __init__(self, message: str, refused: bool = False,
                  unanswered: bool = False, connection_lost: bool = False, unavailable: bool = False) -> None:
         super().__init__(message)
         self.unavailable = unavailable
-        self.kv_source_lost = kv_source_lost
         self.refused = refused
         self.unanswered = unanswered
         self.connection_lost = connection_lost

@@ -25,8 +25,8 @@
    ``x-request-id: <id>-gen``, streaming as the client asked. A failure
    before the first byte reached the client is retried as a *normal* request
    on another gen worker (always correct, whatever happened to the parked
-   KV), or on the same one when only the KV pull failed (``kv_transfer_failed``:
-   the ctx engine died or dropped the KV; the gen worker is fine); a connection
+   KV; a KV pull that fails is no failed leg: the gen engine prefills the
+   prompt itself, ``Scheduler.recompute_remote``); a connection
    lost before anything was relayed goes once more to the same worker (one of
    its frontends died, not the worker). After the first byte, the stream moves
    to another gen worker, token-exact (``orchestrator.migration``), or, when it
@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import time
 import logging
-from typing import Any, AsyncGenerator, Awaitable, Callable, TypeVar
+from typing import AsyncGenerator, Awaitable, Callable, TypeVar
 
 import msgspec
 from starlette.responses import Response
@@ -56,12 +56,12 @@ from frontends.admission import OVERLOADED_STATUSES, RETRY_AFTER_SECONDS, Limit,
 from frontends.request_fields import warning_header
 from frontends.streaming import FinalFrame
 from orchestrator.answers import Answer, JsonAnswer, StreamAnswer, Watch, to_response
-from orchestrator.attempts import Attempts, kv_source_lost
+from orchestrator.attempts import Attempts
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.metrics import Metrics
 from orchestrator.migration import MARKS_HEADERS, Migration
-from orchestrator.prompt import ParsedRequest, client_answer, ctx_body, gen_body
+from orchestrator.prompt import ParsedRequest, ctx_leg_body, gen_leg_body
 from orchestrator.relay import Relay
 from orchestrator.request_end import RequestEnds
 from orchestrator.registry import WorkerRecord
@@ -70,12 +70,16 @@ from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, Ups
 from orchestrator.kv_pool import KVPool
 from orchestrator.state_protocol import CtxLegTrace, FailedLeg, GenLegTrace, RequestTrace
 from orchestrator.view import ClusterView, StateLink
+from workers.disagg_params import DisaggParams
+from workers.http_protocol import CtxAnswer, Mode, Phase, client_answer
 
 __all__ = ["Flow", "within"]
 
 log = logging.getLogger("disagg.orchestrator.flow")
 
 T = TypeVar("T")
+
+_CTX_ANSWER = msgspec.json.Decoder(CtxAnswer)
 
 
 class Flow:
@@ -102,20 +106,20 @@ class Flow:
 
     # -- planning ---------------------------------------------------------------------------
 
-    def choose(self, phase: str, request: ParsedRequest, exclude: set[str]) -> Candidate | None:
+    def choose(self, phase: Phase, request: ParsedRequest, exclude: set[str]) -> Candidate | None:
         candidates = self.view.candidates(phase, request.prompt_ids, exclude, request.block_hashes)
         if not candidates:
             return None
-        router = self.ctx_router if phase == "ctx" else self.gen_router
+        router = self.ctx_router if phase is Phase.CTX else self.gen_router
         return router.choose(candidates, RouteRequest(len(request.prompt_ids), request.session_id))
 
-    def pick(self, phase: str, request: ParsedRequest, exclude: set[str]) -> WorkerRecord | None:
+    def pick(self, phase: Phase, request: ParsedRequest, exclude: set[str]) -> WorkerRecord | None:
         chosen = self.choose(phase, request, exclude)
         return None if chosen is None else self.view.workers[chosen.worker_id]
 
     def plan(self, request: ParsedRequest) -> tuple[WorkerRecord, WorkerRecord | None]:
         """(gen worker, ctx worker or None for a normal request)."""
-        chosen = self.choose("gen", request, set())
+        chosen = self.choose(Phase.GEN, request, set())
         if chosen is None:
             raise NoWorkerError("no healthy generation worker")
         gen = self.view.workers[chosen.worker_id]
@@ -124,7 +128,7 @@ class Flow:
         if should_skip_ctx(self.config.conditional, len(request.prompt_ids), chosen.matched_blocks,
                            chosen.block_size):
             return gen, None
-        ctx = self.pick("ctx", request, set())
+        ctx = self.pick(Phase.CTX, request, set())
         if ctx is None or ctx.worker_id == gen.worker_id:
             return gen, None
         return gen, ctx
@@ -146,8 +150,8 @@ class Flow:
         if request.ignored_fields:
             name, value = warning_header(request.ignored_fields)
             headers[name.decode()] = value.decode()
-        payload: dict[str, Any] = request.body
-        record.mode = "aggregated" if ctx is None else "disagg"
+        gen_params: DisaggParams | None = None  # None: the gen leg is a normal request
+        record.mode = Mode.AGGREGATED if ctx is None else Mode.DISAGG
         if ctx is not None:
             kv_prefix = await self.fetch_prefix(request, request_id, ctx, watch, deadline)
             ctx_answer = await self.ctx_phase(request, request_id, ctx, record, watch, deadline, kv_prefix)
@@ -155,28 +159,27 @@ class Flow:
                 queued.leave()
             if record.ctx is not None:
                 headers["x-disagg-ctx-worker"] = record.ctx.worker_id
-            params = (ctx_answer or {}).get("disaggregated_params") or {}
-            if ctx_answer is not None and params.get("finished") and not request.stream and request.ctx_can_answer:
-                record.mode = "ctx_only"
+            answer, raw = ctx_answer or (CtxAnswer(), b"")
+            finished = answer.disaggregated_params is not None and answer.disaggregated_params.finished
+            if finished and not request.stream and request.ctx_can_answer:
+                record.mode = Mode.CTX_ONLY
                 self.finish(record, request)
-                return JsonAnswer(msgspec.json.encode(client_answer(ctx_answer)),
-                                  {**headers, "x-disagg-mode": record.mode})
-            leg = None if ctx_answer is None or params.get("finished") else gen_body(request, ctx_answer)
-            if leg is None:  # no ctx answer, finished (streaming client), or a worker without disagg support
-                record.mode = "aggregated"
-            else:
-                payload = leg
+                return JsonAnswer(client_answer(raw), {**headers, "x-disagg-mode": record.mode})
+            # None: no ctx answer, finished (streaming client), or a worker without disagg support
+            gen_params = answer.gen_params()
+            if gen_params is None:
+                record.mode = Mode.AGGREGATED
         headers["x-disagg-mode"] = record.mode
         if request.stream:
-            return await self.stream_gen(request, request_id, gen, payload, record, headers, deadline)
-        answer, gen_worker = await watch(
-            self._within(deadline, self.run_gen(request, request_id, gen, payload, record)))
+            return await self.stream_gen(request, request_id, gen, gen_params, record, headers, deadline)
+        answer_bytes, gen_worker = await watch(
+            self._within(deadline, self.run_gen(request, request_id, gen, gen_params, record)))
         headers["x-disagg-gen-worker"] = gen_worker.worker_id
-        self.finish(record, request, answer)
-        return JsonAnswer(answer, headers)
+        self.finish(record, request, answer_bytes)
+        return JsonAnswer(answer_bytes, headers)
 
     async def fetch_prefix(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, watch: Watch,
-                           deadline: float) -> dict[str, Any] | None:
+                           deadline: float) -> DisaggParams | None:
         """The ``kv_prefix`` of the ctx leg when the KV pool has the prompt's prefix on another worker."""
         source = self.pool.source(self.config.kv_pool, request, ctx)
         if source is None:
@@ -188,9 +191,10 @@ class Flow:
         return kv_prefix
 
     async def ctx_phase(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, record: RequestTrace,
-                        watch: Watch, deadline: float, kv_prefix: dict[str, Any] | None = None
-                        ) -> dict[str, Any] | None:
-        """The ctx answer, or None when the gen worker should serve the request alone."""
+                        watch: Watch, deadline: float, kv_prefix: DisaggParams | None = None
+                        ) -> tuple[CtxAnswer, bytes] | None:
+        """The ctx answer (what the orchestrator reads of it, and its bytes), or None when the gen
+        worker should serve the request alone."""
         try:
             answer, _ = await watch(self._within(deadline, self.run_ctx(request, request_id, ctx, record, kv_prefix)))
         except UpstreamFailedError as exc:
@@ -203,12 +207,11 @@ class Flow:
                 raise
             log.warning("request %s: the ctx worker cannot run a disaggregated leg (%s); serving it on the gen "
                         "worker alone", request_id, exc.body[:200])
-            self.metrics.errors.labels("ctx", "leg_refused").inc()
+            self.metrics.errors.labels(Phase.CTX, "leg_refused").inc()
             return None
-        params = answer.get("disaggregated_params") or {}
-        engine_request_id = params.get("ctx_request_id")
-        if record.ctx is not None and isinstance(engine_request_id, str):  # joins the ctx worker's perf record
-            record.ctx.engine_request_id = engine_request_id
+        params = answer[0].disaggregated_params
+        if record.ctx is not None and params is not None and params.ctx_request_id is not None:
+            record.ctx.engine_request_id = params.ctx_request_id  # joins the ctx worker's perf record
         return answer
 
     async def _within(self, deadline: float, work):
@@ -225,7 +228,7 @@ class Flow:
 
     # -- the one retry loop -----------------------------------------------------------------
 
-    async def attempt(self, phase: str, request: ParsedRequest, first: WorkerRecord, record: RequestTrace,
+    async def attempt(self, phase: Phase, request: ParsedRequest, first: WorkerRecord, record: RequestTrace,
                       leg: Callable[[WorkerRecord, bool], Awaitable[T]]) -> tuple[T, WorkerRecord]:
         """``leg(worker, replay)`` until one succeeds, on the worker ``decide`` names after each
         failure; ``replay``: after a failure (not a refusal) a gen leg goes as a normal request (the
@@ -242,24 +245,23 @@ class Flow:
                 replay = replay or not exc.refused  # a worker that refused touched no parked KV
         if attempts.all_refused():  # busy, not broken
             self.metrics.errors.labels(phase, "overloaded").inc()
-            if phase == "gen":
+            if phase is Phase.GEN:
                 self.metrics.count_refused(Limit.WORKERS)
                 raise OverloadedError(f"every generation worker is at an admission limit "
                                       f"({len(attempts.tried)} tried); retry after {RETRY_AFTER_SECONDS} s")
-        elif phase == "gen" and attempts.all_unavailable():  # each said so itself (a stalled or dead engine): retryable, not a 502
+        elif phase is Phase.GEN and attempts.all_unavailable():  # each said so itself (a stalled or dead engine): retryable, not a 502
             self.metrics.errors.labels(phase, "unavailable").inc()
             raise NoWorkerError(f"every generation worker tried is unavailable ({len(attempts.tried)} tried); "
                                 f"retry after {RETRY_AFTER_SECONDS} s")
         else:
             self.metrics.errors.labels(phase, "upstream").inc()
-        name = "context" if phase == "ctx" else "generation"
+        name = "context" if phase is Phase.CTX else "generation"
         raise UpstreamFailedError(f"every {name} worker failed ({len(attempts.tried)} tried)")
 
     def decide(self, request: ParsedRequest, attempts: Attempts, failed: WorkerRecord, exc: LegFailed,
                record: RequestTrace) -> WorkerRecord | None:
         """Where a failed leg goes next (None: nowhere): the same worker once after a lost connection;
-        else another worker of the phase; for a gen leg whose KV pull alone failed (the gen worker
-        answered fine), that same worker when no other is left."""
+        else another worker of the phase."""
         suspect, again = attempts.failed(failed, exc)
         if suspect:
             self.view.suspect(failed.worker_id)
@@ -270,14 +272,11 @@ class Flow:
         record.retries += 1
         if again:
             return failed
-        worker = self.pick(attempts.phase, request, attempts.tried)
-        if worker is None and attempts.phase == "gen" and exc.kv_source_lost:
-            return failed
-        return worker
+        return self.pick(attempts.phase, request, attempts.tried)
 
     # -- legs -------------------------------------------------------------------------------
 
-    async def _post(self, phase: str, worker: WorkerRecord, path: str, body: bytes, request_id: str,
+    async def _post(self, phase: Phase, worker: WorkerRecord, path: str, body: bytes, request_id: str,
                     tokens: int, record: RequestTrace, start: float) -> bytes:
         self.metrics.count_leg(phase)
         self.view.acquire(worker.worker_id, tokens)
@@ -299,66 +298,68 @@ class Flow:
         if status in OVERLOADED_STATUSES:
             raise LegFailed(f"{worker.worker_id} answered {status} (at an admission limit)", refused=True)
         if status >= 500:
-            raise LegFailed(f"{worker.worker_id} answered {status}", kv_source_lost=kv_source_lost(content),
-                            unavailable=status == 503)
+            raise LegFailed(f"{worker.worker_id} answered {status}", unavailable=status == 503)
         if status != 200:
             raise UpstreamRejected(status, content)
         return content
 
     async def run_ctx(self, request: ParsedRequest, request_id: str, first: WorkerRecord, record: RequestTrace,
-                      kv_prefix: dict[str, Any] | None = None) -> tuple[dict[str, Any], WorkerRecord]:
-        body = msgspec.json.encode(ctx_body(request, kv_prefix))
+                      kv_prefix: DisaggParams | None = None) -> tuple[tuple[CtxAnswer, bytes], WorkerRecord]:
+        body = ctx_leg_body(request, kv_prefix)
 
-        async def leg(worker: WorkerRecord, replay: bool) -> dict[str, Any]:
+        async def leg(worker: WorkerRecord, replay: bool) -> tuple[CtxAnswer, bytes]:
             start = time.time()
-            raw = await self._post("ctx", worker, request.path, body, f"{request_id}-ctx", len(request.prompt_ids),
-                                   record, start)
+            raw = await self._post(Phase.CTX, worker, request.path, body, f"{request_id}-ctx",
+                                   len(request.prompt_ids), record, start)
             record.ctx = CtxLegTrace(worker_id=worker.worker_id, start=start, end=time.time())
-            self.metrics.observe("ctx", record.ctx.end - start)
-            answer = msgspec.json.decode(raw)
-            self.pool.observe_ctx_leg(worker, len(request.prompt_ids), answer.get("disaggregated_params"),
-                                      record.ctx.end - start)
-            return answer
+            self.metrics.observe(Phase.CTX, record.ctx.end - start)
+            try:
+                answer = _CTX_ANSWER.decode(raw)
+            except msgspec.DecodeError as exc:  # ValidationError too: not a worker of this deployment's
+                raise LegFailed(f"{worker.worker_id} answered an unreadable ctx answer: {exc}") from exc
+            if answer.disaggregated_params is not None:
+                self.pool.observe_ctx_leg(worker, len(request.prompt_ids), answer.disaggregated_params,
+                                          record.ctx.end - start)
+            return answer, raw
 
-        return await self.attempt("ctx", request, first, record, leg)
+        return await self.attempt(Phase.CTX, request, first, record, leg)
 
     async def run_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
-                      payload: dict[str, Any], record: RequestTrace) -> tuple[bytes, WorkerRecord]:
+                      params: DisaggParams | None, record: RequestTrace) -> tuple[bytes, WorkerRecord]:
         async def leg(worker: WorkerRecord, replay: bool) -> bytes:
             start = time.time()
-            raw = await self._post("gen", worker, request.path, request.encode(request.body if replay else payload),
+            raw = await self._post(Phase.GEN, worker, request.path, gen_leg_body(request, None if replay else params),
                                    f"{request_id}-gen", len(request.prompt_ids), record, start)
             end = time.time()
             record.gen = GenLegTrace(worker_id=worker.worker_id, start=start, first_byte=end, end=end)
-            self.metrics.observe("gen", end - start)
+            self.metrics.observe(Phase.GEN, end - start)
             return raw
 
-        return await self.attempt("gen", request, first, record, leg)
+        return await self.attempt(Phase.GEN, request, first, record, leg)
 
     async def stream_gen(self, request: ParsedRequest, request_id: str, first: WorkerRecord,
-                         payload: dict[str, Any], record: RequestTrace, headers: dict[str, str],
+                         params: DisaggParams | None, record: RequestTrace, headers: dict[str, str],
                          deadline: float) -> StreamAnswer:
         tokens = len(request.prompt_ids)
         # A stream of n choices, or one that echoes its prompt, is not moved: its marks name one
         # choice's tokens, and a resumed leg would echo the prompt again.
-        body = request.body
-        migrating = self.config.migration.limit > 0 and (body.get("n") or 1) == 1 and not body.get("echo")
+        migrating = self.config.migration.limit > 0 and request.ctx_can_answer  # (n == 1, no echo)
 
         async def leg(worker: WorkerRecord, replay: bool
                       ) -> tuple[LegResponse, AsyncGenerator[bytes, None], bytes, Migration | None]:
-            body = request.body if replay else payload
+            leg_params = None if replay else params
             start = time.time()
-            self.metrics.count_leg("gen")
+            self.metrics.count_leg(Phase.GEN)
             self.view.acquire(worker.worker_id, tokens)
             upstream = None
             headers = {"x-request-id": f"{request_id}-gen", "content-type": "application/json"}
             if migrating:
                 headers.update(MARKS_HEADERS)
-            migration = Migration(self, request, request_id, body) if migrating else None
-            span = self.ends.open_leg(record, "gen", worker.worker_id, start, headers)
+            migration = Migration(self, request, request_id, leg_params) if migrating else None
+            span = self.ends.open_leg(record, Phase.GEN, worker.worker_id, start, headers)
             try:
                 upstream = await self._within(deadline, self.upstream.post(
-                    worker.url + request.path, request.encode(body), headers))
+                    worker.url + request.path, gen_leg_body(request, leg_params), headers))
                 if upstream.status in OVERLOADED_STATUSES:
                     raise LegFailed(f"{worker.worker_id} answered {upstream.status} (at an admission limit)",
                                     refused=True)
@@ -369,8 +370,6 @@ class Flow:
                     raise UpstreamRejected(upstream.status, await upstream.read())
                 chunks = upstream.chunks()
                 first_chunk = await self._within(deadline, chunks.__anext__())  # still retryable until here
-                if body is not request.body and kv_source_lost(first_chunk):  # the pull failed in band
-                    raise LegFailed(f"{worker.worker_id}: the KV pull failed", kv_source_lost=True)
                 if migration is not None:
                     first_chunk = await self._first_write(worker, migration, chunks, first_chunk, deadline)
             except BaseException as exc:
@@ -393,7 +392,8 @@ class Flow:
             self.metrics.observe("ttft", record.gen.first_byte - record.arrival)
             return upstream, chunks, first_chunk, migration
 
-        (upstream, chunks, first_chunk, migration), worker = await self.attempt("gen", request, first, record, leg)
+        (upstream, chunks, first_chunk, migration), worker = await self.attempt(Phase.GEN, request, first, record,
+                                                                                leg)
         relay = Relay(self, request, upstream, chunks, first_chunk, worker, tokens, record, deadline, migration)
         return StreamAnswer(relay, {**headers, "x-disagg-gen-worker": worker.worker_id})
 

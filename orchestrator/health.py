@@ -22,8 +22,10 @@ import time
 import httpx
 import msgspec
 
+from frontends.openapi_types import Health
 from orchestrator.registry import WorkerRecord
 from orchestrator.state import StateOwner
+from workers.http_protocol import WorkerInfo, decode_kv_events
 
 __all__ = ["HealthChecker"]
 
@@ -32,13 +34,28 @@ log = logging.getLogger("disagg.orchestrator.health")
 CLOCK_PROBES = 4  # /worker_info calls per (re)joined worker; the fastest round trip sets its offset
 
 
-def _says_degraded(body: bytes) -> bool:
-    """A worker's 200 /health body is ``{"status": "degraded", ...}`` while a frontend is left down."""
+def _worker_info(worker: WorkerRecord, content: bytes) -> WorkerInfo:
+    """A worker's ``/worker_info``; an unreadable one says nothing (the orchestrator's defaults apply)."""
     try:
-        answer = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+        return _WORKER_INFO.decode(content)
+    except msgspec.DecodeError as exc:  # ValidationError too
+        log.warning("worker %s: unreadable /worker_info (%s); the configured defaults apply", worker.worker_id, exc)
+        return WorkerInfo()
+
+
+_WORKER_INFO = msgspec.json.Decoder(WorkerInfo)
+
+
+_HEALTH = msgspec.json.Decoder(Health)
+
+
+def _says_degraded(body: bytes) -> bool:
+    """A worker's 200 /health body is ``{"status": "degraded", ...}`` while a frontend is left down
+    (a body that is not ours, e.g. empty, says it is not)."""
+    try:
+        return _HEALTH.decode(body).status == "degraded"
+    except msgspec.DecodeError:  # ValidationError too
         return False
-    return isinstance(answer, dict) and answer.get("status") == "degraded"
 
 
 class HealthChecker:
@@ -95,7 +112,7 @@ class HealthChecker:
         """Reads ``/worker_info`` into the registry; the status of an answer that was not 200 (None: 200,
         or no answer)."""
         config = self.owner.config
-        info: dict | None = None
+        info: WorkerInfo | None = None
         best: tuple[float, float] | None = None  # (round trip, offset) of the fastest probe
         for _ in range(CLOCK_PROBES):
             sent = time.time()
@@ -106,24 +123,18 @@ class HealthChecker:
             received = time.time()
             if response.status_code == 401:
                 return 401
-            info = msgspec.json.decode(response.content) if response.status_code == 200 else {}
-            server_time = info.get("server_time")
-            if not isinstance(server_time, (int, float)):
+            info = _worker_info(worker, response.content) if response.status_code == 200 else WorkerInfo()
+            if info.server_time is None:
                 break  # a worker without a clock: nothing to measure
             if best is None or received - sent < best[0]:
-                best = (received - sent, server_time - (sent + received) / 2)
+                best = (received - sent, info.server_time - (sent + received) / 2)
         if info is None:
             return None
         offset = None if best is None else best[1]
-        block_size, hash_seed = info.get("block_size"), info.get("hash_seed")
-        if block_size is None:
-            block_size = config.default_block_size
-        if hash_seed is None:
-            hash_seed = config.default_hash_seed
-        max_model_len, vocab_size = info.get("max_model_len"), info.get("vocab_size")
-        self.owner.registry.set_info(worker.worker_id, block_size, hash_seed, info.get("kv_endpoint"), offset,
-                                     max_model_len if isinstance(max_model_len, int) else None,
-                                     vocab_size if isinstance(vocab_size, int) else None)
+        block_size = config.default_block_size if info.block_size is None else info.block_size
+        hash_seed = config.default_hash_seed if info.hash_seed is None else info.hash_seed
+        self.owner.registry.set_info(worker.worker_id, block_size, hash_seed, info.kv_endpoint, offset,
+                                     info.max_model_len, info.vocab_size)
         return None
 
     async def drain_events(self, worker: WorkerRecord) -> None:
@@ -136,9 +147,11 @@ class HealthChecker:
             return
         if response.status_code != 200:
             return
-        events = msgspec.json.decode(response.content)
-        if isinstance(events, dict):  # tolerate {"events": [...]}
-            events = events.get("events", [])
+        try:
+            events = decode_kv_events(response.content)
+        except msgspec.DecodeError as exc:  # ValidationError too: this worker's events are not ours to read
+            log.debug("worker %s: unreadable /kv_cache_events (%s)", worker.worker_id, exc)
+            return
         # A snapshot taken after this drain holds these events' effects: apply skips them by id.
         worker_id, kv_index = worker.worker_id, self.owner.kv_index
         if kv_index.needs_snapshot(worker_id):

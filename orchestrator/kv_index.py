@@ -1,7 +1,8 @@
 """Which worker holds which KV blocks, mirrored from the workers' KV-cache events.
 
 Process 0 drains each worker's ``GET /kv_cache_events`` (a JSON list of
-``{"event_id", "timestamp", "event": {"type": ..., ...}}``) and applies the
+``{"event_id", "timestamp", "event": {"type": ..., ...}}``, read as
+``workers.http_protocol.KVEventEntry``) and applies the
 events here; the other processes receive the resulting sets in the state
 snapshots. Event types are accepted as written by msgspec
 (``BlockStored``/``BlockRemoved``/``AllBlocksCleared``) or in short form
@@ -33,7 +34,8 @@ pool block.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+
+from workers.http_protocol import KVEventEntry
 
 __all__ = ["KVIndex"]
 
@@ -74,22 +76,21 @@ class KVIndex:
         self.stale.discard(worker_id)
         self.num_resyncs += 1
 
-    def apply(self, worker_id: str, events: Iterable[dict[str, Any]]) -> int:
+    def apply(self, worker_id: str, events: Iterable[KVEventEntry]) -> int:
         """Apply drained events in order; the number applied."""
         held = self.blocks.setdefault(worker_id, set())
         lower = self.lower.setdefault(worker_id, set())
         count = 0
         for entry in events:
-            event_id = entry.get("event_id")
-            if isinstance(event_id, int) and not self._in_sequence(worker_id, event_id, held):
+            if entry.event_id is not None and not self._in_sequence(worker_id, entry.event_id, held):
                 continue
-            event = entry.get("event", entry)
-            kind = event.get("type")
-            tier = held if event.get("tier", "pool") == "pool" else lower
+            event = entry.event
+            kind = event.type
+            tier = held if event.tier == "pool" else lower
             if kind in _STORED:
-                tier.update(int(h) for h in event.get("block_hashes", ()))
+                tier.update(event.block_hashes)
             elif kind in _REMOVED:
-                tier.difference_update(int(h) for h in event.get("block_hashes", ()))
+                tier.difference_update(event.block_hashes)
             elif kind in _CLEARED:
                 held.clear()
                 lower.clear()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import msgspec
 
@@ -28,12 +28,15 @@ from orchestrator.kv_index import KVIndex
 from orchestrator.prompt import ParsedRequest
 from orchestrator.registry import WorkerRecord
 from orchestrator.view import ClusterView
-from workers.disagg_params import CONTEXT_ONLY
+from workers.disagg_params import DisaggParams, RequestType
+from workers.http_protocol import CtxAnswer, PrefixExportLeg, Phase
 from workers.engine.block_hash import compute_block_hashes
 
 __all__ = ["KVPool", "PrefixSource", "choose_prefix", "worth_fetching"]
 
 log = logging.getLogger("disagg.orchestrator.kv_pool")
+
+_ANSWER = msgspec.json.Decoder(CtxAnswer)
 
 # The prefill speed's moving average: each ctx leg's measurement weighs this much.
 _SMOOTHING = 0.2
@@ -103,18 +106,16 @@ class KVPool:
         self.num_fetches = 0  # export legs that parked a prefix for a ctx leg
         self.num_failed = 0
 
-    def observe_ctx_leg(self, worker: WorkerRecord, num_prompt_tokens: int, params: Any, seconds: float) -> None:
-        """Measure the cost model's two speeds on a ctx answer: a leg that pulled a prefix measures the
-        transfer path (its engine's pull), any other the prefill (the tokens it computed, in the leg's
-        time, queueing included)."""
-        if not isinstance(params, dict):
-            return
-        pulled, pull_seconds = params.get("kv_pulled_blocks"), params.get("kv_pull_seconds")
-        if isinstance(pulled, int) and isinstance(pull_seconds, (int, float)):
-            tokens = pulled * self.view.hashing(worker)[0]
-            self.measured_transfer_tps = _average(self.measured_transfer_tps, tokens, pull_seconds)
+    def observe_ctx_leg(self, worker: WorkerRecord, num_prompt_tokens: int, params: DisaggParams,
+                        seconds: float) -> None:
+        """Measure the cost model's two speeds on a ctx answer's params: a leg that pulled a prefix
+        measures the transfer path (its engine's pull), any other the prefill (the tokens it computed,
+        in the leg's time, queueing included)."""
+        if params.kv_pulled_blocks is not None and params.kv_pull_seconds is not None:
+            tokens = params.kv_pulled_blocks * self.view.hashing(worker)[0]
+            self.measured_transfer_tps = _average(self.measured_transfer_tps, tokens, params.kv_pull_seconds)
         else:
-            tokens = num_prompt_tokens - (params.get("num_cached_tokens") or 0)
+            tokens = num_prompt_tokens - (params.num_cached_tokens or 0)
             self.measured_prefill_tps = _average(self.measured_prefill_tps, tokens, seconds)
 
     def source(self, config: KVPoolConfig, request: ParsedRequest, ctx: WorkerRecord) -> PrefixSource | None:
@@ -137,20 +138,15 @@ class KVPool:
 
     def _holders(self, ctx: WorkerRecord, key: tuple[int, int]) -> list[WorkerRecord]:
         """Healthy workers of either role that serve legs and hash blocks as the ctx worker does."""
-        seen = {w.worker_id: w for phase in ("ctx", "gen") for w in self.view.healthy(phase)}
+        seen = {w.worker_id: w for phase in Phase for w in self.view.healthy(phase)}
         return [w for worker_id, w in sorted(seen.items())
                 if worker_id != ctx.worker_id and w.kv_endpoint is not None and self.view.hashing(w) == key]
 
-    async def export(self, source: PrefixSource, request: ParsedRequest, request_id: str) -> dict[str, Any] | None:
+    async def export(self, source: PrefixSource, request: ParsedRequest, request_id: str) -> DisaggParams | None:
         """Park the prefix on its holder; the ``kv_prefix`` params for the ctx leg, None on any failure."""
-        body = {
-            "model": request.body.get("model"),
-            "prompt": request.prompt_ids[:source.num_tokens],
-            "max_tokens": 1,
-            "ignore_eos": True,  # the one token sampled there must not end the leg: its KV would not park
-            "stream": False,
-            "disaggregated_params": {"request_type": CONTEXT_ONLY, "prefix_export": True},
-        }
+        model = request.body.get("model")
+        body = PrefixExportLeg(model if isinstance(model, str) else None, request.prompt_ids[:source.num_tokens],
+                               DisaggParams(RequestType.CONTEXT_ONLY, prefix_export=True))
         headers = {"x-request-id": f"{request_id}-kvpool", "content-type": "application/json"}
         holder = source.holder.worker_id
         try:
@@ -162,15 +158,19 @@ class KVPool:
         if status != 200:
             self._failed(request_id, holder, f"answered {status}: {content[:200]!r}")
             return None
-        answer = msgspec.json.decode(content)
-        params, prompt = answer.get("disaggregated_params"), answer.get("prompt_token_ids")
-        if not isinstance(params, dict) or not params.get("signature") or not isinstance(prompt, list):
+        try:
+            answer = _ANSWER.decode(content)
+        except msgspec.DecodeError as exc:  # ValidationError too
+            self._failed(request_id, holder, f"an unreadable answer: {exc}")
+            return None
+        params, prompt = answer.disaggregated_params, answer.prompt_token_ids
+        if params is None or not params.signature or prompt is None:
             self._failed(request_id, holder, "nothing was parked")
             return None
         self.num_fetches += 1
         log.debug("request %s: %d prompt tokens' KV parked on %s for the ctx leg (%d it lacks)", request_id,
                   source.num_tokens, holder, source.gain_tokens)
-        return {**params, "request_type": CONTEXT_ONLY, "prompt_token_ids": prompt}
+        return msgspec.structs.replace(params, request_type=RequestType.CONTEXT_ONLY, prompt_token_ids=prompt)
 
     def _failed(self, request_id: str, holder: str, why: str) -> None:
         self.num_failed += 1

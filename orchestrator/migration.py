@@ -7,7 +7,7 @@ carries their tokens. When the leg then fails (the connection drops: the worker 
 frontends died; or a write is a 5xx error event: its engine died or stalled), the client has
 received exactly the writes of the tokens carried, and the request goes on as a ``resume`` leg
 on another gen worker: the prompt's ids and the carried tokens
-(``workers.disagg_params.RESUME``). That worker prefills both, replays the tokens through its
+(``workers.disagg_params.RequestType.RESUME``). That worker prefills both, replays the tokens through its
 detokenizer, stop strings, tool-call parser and grammar without writing them, and samples on
 from the next position, so the client's stream goes on as the failed worker's would have:
 
@@ -25,17 +25,18 @@ the resume leg (each counted in ``disagg_orchestrator_migrations_total`` and log
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from frontends.stream_marks import MARKS_HEADER, MarkReader
 from orchestrator.http_client import LegResponse, UpstreamError
-from workers.disagg_params import RESUME, DisaggParams
+from orchestrator.prompt import ParsedRequest, gen_leg_body
+from workers.disagg_params import DisaggParams, RequestType
+from workers.http_protocol import Phase
 
 if TYPE_CHECKING:
     from orchestrator.flow import Flow
-    from orchestrator.prompt import ParsedRequest
     from orchestrator.registry import WorkerRecord
 
 __all__ = ["Migration", "MARKS_HEADERS"]
@@ -53,11 +54,14 @@ class Migration:
     __slots__ = ("flow", "request", "request_id", "prompt_ids", "reader", "carried", "moves", "tried", "failed",
                  "head")
 
-    def __init__(self, flow: Flow, request: ParsedRequest, request_id: str, payload: dict[str, Any]) -> None:
+    def __init__(self, flow: Flow, request: ParsedRequest, request_id: str, params: DisaggParams | None) -> None:
+        """``params``: the gen leg's (None: a normal request), whose prompt ids it ran on."""
         self.flow = flow
         self.request = request
         self.request_id = request_id
-        self.prompt_ids = _leg_prompt(request, payload)
+        # The prompt ids the gen leg ran on: a disaggregated leg's signed ones, else the orchestrator's.
+        signed = None if params is None else params.prompt_token_ids
+        self.prompt_ids = request.prompt_ids if signed is None else signed
         self.reader = MarkReader()
         self.carried: list[int] = []  # the output tokens of every write relayed to the client
         self.moves = 0
@@ -117,15 +121,15 @@ class Migration:
             log.warning("request %s: gen worker %s failed mid-stream (%s); not migrated: %s",
                         self.request_id, failed.worker_id, why, refusal)
             return None
-        body = self.request.encode(self.resume_body())
+        body = self.resume_body()
         headers = {"x-request-id": f"{self.request_id}-gen", "content-type": "application/json", **MARKS_HEADERS}
         while self.moves < flow.config.migration.limit:
-            worker = flow.pick("gen", self.request, self.tried)
+            worker = flow.pick(Phase.GEN, self.request, self.tried)
             if worker is None:
                 break
             self.moves += 1
             self.tried.add(worker.worker_id)
-            flow.metrics.count_leg("gen")
+            flow.metrics.count_leg(Phase.GEN)
             try:
                 upstream = await flow.upstream.post(worker.url + self.request.path, body, headers)
             except UpstreamError as exc:
@@ -149,11 +153,11 @@ class Migration:
                     self.request_id, failed.worker_id, why, len(self.tried))
         return None
 
-    def resume_body(self) -> dict[str, Any]:
+    def resume_body(self) -> bytes:
         head = self.head or _EventHead()
-        params = DisaggParams(RESUME, prompt_token_ids=self.prompt_ids, output_token_ids=self.carried,
+        params = DisaggParams(RequestType.RESUME, prompt_token_ids=self.prompt_ids, output_token_ids=self.carried,
                               response_id=head.id, created=head.created)
-        return {**self.request.body, "disaggregated_params": msgspec.to_builtins(params)}
+        return gen_leg_body(self.request, params)
 
 
 class _EventHead(msgspec.Struct):
@@ -177,10 +181,3 @@ def _event_head(write: bytes) -> _EventHead:
         return _EventHead()
     return head if isinstance(head.id, str) else _EventHead()
 
-
-def _leg_prompt(request: ParsedRequest, payload: dict[str, Any]) -> list[int]:
-    """The prompt ids the gen leg ran on: a disaggregated leg's signed ones, else the orchestrator's."""
-    params = payload.get("disaggregated_params")
-    if isinstance(params, dict) and isinstance(params.get("prompt_token_ids"), list):
-        return params["prompt_token_ids"]
-    return request.prompt_ids

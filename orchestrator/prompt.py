@@ -1,5 +1,5 @@
 """What the orchestrator reads from a client body: the prompt's token ids, the session,
-and the two legs' bodies.
+and the two legs' bodies (``workers.http_protocol``).
 
 The orchestrator validates and tokenizes once, with the frontends' own code
 (``orchestrator.validation``: the same checks and chat template rendering the
@@ -22,9 +22,13 @@ from frontends.request_fields import check_fields
 from frontends.schemas_anthropic import MessagesRequest
 from frontends.schemas_openai import ChatCompletionRequest, CompletionRequest
 from orchestrator.validation import RequestValidator
-from workers.disagg_params import CONTEXT_ONLY, GENERATION_ONLY
+from workers.disagg_params import DisaggParams, RequestType
+from workers.http_protocol import CTX_DROPPED, CtxLegFields, GenLegFields, with_fields
 
-__all__ = ["ParsedRequest", "parse_request", "ctx_body", "gen_body", "client_answer", "API_PATHS"]
+__all__ = ["ParsedRequest", "parse_request", "ctx_leg_body", "gen_leg_body", "API_PATHS"]
+
+# A completions ctx leg sends the orchestrator's token ids as its prompt.
+_CTX_DROPPED_COMPLETIONS = CTX_DROPPED | {"prompt"}
 
 
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "messages": "/v1/messages"}
@@ -40,7 +44,7 @@ class ParsedRequest:
     session_id: str | None
     max_tokens: int | None
     raw: bytes = b""
-    """The client's body as it came: a leg that sends ``body`` unchanged forwards these bytes."""
+    """The client's body as it came: the gen leg forwards these bytes (with its params appended)."""
     ignored_fields: tuple[str, ...] = ()
     """Unknown top-level fields of the client's body, named in the answer's ``Warning`` header."""
     ctx_can_answer: bool = True
@@ -52,11 +56,6 @@ class ParsedRequest:
     @property
     def path(self) -> str:
         return API_PATHS[self.api]
-
-    def encode(self, payload: dict[str, Any]) -> bytes:
-        """A leg's body as JSON bytes; the client's own bytes when ``payload`` is its body."""
-        return self.raw if payload is self.body and self.raw else msgspec.json.encode(payload)
-
 
 
 def parse_request(api: str, raw: bytes, validator: RequestValidator, session_header: str | None) -> ParsedRequest:
@@ -82,7 +81,7 @@ def parse_request(api: str, raw: bytes, validator: RequestValidator, session_hea
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return ParsedRequest(api, body, valid.prompt_ids, bool(body.get("stream", False)),
                          _session_id(api, body, session_header), max_tokens if isinstance(max_tokens, int) else None,
-                         raw, ignored, body.get("n", 1) == 1 and not body.get("echo"))
+                         raw, ignored, (body.get("n") or 1) == 1 and not body.get("echo"))
 
 
 def _session_id(api: str, body: dict[str, Any], header: str | None) -> str | None:
@@ -96,32 +95,20 @@ def _session_id(api: str, body: dict[str, Any], header: str | None) -> str | Non
     return user if isinstance(user, str) and user else None
 
 
-def ctx_body(request: ParsedRequest, kv_prefix: dict[str, Any] | None = None) -> dict[str, Any]:
+def ctx_leg_body(request: ParsedRequest, kv_prefix: DisaggParams | None = None) -> bytes:
     """The context_only leg: one token, no streaming; completions get the token ids. ``kv_prefix``:
     where the prompt's leading blocks are parked for it (``orchestrator.kv_pool``)."""
-    body = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options", "max_completion_tokens")}
-    body["max_tokens"] = 1
-    body["stream"] = False
-    if request.api == "completions":
-        body["prompt"] = request.prompt_ids
-    body["disaggregated_params"] = {"request_type": CONTEXT_ONLY}
-    if kv_prefix is not None:
-        body["disaggregated_params"]["kv_prefix"] = kv_prefix
-    return body
+    completions = request.api == "completions"
+    dropped = _CTX_DROPPED_COMPLETIONS if completions else CTX_DROPPED
+    kept = {k: v for k, v in request.body.items() if k not in dropped}
+    fields = CtxLegFields(DisaggParams(RequestType.CONTEXT_ONLY, kv_prefix=kv_prefix),
+                          prompt=request.prompt_ids if completions else msgspec.UNSET)
+    return with_fields(msgspec.json.encode(kept), fields)
 
 
-def gen_body(request: ParsedRequest, ctx_answer: dict[str, Any]) -> dict[str, Any] | None:
-    """The generation_only leg, or None when the ctx answer carries no usable params."""
-    params = ctx_answer.get("disaggregated_params")
-    prompt_ids = ctx_answer.get("prompt_token_ids")
-    if not isinstance(params, dict) or not isinstance(prompt_ids, list):
-        return None
-    body = dict(request.body)
-    body["disaggregated_params"] = {**params, "request_type": GENERATION_ONLY, "prompt_token_ids": prompt_ids}
-    return body
-
-
-def client_answer(ctx_answer: dict[str, Any]) -> dict[str, Any]:
-    """A ctx answer shown to the client as is (the request finished on its first token)."""
-    return {k: v for k, v in ctx_answer.items() if k not in ("disaggregated_params", "prompt_token_ids")}
+def gen_leg_body(request: ParsedRequest, params: DisaggParams | None) -> bytes:
+    """A gen leg: the client's own bytes, with ``params`` (generation_only, resume) when given; a
+    normal request without."""
+    raw = request.raw or msgspec.json.encode(request.body)
+    return raw if params is None else with_fields(raw, GenLegFields(params))
 

@@ -25,6 +25,7 @@ from typing import Callable
 import msgspec
 
 from orchestrator.config import WORKER_ROLES, HealthConfig
+from workers.http_protocol import Phase, Role
 
 __all__ = ["WorkerRecord", "Registry", "RegistryError"]
 
@@ -42,7 +43,7 @@ class RegistryError(ValueError):
 
 class WorkerRecord(msgspec.Struct, kw_only=True):
     worker_id: str
-    role: str
+    role: Role
     url: str
     static: bool
     kv_endpoint: str | None = None
@@ -67,8 +68,8 @@ class WorkerRecord(msgspec.Struct, kw_only=True):
     draining: bool = False
     """Drained by an operator: routed nothing new; its in-flight requests finish."""
 
-    def serves(self, phase: str) -> bool:
-        return self.role == phase or self.role == "both"
+    def serves(self, phase: Phase) -> bool:
+        return self.role == phase or self.role == Role.BOTH
 
 
 class Registry:
@@ -91,7 +92,7 @@ class Registry:
 
     def add_static(self, role: str, url: str) -> WorkerRecord:
         url = url.rstrip("/")
-        record = WorkerRecord(worker_id=f"static-{len(self.workers)}", role=role, url=url, static=True,
+        record = WorkerRecord(worker_id=f"static-{len(self.workers)}", role=Role(role), url=url, static=True,
                               draining=url in self.drained_urls)
         self.workers[record.worker_id] = record
         self._changed()
@@ -114,7 +115,7 @@ class Registry:
             raise RegistryError(f"the registry holds {len(self.workers)} workers, the most it accepts; "
                                 "deregister one or wait for a registration to expire", "url")
         if record is None:
-            record = WorkerRecord(worker_id=worker_id or f"w-{uuid.uuid4().hex[:12]}", role=role, url=url,
+            record = WorkerRecord(worker_id=worker_id or f"w-{uuid.uuid4().hex[:12]}", role=Role(role), url=url,
                                   static=False, kv_endpoint=kv_endpoint, draining=url in self.drained_urls)
             self.workers[record.worker_id] = record
         record.last_seen = self.clock()

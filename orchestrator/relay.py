@@ -31,6 +31,7 @@ from orchestrator.clean_ends import stream_error_frame
 from orchestrator.errors import RequestTimeoutError, UpstreamFailedError
 from orchestrator.http_client import LegResponse, UpstreamError, UpstreamTimeout
 from orchestrator.state_protocol import FailedLeg
+from workers.http_protocol import Phase
 
 if TYPE_CHECKING:
     from orchestrator.flow import Flow
@@ -184,7 +185,7 @@ class Relay:
         moved = await migration.move(failed, why, self._expired or time.monotonic() >= self.deadline)
         if moved is None:
             return False
-        self.record.legs.append(FailedLeg("gen", failed.worker_id, why))
+        self.record.legs.append(FailedLeg(Phase.GEN, failed.worker_id, why))
         self.worker, self.upstream = moved
         self.flow.view.acquire(self.worker.worker_id, self.tokens)
         self._holding = True
@@ -210,7 +211,7 @@ class Relay:
         error = http_error(RequestTimeoutError("the request timed out") if timed_out else
                            UpstreamFailedError(f"the generation worker failed mid-stream: {name}"))
         self.record.error = error.message
-        self.flow.metrics.errors.labels("gen", "timeout" if timed_out else "stream").inc()
+        self.flow.metrics.errors.labels(Phase.GEN, "timeout" if timed_out else "stream").inc()
         separator = b"" if self.last.endswith(b"\n\n") else b"\n\n"
         return separator + stream_error_frame(self.request.api == "messages", error)
 
@@ -222,10 +223,10 @@ class Relay:
             self._expiry.cancel()
         flow = self.flow
         if not self._ended:
-            flow.metrics.disconnects.labels("gen").inc()
+            flow.metrics.disconnects.labels(Phase.GEN).inc()
         gen = self.record.gen  # set by the leg that answered (Flow.stream_gen)
         if gen is not None:
             gen.end = time.time()
-            flow.metrics.observe("gen", gen.end - gen.start)
+            flow.metrics.observe(Phase.GEN, gen.end - gen.start)
         self._release()  # a client that left: the worker sees the disconnect and aborts
         flow.finish(self.record, self.request, self.previous + self.last)

@@ -22,6 +22,7 @@ import msgspec
 
 from orchestrator.config import LiveSettings
 from orchestrator.registry import WorkerRecord
+from workers.http_protocol import Mode, Phase
 
 __all__ = ["Registration", "WorkerIdBody", "RegistrationAck", "Ok", "WorkerRef", "DrainRequest", "DrainAck", "SettingsAck", "LoadPush", "CtxLegTrace", "GenLegTrace",
            "FailedLeg", "RequestTrace", "PerfPush", "Snapshot"]
@@ -116,7 +117,7 @@ class GenLegTrace(msgspec.Struct, kw_only=True, omit_defaults=True):
 class FailedLeg(msgspec.Struct):
     """A leg that failed and was retried elsewhere (or not at all)."""
 
-    phase: str
+    phase: Phase
     worker_id: str
     error: str
 
@@ -129,7 +130,7 @@ class RequestTrace(msgspec.Struct, kw_only=True):
     api: str
     arrival: float
     num_prompt_tokens: int = 0
-    mode: str = "disagg"
+    mode: Mode = Mode.DISAGG
     tokenized: float | None = None
     ctx: CtxLegTrace | None = None
     gen: GenLegTrace | None = None

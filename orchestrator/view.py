@@ -32,6 +32,7 @@ from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate
 from orchestrator.state_protocol import LoadPush, PerfPush, RequestTrace, Snapshot
 from workers.engine.block_hash import compute_block_hashes
+from workers.http_protocol import Phase
 
 __all__ = ["ClusterView", "StateLink", "LOAD_PUSH_SECONDS"]
 
@@ -86,12 +87,12 @@ class ClusterView:
                 total[1] += tokens
         self.others_load = others
 
-    def healthy(self, phase: str) -> list[WorkerRecord]:
+    def healthy(self, phase: Phase) -> list[WorkerRecord]:
         now = time.monotonic()
         return [w for w in self.workers.values()
                 if w.healthy and not w.draining and w.serves(phase) and self.suspects.get(w.worker_id, 0.0) <= now]
 
-    def has_healthy(self, phase: str) -> bool:
+    def has_healthy(self, phase: Phase) -> bool:
         """A worker of ``phase`` in the rotation (healthy, not drained)."""
         return any(w.healthy and not w.draining and w.serves(phase) for w in self.workers.values())
 
@@ -99,7 +100,7 @@ class ClusterView:
         block_size = worker.block_size if worker.block_size is not None else self.default_block_size
         return block_size, worker.hash_seed if worker.hash_seed is not None else self.default_hash_seed
 
-    def candidates(self, phase: str, prompt_ids: Sequence[int], exclude: set[str],
+    def candidates(self, phase: Phase, prompt_ids: Sequence[int], exclude: set[str],
                    hashes: dict[tuple[int, int], list[int]] | None = None) -> list[Candidate]:
         """``hashes``: the prompt's block hashes by (block size, seed), filled in as computed; a
         request passes the same dict to each of its routing decisions (gen, ctx, retries)."""

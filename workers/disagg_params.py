@@ -16,6 +16,7 @@ Torch-free; the orchestrator imports this module.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import os
@@ -30,9 +31,7 @@ from workers.protocol import TokenLogprobs
 
 __all__ = [
     "CLUSTER_KEY_FILE_ENV",
-    "CONTEXT_ONLY",
-    "GENERATION_ONLY",
-    "RESUME",
+    "RequestType",
     "DisaggParams",
     "DisaggParamsError",
     "ClusterKeyError",
@@ -44,13 +43,19 @@ __all__ = [
 ]
 
 CLUSTER_KEY_FILE_ENV = "DISAGG_CLUSTER_KEY_FILE"
-CONTEXT_ONLY = "context_only"
-GENERATION_ONLY = "generation_only"
-# A stream migrated mid-answer (orchestrator.migration): the worker prefills the prompt and the
-# tokens already sent itself, replays them through its detokenizer, stop strings, tool-call parser
-# and grammar without writing them, and writes what follows. Unsigned: it moves no KV and names no
-# endpoint, so it can do nothing a client's own token-id prompt could not.
-RESUME = "resume"
+
+
+class RequestType(enum.StrEnum):
+    """Which leg of a disaggregated request a body is (``disaggregated_params.request_type``)."""
+
+    CONTEXT_ONLY = "context_only"  # prefill, sample one token, park the prompt's KV
+    GENERATION_ONLY = "generation_only"  # pull the parked KV, decode on from the ctx leg's token
+    # A stream migrated mid-answer (orchestrator.migration): the worker prefills the prompt and the
+    # tokens already sent itself, replays them through its detokenizer, stop strings, tool-call parser
+    # and grammar without writing them, and writes what follows. Unsigned: it moves no KV and names no
+    # endpoint, so it can do nothing a client's own token-id prompt could not.
+    RESUME = "resume"
+
 MIN_KEY_BYTES = 16
 
 
@@ -65,7 +70,8 @@ class ClusterKeyError(ValueError):
 class DisaggParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """``disaggregated_params`` of a request or of a ctx answer (see the module doc)."""
 
-    request_type: str  # context_only | generation_only | resume
+    # Kept a str on the wire's way in, so that an unknown type is the 400 ``validate_type`` words.
+    request_type: str
     ctx_request_id: str | None = None  # the ctx engine's request id, a decimal string
     kv_endpoint: str | None = None  # tcp://host:port of the ctx engine's KV-transfer agent
     num_tokens: int | None = None  # prompt tokens whose KV is parked on the ctx engine
@@ -97,11 +103,11 @@ class DisaggParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     created: int | None = None
 
     def validate_type(self) -> None:
-        if self.request_type not in (CONTEXT_ONLY, GENERATION_ONLY, RESUME):
+        if self.request_type not in tuple(RequestType):
             raise DisaggParamsError(
-                f"disaggregated_params.request_type must be {CONTEXT_ONLY!r}, {GENERATION_ONLY!r} or {RESUME!r}, "
+                f"disaggregated_params.request_type must be {', '.join(repr(t.value) for t in RequestType)}, "
                 f"got {self.request_type!r}")
-        if self.request_type == RESUME and (not self.prompt_token_ids or not self.output_token_ids):
+        if self.request_type == RequestType.RESUME and (not self.prompt_token_ids or not self.output_token_ids):
             raise DisaggParamsError("disaggregated_params for resume need prompt_token_ids and output_token_ids")
 
 
@@ -121,7 +127,7 @@ def signed_params(key: bytes, ctx_request_id: str, kv_endpoint: str, num_tokens:
     """The ``context_only`` params of a ctx answer, signed."""
     signature = sign_params(key, ctx_request_id, kv_endpoint, num_tokens, first_token_id, expires_at,
                             prompt_token_ids)
-    return DisaggParams(CONTEXT_ONLY, ctx_request_id, kv_endpoint, num_tokens, first_token_id, expires_at,
+    return DisaggParams(RequestType.CONTEXT_ONLY, ctx_request_id, kv_endpoint, num_tokens, first_token_id, expires_at,
                         signature, list(prompt_token_ids))
 
 

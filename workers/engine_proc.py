@@ -70,6 +70,8 @@ from workers.protocol import (
     DrainReply,
     SnapshotKVCache,
     DrainStats,
+    FinishReason,
+    RejectReason,
     EngineFailed,
     EngineHealth,
     EngineInfo,
@@ -242,11 +244,15 @@ class EngineProc:
                     engine_request = self.core.add_request(request)
                 else:
                     engine_request = self._add_to_core(message)
-            except Exception as exc:  # noqa: BLE001 - a bad request must not take the engine down
-                log.warning("rejected request %d: %s", request.request_id, exc,
-                            extra={"request_id": request.x_request_id})
-                self._pending.append(RequestOutput(request.request_id, [], "abort", error=str(exc),
-                                                   timing=EngineTiming(arrival, None, None, time.time())))
+            except Exception as exc:  # a failing request must not take the engine down
+                # Known faults of a request are rejections the core reports itself (RejectReason):
+                # an exception here is the engine's own, answered 500 (retried on another worker).
+                log.exception("request %d failed to start: %s", request.request_id, exc,
+                              extra={"request_id": request.x_request_id})
+                self._pending.append(RequestOutput(request.request_id, [], FinishReason.ABORT,
+                                                   error=f"{type(exc).__name__}: {exc}",
+                                                   timing=EngineTiming(arrival, None, None, time.time()),
+                                                   reject_reason=RejectReason.INTERNAL))
                 return
             self._live[lane].add(request.request_id)
             self._timings[request.request_id] = (engine_request, arrival)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import msgspec
 
 __all__ = [
-    "KV_TRANSFER_ERROR",
     "KVPullRequest",
     "KVAck",
     "KVRequestMessage",
@@ -30,9 +29,6 @@ __all__ = [
     "KVError",
     "KVReplyMessage",
 ]
-
-# Prefix of the ``RequestOutput.error`` of a gen request whose pull failed (frontends map it to a 502).
-KV_TRANSFER_ERROR = "kv transfer failed"
 
 
 class KVPullRequest(msgspec.Struct, frozen=True, array_like=True, tag="pull"):

@@ -8,6 +8,8 @@ Torch-free.
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 from workers.engine.kv_tiers import TierStats
@@ -19,6 +21,9 @@ __all__ = [
     "TokenLogprobs",
     "EngineTiming",
     "RequestOutput",
+    "FinishReason",
+    "RejectReason",
+    "CLIENT_REJECTIONS",
     # ingress.sock (every frontend -> engine)
     "AddRequest",
     "AddContextRequest",
@@ -114,18 +119,56 @@ class KVTransferStats(msgspec.Struct, frozen=True, array_like=True, gc=False):
         return self.num_bytes / self.seconds if self.seconds > 0 else 0.0
 
 
+class FinishReason(enum.StrEnum):
+    """Why a request ended (``workers.engine.request.FINISH_REASONS`` maps the engine's states)."""
+
+    STOP = "stop"  # EOS, a stop token or string
+    LENGTH = "length"  # max_tokens or the model's length
+    ABORT = "abort"  # aborted, or rejected (``RequestOutput.reject_reason``)
+
+
+class RejectReason(enum.StrEnum):
+    """Why the engine ended a request with an error, whose words are ``RequestOutput.error``.
+
+    Those in ``CLIENT_REJECTIONS`` are the request's own fault, a 400 for its client; any other
+    is the engine's (an exception while adding the request, an invariant broken): a 500, which the
+    orchestrator retries on another worker."""
+
+    EMPTY_PROMPT = "empty_prompt"
+    PROMPT_TOO_LONG = "prompt_too_long"
+    INVALID_SAMPLING_PARAMS = "invalid_sampling_params"
+    TOKEN_OUT_OF_VOCABULARY = "token_out_of_vocabulary"
+    GUIDED_DECODING_OFF = "guided_decoding_off"  # this engine found no tokenizer.json for grammars
+    GRAMMAR_DOES_NOT_COMPILE = "grammar_does_not_compile"
+    GRAMMAR_REJECTS_OUTPUT = "grammar_rejects_output"  # a resumed request's output tokens
+    # The engine's own failures.
+    KV_STILL_PARKED = "kv_still_parked"  # a ctx request id whose earlier KV is still parked
+    SAMPLED_OUTSIDE_GRAMMAR = "sampled_outside_grammar"  # a sampled token the grammar's mask should have barred
+    INTERNAL = "internal"  # an exception in the engine's add_request path (logged with its traceback)
+
+    @property
+    def is_client_error(self) -> bool:
+        return self in CLIENT_REJECTIONS
+
+
+CLIENT_REJECTIONS = frozenset({
+    RejectReason.EMPTY_PROMPT, RejectReason.PROMPT_TOO_LONG, RejectReason.INVALID_SAMPLING_PARAMS,
+    RejectReason.TOKEN_OUT_OF_VOCABULARY, RejectReason.GUIDED_DECODING_OFF, RejectReason.GRAMMAR_DOES_NOT_COMPILE,
+    RejectReason.GRAMMAR_REJECTS_OUTPUT,
+})
+
+
 class RequestOutput(msgspec.Struct, omit_defaults=True, array_like=True, gc=False):
     """What one engine step produced for one request.
 
-    ``finish_reason`` is one of ``stop``, ``length``, ``abort`` (see
-    ``workers.engine.request.FINISH_REASONS``) or None while it runs.
-    ``error`` is set when the engine rejected the request (e.g. prompt longer
-    than ``max_model_len``); then ``finish_reason`` is ``abort``.
+    ``finish_reason`` is None while it runs. ``error`` and ``reject_reason`` are set when the
+    engine rejected the request (e.g. prompt longer than ``max_model_len``); then
+    ``finish_reason`` is ``abort``.
     """
 
     request_id: int
     new_token_ids: list[int]
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     new_logprobs: list[TokenLogprobs] | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
@@ -133,6 +176,7 @@ class RequestOutput(msgspec.Struct, omit_defaults=True, array_like=True, gc=Fals
     kv_parked: ParkedKV | None = None  # ctx side of disaggregation: set on the finishing output
     kv_transfer: KVTransferStats | None = None  # gen side: set on the finishing output
     timing: EngineTiming | None = None  # set by the engine process on the finishing output only
+    reject_reason: RejectReason | None = None  # with ``error``
 
 
 # --- ingress.sock: every frontend PUSHes, the engine PULLs -------------------

@@ -24,7 +24,7 @@ from frontends.schemas_anthropic import MessagesRequest
 from frontends.schemas_openai import ChatCompletionRequest, CompletionRequest
 from frontends.serving import FrontendConfig, ServingContext
 from inproc_engine import InprocEngineClient, make_synthetic_core
-from workers.disagg_params import CONTEXT_ONLY, GENERATION_ONLY, signed_params
+from workers.disagg_params import RequestType, signed_params
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 256
@@ -58,7 +58,7 @@ def api_request(api: str, **fields) -> ApiRequest:
 def gen_params(**fields) -> dict:
     params = signed_params(KEY, "17", "tcp://127.0.0.1:1", len(SIGNED_IDS), FIRST_TOKEN, time.time() + 60,
                            SIGNED_IDS)
-    return msgspec.to_builtins(msgspec.structs.replace(params, request_type=GENERATION_ONLY, **fields))
+    return msgspec.to_builtins(msgspec.structs.replace(params, request_type=RequestType.GENERATION_ONLY, **fields))
 
 
 @pytest.mark.parametrize("api", APIS)
@@ -73,7 +73,7 @@ def test_a_plain_request_has_no_leg_and_its_own_prompt(ctx, api):
 @pytest.mark.parametrize("api", APIS)
 def test_a_ctx_leg_samples_one_token_of_the_same_prompt(ctx, api):
     plain = check_request(ctx, api_request(api))
-    valid = check_request(ctx, api_request(api, disaggregated_params={"request_type": CONTEXT_ONLY}))
+    valid = check_request(ctx, api_request(api, disaggregated_params={"request_type": RequestType.CONTEXT_ONLY}))
     assert valid.leg is not None and valid.leg.is_context
     assert valid.prompt_ids == plain.prompt_ids
     assert valid.params.max_tokens == 1

@@ -14,14 +14,15 @@ import pytest
 from orchestrator.kv_index import KVIndex
 from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
 from worker_process import start_worker, stop_worker
+from workers.http_protocol import KVEventEntry, KVEventRecord
 
 
-def stored(event_id: int, *hashes: int) -> dict:
-    return {"event_id": event_id, "event": {"type": "BlockStored", "block_hashes": list(hashes)}}
+def stored(event_id: int, *hashes: int) -> KVEventEntry:
+    return KVEventEntry(KVEventRecord("BlockStored", list(hashes)), event_id)
 
 
-def removed(event_id: int, *hashes: int) -> dict:
-    return {"event_id": event_id, "event": {"type": "BlockRemoved", "block_hashes": list(hashes)}}
+def removed(event_id: int, *hashes: int) -> KVEventEntry:
+    return KVEventEntry(KVEventRecord("BlockRemoved", list(hashes)), event_id)
 
 
 def test_a_gap_marks_the_worker_stale_and_a_snapshot_replaces_its_set():

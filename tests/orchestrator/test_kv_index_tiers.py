@@ -8,11 +8,12 @@ from orchestrator.config import RouterConfig
 from orchestrator.kv_index import KVIndex
 from orchestrator.routing.policies import Candidate, RouteRequest, Router
 from workers.engine.kv_events import BlockRemoved, BlockStored, KVEvent, Tier
+from workers.http_protocol import KVEventEntry, KVEventRecord, decode_kv_events
 
 
-def events(*entries: object) -> list[dict]:
-    """Engine events as the launcher's route answers them (JSON objects)."""
-    return msgspec.json.decode(msgspec.json.encode([KVEvent(i, 0.0, e) for i, e in enumerate(entries)]))
+def events(*entries: object) -> list[KVEventEntry]:
+    """Engine events as the launcher's route answers them, read as the orchestrator reads them."""
+    return decode_kv_events(msgspec.json.encode([KVEvent(i, 0.0, e) for i, e in enumerate(entries)]))
 
 
 def test_a_block_evicted_to_the_host_tier_moves_from_the_pool_set_to_the_lower_set():
@@ -24,9 +25,9 @@ def test_a_block_evicted_to_the_host_tier_moves_from_the_pool_set_to_the_lower_s
     assert index.blocks["w"] == {1, 2} and index.lower["w"] == {3, 4}
     assert index.match("w", [1, 2, 3, 4, 5]) == (4, 2)  # two in the pool, then two below it
     assert index.num_matched_blocks("w", [1, 2, 3, 4]) == 2  # the pool's alone
-    index.apply("w", [{"event_id": 4, "event": {"type": "BlockRemoved", "block_hashes": [4], "tier": "disk"}}])
+    index.apply("w", [KVEventEntry(KVEventRecord("BlockRemoved", [4], "disk"), 4)])
     assert index.lower["w"] == {3}
-    index.apply("w", [{"event_id": 5, "event": {"type": "AllBlocksCleared"}}])
+    index.apply("w", [KVEventEntry(KVEventRecord("AllBlocksCleared"), 5)])
     assert index.blocks["w"] == set() and index.lower["w"] == set()
 
 

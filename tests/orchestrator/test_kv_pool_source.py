@@ -9,6 +9,7 @@ from orchestrator.kv_pool import KVPool, worth_fetching
 from orchestrator.prompt import ParsedRequest
 from orchestrator.registry import WorkerRecord
 from orchestrator.view import ClusterView
+from workers.disagg_params import DisaggParams, RequestType
 from workers.engine.block_hash import compute_block_hashes
 
 PROMPT = list(range(100, 260))  # 160 tokens: 10 blocks of 16, the last one never fetched (its last token)
@@ -65,18 +66,23 @@ def test_worth_fetching_compares_prefill_with_overhead_plus_transfer(gain, prefi
     assert worth_fetching(gain, overhead, prefill, transfer) is fetch
 
 
+def answer(**fields) -> DisaggParams:
+    """A ctx answer's params (those the cost model reads)."""
+    return DisaggParams(RequestType.CONTEXT_ONLY, **fields)
+
+
 def test_the_speeds_are_measured_from_the_ctx_answers():
     view = view_of({"w0": 0})
     pool = KVPool(view, None)  # type: ignore[arg-type]
     worker = view.workers["w0"]
-    pool.observe_ctx_leg(worker, 1000, {"num_cached_tokens": 200}, 0.4)  # 800 computed in 0.4 s
+    pool.observe_ctx_leg(worker, 1000, answer(num_cached_tokens=200), 0.4)  # 800 computed in 0.4 s
     assert pool.measured_prefill_tps == pytest.approx(2000.0)
-    pool.observe_ctx_leg(worker, 1000, {"num_cached_tokens": 0}, 0.25)  # 4000/s, averaged in
+    pool.observe_ctx_leg(worker, 1000, answer(num_cached_tokens=0), 0.25)  # 4000/s, averaged in
     assert pool.measured_prefill_tps == pytest.approx(2000.0 + 0.2 * 2000.0)
-    pool.observe_ctx_leg(worker, 1000, {"kv_pulled_blocks": 50, "kv_pull_seconds": 0.008}, 0.1)
+    pool.observe_ctx_leg(worker, 1000, answer(kv_pulled_blocks=50, kv_pull_seconds=0.008), 0.1)
     assert pool.measured_transfer_tps == pytest.approx(50 * 16 / 0.008)
     assert pool.measured_prefill_tps == pytest.approx(2400.0)  # a leg that pulled says nothing of prefill
-    pool.observe_ctx_leg(worker, 40, {}, 0.1)  # too few tokens to measure a speed by
+    pool.observe_ctx_leg(worker, 40, answer(), 0.1)  # too few tokens to measure a speed by
     assert pool.measured_prefill_tps == pytest.approx(2400.0)
 
 

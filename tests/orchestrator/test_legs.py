@@ -19,13 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from frontends.disaggregation import KVTransferError
-from frontends.error_codes import KV_TRANSFER_FAILED
-from frontends.errors import anthropic_error_body, http_error, openai_error_body
 from frontends.tokenizer import Tokenizer
-from orchestrator.attempts import error_code
-from orchestrator.prompt import ctx_body, gen_body, parse_request
+from orchestrator.prompt import ctx_leg_body, parse_request
 from orchestrator.validation import RequestValidator
+from workers.http_protocol import CtxAnswer
 from orchestrator_process import start_orchestrator, stop_orchestrator
 from worker_process import free_port
 
@@ -52,12 +49,6 @@ class StandIn:
                 return Response(b'{"error": {"message": "this worker does not serve disaggregated requests", '
                                 b'"param": "disaggregated_params"}}', status_code=400)
             params = body.get("disaggregated_params") or {}
-            if self.mode == "kv_lost" and params.get("request_type") == "generation_only":
-                # What a gen worker answers when its KV pull failed: a 502, or in band once streaming.
-                error = openai_error_body(http_error(KVTransferError("kv transfer failed: the ctx engine is gone")))
-                if not body.get("stream"):
-                    return Response(error, status_code=502)
-                return Response(b"data: " + error + b"\n\ndata: [DONE]\n\n", media_type="text/event-stream")
             if params.get("request_type") == "context_only":
                 answer_params = {"request_type": "context_only", "finished": True, "first_token_id": 2} \
                     if self.mode == "finished" else PARAMS
@@ -155,26 +146,6 @@ def test_failed_ctx_worker_is_retried_and_rejected_leg_falls_back(legs):
         assert response.status_code == 200 and response.headers["x-disagg-ctx-worker"] == "static-0"
 
 
-def test_a_lost_kv_source_is_served_again_on_the_same_gen_worker(legs):
-    """The gen leg's KV pull failed (the error's code, as a 502 or in band): the only gen worker is
-    fine, so the request goes to it again as a normal request; any other 5xx is not replayed there."""
-    url, ctx_a, ctx_b, gen = legs
-    for stream in (False, True):
-        reset(ctx_a, ctx_b, gen)
-        gen.mode = "kv_lost"
-        response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-test", "prompt": "p", "max_tokens": 5,
-                                                             "stream": stream})
-        assert response.status_code == 200 and response.headers["x-disagg-gen-worker"] == "static-2", response.text
-        assert b"kv_transfer_failed" not in response.content
-        [(leg_id, leg), (again_id, again)] = gen.requests
-        assert leg["disaggregated_params"]["request_type"] == "generation_only"
-        assert again_id == leg_id and "disaggregated_params" not in again
-    reset(ctx_a, ctx_b, gen)
-    gen.mode = "fail"
-    response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-test", "prompt": "p", "max_tokens": 5})
-    assert response.status_code == 502 and len(gen.requests) == 1
-
-
 def legs_sent(url: str) -> dict[str, float]:
     """The orchestrator's ``disagg_orchestrator_legs_total`` per phase."""
     text = httpx.get(f"{url}/prometheus/metrics").text
@@ -240,16 +211,8 @@ def test_parse_request_session_ids_and_leg_bodies(tiny_model_dir):
                                                       "messages": [{"role": "user", "content": "hi"}]}),
                          tokenizer, None)
     assert chat.session_id == "alice" and chat.max_tokens == 4
-    body = ctx_body(chat)
+    body = msgspec.json.decode(ctx_leg_body(chat))
     assert body["max_tokens"] == 1 and "max_completion_tokens" not in body and body["messages"] == chat.body["messages"]
-    assert gen_body(chat, {"choices": []}) is None  # no params: not a ctx answer
+    assert CtxAnswer().gen_params() is None  # no params: not a ctx answer
 
 
-def test_error_code_reads_json_bodies_and_sse_frames():
-    error = http_error(KVTransferError("kv transfer failed"))
-    assert error_code(openai_error_body(error)) == KV_TRANSFER_FAILED
-    assert error_code(b'data: {"choices": []}\n\ndata: ' + openai_error_body(error) + b"\n\n") == KV_TRANSFER_FAILED
-    # The code's name in the text is not the code: only the decoded field counts.
-    assert error_code(b'data: {"choices": [{"text": "\\"kv_transfer_failed\\""}]}\n\n') is None
-    for other in (b"data: [DONE]\n\n", b"data: {\"err", b'{"error": "x"}', b"", anthropic_error_body(error)):
-        assert error_code(other) is None  # Anthropic's error body has no code

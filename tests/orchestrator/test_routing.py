@@ -10,6 +10,7 @@ from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
 from orchestrator.state_protocol import Snapshot
 from orchestrator.view import ClusterView
+from workers.http_protocol import KVEventEntry, decode_kv_events
 from workers.engine.block_hash import compute_block_hashes
 
 REQ = RouteRequest(num_tokens=64)
@@ -80,10 +81,15 @@ def test_conditional_disaggregation_thresholds():
     assert not should_skip_ctx(ConditionalDisaggConfig(enabled=False), 5, 0, 16)
 
 
-def stored(event_id: int, hashes: list[int]) -> dict:
-    return {"event_id": event_id, "timestamp": 0.0,
-            "event": {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None, "token_ids": [],
-                      "block_size": 4}}
+def entry(event: dict) -> KVEventEntry:
+    """One page entry, read as the orchestrator reads a worker's page."""
+    return decode_kv_events(msgspec.json.encode([event]))[0]
+
+
+def stored(event_id: int, hashes: list[int]) -> KVEventEntry:
+    return entry({"event_id": event_id, "timestamp": 0.0,
+                  "event": {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None, "token_ids": [],
+                            "block_size": 4}})
 
 
 def test_kv_index_follows_events_and_matches_chains():
@@ -94,9 +100,9 @@ def test_kv_index_follows_events_and_matches_chains():
     assert index.apply("b", [stored(0, hashes[:2]), stored(1, hashes[3:6])]) == 2
     assert index.num_matched_blocks("a", hashes) == 4
     assert index.num_matched_blocks("b", hashes) == 2  # a chain: block 2 is missing
-    index.apply("a", [{"event_id": 1, "timestamp": 0.0, "event": {"type": "removed", "block_hashes": [hashes[1]]}}])
+    index.apply("a", [entry({"event_id": 1, "timestamp": 0.0, "event": {"type": "removed", "block_hashes": [hashes[1]]}})])
     assert index.num_matched_blocks("a", hashes) == 1
-    index.apply("a", [{"event_id": 3, "timestamp": 0.0, "event": {"type": "AllBlocksCleared"}}])
+    index.apply("a", [entry({"event_id": 3, "timestamp": 0.0, "event": {"type": "AllBlocksCleared"}})])
     assert index.num_matched_blocks("a", hashes) == 0
     assert index.num_gaps == 1  # event 2 never arrived
     index.apply("b", [stored(0, hashes[:1])])  # ids start over: b restarted, its old blocks are gone

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from workers.disagg_params import (
-    GENERATION_ONLY,
+    RequestType,
     ClusterKeyError,
     DisaggParams,
     DisaggParamsError,
@@ -23,7 +23,7 @@ PROMPT = [5, 6, 7, 8, 9]
 
 def _gen_params(**changes) -> DisaggParams:
     ctx = signed_params(KEY, "281474976710657", "tcp://127.0.0.1:5555", len(PROMPT), 42, time.time() + 60, PROMPT)
-    params = msgspec.structs.replace(ctx, request_type=GENERATION_ONLY)
+    params = msgspec.structs.replace(ctx, request_type=RequestType.GENERATION_ONLY)
     return msgspec.structs.replace(params, **changes)
 
 

@@ -13,12 +13,15 @@ from workers.config import EngineConfig, SyntheticConfig
 from workers.ipc import FrameCodec
 from workers.launcher import LaunchError, WorkerGroup
 from workers.protocol import (
+    AbortRequests,
     AddRequest,
     EngineHealth,
     EngineRequest,
+    FinishReason,
     HealthPing,
     IngressMessage,
     OutputBatch,
+    RejectReason,
     RequestOutput,
 )
 from workers.sampling_params import SamplingParams
@@ -162,3 +165,27 @@ def test_control_drains_stats_and_kv_events_once(zmq_ctx):
         decoded = msgspec.msgpack.decode(events.items, type=list[KVEvent])
         assert len(decoded) >= 1
         assert [e.event_id for e in decoded] == list(range(len(decoded)))
+
+
+def test_an_exception_adding_a_request_is_the_engines_own_error_and_the_engine_serves_on(zmq_ctx, capfd):
+    """A request the core cannot add (here: its id is already in the engine, a frontend's bug) ends with
+    ``RejectReason.INTERNAL``, which a frontend answers 500 (retried elsewhere), not the client's 400;
+    the engine logs its traceback."""
+    slow = SyntheticConfig(decode_step_base_seconds=0.01)
+    group = WorkerGroup(EngineConfig(kind="synthetic", synthetic=slow), 1, "127.0.0.1", 1, grace_seconds=1.0)
+    with group:
+        group.start_engine(timeout=30.0)
+        frontend = RawFrontend(group, 0, zmq_ctx)
+        frontend.add(1, SamplingParams(max_tokens=1000))
+        frontend.add(1)  # the same id again, while the first runs
+        [rejected] = [o for o in frontend.collect({1})[1] if o.finish_reason is not None]
+        assert (rejected.finish_reason, rejected.reject_reason) == (FinishReason.ABORT, RejectReason.INTERNAL)
+        assert not rejected.reject_reason.is_client_error
+        assert rejected.error == "ValueError: request id 1 is already in the engine"
+        logged = capfd.readouterr().err
+        assert "request 1 failed to start" in logged and "Traceback (most recent call last)" in logged
+        frontend.ingress.send_multipart(frontend.codec.encode(AbortRequests([1])))
+        frontend.add(2, SamplingParams(max_tokens=0))  # the request's own fault: a known rejection
+        assert frontend.collect({2})[2][-1].reject_reason is RejectReason.INVALID_SAMPLING_PARAMS
+        frontend.add(7)
+        assert frontend.collect({7})[7][-1].finish_reason == "length"

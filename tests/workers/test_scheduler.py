@@ -12,7 +12,7 @@ from workers.engine.executor import ExecutorOutput, SampledToken, SchedulerOutpu
 from workers.engine.request import Request, RequestStatus
 from workers.engine.scheduler import Scheduler
 from workers.engine.synthetic import SyntheticExecutor
-from workers.protocol import RequestOutput
+from workers.protocol import RejectReason, RequestOutput
 from workers.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
@@ -249,6 +249,7 @@ def test_too_long_prompt_is_rejected_with_an_error():
             finish_reason="abort",
             num_prompt_tokens=17,
             error="prompt has 17 tokens, more than the model's limit of 16 tokens (max_model_len)",
+            reject_reason=RejectReason.PROMPT_TOO_LONG,
         )
     ]
     outputs = run_to_completion(scheduler, scripted())
@@ -259,8 +260,9 @@ def test_invalid_sampling_params_and_empty_prompts_are_rejected():
     scheduler = make_scheduler()
     scheduler.add_request(make_request(0, 4, max_tokens=0))
     scheduler.add_request(make_request(1, []))
-    errors = [o.error for o in scheduler.take_finished_outputs()]
-    assert errors == ["invalid sampling parameters: max_tokens must be >= 1, got 0", "prompt is empty"]
+    errors = [(o.reject_reason, o.error) for o in scheduler.take_finished_outputs()]
+    assert errors == [(RejectReason.INVALID_SAMPLING_PARAMS, "invalid sampling parameters: max_tokens must be >= 1, got 0"),
+                      (RejectReason.EMPTY_PROMPT, "prompt is empty")]
     assert not scheduler.has_unfinished()
 
 

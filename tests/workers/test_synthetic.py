@@ -13,7 +13,7 @@ from workers.engine.core import EngineCore
 from workers.engine.executor import ProfilingUnsupported, SchedulerOutput
 from workers.engine.kv_events import BlockRemoved, BlockStored
 from workers.engine.synthetic import NOMINAL_KV_BYTES_PER_TOKEN, SyntheticExecutor
-from workers.protocol import EngineRequest, RequestOutput
+from workers.protocol import EngineRequest, RejectReason, RequestOutput
 from workers.sampling_params import SamplingParams
 
 
@@ -242,10 +242,12 @@ def test_rejections_come_out_of_the_next_step():
     core.add_request(make_request(0, list(range(65))))
     core.add_request(make_request(1, [32000]))
     outputs = core.step()
-    assert [(o.request_id, o.finish_reason, o.error) for o in outputs] == [
-        (0, "abort", "prompt has 65 tokens, more than the model's limit of 64 tokens (max_model_len)"),
-        (1, "abort", "token id 32000 is outside the vocabulary [0, 32000)"),
+    assert [(o.request_id, o.finish_reason, o.error, o.reject_reason) for o in outputs] == [
+        (0, "abort", "prompt has 65 tokens, more than the model's limit of 64 tokens (max_model_len)",
+         RejectReason.PROMPT_TOO_LONG),
+        (1, "abort", "token id 32000 is outside the vocabulary [0, 32000)", RejectReason.TOKEN_OUT_OF_VOCABULARY),
     ]
+    assert all(o.reject_reason.is_client_error for o in outputs)  # the request's fault: a 400
     assert not core.has_unfinished()
 
 
@@ -298,6 +300,7 @@ def test_a_parked_request_id_cannot_be_reused_until_released():
     ctx.add_request(make_request(0, [1, 2, 3]), park_kv_seconds=60.0)
     (output,) = ctx.step()
     assert (output.finish_reason, output.error) == ("abort", "request id 0 still has parked KV blocks")
+    assert output.reject_reason is RejectReason.KV_STILL_PARKED and not output.reject_reason.is_client_error
     ctx.release_parked(0)
     ctx.add_request(make_request(0, [1, 2, 3], max_tokens=1), park_kv_seconds=60.0)
     assert run(ctx)[0][0].finish_reason == "length"

@@ -31,7 +31,7 @@ from workers.engine.request import Request
 from workers.engine.scheduler import KVPull, Scheduler
 from workers.engine.stats import IterationStats, StatsQueue
 from workers.guided import GrammarCompiler, GrammarError, load_tokenizer
-from workers.protocol import EngineRequest, EngineTiming, RequestOutput
+from workers.protocol import EngineRequest, EngineTiming, RejectReason, RequestOutput
 
 __all__ = ["EngineCore", "KVPull", "ProfilingUnsupported"]
 
@@ -279,7 +279,8 @@ class EngineCore:
                 not output or (min(output) >= 0 and max(output) < vocab_size)):
             return True
         bad = next(t for t in request.all_token_ids if not 0 <= t < vocab_size)
-        self._reject(request, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+        self._reject(request, RejectReason.TOKEN_OUT_OF_VOCABULARY,
+                     f"token id {bad} is outside the vocabulary [0, {vocab_size})")
         return False
 
     def _attach_grammar(self, request: Request) -> bool:
@@ -289,25 +290,28 @@ class EngineCore:
         if guided is None or self.config.kind == "synthetic":
             return True
         if self.grammars is None:
-            self._reject(request, "guided decoding is off in this engine: no tokenizer.json matching the model "
+            self._reject(request, RejectReason.GUIDED_DECODING_OFF,
+                         "guided decoding is off in this engine: no tokenizer.json matching the model "
                                   "(see the engine log)")
             return False
         try:
             request.grammar = self.grammars.matcher(guided)
         except GrammarError as exc:
-            self._reject(request, f"the {guided.kind} grammar does not compile: {exc}")
+            self._reject(request, RejectReason.GRAMMAR_DOES_NOT_COMPILE,
+                         f"the {guided.kind} grammar does not compile: {exc}")
             return False
         for token_id in request.output_token_ids:
             if not request.grammar.consume_token(token_id):
                 request.grammar = None
-                self._reject(request, f"the {guided.kind} grammar rejects the output token {token_id}")
+                self._reject(request, RejectReason.GRAMMAR_REJECTS_OUTPUT,
+                             f"the {guided.kind} grammar rejects the output token {token_id}")
                 return False
         return True
 
-    def _reject(self, request: Request, error: str) -> None:
+    def _reject(self, request: Request, reason: RejectReason, error: str) -> None:
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request id {request.request_id} is already in the engine")
-        self.scheduler.reject(request, error)
+        self.scheduler.reject(request, reason, error)
 
     def _record_stats(self, batch: SchedulerOutput, seconds: float) -> None:
         scheduler, blocks = self.scheduler, self.block_manager

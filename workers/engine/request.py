@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from workers.protocol import TokenLogprobs
+from workers.protocol import FinishReason, RejectReason, TokenLogprobs
 from workers.sampling_params import SamplingParams
 
 
@@ -30,10 +30,10 @@ class RequestStatus(enum.IntEnum):
 
 
 # The one table from finished states to API finish reasons.
-FINISH_REASONS: dict[RequestStatus, str] = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
+FINISH_REASONS: dict[RequestStatus, FinishReason] = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
 }
 
 
@@ -61,6 +61,7 @@ class Request:
         "first_token_time",
         "num_preemptions",
         "error",
+        "reject_reason",
         "grammar",
         "num_unreported_tokens",
         "unreported_logprobs",
@@ -89,6 +90,7 @@ class Request:
         self.first_token_time: float | None = None
         self.num_preemptions = 0
         self.error: str | None = None
+        self.reject_reason: RejectReason | None = None  # with ``error``
         # Guided decoding: the llguidance matcher, advanced past every output token
         # (so preemption by recompute keeps it valid); None when unconstrained or finished.
         self.grammar: Any = None

@@ -16,24 +16,24 @@ complete, whatever ``min_tokens`` and ``ignore_eos`` say.
 from __future__ import annotations
 
 from workers.engine.request import FINISH_REASONS, Request, RequestStatus
-from workers.protocol import RequestOutput, TokenLogprobs
+from workers.protocol import RejectReason, RequestOutput, TokenLogprobs
 
 __all__ = ["admission_error", "stop_filter", "stop_status", "request_output", "token_slice"]
 
 
-def admission_error(request: Request, max_model_len: int) -> str | None:
-    """Why the request can never run, or None."""
+def admission_error(request: Request, max_model_len: int) -> tuple[RejectReason, str] | None:
+    """Why the request can never run, in words, or None."""
     if not request.prompt_token_ids:
-        return "prompt is empty"
+        return RejectReason.EMPTY_PROMPT, "prompt is empty"
     if request.num_prompt_tokens > max_model_len:
-        return (
+        return RejectReason.PROMPT_TOO_LONG, (
             f"prompt has {request.num_prompt_tokens} tokens, more than the model's limit "
             f"of {max_model_len} tokens (max_model_len)"
         )
     try:
         request.sampling_params.validate()
     except ValueError as exc:
-        return f"invalid sampling parameters: {exc}"
+        return RejectReason.INVALID_SAMPLING_PARAMS, f"invalid sampling parameters: {exc}"
     return None
 
 
@@ -83,6 +83,7 @@ def request_output(
         num_prompt_tokens=request.num_prompt_tokens if is_first else 0,
         num_cached_tokens=request.num_cached_tokens if is_first else 0,
         error=request.error,
+        reject_reason=request.reject_reason,
     )
 
 

@@ -40,7 +40,7 @@ from workers.engine.request import Request, RequestStatus
 from workers.engine.step_results import StepResults
 from workers.engine.tier_requests import TierRequests
 from workers.engine.request_rules import admission_error, request_output, stop_filter, token_slice
-from workers.protocol import RequestOutput
+from workers.protocol import RejectReason, RequestOutput
 
 __all__ = ["Scheduler", "KVPull"]
 
@@ -184,7 +184,8 @@ class Scheduler(StepResults):
     def _admit(self, request: Request, park_kv_seconds: float | None) -> bool:
         """``_accept``, and remember how long to park the request's KV at finish (a ctx leg)."""
         if park_kv_seconds is not None and self.block_manager.parked_block_ids(request.request_id) is not None:
-            self.reject(request, f"request id {request.request_id} still has parked KV blocks")
+            self.reject(request, RejectReason.KV_STILL_PARKED,
+                        f"request id {request.request_id} still has parked KV blocks")
             return False
         if not self._accept(request):
             return False
@@ -211,15 +212,16 @@ class Scheduler(StepResults):
             raise ValueError(f"request id {request.request_id} is already in the engine")
         error = admission_error(request, self.max_model_len)
         if error is not None:
-            self.reject(request, error)
+            self.reject(request, *error)
             return False
         stop_filter(request, self.eos_token_ids, self.max_model_len)
         self.requests[request.request_id] = request
         return True
 
-    def reject(self, request: Request, error: str) -> None:
+    def reject(self, request: Request, reason: RejectReason, error: str) -> None:
         request.status = RequestStatus.FINISHED_ABORTED
         request.error = error
+        request.reject_reason = reason
         self._finished_outputs.append(request_output(request, [], is_first=request.first_token_time is None))
 
     def abort(self, request_id: int) -> None:

@@ -15,7 +15,7 @@ from workers.engine.block_manager import BlockManager
 from workers.engine.executor import ExecutorOutput, SchedulerOutput
 from workers.engine.request import Request, RequestStatus
 from workers.engine.request_rules import request_output, stop_status
-from workers.protocol import RequestOutput
+from workers.protocol import RejectReason, RequestOutput
 
 __all__ = ["StepResults"]
 
@@ -67,6 +67,7 @@ class StepResults:
             grammar = request.grammar
             if grammar is not None and not grammar.consume_token(token_id):
                 request.error = f"the grammar rejected token {token_id}: {grammar.get_error()}"
+                request.reject_reason = RejectReason.SAMPLED_OUTSIDE_GRAMMAR
             is_first = request.first_token_time is None  # nothing reported for it before
             if is_first:
                 if now is None:
