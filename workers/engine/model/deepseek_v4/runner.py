@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from workers.config import ConfigError, EngineConfig
-from workers.engine.executor import ExecutorOutput, ProfilingUnsupported, SchedulerOutput
+from workers.engine.executor import ExecutorOutput, ProfilingUnsupported, SchedulerOutput, logit_rows
 from workers.engine.model.deepseek_v4.cache_bytes import state_bytes_per_token
 from workers.engine.model.deepseek_v4.model import DeepseekV4Model, SequenceBatch
 from workers.engine.model.deepseek_v4.state import SequenceState
@@ -59,12 +59,12 @@ class DeepseekV4Runner:
         return sample_step(self.sampler, batch, self.compute_logits(batch))
 
     def compute_logits(self, batch: SchedulerOutput) -> torch.Tensor:
-        """(S, vocab) float32 logits of the requests with ``sample`` set, in order."""
+        """(S, vocab) float32 logits of the requests with ``sample`` set, in order, then the rows of
+        prompt logprobs (``executor.logit_rows``)."""
         if not batch.requests:
             return torch.empty((0, self.vocab_size))
         token_ids: list[int] = []
         sequences: list[SequenceBatch] = []
-        last_rows: list[int] = []
         for request in batch.requests:
             end = request.start_position + len(request.token_ids)
             if end > self.max_model_len:
@@ -73,10 +73,8 @@ class DeepseekV4Runner:
                 SequenceBatch(self._state_of(request.block_ids[0], request.start_position), len(request.token_ids))
             )
             token_ids.extend(request.token_ids)
-            if request.sample:
-                last_rows.append(len(token_ids) - 1)
         logits = self.model.forward(torch.tensor(token_ids, dtype=torch.long), sequences)
-        return logits[torch.tensor(last_rows, dtype=torch.long)]
+        return logits[torch.tensor(logit_rows(batch.requests), dtype=torch.long)]
 
     def _state_of(self, first_block: int, start_position: int) -> SequenceState:
         if start_position == 0:
