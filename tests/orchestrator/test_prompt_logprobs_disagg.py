@@ -7,11 +7,10 @@ nothing: the KV is pulled). The answers equal the gen worker's own for the same 
 
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
 
-from disagg_cluster import DisaggCluster
+from disagg_cluster import DisaggCluster, prefill_tokens
 
 MODEL = "tiny-test"
 PROMPT = " ".join(f"word{i}" for i in range(40))
@@ -22,11 +21,6 @@ def cluster(tiny_model_dir, tmp_path_factory):
     cluster = DisaggCluster(tmp_path_factory.mktemp("prompt-logprobs"), tiny_model_dir)
     yield cluster
     cluster.close()
-
-
-def prefill_tokens(url: str) -> int:
-    """Prompt tokens the worker's engine computed since the last call (its drained step stats)."""
-    return sum(step["num_prefill_tokens"] for step in httpx.get(url + "/metrics").json())
 
 
 def direct(cluster: DisaggCluster) -> openai.OpenAI:

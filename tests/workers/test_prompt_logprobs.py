@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from engine_runs import run, tokens  # noqa: E402
 from test_engine_equivalence import make_core, make_request  # noqa: E402
-from workers.config import EngineConfig, SyntheticConfig  # noqa: E402
+from workers.config import CacheConfig, EngineConfig, SchedulerConfig, SyntheticConfig  # noqa: E402
 from workers.engine.core import EngineCore  # noqa: E402
 from workers.protocol import RequestOutput, TokenLogprobs  # noqa: E402
 
@@ -85,3 +85,27 @@ def test_the_synthetic_engine_carries_their_shape():
     outputs = run(core, make_request(1, PROMPT, prompt_logprobs=2))
     entries = _prompt_logprobs(outputs[1])
     assert [e.token_id for e in entries] == PROMPT[1:] and all(len(e.top_token_ids) == 2 for e in entries)
+
+
+def test_a_request_preempted_mid_prefill_collects_each_position_once():
+    def core(num_blocks: int) -> EngineCore:
+        return EngineCore(EngineConfig(kind="synthetic", synthetic=SyntheticConfig(vocab_size=500),
+                                       cache=CacheConfig(block_size=4, num_blocks=num_blocks),
+                                       scheduler=SchedulerConfig(max_num_batched_tokens=8)))
+
+    asking = make_request(2, [(7 * k) % 500 for k in range(40)], max_tokens=4, prompt_logprobs=1)
+    alone = _prompt_logprobs(run(core(64), asking)[2])
+    # A decoding request that keeps growing preempts the newer one while it is still prefilling
+    # (in chunks of 8): it recomputes positions it has already scored.
+    tight = core(12)
+    tight.add_request(make_request(1, list(range(8)), max_tokens=40))
+    tight.add_request(asking)
+    outputs: list[RequestOutput] = []
+    preempted_before_output = 0
+    while tight.has_unfinished():
+        preemptions = tight.scheduler.num_preemptions
+        outputs += [o for o in tight.step() if o.request_id == 2]
+        if tight.scheduler.num_preemptions > preemptions and not outputs:
+            preempted_before_output += 1
+    assert preempted_before_output > 0
+    assert _prompt_logprobs(outputs) == alone
