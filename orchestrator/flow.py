@@ -20,7 +20,10 @@
    as a stream per API is not worth its code, and so is one that asked for
    ``n`` > 1 choices or ``echo`` (``ParsedRequest.ctx_can_answer``). With ``n``
    > 1 the ctx leg makes choice 0's first token and the gen leg all ``n``
-   choices (``frontends.choices``): the prompt's KV moves once.
+   choices (``frontends.choices``): the prompt's KV moves once. Prompt logprobs
+   (``echo`` with ``logprobs``, ``prompt_logprobs``) are the ctx leg's to
+   compute: they ride in its ``disaggregated_params`` to the gen leg, which
+   reports them and computes none (``frontends.disaggregation``).
 3. gen leg: generation_only with the ctx params and prompt ids,
    ``x-request-id: <id>-gen``, streaming as the client asked. A failure
    before the first byte reached the client is retried as a *normal* request
