@@ -181,6 +181,8 @@ class Flow:
     async def fetch_prefix(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, watch: Watch,
                            deadline: float) -> dict[str, Any] | None:
         """The ``kv_prefix`` of the ctx leg when the KV pool has the prompt's prefix on another worker."""
+        if request.scores_prompt:  # its ctx leg computes the whole prompt (frontends.disaggregation)
+            return None
         source = self.pool.source(self.config.kv_pool, request, ctx)
         if source is None:
             return None
