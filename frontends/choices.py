@@ -14,6 +14,10 @@ the price of a KV copy in the executor and a fork in the scheduler; not done.
 Without prefix caching (``engine.enable_prefix_caching: false``) each choice
 prefills the whole prompt.
 
+Prompt logprobs are asked of the engine by choice 0 alone (the prompt is the
+same; a request asking for them skips the prefix cache, so each choice would
+prefill the whole prompt again): every choice reports choice 0's.
+
 Seeds: choice ``i`` samples with ``seed + i`` (vLLM's rule), so each choice is
 reproducible by itself and choice 0 is exactly the ``n = 1`` answer.
 
@@ -58,11 +62,11 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 
 def choice_generations(first: Generation, n: int) -> list[Generation]:
     """``first`` and ``n - 1`` more on its prompt: plain requests (a leg's hook is choice 0's alone),
-    each with its own seed."""
+    each with its own seed, none asking for prompt logprobs (module doc)."""
     params = first.params
     return [first] + [
         Generation(first.client, first.tokenizer, first.prompt_token_ids,
-                   msgspec.structs.replace(params, seed=choice_seed(params.seed, index)), first.stop_strings,
+                   msgspec.structs.replace(params, seed=choice_seed(params.seed, index), prompt_logprobs=None), first.stop_strings,
                    first.arrival_time, None, first.x_request_id)
         for index in range(1, n)
     ]

@@ -95,6 +95,7 @@ class DisaggLeg:
         self.first_logprobs: TokenLogprobs | None = None  # a ctx leg's first token's, when asked for
         self.num_cached_tokens = 0  # a ctx leg's prefix-cache hits (on its engine's first output)
         self.kv_pull: KVTransferStats | None = None  # a ctx leg's pull of its kv_prefix
+        self.prompt_logprobs: list[TokenLogprobs] | None = None  # a ctx leg's, when asked for
         # the gen leg's first token is not reported by its engine
         self._first_pending = not self.is_context and not self.is_resume
 
@@ -111,6 +112,8 @@ class DisaggLeg:
         engine computes the prefix: never a wrong answer, at worst a lost saving)."""
         prefix = self.params.kv_prefix
         if prefix is None or prefix.prompt_token_ids is None or prefix.ctx_request_id is None:
+            return None
+        if request.sampling_params.prompt_logprobs is not None:  # pulled KV has no logits to score it by
             return None
         prompt, num_tokens = request.prompt_token_ids, len(prefix.prompt_token_ids)
         if num_tokens >= len(prompt) or prompt[:num_tokens] != prefix.prompt_token_ids or prefix.kv_endpoint is None:
@@ -155,6 +158,8 @@ class DisaggLeg:
             if output.new_token_ids and self.first_token_id is None:
                 self.first_token_id = output.new_token_ids[0]
                 self.first_logprobs = output.new_logprobs[0] if output.new_logprobs else None
+            if output.prompt_logprobs is not None:
+                self.prompt_logprobs = output.prompt_logprobs
             if output.kv_parked is not None:
                 self.kv_parked = output.kv_parked
             if output.kv_transfer is not None and not output.kv_transfer.recomputed:
@@ -168,6 +173,10 @@ class DisaggLeg:
             return msgspec.structs.replace(output, new_token_ids=[self.params.first_token_id, *output.new_token_ids],
                                            new_logprobs=logprobs)
         return output
+
+    def carried_prompt_logprobs(self) -> list[TokenLogprobs] | None:
+        """A gen leg's prompt logprobs, the ctx leg's (its own engine computes none: ``engine_params``)."""
+        return self.params.prompt_logprobs if not self.is_context and not self.is_resume else None
 
     def usage_cached_tokens(self, own: int) -> int:
         """The cached prompt tokens usage reports (module doc); ``own``: this engine's hits."""
@@ -190,6 +199,7 @@ class DisaggLeg:
         params = msgspec.structs.replace(
             params, prompt_token_ids=None,  # top-level in the answer
             first_token_logprobs=self.first_logprobs, num_cached_tokens=self.num_cached_tokens,
+            prompt_logprobs=self.prompt_logprobs,
             kv_pulled_blocks=None if pull is None else pull.num_blocks,
             kv_pull_seconds=None if pull is None else pull.seconds)
         return CtxAnswer(params, list(prompt_token_ids))
@@ -240,9 +250,11 @@ def start_leg(config: DisaggConfig | None, params: DisaggParams | None, stream: 
 
 
 def engine_params(leg: DisaggLeg, params: SamplingParams) -> SamplingParams:
-    """A ctx leg samples exactly one token (min_tokens capped so EOS stays masked as it would be)."""
+    """A ctx leg samples exactly one token (min_tokens capped so EOS stays masked as it would be); the
+    prompt logprobs are the ctx leg's to compute: a gen leg carries them, a resumed one's client has them."""
     if leg.is_context:
         return msgspec.structs.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
+    params = msgspec.structs.replace(params, prompt_logprobs=None)
     if leg.is_resume:
         if params.max_tokens <= len(leg.replay_tokens()):
             raise InvalidRequestError("a resume request needs max_tokens above its output_token_ids' count",

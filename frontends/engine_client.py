@@ -436,4 +436,5 @@ def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput
     return msgspec.structs.replace(
         later, new_token_ids=earlier.new_token_ids + later.new_token_ids, new_logprobs=logprobs,
         num_cached_tokens=max(earlier.num_cached_tokens, later.num_cached_tokens),
-        kv_transfer=earlier.kv_transfer if earlier.kv_transfer is not None else later.kv_transfer)
+        kv_transfer=earlier.kv_transfer if earlier.kv_transfer is not None else later.kv_transfer,
+        prompt_logprobs=earlier.prompt_logprobs if earlier.prompt_logprobs is not None else later.prompt_logprobs)

@@ -169,6 +169,9 @@ class Generation:
         self.x_request_id = x_request_id  # the HTTP request's header (or a batch request's id): its perf record's
         # Called once, at the engine's first output (the prompt is prefilled then): frontends.choices.
         self.on_engine_output: Callable[[], None] | None = None
+        # Asked for (``SamplingParams.prompt_logprobs``): the engine's first output's, or a gen leg's
+        # carried from its ctx leg (``frontends.prepare``); prompt tokens 1.. (frontends.prompt_logprobs).
+        self.prompt_logprobs: list[TokenLogprobs] | None = None
 
     @property
     def num_usage_cached_tokens(self) -> int:
@@ -268,6 +271,8 @@ class PieceCutter:
             if output.error:
                 raise rejection(output, output.error)
             raise RequestAbortedError("the engine aborted the request")
+        if output.prompt_logprobs is not None:  # (before the gate below: the other choices read them)
+            generation.prompt_logprobs = output.prompt_logprobs
         if generation.on_engine_output is not None:
             generation.on_engine_output()
             generation.on_engine_output = None

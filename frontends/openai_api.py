@@ -36,6 +36,8 @@ from frontends.openai_tools import ToolCallChatStream, ToolPolicy, chat_message,
 from frontends.request_fields import decode_request
 from frontends.request_limits import check_chat_contents, check_messages, check_tools, stop_strings
 from frontends.prepare import prepare_request
+from frontends.prompt_logprobs import check_prompt_logprobs, echo_logprobs, engine_top_n, joined_logprobs, \
+    vllm_prompt_logprobs
 from frontends.serving import ServingContext
 from frontends.tool_prompt import PromptSource, adapt_conversation
 from frontends.structured import openai_controls, openai_guided
@@ -74,26 +76,36 @@ async def _collect(receive: Receive, generations: list[Generation]) -> list[Comp
 
 class _CompletionStream:
     """One choice's stream; ``closes``: it is the whole stream (usage and ``[DONE]`` at its end),
-    else one of ``n`` (``frontends.choices.stream_choices`` ends the stream)."""
+    else one of ``n`` (``frontends.choices.stream_choices`` ends the stream). ``echo``: the text
+    its first chunk holds; with ``echo_logprobs`` set (a ``(generation, top_n)`` whose prompt logprobs
+    the chunk carries, choice 0's) that chunk waits for the first piece, as the prompt logprobs come
+    with the engine's first output."""
 
     def __init__(self, encoder: CompletionChunkEncoder, tokenizer: Tokenizer, include_usage: bool,
-                 closes: bool = True, echo: str = "") -> None:
+                 closes: bool = True, echo: str = "", echo_logprobs: tuple[Generation, int] | None = None) -> None:
         self.encoder = encoder
         self.tokenizer = tokenizer
         self.include_usage = include_usage
         self.closes = closes
         self.echo = echo
-        self.text_offset = 0
+        self.echo_logprobs = echo_logprobs
+        self.text_offset = len(echo)  # the choice's text starts with the echoed prompt
 
     def start(self, generation: Generation) -> list[bytes]:
-        return [self.encoder.text(self.echo)] if self.echo else []
+        return [self.encoder.text(self.echo)] if self.echo and self.echo_logprobs is None else []
 
     def piece(self, piece: Piece) -> bytes | None:
         logprobs = None
         if piece.logprobs is not None:
             logprobs = completion_logprobs(self.tokenizer, piece.logprobs, self.text_offset)
         self.text_offset += len(piece.text)
-        return self.encoder.text(piece.text, logprobs, piece.finish_reason)
+        frame = self.encoder.text(piece.text, logprobs, piece.finish_reason)
+        if self.echo_logprobs is None:
+            return frame
+        source, top_n = self.echo_logprobs
+        self.echo_logprobs = None
+        prompt = echo_logprobs(self.tokenizer, source.prompt_token_ids, source.prompt_logprobs, top_n)
+        return self.encoder.text(self.echo, prompt) + frame
 
     def finish(self, generation: Generation, last: Piece) -> list[bytes]:
         if not self.closes:
@@ -147,9 +159,12 @@ class CompletionApi:
         body = self.body
         check_choices(body.n, body.best_of)
         self.num_choices = _num_choices(body.n, leg)
-        if body.echo and body.logprobs is not None:
-            raise InvalidRequestError("echo with logprobs needs the prompt's logprobs, which this server does not "
-                                      "compute; ask for echo or logprobs, not both", param="echo")
+        check_prompt_logprobs(body.prompt_logprobs, body.stream)
+
+    @property
+    def echo_top_n(self) -> int | None:
+        """The alternatives per echoed prompt token (``echo`` with ``logprobs``), None when not asked."""
+        return self.body.logprobs if self.body.echo else None
 
     def echo_text(self, ctx: ServingContext, prompt_ids: list[int]) -> str:
         """What each choice's text starts with: the prompt when ``echo`` is asked, else nothing."""
@@ -180,6 +195,7 @@ class CompletionApi:
             num_prompt_tokens, body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
             seed=body.seed, min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids,
             ignore_eos=body.ignore_eos, logprobs=body.logprobs, guided=guided, guided_param=guided_param,
+            prompt_logprobs=engine_top_n(self.echo_top_n, body.prompt_logprobs),
             **openai_controls(body, ctx.client.vocab_size),
         )
 
@@ -205,22 +221,34 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     generations = choice_generations(prepared.generation, api.num_choices)
     echo = api.echo_text(ctx, prepared.generation.prompt_token_ids)
     response_id, created = prepared.response_ids(ctx, "cmpl")
+    first, echo_top_n = generations[0], api.echo_top_n
+    echo_source = None if echo_top_n is None else (first, echo_top_n)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         if len(generations) == 1:
             encoder = _CompletionStream(CompletionChunkEncoder(response_id, created, ctx.model_name), ctx.tokenizer,
-                                        include_usage, echo=echo)
-            return stream_response(generations[0], encoder)
+                                        include_usage, echo=echo, echo_logprobs=echo_source)
+            return stream_response(first, encoder)
         chunks = [CompletionChunkEncoder(response_id, created, ctx.model_name, index)
                   for index in range(len(generations))]
-        encoders: list[StreamEncoder] = [_CompletionStream(c, ctx.tokenizer, False, False, echo) for c in chunks]
+        encoders: list[StreamEncoder] = [_CompletionStream(c, ctx.tokenizer, False, False, echo, echo_source)
+                                         for c in chunks]
         return EventStreamResponse(stream_choices(
             generations, encoders, lambda: _stream_usage(chunks[0], generations, include_usage), _error_frames))
     choices = []
     for index, result in enumerate(await _collect(request.receive, generations)):
-        logprobs = completion_logprobs(ctx.tokenizer, result.logprobs, 0) if result.logprobs is not None else None
-        choices.append({"index": index, "text": echo + result.text, "logprobs": logprobs,
-                        "finish_reason": result.finish_reason})
+        logprobs = None
+        if result.logprobs is not None:
+            logprobs = completion_logprobs(ctx.tokenizer, result.logprobs, len(echo))
+        if echo_top_n is not None:
+            prompt = echo_logprobs(ctx.tokenizer, first.prompt_token_ids, first.prompt_logprobs, echo_top_n)
+            logprobs = joined_logprobs(prompt, logprobs)
+        choice = {"index": index, "text": echo + result.text, "logprobs": logprobs,
+                  "finish_reason": result.finish_reason}
+        if body.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(ctx.tokenizer, first.prompt_logprobs,
+                                                             body.prompt_logprobs)
+        choices.append(choice)
     payload = {
         "id": response_id, "object": "text_completion", "created": created, "model": ctx.model_name,
         "choices": choices, "usage": _usage(generations),
@@ -275,6 +303,7 @@ class ChatApi:
         check_choices(body.n)
         self.num_choices = _num_choices(body.n, leg)
         check_prefill(body)
+        check_prompt_logprobs(body.prompt_logprobs, body.stream)
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
         self.tool_policy = openai_tool_policy(body)
@@ -295,7 +324,7 @@ class ChatApi:
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
             min_tokens=body.min_tokens, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
             logprobs=(body.top_logprobs or 0) if body.logprobs else None, guided=guided, guided_param=guided_param,
-            **openai_controls(body, ctx.client.vocab_size),
+            prompt_logprobs=body.prompt_logprobs, **openai_controls(body, ctx.client.vocab_size),
         )
 
 
@@ -340,6 +369,9 @@ async def serve_chat_completion(ctx: ServingContext, body: ChatCompletionRequest
         "id": response_id, "object": "chat.completion", "created": created, "model": ctx.model_name,
         "choices": choices, "usage": _usage(generations),
     }
+    if body.prompt_logprobs is not None:  # on the response, where vLLM puts a chat answer's
+        payload["prompt_logprobs"] = vllm_prompt_logprobs(ctx.tokenizer, generations[0].prompt_logprobs,
+                                                          body.prompt_logprobs)
     return _json_response(prepared.answer(payload))
 
 

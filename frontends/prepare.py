@@ -128,4 +128,6 @@ def prepare_request(ctx: ServingContext, request: ApiRequest, arrival_time: floa
     ctx.check_queue(len(valid.prompt_ids))
     generation = Generation(ctx.client, ctx.tokenizer, valid.prompt_ids, valid.params, valid.stop_strings,
                             arrival_time, valid.leg, x_request_id)
+    if valid.leg is not None:
+        generation.prompt_logprobs = valid.leg.carried_prompt_logprobs()
     return PreparedRequest(generation, valid.leg)

@@ -56,6 +56,7 @@ class SamplingControls(msgspec.Struct, frozen=True, kw_only=True):
     min_p: float | None = None
     stream_interval: int | None = None  # tokens per SSE event after the first (an extension; 1 to 1024)
     priority: int = 0  # vLLM's: the engine's queue serves lower values first (an extension)
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and top-n (frontends.prompt_logprobs)
     logit_bias: dict[str, float] | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's; and its older guided_* fields
     guided_json: dict[str, Any] | str | None = None

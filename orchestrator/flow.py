@@ -20,7 +20,10 @@
    as a stream per API is not worth its code, and so is one that asked for
    ``n`` > 1 choices or ``echo`` (``ParsedRequest.ctx_can_answer``). With ``n``
    > 1 the ctx leg makes choice 0's first token and the gen leg all ``n``
-   choices (``frontends.choices``): the prompt's KV moves once.
+   choices (``frontends.choices``): the prompt's KV moves once. Prompt logprobs
+   (``echo`` with ``logprobs``, ``prompt_logprobs``) are the ctx leg's to
+   compute: they ride in its ``disaggregated_params`` to the gen leg, which
+   reports them and computes none (``frontends.disaggregation``).
 3. gen leg: generation_only with the ctx params and prompt ids,
    ``x-request-id: <id>-gen``, streaming as the client asked. A failure
    before the first byte reached the client is retried as a *normal* request
@@ -181,6 +184,8 @@ class Flow:
     async def fetch_prefix(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, watch: Watch,
                            deadline: float) -> DisaggParams | None:
         """The ``kv_prefix`` of the ctx leg when the KV pool has the prompt's prefix on another worker."""
+        if request.scores_prompt:  # its ctx leg computes the whole prompt (frontends.disaggregation)
+            return None
         source = self.pool.source(self.config.kv_pool, request, ctx)
         if source is None:
             return None

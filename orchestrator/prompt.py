@@ -50,6 +50,9 @@ class ParsedRequest:
     ctx_can_answer: bool = True
     """A ctx leg that finished on its first token is the whole answer (not with ``n`` > 1: the ctx leg
     makes choice 0 only; nor with ``echo``: the ctx leg's prompt is token ids)."""
+    scores_prompt: bool = False
+    """It asks for prompt logprobs (``echo`` with ``logprobs``, ``prompt_logprobs``): its ctx leg computes
+    the whole prompt, so a prefix parked elsewhere (the KV pool) would not be used."""
     block_hashes: dict[tuple[int, int], list[int]] = field(default_factory=dict, compare=False)
     """The prompt's block hashes by (block size, seed), computed once for all routing decisions."""
 
@@ -81,7 +84,13 @@ def parse_request(api: str, raw: bytes, validator: RequestValidator, session_hea
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return ParsedRequest(api, body, valid.prompt_ids, bool(body.get("stream", False)),
                          _session_id(api, body, session_header), max_tokens if isinstance(max_tokens, int) else None,
-                         raw, ignored, (body.get("n") or 1) == 1 and not body.get("echo"))
+                         raw, ignored, (body.get("n") or 1) == 1 and not body.get("echo"),
+                         _scores_prompt(api, body))
+
+
+def _scores_prompt(api: str, body: dict[str, Any]) -> bool:
+    echoed = api == "completions" and bool(body.get("echo")) and body.get("logprobs") is not None
+    return echoed or body.get("prompt_logprobs") is not None
 
 
 def _session_id(api: str, body: dict[str, Any], header: str | None) -> str | None:

@@ -83,6 +83,9 @@ class DisaggParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     # ctx answer -> gen leg: the first token's logprobs when the request asks for logprobs, so the
     # gen leg reports every token's. Not signed: it only reports, the engine never reads it.
     first_token_logprobs: TokenLogprobs | None = None
+    # ctx answer -> gen leg: the prompt logprobs the ctx leg computed when the request asks for them
+    # (its gen leg reports these and its engine computes none). Not signed: it only reports.
+    prompt_logprobs: list[TokenLogprobs] | None = None
     # ctx answer -> gen leg: the ctx engine's prefix-cache hits, which the gen leg reports as the
     # request's cached prompt tokens (frontends.disaggregation). Not signed: it only reports.
     num_cached_tokens: int | None = None

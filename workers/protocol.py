@@ -78,12 +78,13 @@ class EngineRequest(msgspec.Struct, frozen=True, omit_defaults=True, array_like=
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """Logprob of a sampled token and the top-n alternatives at its position."""
+    """Logprob of a sampled (or prompt) token and the top-n alternatives at its position."""
 
     token_id: int
     logprob: float
     top_token_ids: list[int]
     top_logprobs: list[float]
+    rank: int | None = None  # a prompt token's rank in its distribution (1: the likeliest); None otherwise
 
 
 class EngineTiming(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -177,6 +178,9 @@ class RequestOutput(msgspec.Struct, omit_defaults=True, array_like=True, gc=Fals
     kv_transfer: KVTransferStats | None = None  # gen side: set on the finishing output
     timing: EngineTiming | None = None  # set by the engine process on the finishing output only
     reject_reason: RejectReason | None = None  # with ``error``
+    # On the first output of a request that asked for ``prompt_logprobs``: prompt tokens 1.. given their
+    # prefix (the first token has none), collected across its prefill chunks.
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
 
 # --- ingress.sock: every frontend PUSHes, the engine PULLs -------------------

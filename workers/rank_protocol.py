@@ -34,6 +34,7 @@ class StepSlice(msgspec.Struct, frozen=True, array_like=True, gc=False):
     start_position: int
     block_ids: list[int]
     sample: bool
+    prompt_logprob_rows: int = 0  # every rank computes those logits too: they join rank 0's gather
 
 
 class RankStep(msgspec.Struct, frozen=True, tag="step", array_like=True, gc=False):

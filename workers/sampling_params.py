@@ -57,6 +57,9 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, array_like
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per generated token; None: none
+    # The logprob of each prompt token given its prefix and the top-n alternatives (vLLM's
+    # ``prompt_logprobs``); None: none. The engine computes them only for requests that ask.
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0  # OpenAI: subtracted once from every token already generated
     frequency_penalty: float = 0.0  # OpenAI: subtracted per occurrence in the generated tokens
     repetition_penalty: float = 1.0  # CTRL/HF: divides positive (multiplies negative) logits of prompt and output tokens
@@ -86,6 +89,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, array_like
             raise ParamError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}", "min_tokens")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ParamError(f"logprobs must be in [0, 20], got {self.logprobs}", "logprobs")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise ParamError(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}", "prompt_logprobs")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ParamError(f"seed must be in [0, 2**63), got {self.seed}", "seed")
         if not -2.0 <= self.presence_penalty <= 2.0:

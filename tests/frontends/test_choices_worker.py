@@ -4,7 +4,8 @@
   and choice i is the n=1 answer with seed + i; usage counts the prompt once;
 - the prompt is prefilled once: the other choices compute only its last partial block (the engine's
   own step stats, ``GET /metrics``);
-- completions ``echo`` prepends the prompt; what is not supported is a 400 naming its parameter.
+- completions ``echo`` prepends the prompt (with its logprobs: tests/frontends/test_prompt_logprobs_worker.py);
+  what is not supported is a 400 naming its parameter.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def test_completions_n_and_echo(torch_openai):
     ({"n": 0}, "n"),
     ({"n": 129}, "n"),
     ({"n": 2, "best_of": 3}, "best_of"),
-    ({"echo": True, "logprobs": 1}, "echo"),
+    ({"logprobs": 1, "stream": True, "extra_body": {"prompt_logprobs": 1}}, "prompt_logprobs"),
 ])
 def test_what_is_not_supported_is_a_400_naming_it(torch_openai, kwargs, param):
     with pytest.raises(openai.BadRequestError) as error:

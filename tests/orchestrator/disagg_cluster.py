@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 
 from orchestrator_process import start_orchestrator, stop_orchestrator
@@ -41,3 +42,8 @@ class DisaggCluster:
         stop_orchestrator(self.orch)
         for worker in (self.ctx, self.gen):
             stop_worker(worker)
+
+
+def prefill_tokens(url: str) -> int:
+    """Prompt tokens the worker's engine computed since the last call (its drained step stats)."""
+    return sum(step["num_prefill_tokens"] for step in httpx.get(url + "/metrics").json())

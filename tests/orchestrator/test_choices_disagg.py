@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from disagg_cluster import DisaggCluster
+from disagg_cluster import DisaggCluster, prefill_tokens
 from orchestrator_process import start_orchestrator, stop_orchestrator
 
 MODEL = "tiny-test"
@@ -26,11 +26,6 @@ def cluster(tiny_model_dir, tmp_path_factory):
     cluster = DisaggCluster(tmp_path_factory.mktemp("choices"), tiny_model_dir)
     yield cluster
     cluster.close()
-
-
-def prefill_tokens(url: str) -> int:
-    """Prompt tokens the worker's engine computed since the last call (its drained step stats)."""
-    return sum(step["num_prefill_tokens"] for step in httpx.get(url + "/metrics").json())
 
 
 def test_chat_n_through_the_disaggregated_flow(cluster):

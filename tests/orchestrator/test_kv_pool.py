@@ -101,3 +101,28 @@ def test_a_forged_kv_prefix_is_ignored_not_pulled(pool_cluster):
         "disaggregated_params": {"request_type": "context_only", "kv_prefix": forged}}, timeout=30)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["text"] == expected["choices"][0]["text"]
+
+
+def test_a_request_asking_for_prompt_logprobs_fetches_no_prefix(pool_cluster):
+    """Its ctx leg scores the whole prompt (pulled KV has no logits): the pool is not asked, and the
+    prompt logprobs equal an aggregated worker's."""
+    url, aggregated, _ = pool_cluster
+    messages = [{"role": "system", "content": "You score prompts for serving systems. " * 8},
+                {"role": "user", "content": "how long is the path? " * 3}]
+    body = {"model": "tiny-test", "messages": messages, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    # One ctx worker computes the conversation; round robin sends the next request to the other, which
+    # would pull it from the pool.
+    httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).raise_for_status()
+    time.sleep(0.6)  # its KV events reach the orchestrator's index
+    expected = httpx.post(f"{aggregated}/v1/chat/completions", json={**body, "prompt_logprobs": 1}, timeout=60).json()
+    def fetches() -> float:
+        return sum(metric(url, f'disagg_orchestrator_kv_pool_fetches_total{{outcome="{outcome}"}}')
+                   for outcome in ("parked", "failed"))
+
+    before = fetches()
+    response = httpx.post(f"{url}/v1/chat/completions", json={**body, "prompt_logprobs": 1}, timeout=60)
+    assert response.status_code == 200 and response.headers["x-disagg-mode"] == "disagg", response.text
+    assert fetches() == before
+    ours, theirs = response.json()["prompt_logprobs"], expected["prompt_logprobs"]
+    assert ours[0] is None and len(ours) == len(theirs) == expected["usage"]["prompt_tokens"]
+    assert [sorted(e) for e in ours[1:]] == [sorted(e) for e in theirs[1:]]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from tests.workers.dsv4_reference import greedy_tokens, prompt
@@ -14,7 +15,7 @@ from tests.worker_process import start_worker, stop_worker
 from tests.workers.engine_runs import run, tokens
 from workers.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
-from workers.engine.model.deepseek_v4.model import DeepseekV4Model
+from workers.engine.model.deepseek_v4.model import DeepseekV4Model, SequenceBatch
 from workers.engine.model.deepseek_v4.runner import DeepseekV4Runner
 from workers.protocol import EngineRequest
 from workers.sampling_params import SamplingParams
@@ -76,3 +77,17 @@ def test_disagg_serve_answers_with_the_models_greedy_tokens(tiny_dsv4_dir: Path)
         assert text == AutoTokenizer.from_pretrained(tiny_dsv4_dir).decode(expected)
     finally:
         assert stop_worker(proc) == 0
+
+
+def test_prompt_logprobs_score_each_prompt_token_by_the_model(tiny_dsv4_dir: Path) -> None:
+    core = EngineCore(_config(tiny_dsv4_dir))
+    ids = prompt(130, seed=3).tolist()  # prefilled in two chunks (the budget is 96 tokens)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, prompt_logprobs=2)
+    entries = run(core, EngineRequest(1, ids, params))[1][0].prompt_logprobs
+    assert isinstance(core.executor, DeepseekV4Runner)
+    model = core.executor.model
+    expected = torch.log_softmax(model.forward(torch.tensor(ids), [SequenceBatch(model.new_state(), len(ids))]), -1)
+    assert entries is not None and [e.token_id for e in entries] == ids[1:]
+    for position, entry in enumerate(entries):
+        assert entry.logprob == pytest.approx(expected[position, ids[position + 1]].item(), abs=1e-4)
+        assert entry.top_token_ids == expected[position].topk(2).indices.tolist()

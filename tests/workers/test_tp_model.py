@@ -56,7 +56,9 @@ def tp_reference(tp_model, tmp_path_factory) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("size", [2, 3])
 def test_tp_matches_tp1(tp_model, tp_reference, size, tmp_path):
     got = run_ranks(tp_model, size, tmp_path / "out.npz")
-    assert got["prefill_logits"].shape == tp_reference["prefill_logits"].shape == (20, 512)
+    # 20 sampled rows, then the first prompt's rows of prompt logprobs (tp_forward.py)
+    assert got["prefill_logits"].shape == tp_reference["prefill_logits"].shape
+    assert got["prefill_logits"].shape[0] > 20 and got["prefill_logits"].shape[1] == 512
     np.testing.assert_allclose(got["prefill_logits"], tp_reference["prefill_logits"], atol=ATOL, rtol=0)
     assert (got["tokens"] == tp_reference["tokens"]).all()
 

@@ -49,9 +49,12 @@ def main(model: str, rank: int, size: int, port: int, out: str) -> None:
         return ScheduledRequest(i, tokens, start, tables[i], True, params, 0)
 
     batch = [request(i, p, 0) for i, p in enumerate(prompts)]
+    # The first prompt asks for prompt logprobs: its positions' logits follow the sampled rows (every
+    # rank computes them: they join the vocabulary-parallel gather).
+    batch[0].prompt_logprob_rows = len(prompts[0]) - 1
     prefill_logits = runner.compute_logits(SchedulerOutput(batch))
     generated: list[list[int]] = [[] for _ in prompts]
-    logits = prefill_logits
+    logits = prefill_logits[:NUM_PROMPTS]
     for step in range(NUM_DECODE + 1):
         tokens = logits.argmax(dim=-1) if rank == 0 else torch.empty(NUM_PROMPTS, dtype=torch.long)
         if tp is not None:

@@ -46,6 +46,10 @@ class ScheduledRequest(msgspec.Struct, gc=False):
     # The request's llguidance matcher (guided decoding), None when unconstrained.
     # The sampler only reads it; the scheduler advances it with each accepted token.
     grammar: Any = None
+    # Prompt logprobs (``SamplingParams.prompt_logprobs``): the logits of this chunk's first
+    # ``prompt_logprob_rows`` positions are computed too, each scoring the prompt token after it.
+    # 0 for every other entry: the common step computes the sampled rows' logits only.
+    prompt_logprob_rows: int = 0
 
 
 @dataclass(slots=True)
@@ -86,9 +90,13 @@ class ExecutorOutput:
 
     token_ids: list[int | None]
     logprobs: list[TokenLogprobs | None] | None = None
+    # None unless an entry has ``prompt_logprob_rows``; then entry i's prompt tokens' logprobs (one
+    # per row, the token after each row's position), None where it has none.
+    prompt_logprobs: list[list[TokenLogprobs] | None] | None = None
 
     @classmethod
-    def of(cls, batch: SchedulerOutput, sampled: Sequence[SampledToken]) -> ExecutorOutput:
+    def of(cls, batch: SchedulerOutput, sampled: Sequence[SampledToken],
+           prompt_logprobs: list[list[TokenLogprobs] | None] | None = None) -> ExecutorOutput:
         """From the sampled tokens of the batch's entries with ``sample`` set, in order."""
         token_ids: list[int | None] = [None] * len(batch.requests)
         logprobs: list[TokenLogprobs | None] | None = None
@@ -101,7 +109,32 @@ class ExecutorOutput:
                     if logprobs is None:
                         logprobs = [None] * len(batch.requests)
                     logprobs[i] = token.logprobs
-        return cls(token_ids, logprobs)
+        return cls(token_ids, logprobs, prompt_logprobs)
+
+
+class StepRows(Protocol):
+    """What choosing a step's logit rows reads of an entry (``ScheduledRequest``, ``StepSlice``)."""
+
+    token_ids: list[int]
+    sample: bool
+    prompt_logprob_rows: int
+
+
+def logit_rows(requests: Sequence[StepRows]) -> list[int]:
+    """The rows of a step's flattened tokens whose logits the step returns: each sampled entry's
+    last token, in order, then each entry's ``prompt_logprob_rows`` first tokens, in order
+    (``workers.engine.sampler.sample_step`` splits them there)."""
+    sampled: list[int] = []
+    prompt: list[int] = []
+    offset = 0
+    for request in requests:
+        num_tokens = len(request.token_ids)
+        if request.sample:
+            sampled.append(offset + num_tokens - 1)
+        if request.prompt_logprob_rows:
+            prompt.extend(range(offset, offset + request.prompt_logprob_rows))
+        offset += num_tokens
+    return sampled + prompt
 
 
 class Executor(Protocol):

@@ -24,7 +24,8 @@ SYNTHETIC_ACK_SECONDS = 10.0
 
 
 def to_rank_step(step: int, batch: SchedulerOutput) -> RankStep:
-    requests = [StepSlice(r.request_id, r.token_ids, r.start_position, r.block_ids, r.sample) for r in batch.requests]
+    requests = [StepSlice(r.request_id, r.token_ids, r.start_position, r.block_ids, r.sample,
+                          r.prompt_logprob_rows) for r in batch.requests]
     return RankStep(step, requests, batch.num_prefill_tokens, batch.num_decode_tokens)
 
 

@@ -4,7 +4,8 @@
 implements ``workers.engine.executor.Executor``. A step's tokens (prefill
 chunks and decodes, in the scheduler's order) are flattened into one batch;
 the logits are computed only for the last token of each request whose
-``sample`` is true.
+``sample`` is true, and for the prompt positions of a request that asked for
+prompt logprobs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from workers.config import ConfigError, EngineConfig
 from workers.engine.attention import SequenceSlice, build_attention_metadata
-from workers.engine.executor import ExecutorOutput, SchedulerOutput
+from workers.engine.executor import ExecutorOutput, SchedulerOutput, logit_rows
 from workers.engine.kv_cache import KVCache, KVCacheShape, num_blocks_for
 from workers.engine.model.loader import DTYPES, load_model, resolve_device
 from workers.engine.model.packed_linear import can_pack, pack_linears
@@ -76,20 +77,19 @@ class ModelRunner:
         return sample_step(self.sampler, batch, self.compute_logits(batch))
 
     def compute_logits(self, batch: SchedulerOutput) -> torch.Tensor:
-        """Run the step; (S, vocab) float32 logits of the requests with ``sample`` set, in order."""
+        """Run the step; (S, vocab) float32 logits of the requests with ``sample`` set, in order, then
+        the rows of prompt logprobs (``executor.logit_rows``)."""
         if not batch.requests:
             return torch.empty((0, self.vocab_size), device=self.device)
         token_ids: list[int] = []
         positions: list[int] = []
-        last_rows: list[int] = []
         for request in batch.requests:
             start, num_tokens = request.start_position, len(request.token_ids)
             if start + num_tokens > self.max_model_len:
                 raise ValueError(f"request {request.request_id} reaches position {start + num_tokens} > max_model_len")
             token_ids.extend(request.token_ids)
             positions.extend(range(start, start + num_tokens))
-            if request.sample:
-                last_rows.append(len(token_ids) - 1)
+        rows = logit_rows(batch.requests)
         sequences = [SequenceSlice(r.start_position, len(r.token_ids), r.block_ids) for r in batch.requests]
         with torch.inference_mode():
             metadata = build_attention_metadata(
@@ -98,9 +98,9 @@ class ModelRunner:
             input_ids = torch.tensor(token_ids, dtype=torch.long).to(self.device)
             position_ids = torch.tensor(positions, dtype=torch.long).to(self.device)
             hidden = self.model(input_ids, position_ids, self.kv_cache, metadata)  # (N, hidden)
-            if len(last_rows) < len(token_ids):
-                hidden = hidden[torch.tensor(last_rows, dtype=torch.long).to(self.device)]  # (S, hidden)
-            return self.model.compute_logits(hidden)  # (S, vocab)
+            if len(rows) < len(token_ids) or rows != list(range(len(rows))):  # (decodes alone: every row, in order)
+                hidden = hidden[torch.tensor(rows, dtype=torch.long).to(self.device)]  # (S + prompt rows, hidden)
+            return self.model.compute_logits(hidden)  # (S + prompt rows, vocab)
 
     def export_blocks(self, block_ids: list[int]) -> list[memoryview]:
         """The KV cache's wire frames of ``block_ids`` as raw bytes (views, not copies, where it can)."""

@@ -68,6 +68,7 @@ class Request:
         "stop_ids",
         "length_limit",
         "num_remote_tokens",
+        "prompt_logprobs",
     )
 
     def __init__(
@@ -105,6 +106,10 @@ class Request:
         # A request whose KV comes from another engine (``Scheduler.add_remote_request``): the
         # positions [0, num_remote_tokens) are pulled; None for a request computed here alone.
         self.num_remote_tokens: int | None = None
+        # Prompt logprobs (``SamplingParams.prompt_logprobs``), collected across prefill chunks: entry
+        # ``p`` scores prompt token ``p + 1``. Sent with the first output, then None; None when not asked.
+        self.prompt_logprobs: list[TokenLogprobs] | None = (
+            [] if sampling_params.prompt_logprobs is not None else None)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from workers.engine.executor import ExecutorOutput, SampledToken, SchedulerOutput
+from workers.engine.prompt_logprobs import prompt_logprobs
 from workers.engine.logits_processors import (
     apply_grammar_masks,
     apply_logit_bias,
@@ -196,12 +197,15 @@ def _top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
 
 
 def sample_step(sampler: Sampler, batch: SchedulerOutput, logits: torch.Tensor) -> ExecutorOutput:
-    """A step's output from its ``logits`` (one row per entry of ``batch`` with ``sample`` set, in order)."""
+    """A step's output from its ``logits`` (one row per entry of ``batch`` with ``sample`` set, in order,
+    then the rows of prompt logprobs: ``executor.logit_rows``)."""
     rows = [
         SamplingRow(r.sampling_params, r.num_output_tokens, r.output_token_ids, r.prompt_token_ids, r.grammar)
         for r in batch.requests
         if r.sample
     ]
     with torch.inference_mode():
-        tokens = sampler.sample(logits, rows) if rows else []
-    return ExecutorOutput.of(batch, tokens)
+        if logits.shape[0] == len(rows):  # the common step: no prompt logprobs asked
+            return ExecutorOutput.of(batch, sampler.sample(logits, rows) if rows else [])
+        tokens = sampler.sample(logits[: len(rows)], rows) if rows else []
+        return ExecutorOutput.of(batch, tokens, prompt_logprobs(batch.requests, logits[len(rows) :]))

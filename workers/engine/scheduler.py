@@ -133,6 +133,9 @@ class Scheduler(StepResults):
         """
         if not self._admit(request, park_kv_seconds):
             return
+        # Pulled KV has no logits: a gen leg reports the ctx leg's prompt logprobs, and a ctx leg that
+        # asks for them pulls no prefix (``frontends.disaggregation``).
+        request.prompt_logprobs = None
         request.num_remote_tokens = request.num_tokens - 1 if num_remote_tokens is None else num_remote_tokens
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
         self._num_remote_kv += 1
@@ -382,8 +385,11 @@ class Scheduler(StepResults):
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             fresh = request.num_computed_tokens == 0  # else its KV was pulled from a remote engine
-            hits = block_manager.get_computed_blocks(request) if fresh else []
-            if fresh and self.onboarding is not None:
+            # A request still owed its prompt logprobs computes its whole prompt: a cached block has
+            # KV but no logits (vLLM skips the prefix cache for these requests too).
+            reuses = fresh and request.prompt_logprobs is None
+            hits = block_manager.get_computed_blocks(request) if reuses else []
+            if reuses and self.onboarding is not None:
                 lower = block_manager.lower_tier_hits(request, hits)
                 if lower:
                     if not self._start_onboarding(request, hits, lower, remote=False):
@@ -451,9 +457,12 @@ class Scheduler(StepResults):
             token_ids = token_slice(request, start, end)
         # Live lists (block table, output and prompt tokens), read-only for the executor
         # while the step runs: copying them every step would cost O(length) per request.
+        # Prompt logprobs: the positions of this chunk that score a prompt token (never the last one's:
+        # that row is the sampled one).
+        prompt_rows = 0 if request.prompt_logprobs is None else max(0, min(end, request.num_prompt_tokens - 1) - start)
         batch.requests.append(ScheduledRequest(
             request.request_id, token_ids, start, request.block_ids, end == num_tokens, request.sampling_params,
-            len(output_token_ids), output_token_ids, request.prompt_token_ids, request.grammar))
+            len(output_token_ids), output_token_ids, request.prompt_token_ids, request.grammar, prompt_rows))
         batch.owners.append(request)
 
 

@@ -15,7 +15,7 @@ from workers.engine.block_manager import BlockManager
 from workers.engine.executor import ExecutorOutput, SchedulerOutput
 from workers.engine.request import Request, RequestStatus
 from workers.engine.request_rules import request_output, stop_status
-from workers.protocol import RejectReason, RequestOutput
+from workers.protocol import RejectReason, RequestOutput, TokenLogprobs
 
 __all__ = ["StepResults"]
 
@@ -51,6 +51,8 @@ class StepResults:
             owners = [requests.get(scheduled.request_id) for scheduled in batch.requests]
         if len(result.token_ids) != len(batch.requests):
             raise ValueError(f"the executor sampled {len(result.token_ids)} entries of a batch of {len(batch.requests)}")
+        if result.prompt_logprobs is not None:
+            _collect_prompt_logprobs(batch, owners, result.prompt_logprobs)
         entries = zip(batch.requests, owners, result.token_ids, result.logprobs or repeat(None))
         for scheduled, request, token_id, logprobs in entries:
             if request is None or request.status is not _RUNNING:
@@ -122,11 +124,28 @@ class StepResults:
 _RUNNING = RequestStatus.RUNNING  # (hoisted: read per request per step)
 
 
+def _collect_prompt_logprobs(batch: SchedulerOutput, owners: list[Request | None],
+                             results: list[list[TokenLogprobs] | None]) -> None:
+    """Append each chunk's prompt logprobs to its request's: only positions it lacks (a request
+    preempted before its first output recomputes positions it already has)."""
+    for scheduled, request, entries in zip(batch.requests, owners, results):
+        if entries is None or request is None or request.prompt_logprobs is None:
+            continue
+        collected = request.prompt_logprobs
+        skip = len(collected) - scheduled.start_position
+        if skip >= 0:
+            collected.extend(entries[skip:])
+
+
 def _report(request: Request, is_first: bool) -> RequestOutput:
-    """The output of the request's unreported tokens (and their logprobs)."""
+    """The output of the request's unreported tokens (and their logprobs); the first carries the
+    prompt logprobs when asked."""
     new_token_ids = request.output_token_ids[-request.num_unreported_tokens:]
     logprobs = request.unreported_logprobs or None
     request.num_unreported_tokens = 0
     if logprobs is not None:
         request.unreported_logprobs = []
-    return request_output(request, new_token_ids, is_first, logprobs)
+    output = request_output(request, new_token_ids, is_first, logprobs)
+    if is_first and request.prompt_logprobs is not None:
+        output.prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
+    return output

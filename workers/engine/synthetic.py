@@ -86,6 +86,7 @@ class SyntheticExecutor:
         started = time.perf_counter()
         token_ids_out: list[int | None] = []
         logprobs: list[TokenLogprobs | None] | None = None
+        prompt_logprobs: list[list[TokenLogprobs] | None] | None = None
         vocab_size, bs, kv, salts = self.vocab_size, self.block_size, self._kv, self._salts
         for scheduled in batch.requests:
             token_ids = scheduled.token_ids
@@ -97,6 +98,10 @@ class SyntheticExecutor:
                 last_hash = block[slot] = hash((block[slot - 1], token_ids[0]))  # _chain
             else:
                 last_hash = self._fill(scheduled)
+            if scheduled.prompt_logprob_rows:
+                if prompt_logprobs is None:
+                    prompt_logprobs = [None] * len(batch.requests)
+                prompt_logprobs[len(token_ids_out)] = self._prompt_logprobs(scheduled)
             if not scheduled.sample:
                 token_ids_out.append(None)
                 continue
@@ -116,7 +121,7 @@ class SyntheticExecutor:
         remaining = self.step_seconds(batch) - (time.perf_counter() - started)
         if remaining > 0:
             time.sleep(remaining)
-        return ExecutorOutput(token_ids_out, logprobs)
+        return ExecutorOutput(token_ids_out, logprobs, prompt_logprobs)
 
     def step_seconds(self, batch: SchedulerOutput) -> float:
         return step_seconds(self.timing, batch)
@@ -182,6 +187,18 @@ class SyntheticExecutor:
                 self._salts.clear()
             salt = self._salts[seed] = _chain(seed, _SEED_SALT ^ _GREEDY_SALT)
         return salt
+
+    def _prompt_logprobs(self, scheduled: ScheduledRequest) -> list[TokenLogprobs]:
+        """Stand-in prompt logprobs of the chunk's rows: a function of the position and token alone
+        (the real values need a model; these only carry the shape through the engine and the APIs)."""
+        start, top_n = scheduled.start_position, scheduled.sampling_params.prompt_logprobs or 0
+        entries = []
+        for position in range(start + 1, start + 1 + scheduled.prompt_logprob_rows):
+            token_id = scheduled.prompt_token_ids[position]
+            logprob = -(_chain(position, token_id) % 1000) / 1000.0
+            top_ids = [(token_id + k) % self.vocab_size for k in range(top_n)]
+            entries.append(TokenLogprobs(token_id, logprob, top_ids, [logprob - k for k in range(top_n)], 1))
+        return entries
 
     def _sample(self, scheduled: ScheduledRequest, last_hash: int) -> SampledToken:
         """The token after ``last_hash`` and its logprobs (``execute`` inlines the draw without them)."""

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from workers.config import ConfigError, EngineConfig
-from workers.engine.executor import ExecutorOutput, ProfilingUnsupported, SchedulerOutput
+from workers.engine.executor import ExecutorOutput, ProfilingUnsupported, SchedulerOutput, logit_rows
 from workers.engine.model.deepseek_v4.block_payload import (
     BlockPayload,
     assemble_state,
@@ -87,12 +87,12 @@ class DeepseekV4Runner:
         return sample_step(self.sampler, batch, self.compute_logits(batch))
 
     def compute_logits(self, batch: SchedulerOutput) -> torch.Tensor:
-        """(S, vocab) float32 logits of the requests with ``sample`` set, in order."""
+        """(S, vocab) float32 logits of the requests with ``sample`` set, in order, then the rows of
+        prompt logprobs (``executor.logit_rows``)."""
         if not batch.requests:
             return torch.empty((0, self.vocab_size))
         token_ids: list[int] = []
         sequences: list[SequenceBatch] = []
-        last_rows: list[int] = []
         for request in batch.requests:
             end = request.start_position + len(request.token_ids)
             if end > self.max_model_len:
@@ -100,10 +100,8 @@ class DeepseekV4Runner:
             sequences.append(SequenceBatch(self._state_of(request.block_ids, request.start_position),
                                            len(request.token_ids)))
             token_ids.extend(request.token_ids)
-            if request.sample:
-                last_rows.append(len(token_ids) - 1)
         logits = self.model.forward(torch.tensor(token_ids, dtype=torch.long), sequences)
-        return logits[torch.tensor(last_rows, dtype=torch.long)]
+        return logits[torch.tensor(logit_rows(batch.requests), dtype=torch.long)]
 
     def _state_of(self, block_ids: list[int], start_position: int) -> SequenceState:
         first_block = block_ids[0]
