@@ -46,6 +46,9 @@ class ScheduledRequest(msgspec.Struct, gc=False):
     # The request's llguidance matcher (guided decoding), None when unconstrained.
     # The sampler only reads it; the scheduler advances it with each accepted token.
     grammar: Any = None
+    # Speculative decoding (``workers.engine.speculative``): the drafts, the last ``len(draft_token_ids)``
+    # of ``token_ids``. The executor samples after every one of them and keeps the accepted ones.
+    draft_token_ids: list[int] = msgspec.field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -58,6 +61,7 @@ class SchedulerOutput:
     # Blocks copied back from the host or disk tier for the requests this step admits (copied
     # already, off the step; the synthetic timing model charges them: ``synthetic.step_seconds``).
     num_onboarded_blocks: int = 0
+    num_draft_tokens: int = 0  # speculative drafts among the decode tokens
     # The scheduler's own object of each entry of ``requests`` (its ``Request``), in the same order:
     # its update reads them back without a lookup by id per request per step. Executors ignore it.
     owners: list[Any] = field(default_factory=list)
@@ -86,6 +90,9 @@ class ExecutorOutput:
 
     token_ids: list[int | None]
     logprobs: list[TokenLogprobs | None] | None = None
+    # Speculative decoding: None when no entry had drafts, else per entry the further tokens its step
+    # yields after ``token_ids[i]``, in order (``speculative.accepted``); [] for an entry without drafts.
+    more_token_ids: list[list[int]] | None = None
 
     @classmethod
     def of(cls, batch: SchedulerOutput, sampled: Sequence[SampledToken]) -> ExecutorOutput:

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 class ModelRunner:
     """Executor over a Hugging Face Llama-family checkpoint (``config.model``)."""
 
+    # Samples after every draft of an entry (``compute_logits``, ``sample_step``): speculative decoding.
+    # Under tensor parallelism the leader wraps it, and the followers' forward knows no drafts.
+    verifies_drafts = True
+
     def __init__(
         self, config: EngineConfig, sampler_seed: int | None = None, tp: TensorParallel | None = None
     ) -> None:
@@ -76,7 +80,8 @@ class ModelRunner:
         return sample_step(self.sampler, batch, self.compute_logits(batch))
 
     def compute_logits(self, batch: SchedulerOutput) -> torch.Tensor:
-        """Run the step; (S, vocab) float32 logits of the requests with ``sample`` set, in order."""
+        """Run the step; (S, vocab) float32 logits of the requests with ``sample`` set, in order (an entry
+        with k drafts has k + 1 rows: after its last token and after each draft)."""
         if not batch.requests:
             return torch.empty((0, self.vocab_size), device=self.device)
         token_ids: list[int] = []
@@ -88,8 +93,8 @@ class ModelRunner:
                 raise ValueError(f"request {request.request_id} reaches position {start + num_tokens} > max_model_len")
             token_ids.extend(request.token_ids)
             positions.extend(range(start, start + num_tokens))
-            if request.sample:
-                last_rows.append(len(token_ids) - 1)
+            if request.sample:  # the last token's row; with drafts, each draft's too (verified together)
+                last_rows.extend(range(len(token_ids) - 1 - len(request.draft_token_ids), len(token_ids)))
         sequences = [SequenceSlice(r.start_position, len(r.token_ids), r.block_ids) for r in batch.requests]
         with torch.inference_mode():
             metadata = build_attention_metadata(
