@@ -13,7 +13,8 @@
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
              max_num_batched_tokens, stream_interval, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
              synthetic_prefill_seconds_per_token, synthetic_onboard_seconds_per_block, decode_attention, threads,
-             host_tier_bytes, disk_tier_path, disk_tier_bytes}
+             host_tier_bytes, disk_tier_path, disk_tier_bytes, num_speculative_tokens,
+             prompt_lookup_max, prompt_lookup_min}
     orchestrator: {host, port, processes, ctx_router, gen_router, conditional, kv_pool, health,
                    timeouts, max_retries, api_key}      # see orchestrator.config
     pools:
@@ -52,7 +53,7 @@ from orchestrator.config import (
 )
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
-from workers.config import DECODE_ATTENTION_MODES, check_tiers
+from workers.config import DECODE_ATTENTION_MODES, SpeculativeConfig, check_tiers
 from workers.log_format import LOG_FORMATS
 from workers.sampling_params import MAX_STREAM_INTERVAL
 
@@ -98,6 +99,12 @@ class EngineSettings:
     """Disk KV tier budget of each engine; needs host_tier_bytes and disk_tier_path."""
     decode_attention: str | None = None
     """auto, native or sdpa: the torch engine's decode attention (serve's --decode-attention)."""
+    num_speculative_tokens: int | None = None
+    """Prompt-lookup draft tokens verified per decode step of a greedy request (serve's
+    --num-speculative-tokens, default 0: off); in a disaggregated deployment the gen pool's matter."""
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+    """The longest and shortest n-gram a draft lookup matches (serve's flags, defaults 4 and 2)."""
     max_request_bytes: int | None = None
     """Workers answer larger request bodies with 413 before buffering them (serve's --max-request-bytes)."""
     max_concurrent_requests: int | None = None
@@ -159,6 +166,12 @@ class EngineSettings:
             if value is not None and value < 1:
                 raise ConfigError(f"{prefix}.{name}", f"must be >= 1, got {value}")
         check_tiers(self.host_tier_bytes, self.disk_tier_path, self.disk_tier_bytes, prefix)
+        defaults = SpeculativeConfig()
+        SpeculativeConfig(  # the engine's own bounds, named by this section's keys
+            num_speculative_tokens=self.num_speculative_tokens or 0,
+            prompt_lookup_max=defaults.prompt_lookup_max if self.prompt_lookup_max is None else self.prompt_lookup_max,
+            prompt_lookup_min=defaults.prompt_lookup_min if self.prompt_lookup_min is None else self.prompt_lookup_min,
+        ).validate(prefix)
 
     def serve_options(self) -> dict[str, object]:
         """These settings as ``disagg serve`` flags; None values are left to serve's defaults."""
@@ -175,6 +188,8 @@ class EngineSettings:
                 "--kv-park-seconds": self.kv_park_seconds,
                 "--kv-pull-timeout": self.kv_pull_timeout,
                 "--decode-attention": self.decode_attention,
+                "--num-speculative-tokens": self.num_speculative_tokens,
+                "--prompt-lookup-max": self.prompt_lookup_max, "--prompt-lookup-min": self.prompt_lookup_min,
                 "--engine-wedged-seconds": self.wedged_seconds,
                 "--max-request-bytes": self.max_request_bytes,
                 "--max-concurrent-requests": self.max_concurrent_requests,

@@ -41,6 +41,7 @@ from workers.config import (
     ConfigError,
     EngineConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     SyntheticConfig,
 )
 
@@ -91,6 +92,11 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--grace-seconds", dict(type=float, default=30.0, help="how long in-flight requests may finish at shutdown")),
     ("--decode-attention", dict(default="auto", choices=DECODE_ATTENTION_MODES,
                                 help="torch engine: native C kernel over the paged KV, or gather + SDPA")),
+    ("--num-speculative-tokens", dict(type=int, default=0,
+                                      help="torch engine: prompt-lookup draft tokens verified per decode step of a "
+                                           "greedy request (0: speculative decoding off)")),
+    ("--prompt-lookup-max", dict(type=int, default=4, help="the longest n-gram a draft lookup matches")),
+    ("--prompt-lookup-min", dict(type=int, default=2, help="the shortest n-gram a draft lookup matches")),
     ("--engine-threads", dict(type=int, default=None,
                               help="torch engine: intra-op threads (default: torch's, one per available core; "
                                    "`disagg up` gives engines sharing a machine a share each)")),
@@ -191,6 +197,9 @@ def build_engine_config(args: ServeSettings) -> EngineConfig:
         synthetic=synthetic,
         profile_dir=args.profile_dir,
         decode_attention=args.decode_attention,
+        speculative=SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens,
+                                      prompt_lookup_max=args.prompt_lookup_max,
+                                      prompt_lookup_min=args.prompt_lookup_min),
         num_threads=args.engine_threads,
     ).validate()
 

@@ -48,6 +48,9 @@ class ServeSettings:
     tool_call_parser: str | None
     grace_seconds: float
     decode_attention: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int
+    prompt_lookup_min: int
     engine_threads: int | None
     profile_dir: str | None
     state_dir: str | None

@@ -109,6 +109,7 @@ class LauncherState:
                                     health.kv_blocks_total)
             if health.tiers is not None:
                 self.metrics.set_tiers(health.tiers)
+            self.metrics.set_speculative(health.num_draft_tokens, health.num_accepted_tokens)
 
     async def refresh_gauges_forever(self) -> None:
         while True:

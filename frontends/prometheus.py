@@ -167,6 +167,11 @@ class LauncherMetrics:
         self.tier_counters = {name: Counter(f"disagg_kv_tier_{name}", doc, list(labels), registry=registry)
                               for name, doc, labels in _TIER_COUNTERS}
         self._last_tiers: TierStats | None = None
+        self.spec_drafts = Counter("disagg_spec_decode_draft_tokens", "Speculative draft tokens the engine verified "
+                                   "(prompt lookup, engine.num_speculative_tokens).", registry=registry)
+        self.spec_accepted = Counter("disagg_spec_decode_accepted_tokens", "Speculative draft tokens the model "
+                                     "confirmed (each saved a decode step).", registry=registry)
+        self._last_spec = (0, 0)
 
     def set_engine(self, num_running: int, num_waiting: int, kv_blocks_used: int, kv_blocks_total: int) -> None:
         self.engine_up.set(1)
@@ -177,6 +182,16 @@ class LauncherMetrics:
 
     def set_engine_down(self) -> None:
         self.engine_up.set(0)
+
+    def set_speculative(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """The speculative-decoding counters moved on by what the engine's cumulative figures grew
+        (all of them after an engine restart, which zeroes them), as ``set_tiers`` does."""
+        for counter, now, before in ((self.spec_drafts, num_draft_tokens, self._last_spec[0]),
+                                     (self.spec_accepted, num_accepted_tokens, self._last_spec[1])):
+            grown = now - before if now >= before else now
+            if grown:
+                counter.inc(grown)
+        self._last_spec = (num_draft_tokens, num_accepted_tokens)
 
     def set_tiers(self, tiers: TierStats) -> None:
         """The tiers' gauges, and their counters moved on by what the engine's cumulative figures

@@ -121,6 +121,45 @@ DECODE_ATTENTION_MODES = ("auto", "native", "sdpa")  # EngineConfig.decode_atten
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Prompt-lookup (n-gram) speculative decoding (``workers.engine.speculative``).
+
+    Each decode step of an eligible request looks for the last n tokens of its prompt + output
+    earlier in them (n from ``prompt_lookup_max`` down to ``prompt_lookup_min``) and proposes the
+    up to ``num_speculative_tokens`` tokens that followed there; one forward verifies them all.
+    Agentic turns and code edits quote earlier text back, which is where the drafts come from.
+    """
+
+    num_speculative_tokens: int = 0
+    """Draft tokens proposed per step at most; 0: speculation off."""
+    prompt_lookup_max: int = 4
+    """The longest n-gram looked up (tried first: a longer match predicts better)."""
+    prompt_lookup_min: int = 2
+    """The shortest n-gram looked up (1 proposes after any repeated token: more drafts, fewer accepted)."""
+
+    def validate(self, prefix: str = "speculative") -> None:
+        if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"{prefix}.num_speculative_tokens",
+                              f"must be in [0, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}")
+        if self.prompt_lookup_min < 1:
+            raise ConfigError(f"{prefix}.prompt_lookup_min", f"must be >= 1, got {self.prompt_lookup_min}")
+        if not self.prompt_lookup_min <= self.prompt_lookup_max <= MAX_PROMPT_LOOKUP:
+            raise ConfigError(f"{prefix}.prompt_lookup_max",
+                              f"must be in [prompt_lookup_min ({self.prompt_lookup_min}), {MAX_PROMPT_LOOKUP}], "
+                              f"got {self.prompt_lookup_max}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_speculative_tokens > 0
+
+
+# Bounds of SpeculativeConfig: a verify forward of more tokens costs more than a decode, and an
+# n-gram longer than this almost never matches where a shorter one would not.
+MAX_SPECULATIVE_TOKENS = 32
+MAX_PROMPT_LOOKUP = 16
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None
     """Hugging Face model directory (torch engine), or None for the synthetic engine
@@ -136,6 +175,8 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    """Prompt-lookup speculative decoding (torch engine, one rank; off by default)."""
     profile_dir: str | None = None
     """Where ``start_profile`` writes torch profiler traces."""
     decode_attention: str = "auto"
@@ -168,4 +209,5 @@ class EngineConfig:
         self.cache.validate("engine.cache")
         self.scheduler.validate("engine.scheduler")
         self.synthetic.validate("engine.synthetic")
+        self.speculative.validate("engine")  # flat in the deployment YAML: engine.num_speculative_tokens
         return self

@@ -363,6 +363,7 @@ class EngineProc:
             num_running=load.num_running, num_waiting=load.num_waiting,
             kv_blocks_used=load.kv_blocks_used, kv_blocks_total=load.kv_blocks_total,
             tiers=self.core.tiers.stats() if self.core.tiers is not None else None,
+            num_draft_tokens=load.num_draft_tokens, num_accepted_tokens=load.num_accepted_tokens,
         )
 
 

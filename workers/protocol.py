@@ -346,6 +346,9 @@ class EngineHealth(msgspec.Struct, frozen=True, tag="health"):
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     tiers: TierStats | None = None  # the host and disk KV tiers (None: none configured)
+    # Speculative decoding since the engine started: drafts verified, and the ones confirmed.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 class DrainReply(msgspec.Struct, frozen=True, tag="drain"):

@@ -35,6 +35,9 @@ class StepSlice(msgspec.Struct, frozen=True, array_like=True, gc=False):
     block_ids: list[int]
     sample: bool
     prompt_logprob_rows: int = 0  # every rank computes those logits too: they join rank 0's gather
+    # Always empty: a TP group does not speculate (``LeaderExecutor.verifies_drafts``); here so that
+    # every rank picks a step's logit rows with the one ``executor.logit_rows``.
+    draft_token_ids: list[int] = msgspec.field(default_factory=list)
 
 
 class RankStep(msgspec.Struct, frozen=True, tag="step", array_like=True, gc=False):

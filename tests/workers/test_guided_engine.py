@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 import jsonschema
 import tokenizers
-from engine_runs import run, tokens
+from engine_runs import run, run_disaggregated, tokens
 from json_schemas import SCHEMAS, schema_text
 from test_engine_equivalence import make_core, mixed_requests
 from workers.guided import lark_json
@@ -77,18 +77,9 @@ def test_gen_leg_continues_the_ctx_legs_grammar(tiny_model_dir, decode):
     schema = SCHEMAS[10]
     request = schema_request(0, schema)
     reference = tokens(run(make_core(tiny_model_dir), request)[0])
-    ctx = make_core(tiny_model_dir)
-    ctx.add_request(schema_request(0, schema, max_tokens=1), park_kv_seconds=60.0)
-    (first,) = run(ctx)[0]
+    first, rest = run_disaggregated(make_core(tiny_model_dir), make_core(tiny_model_dir),
+                                    schema_request(0, schema, max_tokens=1), request)
     assert first.new_token_ids == reference[:1]
-    gen = make_core(tiny_model_dir)
-    gen.add_remote_request(request, output_token_ids=first.new_token_ids)
-    gen.step()
-    (pull,) = gen.take_kv_pulls()
-    gen.import_blocks(pull.block_ids, ctx.export_blocks(ctx.parked_block_ids(0)[pull.first_block:]))
-    assert ctx.release_parked(0)
-    gen.finish_remote_kv(0)
-    rest = run(gen)[0]
     assert tokens(rest) == reference[1:]
     jsonschema.validate(json.loads(decode(first.new_token_ids + tokens(rest))), schema)
 

@@ -29,6 +29,7 @@ from workers.engine.kv_events import KVCacheSnapshot, KVEvent, KVEventQueue
 from workers.engine.kv_tiers import KVTiers
 from workers.engine.request import Request
 from workers.engine.scheduler import KVPull, Scheduler
+from workers.engine.speculative import Speculator
 from workers.engine.stats import IterationStats, StatsQueue
 from workers.guided import GrammarCompiler, GrammarError, load_tokenizer
 from workers.protocol import EngineRequest, EngineTiming, RejectReason, RequestOutput
@@ -43,6 +44,8 @@ class CoreLoad(NamedTuple):
     num_waiting: int
     kv_blocks_used: int
     kv_blocks_total: int
+    num_draft_tokens: int  # speculative decoding, cumulative
+    num_accepted_tokens: int
 
 
 class EngineCore:
@@ -72,7 +75,8 @@ class EngineCore:
             on_free=getattr(executor, "blocks_freed", None),
         )
         self.scheduler = Scheduler(
-            self.config.scheduler, self.block_manager, executor.max_model_len, executor.eos_token_ids
+            self.config.scheduler, self.block_manager, executor.max_model_len, executor.eos_token_ids,
+            _speculator(self.config, executor),
         )
         self.stats = StatsQueue()
         # The last step scheduled nothing, reported nothing and started no pull: requests wait for
@@ -169,8 +173,10 @@ class EngineCore:
 
     def load(self) -> CoreLoad:
         """The queue and KV-pool figures a health reply carries."""
-        return CoreLoad(self.scheduler.num_running, self.scheduler.num_waiting,
-                        self.block_manager.num_used_blocks, self.block_manager.num_blocks)
+        scheduler = self.scheduler
+        return CoreLoad(scheduler.num_running, scheduler.num_waiting,
+                        self.block_manager.num_used_blocks, self.block_manager.num_blocks,
+                        scheduler.num_draft_tokens, scheduler.num_accepted_tokens)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -336,8 +342,23 @@ class EngineCore:
                 num_waiting_for_remote_kv=scheduler.num_waiting_for_remote_kv,
                 kv_blocks_parked=blocks.num_parked_blocks,
                 tiers=self.tiers.stats() if self.tiers is not None else None,
+                num_draft_tokens=batch.num_draft_tokens,
+                num_accepted_tokens=scheduler.num_accepted_last_step,
             )
         )
+
+
+def _speculator(config: EngineConfig, executor: Executor) -> Speculator | None:
+    """The scheduler's draft source when ``engine.num_speculative_tokens`` asks for one and the executor
+    verifies drafts (the one-rank torch runner: a tensor-parallel group's followers and the synthetic
+    timing model do not)."""
+    if not config.speculative.enabled:
+        return None
+    if not getattr(executor, "verifies_drafts", False):
+        log.warning("speculative decoding is off: %s does not verify drafts (one-rank torch engines only)",
+                    type(executor).__name__)
+        return None
+    return Speculator(config.speculative)
 
 
 def _build_tiers(config: EngineConfig, executor: Executor, events: KVEventQueue, inline: bool) -> KVTiers | None:

@@ -50,6 +50,9 @@ class ScheduledRequest(msgspec.Struct, gc=False):
     # ``prompt_logprob_rows`` positions are computed too, each scoring the prompt token after it.
     # 0 for every other entry: the common step computes the sampled rows' logits only.
     prompt_logprob_rows: int = 0
+    # Speculative decoding (``workers.engine.speculative``): the drafts, the last ``len(draft_token_ids)``
+    # of ``token_ids``. The executor samples after every one of them and keeps the accepted ones.
+    draft_token_ids: list[int] = msgspec.field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -62,6 +65,7 @@ class SchedulerOutput:
     # Blocks copied back from the host or disk tier for the requests this step admits (copied
     # already, off the step; the synthetic timing model charges them: ``synthetic.step_seconds``).
     num_onboarded_blocks: int = 0
+    num_draft_tokens: int = 0  # speculative drafts among the decode tokens
     # The scheduler's own object of each entry of ``requests`` (its ``Request``), in the same order:
     # its update reads them back without a lookup by id per request per step. Executors ignore it.
     owners: list[Any] = field(default_factory=list)
@@ -93,6 +97,9 @@ class ExecutorOutput:
     # None unless an entry has ``prompt_logprob_rows``; then entry i's prompt tokens' logprobs (one
     # per row, the token after each row's position), None where it has none.
     prompt_logprobs: list[list[TokenLogprobs] | None] | None = None
+    # Speculative decoding: None when no entry had drafts, else per entry the further tokens its step
+    # yields after ``token_ids[i]``, in order (``speculative.accepted``); [] for an entry without drafts.
+    more_token_ids: list[list[int]] | None = None
 
     @classmethod
     def of(cls, batch: SchedulerOutput, sampled: Sequence[SampledToken],
@@ -118,19 +125,20 @@ class StepRows(Protocol):
     token_ids: list[int]
     sample: bool
     prompt_logprob_rows: int
+    draft_token_ids: list[int]
 
 
 def logit_rows(requests: Sequence[StepRows]) -> list[int]:
     """The rows of a step's flattened tokens whose logits the step returns: each sampled entry's
-    last token, in order, then each entry's ``prompt_logprob_rows`` first tokens, in order
+    last token (and its drafts, ``draft_token_ids``), in order, then each entry's ``prompt_logprob_rows`` first tokens, in order
     (``workers.engine.sampler.sample_step`` splits them there)."""
     sampled: list[int] = []
     prompt: list[int] = []
     offset = 0
     for request in requests:
         num_tokens = len(request.token_ids)
-        if request.sample:
-            sampled.append(offset + num_tokens - 1)
+        if request.sample:  # the last token's row; with drafts, each draft's too (verified together)
+            sampled.extend(range(offset + num_tokens - 1 - len(request.draft_token_ids), offset + num_tokens))
         if request.prompt_logprob_rows:
             prompt.extend(range(offset, offset + request.prompt_logprob_rows))
         offset += num_tokens

@@ -32,6 +32,9 @@ def to_rank_step(step: int, batch: SchedulerOutput) -> RankStep:
 class LeaderExecutor:
     """An ``Executor`` whose steps every rank of the group runs."""
 
+    # The followers' forward (``RankStep``) carries no drafts: their logits rows would not match rank 0's.
+    verifies_drafts = False
+
     def __init__(self, inner: Executor, link: LeaderLink, wait_for_acks: bool) -> None:
         self.inner = inner
         self.link = link

@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 class ModelRunner:
     """Executor over a Hugging Face Llama-family checkpoint (``config.model``)."""
 
+    # Samples after every draft of an entry (``compute_logits``, ``sample_step``): speculative decoding.
+    # Under tensor parallelism the leader wraps it, and the followers' forward knows no drafts.
+    verifies_drafts = True
+
     def __init__(
         self, config: EngineConfig, sampler_seed: int | None = None, tp: TensorParallel | None = None
     ) -> None:
@@ -77,8 +81,9 @@ class ModelRunner:
         return sample_step(self.sampler, batch, self.compute_logits(batch))
 
     def compute_logits(self, batch: SchedulerOutput) -> torch.Tensor:
-        """Run the step; (S, vocab) float32 logits of the requests with ``sample`` set, in order, then
-        the rows of prompt logprobs (``executor.logit_rows``)."""
+        """Run the step; (S, vocab) float32 logits of the requests with ``sample`` set, in order (an entry
+        with k drafts has k + 1 rows: after its last token and after each draft), then the rows of prompt
+        logprobs (``executor.logit_rows``)."""
         if not batch.requests:
             return torch.empty((0, self.vocab_size), device=self.device)
         token_ids: list[int] = []

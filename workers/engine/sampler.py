@@ -29,6 +29,7 @@ import torch
 
 from workers.engine.executor import ExecutorOutput, SampledToken, SchedulerOutput
 from workers.engine.prompt_logprobs import prompt_logprobs
+from workers.engine.speculative import accepted
 from workers.engine.logits_processors import (
     apply_grammar_masks,
     apply_logit_bias,
@@ -198,7 +199,9 @@ def _top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
 
 def sample_step(sampler: Sampler, batch: SchedulerOutput, logits: torch.Tensor) -> ExecutorOutput:
     """A step's output from its ``logits`` (one row per entry of ``batch`` with ``sample`` set, in order,
-    then the rows of prompt logprobs: ``executor.logit_rows``)."""
+    an entry with k drafts k + 1 rows; then the rows of prompt logprobs: ``executor.logit_rows``)."""
+    if batch.num_draft_tokens:
+        return _verify_step(sampler, batch, logits)
     rows = [
         SamplingRow(r.sampling_params, r.num_output_tokens, r.output_token_ids, r.prompt_token_ids, r.grammar)
         for r in batch.requests
@@ -209,3 +212,34 @@ def sample_step(sampler: Sampler, batch: SchedulerOutput, logits: torch.Tensor) 
             return ExecutorOutput.of(batch, sampler.sample(logits, rows) if rows else [])
         tokens = sampler.sample(logits[: len(rows)], rows) if rows else []
         return ExecutorOutput.of(batch, tokens, prompt_logprobs(batch.requests, logits[len(rows) :]))
+
+
+def _verify_step(sampler: Sampler, batch: SchedulerOutput, logits: torch.Tensor) -> ExecutorOutput:
+    """``sample_step`` of a batch with drafts: a row per position after the last token and each draft
+    (output position j further on: ``min_tokens`` masks by it), all sampled at once; each entry then
+    keeps the drafts its samples confirm and one sample more (``speculative.accepted``). Rows past
+    those are prompt logprobs' (another entry's prefill chunk in the same step)."""
+    rows: list[SamplingRow] = []
+    for r in batch.requests:
+        if r.sample:
+            for j in range(len(r.draft_token_ids) + 1):
+                rows.append(SamplingRow(r.sampling_params, r.num_output_tokens + j, r.output_token_ids,
+                                        r.prompt_token_ids, r.grammar))
+    with torch.inference_mode():
+        sampled = sampler.sample(logits[: len(rows)], rows)
+        scored = prompt_logprobs(batch.requests, logits[len(rows) :]) if logits.shape[0] > len(rows) else None
+    firsts: list[SampledToken] = []
+    more: list[list[int]] = []
+    at = 0
+    for r in batch.requests:
+        if not r.sample:
+            more.append([])
+            continue
+        width = len(r.draft_token_ids) + 1
+        tokens = accepted(r.draft_token_ids, [s.token_id for s in sampled[at:at + width]])
+        firsts.append(sampled[at])
+        more.append(tokens[1:])
+        at += width
+    output = ExecutorOutput.of(batch, firsts, scored)
+    output.more_token_ids = more
+    return output

@@ -37,6 +37,7 @@ from workers.engine.block_hash import BlockHash
 from workers.engine.block_manager import BlockManager
 from workers.engine.executor import ScheduledRequest, SchedulerOutput
 from workers.engine.request import Request, RequestStatus
+from workers.engine.speculative import Speculator
 from workers.engine.step_results import StepResults
 from workers.engine.tier_requests import TierRequests
 from workers.engine.request_rules import admission_error, request_output, stop_filter, token_slice
@@ -86,8 +87,11 @@ class Scheduler(StepResults):
         block_manager: BlockManager,
         max_model_len: int,
         eos_token_ids: frozenset[int] = frozenset(),
+        speculator: Speculator | None = None,
     ) -> None:
+        """``speculator``: decode steps of eligible requests carry prompt-lookup drafts (``speculative``)."""
         self.config = config
+        self.speculator = speculator
         self.block_manager = block_manager
         self.max_model_len = min(max_model_len, block_manager.num_blocks * block_manager.block_size)
         self.eos_token_ids = eos_token_ids
@@ -109,6 +113,10 @@ class Scheduler(StepResults):
         self.num_preemptions = 0  # cumulative
         self.num_preemptions_last_step = 0
         self.num_finished_last_step = 0  # by ``update`` (aborts and rejections are not counted)
+        # Speculative decoding: drafts proposed and accepted, cumulative (Prometheus) and last step.
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.num_accepted_last_step = 0
 
     # ---- requests in and out -----------------------------------------------
 
@@ -300,12 +308,27 @@ class Scheduler(StepResults):
             self._collect_onboarded()
         block_size = self.block_manager.block_size
         running, scheduled, owners = self.running, batch.requests, batch.owners
+        speculator = self.speculator
         i = num_decodes = 0
         while i < len(running) and budget > 0:
             request = running[i]
             output_token_ids = request.output_token_ids
             num_computed = request.num_computed_tokens
             num_tokens = len(request.prompt_token_ids) + len(output_token_ids)  # (not the property: per request)
+            if speculator is not None and num_computed == num_tokens - 1 and output_token_ids:
+                drafts = speculator.drafts(request, budget)
+                # Slots for the drafts too; none free: a plain decode (drafts never preempt anyone).
+                if drafts and self.block_manager.try_allocate(request, 1 + len(drafts)):
+                    num_decodes += 1 + len(drafts)
+                    batch.num_draft_tokens += len(drafts)
+                    scheduled.append(ScheduledRequest(
+                        request.request_id, [output_token_ids[-1], *drafts], num_computed, request.block_ids, True,
+                        request.sampling_params, len(output_token_ids), output_token_ids, request.prompt_token_ids,
+                        request.grammar, draft_token_ids=drafts))
+                    owners.append(request)
+                    budget -= 1 + len(drafts)
+                    i += 1
+                    continue
             # Most decodes fit in the last block they hold: no allocation to ask for.
             if (num_computed == num_tokens - 1 and output_token_ids
                     and num_tokens <= len(request.block_ids) * block_size):
@@ -327,6 +350,7 @@ class Scheduler(StepResults):
                 budget -= num_new
             i += 1
         batch.num_decode_tokens += num_decodes
+        self.num_draft_tokens += batch.num_draft_tokens
         if self.num_preemptions_last_step == 0:
             self._allocate_remote()
             self._admit_waiting(batch, budget)

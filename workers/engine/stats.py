@@ -41,6 +41,8 @@ class IterationStats(msgspec.Struct, frozen=True, omit_defaults=True, array_like
     num_waiting_for_remote_kv: int = 0  # disaggregated gen side: KV being pulled
     kv_blocks_parked: int = 0  # disaggregated ctx side: held for a transfer (counted in used)
     tiers: TierStats | None = None  # the host and disk tiers (None: none configured)
+    num_draft_tokens: int = 0  # speculative decoding: drafts verified this step (among the decode tokens)
+    num_accepted_tokens: int = 0  # of them, the ones the model confirmed
 
 
 class StatsQueue:

@@ -30,6 +30,8 @@ class StepResults:
     requests: dict[int, Request]
     running: list[Request]
     num_finished_last_step: int
+    num_accepted_last_step: int
+    num_accepted_tokens: int
     _park_seconds: dict[int, float]
 
     def update(self, batch: SchedulerOutput, result: ExecutorOutput) -> list[RequestOutput]:
@@ -41,6 +43,7 @@ class StepResults:
         """
         outputs: list[RequestOutput] = []
         finished: list[Request] = []
+        self.num_accepted_last_step = 0
         requests = self.requests
         default_interval = self.config.stream_interval
         block_size = self.block_manager.block_size
@@ -53,11 +56,28 @@ class StepResults:
             raise ValueError(f"the executor sampled {len(result.token_ids)} entries of a batch of {len(batch.requests)}")
         if result.prompt_logprobs is not None:
             _collect_prompt_logprobs(batch, owners, result.prompt_logprobs)
-        entries = zip(batch.requests, owners, result.token_ids, result.logprobs or repeat(None))
-        for scheduled, request, token_id, logprobs in entries:
+        more_token_ids = result.more_token_ids
+        entries = zip(batch.requests, owners, result.token_ids, result.logprobs or repeat(None),
+                      more_token_ids or repeat(None))
+        for scheduled, request, token_id, logprobs, more in entries:
             if request is None or request.status is not _RUNNING:
                 continue  # aborted while the step ran
             request_id = scheduled.request_id
+            is_first = request.first_token_time is None  # nothing reported for it before
+            if scheduled.draft_token_ids:  # a verify step: 1 to k + 1 tokens (``speculative``)
+                sampled = [token_id, *more] if token_id is not None and more is not None else []
+                status, num_sampled = self._apply_verified(request, sampled, eos_token_ids, max_model_len)
+                self.num_accepted_last_step += num_sampled - 1
+                if status is not None:
+                    finished.append(request)
+                num_unreported = request.num_unreported_tokens + num_sampled
+                if is_first or status is not None or num_unreported >= (
+                        request.sampling_params.stream_interval or default_interval):
+                    request.num_unreported_tokens = num_unreported
+                    outputs.append(_report(request, is_first))
+                else:
+                    request.num_unreported_tokens = num_unreported
+                continue
             num_new = len(scheduled.token_ids)
             num_computed = request.num_computed_tokens = request.num_computed_tokens + num_new
             if num_computed % block_size < num_new:  # a block filled up this step
@@ -70,7 +90,6 @@ class StepResults:
             if grammar is not None and not grammar.consume_token(token_id):
                 request.error = f"the grammar rejected token {token_id}: {grammar.get_error()}"
                 request.reject_reason = RejectReason.SAMPLED_OUTSIDE_GRAMMAR
-            is_first = request.first_token_time is None  # nothing reported for it before
             if is_first:
                 if now is None:
                     now = time.time()
@@ -102,9 +121,38 @@ class StepResults:
             else:
                 request.num_unreported_tokens = num_unreported
         self.num_finished_last_step = len(finished)
+        self.num_accepted_tokens += self.num_accepted_last_step
         if finished:
             self._retire(finished)
         return outputs
+
+    def _apply_verified(self, request: Request, sampled: list[int], eos_token_ids: frozenset[int],
+                        max_model_len: int) -> tuple[RequestStatus | None, int]:
+        """Append a verify step's tokens one by one, each checked as a plain step checks its one, up to
+        the first that finishes the request (the rest are dropped: a stop token, EOS or ``max_tokens``
+        cuts exactly where decoding token by token would). The KV computed this step is the last
+        token's and the accepted drafts' (the tokens appended but the last); blocks held only for the
+        rejected drafts' positions are released. The finished state and the tokens appended."""
+        if request.first_token_time is None:
+            request.first_token_time = time.time()
+        output_token_ids = request.output_token_ids
+        status = None
+        num_sampled = 0
+        for token_id in sampled:
+            output_token_ids.append(token_id)
+            num_sampled += 1
+            if token_id in request.stop_ids or len(output_token_ids) >= request.length_limit:
+                status = stop_status(request, token_id, eos_token_ids, max_model_len)
+                if status is not None:
+                    request.status = status
+                    break
+        request.num_computed_tokens += num_sampled
+        block_manager = self.block_manager
+        block_manager.cache_full_blocks(request)  # (after the append: the hashes read the tokens)
+        needed = -(-request.num_tokens // block_manager.block_size)  # the next step writes the last token
+        if len(request.block_ids) > needed:
+            block_manager.keep_blocks(request, needed)
+        return status, num_sampled
 
     def _retire(self, finished: list[Request]) -> None:
         """Free (or park) the blocks of requests that finished this step, and forget them."""
