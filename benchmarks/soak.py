@@ -119,13 +119,21 @@ def prompt(rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 400)))
 
 
+def error_code(body: bytes) -> str:
+    """The ``code`` (else ``type``) of an OpenAI-shaped error body; ``?`` for any other body."""
+    try:
+        error = json.loads(body)["error"]
+        return str(error.get("code") or error.get("type"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "?"
+
+
 async def one_request(http: httpx.AsyncClient, url: str, model: str, rng: random.Random, disconnect: bool) -> str:
     body = {"model": model, "messages": [{"role": "user", "content": prompt(rng)}], "stream": True,
             "max_tokens": rng.randint(16, 48), "ignore_eos": True}
     async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return f"http {response.status_code}"
+        if response.status_code != 200:  # named by the API's error code: a refusal is not a failure
+            return f"http {response.status_code} {error_code(await response.aread())}"
         async for line in response.aiter_lines():
             if disconnect and line.startswith("data:"):
                 return "disconnected"  # leaving the block closes the connection mid-stream

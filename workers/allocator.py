@@ -15,8 +15,9 @@ So the engine trims once its model is loaded and every
 walks the free lists (milliseconds) and the pages it returns are faulted in
 again only when reused, so it costs a few milliseconds a half-minute and bounds
 what the engine keeps unused to what it freed since the last trim. (A ctx
-engine's steady growth under load is not this: ``benchmarks/engine_memory.py``
-finds its RSS growing in native memory in use, which a trim does not return.)
+engine's steady growth under load was not this but memory in use, which a
+trim does not return: oneDNN's kernels compiled per prompt length, now
+bounded by ``workers.engine.model.packed_linear.padded_rows``.)
 The frontends trim after a large request body (``frontends.memory``).
 Elsewhere than glibc (musl, macOS) trimming does nothing.
 """

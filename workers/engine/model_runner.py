@@ -23,7 +23,7 @@ from workers.engine.attention import SequenceSlice, build_attention_metadata
 from workers.engine.executor import ExecutorOutput, SchedulerOutput, logit_rows
 from workers.engine.kv_cache import KVCache, KVCacheShape, num_blocks_for
 from workers.engine.model.loader import DTYPES, load_model, resolve_device
-from workers.engine.model.packed_linear import can_pack, pack_linears
+from workers.engine.model.packed_linear import prepare_linears
 from workers.engine.model.parallel import TensorParallel
 from workers.engine.native_attention import NativeDecodeKernel, kernel_supports, load_kernel
 from workers.engine.sampler import Sampler, sample_step
@@ -54,8 +54,7 @@ class ModelRunner:
         if config.model is None:  # validate() refuses a torch engine without one
             raise ConfigError("engine.model", "a model directory is required for the torch engine")
         self.model, self.model_config = load_model(config.model, config.dtype, self.device, _positions(config), tp)
-        if can_pack(self.device, DTYPES[config.dtype]):
-            pack_linears(self.model)  # from here on the model only serves inference
+        prepare_linears(self.model, self.device, DTYPES[config.dtype])  # from here on it only serves inference
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.vocab_size = self.model_config.vocab_size
         self.eos_token_ids = self.model_config.eos_token_ids

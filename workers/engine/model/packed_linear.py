@@ -16,8 +16,21 @@ on an AVX2-only one (emulated: ``ONEDNN_MAX_CPU_ISA=AVX2``) 1.0-1.25x, at
 (~8 us) makes it the slower of the two at either width (one thread, weights
 of 256..2048 x 256..688).
 
-Only for float32 on the CPU, where it was measured; elsewhere ``pack_linears``
-leaves the model as it is.
+Only for float32 on the CPU, where it was measured; bfloat16 on the CPU keeps its
+weights as they are (``BucketedLinear``); elsewhere the model is left as it is.
+
+Row counts are bucketed (``padded_rows``). oneDNN compiles a kernel (a
+"primitive") per input shape and keeps it in two caches keyed by shape, each
+of up to 1,024 entries: oneDNN's own primitive cache and ideep's cache of
+torch's ops over it. A step's row count is its token count, which follows
+every prompt's length, so each new length made a new entry per weight shape,
+~0.5 MB each: a ctx engine serving SmolLM2-135M grew ~2.5 MB a request, until
+the caches were full (~500 MB on). Dropping the caches is no fix: building the
+primitive on every call costs ~1-2 ms, more than a decode step's matmul.
+Zero rows padded up to a bucket (eight a doubling, so at most 1/8 more rows
+computed) keep the shapes to a few dozen per weight, all cached: memory stays
+flat and no call compiles once they are warm. A row's output does not depend on
+the rows beside it, so the padding changes nothing of the real rows.
 """
 
 from __future__ import annotations
@@ -25,12 +38,46 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PackedLinear", "can_pack", "pack_linears"]
+__all__ = ["PackedLinear", "BucketedLinear", "can_pack", "pack_linears", "bucket_linears", "prepare_linears",
+           "padded_rows", "EXACT_ROWS"]
+
+EXACT_ROWS = 16
+"""Up to this many rows (decode steps of a few requests) the shape is used as it is: padding a
+1-row call to 2 would double its work, and there are only this many such shapes."""
 
 
-class PackedLinear(nn.Module):
+def padded_rows(rows: int) -> int:
+    """``rows`` rounded up to the next bucket: exact up to ``EXACT_ROWS``, then eight buckets a
+    doubling (17..32 by 2, 33..64 by 4, ..., 513..1024 by 64), so at most 1/8 more rows."""
+    if rows <= EXACT_ROWS:
+        return rows
+    step = 1 << (rows.bit_length() - 4)
+    return -(-rows // step) * step
+
+
+class _RowBucketedLinear(nn.Module):
+    """An inference linear layer that runs its product on ``padded_rows`` rows."""
+
+    in_features: int
+    out_features: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        padded = padded_rows(rows)
+        if padded == rows:
+            return self._linear(x)
+        flat = x.reshape(rows, self.in_features)
+        out = self._linear(torch.cat((flat, flat.new_zeros(padded - rows, self.in_features))))
+        return out[:rows].reshape(*x.shape[:-1], self.out_features)  # the leading rows: still contiguous
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PackedLinear(_RowBucketedLinear):
     """``nn.Linear`` for inference, the weight held in oneDNN's layout (not a parameter)."""
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -39,8 +86,22 @@ class PackedLinear(nn.Module):
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.bias = None if linear.bias is None else linear.bias.detach()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+class BucketedLinear(_RowBucketedLinear):
+    """``nn.Linear`` for inference on bfloat16 CPU weights, which ``F.linear`` runs on oneDNN too
+    (not packed: that was measured for float32 only), so its row counts are bucketed as well."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight.detach()  # the same storage: a tied lm_head stays tied
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -66,7 +127,25 @@ def pack_linears(model: nn.Module) -> None:
     The replaced weights are freed unless shared: a tied ``lm_head`` keeps
     the embedding, and its packed copy costs one more vocab x hidden matrix.
     """
+    _replace_linears(model, PackedLinear)
+
+
+def bucket_linears(model: nn.Module) -> None:
+    """Replace every ``nn.Linear`` of ``model`` with a ``BucketedLinear`` (same weights), in place."""
+    _replace_linears(model, BucketedLinear)
+
+
+def prepare_linears(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """The model's linear layers for inference on ``device``: packed (float32 CPU), row-bucketed
+    (bfloat16 CPU, on oneDNN as well), or as they are (a GPU; float16 on the CPU, not on oneDNN)."""
+    if can_pack(device, dtype):
+        pack_linears(model)
+    elif device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
+        bucket_linears(model)
+
+
+def _replace_linears(model: nn.Module, kind: type[_RowBucketedLinear]) -> None:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, PackedLinear(child))
+                setattr(module, name, kind(child))
