@@ -36,6 +36,7 @@ from workers.engine.block_hash import compute_block_hashes
 from workers.engine.scheduler import KVPull
 from workers.protocol import EngineRequest, RequestOutput
 from workers.sampling_params import SamplingParams
+from workers.http_protocol import decode_kv_events
 
 from disagg.sim.engine import SimEngine
 
@@ -123,7 +124,8 @@ class SimCluster:
         for engine in self.engines["ctx"] + self.engines["gen"]:
             events = engine.core.drain_kv_events()
             if events:
-                self.kv.apply(engine.worker_id, msgspec.to_builtins(events))
+                # Through the page's own decoder: the index reads what a worker's /kv_cache_events says.
+                self.kv.apply(engine.worker_id, decode_kv_events(msgspec.json.encode(events)))
         if self._queue or self._flights:
             self.at(now + self.events_interval, self._drain_events)
 
