@@ -45,10 +45,12 @@ def body(kind: str, index: int) -> dict:
             "response_format": {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA}}}
 
 
-def read_stream(url: str, payload: dict, on_event=None) -> tuple[str, list[dict], str]:
+def read_stream(url: str, payload: dict, on_event=None, request_id: str | None = None) -> tuple[str, list[dict], str]:
     """(content, every data event decoded, the gen worker's id)."""
     events: list[dict] = []
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=payload, timeout=120) as response:
+    headers = {} if request_id is None else {"x-request-id": request_id}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=payload, headers=headers,
+                      timeout=120) as response:
         assert response.status_code == 200, response.read()
         worker = response.headers["x-disagg-gen-worker"]
         for line in response.iter_lines():
@@ -128,7 +130,7 @@ def test_twenty_streams_cut_at_random_points_end_as_uninterrupted_runs(cluster):
                 cut["worker"] = worker
                 kill(gens[worker], whole)
 
-        content, events, _ = read_stream(url, payload, on_event)
+        content, events, _ = read_stream(url, payload, on_event, request_id=f"drill-{index}")
         assert cut, f"stream {index} ended before event {cut_at}"
         assert not any("error" in e for e in events), events[-3:]
         assert content == reference, (index, kind, cut_at, content, reference)
@@ -151,9 +153,15 @@ def test_twenty_streams_cut_at_random_points_end_as_uninterrupted_runs(cluster):
         assert gens[cut["worker"]].ready.wait(300), "the gen worker did not restart"
     after = migrations(url)
     moved = after.get("moved", 0) - before.get("moved", 0)
-    assert moved == ROUNDS, (after, results)
+    # A kill that lands after the worker wrote its last event (a quick machine, a short JSON answer)
+    # leaves nothing to move: the stream was whole. Every other round moved, once, and says so on
+    # its own request's record; most rounds must have been cut mid-answer, or the drill drilled nothing.
+    records = {r["request_id"]: r for r in httpx.get(f"{url}/perf_metrics").json()["records"]}
+    cut_mid_answer = [index for index in range(ROUNDS)
+                      if any(leg["phase"] == "gen" for leg in records[f"drill-{index}"]["legs"])]
+    assert moved == len(cut_mid_answer) >= ROUNDS * 3 // 4, (after, results, cut_mid_answer)
     log = orchestrator_log(cluster["orchestrator"])
-    assert log.count("migrated to") == ROUNDS, log[-2000:]
+    assert log.count("migrated to") == moved, log[-2000:]
 
 
 def test_a_stalled_engine_fails_its_requests_with_a_retryable_503_quickly(cluster):
