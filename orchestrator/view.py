@@ -73,7 +73,13 @@ class ClusterView:
             if self.on_settings is not None:
                 self.on_settings(snapshot.settings)
         self.version = snapshot.version
-        self.workers = {w.worker_id: w for w in snapshot.workers}
+        previous, self.workers = self.workers, {w.worker_id: w for w in snapshot.workers}
+        for worker_id in [w for w in self.suspects if w in self.workers]:
+            before = previous.get(worker_id)
+            if self.workers[worker_id].healthy and (before is None or not before.healthy):
+                # Back in the rotation: its health checks passed after the failure that made it
+                # suspect (a restarted worker otherwise sat out the rest of the 2 s).
+                del self.suspects[worker_id]
         if snapshot.kv is not None:
             self.kv.replace(snapshot.kv, snapshot.kv_lower)
             self.kv_version = snapshot.kv_version

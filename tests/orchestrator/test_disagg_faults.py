@@ -131,5 +131,5 @@ def test_the_gen_worker_killed_mid_stream_then_restarted(cluster):
     assert restarted.ready.wait(60), "the gen worker did not restart"
     wait_until(lambda: workers_info(url)["static-2"]["healthy"], timeout=10)
     response = completion(url, unique_prompt("back again"))
-    assert response.status_code == 200 and response.headers["x-disagg-mode"] == "disagg"
+    assert response.status_code == 200 and response.headers["x-disagg-mode"] == "disagg", (response.headers, response.text)
     assert response.headers["x-disagg-gen-worker"] == "static-2" and response.json()["usage"]["completion_tokens"] == 6

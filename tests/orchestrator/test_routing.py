@@ -152,3 +152,23 @@ def test_worker_record_roles():
     both = WorkerRecord(worker_id="x", role="both", url="http://x", static=True)
     assert both.serves("ctx") and both.serves("gen")
     assert not WorkerRecord(worker_id="y", role="ctx", url="http://y", static=True).serves("gen")
+
+
+def test_a_suspect_worker_back_in_the_rotation_is_suspect_no_more():
+    """A worker suspected for a failed request (2 s) that the health checks then take out and back in
+    (it restarted) is routed to at once; one that stayed healthy stays suspect."""
+    view = ClusterView(0, default_block_size=16, default_hash_seed=0)
+
+    def snapshot(version: int, healthy: bool) -> Snapshot:
+        return msgspec.convert({"version": version, "kv_version": 0, "kv": None, "loads": {}, "workers": [
+            {"worker_id": "w-a", "role": "gen", "url": "http://a", "static": True, "healthy": healthy},
+            {"worker_id": "w-b", "role": "gen", "url": "http://b", "static": True, "healthy": True},
+        ]}, Snapshot)
+
+    view.apply(snapshot(1, True))
+    view.suspect("w-a")
+    view.suspect("w-b")
+    assert view.healthy("gen") == []
+    view.apply(snapshot(2, False))  # w-a left the rotation (it died)
+    view.apply(snapshot(3, True))  # and came back
+    assert [w.worker_id for w in view.healthy("gen")] == ["w-a"]
