@@ -130,8 +130,9 @@ class StepRows(Protocol):
 
 def logit_rows(requests: Sequence[StepRows]) -> list[int]:
     """The rows of a step's flattened tokens whose logits the step returns: each sampled entry's
-    last token (and its drafts, ``draft_token_ids``), in order, then each entry's ``prompt_logprob_rows`` first tokens, in order
-    (``workers.engine.sampler.sample_step`` splits them there)."""
+    last token (and its drafts, ``draft_token_ids``), in order, then each entry's
+    ``prompt_logprob_rows`` first tokens, in order (``workers.engine.sampler.sample_step`` splits
+    them there)."""
     sampled: list[int] = []
     prompt: list[int] = []
     offset = 0
