@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tp_forward import decode_greedily  # this script's directory (it runs as a script)
 from workers.config import CacheConfig, EngineConfig
 from workers.engine.executor import ScheduledRequest, SchedulerOutput
 from workers.engine.model.deepseek_v4.runner import DeepseekV4Runner
@@ -57,20 +58,8 @@ def main(model: str, rank: int, size: int, port: int, out: str) -> None:
     batch += [request(i, p, 0) for i, p in enumerate(prompts) if i > 0]
     batch[1].prompt_logprob_rows = len(prompts[1]) - 1  # prompt logprobs join the vocabulary-parallel gather
     prefill_logits = runner.compute_logits(SchedulerOutput(batch))
-    generated: list[list[int]] = [[] for _ in prompts]
-    logits = prefill_logits[: len(prompts)]
-    decode_logits = []
-    for step in range(NUM_DECODE + 1):
-        tokens = logits.argmax(dim=-1) if rank == 0 else torch.empty(len(prompts), dtype=torch.long)
-        if tp is not None:
-            dist.broadcast(tokens, src=0)
-        for i, token in enumerate(tokens.tolist()):
-            generated[i].append(token)
-        if step == NUM_DECODE:
-            break
-        batch = [request(i, [generated[i][-1]], len(p) + step) for i, p in enumerate(prompts)]
-        logits = runner.compute_logits(SchedulerOutput(batch))
-        decode_logits.append(logits)
+    generated, decode_logits = decode_greedily(runner, request, prompts, prefill_logits[: len(prompts)],
+                                               NUM_DECODE, rank == 0, tp is not None)
     if rank == 0:
         np.savez(out, prefill_logits=prefill_logits.numpy(), decode_logits=torch.stack(decode_logits).numpy(),
                  tokens=np.array(generated))

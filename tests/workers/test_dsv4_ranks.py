@@ -14,15 +14,12 @@ steps.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.worker_process import free_port
+from tests.workers.test_tp_model import run_ranks as run_tp_ranks
 from workers.config import ConfigError
 from workers.engine.model.deepseek_v4.config import load_dsv4_config
 from workers.engine.model.deepseek_v4.shard import check_dsv4_shardable, rank_share
@@ -32,21 +29,7 @@ ATOL = 1e-4
 
 
 def run_ranks(model_dir: Path, size: int, out: Path) -> dict[str, np.ndarray]:
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(HELPER), str(model_dir), str(rank), str(size), str(port), str(out)],
-                              env=env, stderr=subprocess.PIPE, text=True)
-             for rank in range(size)]
-    errors = []
-    for proc in procs:
-        try:
-            _, stderr = proc.communicate(timeout=600)
-        finally:
-            proc.kill()
-        if proc.returncode:
-            errors.append(stderr[-3000:])
-    assert not errors, "\n".join(errors)
-    return dict(np.load(out))
+    return run_tp_ranks(model_dir, size, out, HELPER, timeout=600)
 
 
 @pytest.fixture(scope="module")
