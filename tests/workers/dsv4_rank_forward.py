@@ -16,11 +16,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tp_forward import decode_greedily  # this script's directory (it runs as a script)
+from tp_forward import decode_greedily, join_group  # this script's directory (it runs as a script)
 from workers.config import CacheConfig, EngineConfig
 from workers.engine.executor import ScheduledRequest, SchedulerOutput
 from workers.engine.model.deepseek_v4.runner import DeepseekV4Runner
-from workers.engine.model.parallel import init_process_group, tcp_store
 from workers.sampling_params import SamplingParams
 
 # 300: past the window (128), 75 CSA entries of which the indexer picks 16, 2 HCA entries;
@@ -38,11 +37,7 @@ def rank_prompts(vocab_size: int = 512) -> list[list[int]]:
 
 
 def main(model: str, rank: int, size: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    tp = None
-    if size > 1:
-        store = tcp_store("127.0.0.1", port, size, rank == 0, 60.0)
-        tp = init_process_group(rank, size, store, torch.device("cpu"), 60.0)
+    tp = join_group(rank, size, port, timeout=60.0)
     config = EngineConfig(model=model, device="cpu", cache=CacheConfig(
         block_size=BLOCK_SIZE, num_blocks=len(LENGTHS) * BLOCKS_PER_PROMPT, enable_prefix_caching=False))
     runner = DeepseekV4Runner(config, tp=tp)

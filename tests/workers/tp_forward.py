@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from workers.config import CacheConfig, EngineConfig
 from workers.engine.executor import ScheduledRequest, SchedulerOutput
-from workers.engine.model.parallel import init_process_group, tcp_store
+from workers.engine.model.parallel import TensorParallel, init_process_group, tcp_store
 from workers.engine.model_runner import ModelRunner
 from workers.sampling_params import SamplingParams
 
@@ -33,12 +33,17 @@ def tp_prompts(vocab_size: int = 512) -> list[list[int]]:
     return [rng.integers(0, vocab_size, size=int(rng.integers(3, 40))).tolist() for _ in range(NUM_PROMPTS)]
 
 
-def main(model: str, rank: int, size: int, port: int, out: str) -> None:
+def join_group(rank: int, size: int, port: int, timeout: float = 30.0) -> TensorParallel | None:
+    """This rank's place in the gloo group of ``size`` ranks meeting at 127.0.0.1:``port`` (None for one)."""
     torch.set_num_threads(1)
-    tp = None
-    if size > 1:
-        store = tcp_store("127.0.0.1", port, size, rank == 0, 30.0)
-        tp = init_process_group(rank, size, store, torch.device("cpu"), 30.0)
+    if size == 1:
+        return None
+    store = tcp_store("127.0.0.1", port, size, rank == 0, timeout)
+    return init_process_group(rank, size, store, torch.device("cpu"), timeout)
+
+
+def main(model: str, rank: int, size: int, port: int, out: str) -> None:
+    tp = join_group(rank, size, port)
     config = EngineConfig(model=model, device="cpu", cache=CacheConfig(block_size=BLOCK_SIZE,
                                                                        num_blocks=NUM_PROMPTS * BLOCKS_PER_PROMPT))
     runner = ModelRunner(config, tp=tp)
