@@ -414,8 +414,8 @@ def run_engine(spec: EngineProcSpec, launcher_pid: int | None = None) -> int:
         if spec.disagg is not None:
             kv_agent = spec.disagg.build_agent(core, ctx)
             kv_endpoint = kv_agent.endpoint
-            # Pulls across tensor-parallel layouts, head by head: of an executor whose pool has KV heads
-            # (not DeepSeek-V4's runner: one rank, one shared KV head, its state whole per sequence).
+            # Pulls across tensor-parallel layouts, head by head (DeepSeek-V4's runner: its one shared
+            # KV head, the whole state, on every rank).
             if spec.config.kind == "torch" and hasattr(core.executor, "import_heads"):
                 from workers.kv_rank_pulls import attach_rank_pulls
 

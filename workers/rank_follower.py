@@ -5,7 +5,8 @@ It connects to rank 0 (``rank_link.FollowerLink``), loads its shard (torch:
 ready, then runs every ``RankStep`` rank 0 sends: the forward on its shard,
 meeting the other ranks in its all-reduces (rank 0 alone samples), or, for
 the synthetic engine, an acknowledgement. It has no scheduler, no sockets to
-frontends and no HTTP. In a disaggregated torch worker it also serves its own
+frontends and no HTTP. A runner that keeps state by block (DeepSeek-V4's)
+drops it when rank 0 says the blocks are free (``RankFree``). In a disaggregated torch worker it also serves its own
 KV heads of parked requests and pulls its own heads for rank 0's gen
 requests (``kv_rank_pulls``), between steps. It exits when rank 0 says ``RankStop``, when rank 0's
 connection drops, when its launcher is gone, on SIGTERM, or when a collective
@@ -40,6 +41,7 @@ from workers.log_format import LOG_FORMATS, configure_logging
 from workers.rank_protocol import (
     RankAbortPull,
     RankFailed,
+    RankFree,
     RankHello,
     RankPark,
     RankPull,
@@ -81,9 +83,11 @@ def _rank_config(config: EngineConfig, local_rank: int) -> EngineConfig:
 
 
 def build_rank_runner(config: EngineConfig, rank: RankEnv, timeout: float, store: Any) -> Any:
-    """This rank's ``ModelRunner`` shard, its process group joined at ``store`` (rank 0 too)."""
+    """This rank's shard (a ``ModelRunner``, or a ``DeepseekV4Runner`` for such a checkpoint), its
+    process group joined at ``store`` (rank 0 too)."""
     import torch
 
+    from workers.engine.model.deepseek_v4.config import is_deepseek_v4_dir
     from workers.engine.model.loader import resolve_device
     from workers.engine.model.parallel import init_process_group
     from workers.engine.model_runner import ModelRunner
@@ -93,6 +97,10 @@ def build_rank_runner(config: EngineConfig, rank: RankEnv, timeout: float, store
     if device.type == "cpu":  # the ranks share the cores: N ranks of all threads each would oversubscribe them
         torch.set_num_threads(max(1, torch.get_num_threads() // rank.world_size))
     tp = init_process_group(rank.rank, rank.world_size, store, device, timeout)
+    if is_deepseek_v4_dir(config.model):
+        from workers.engine.model.deepseek_v4.runner import DeepseekV4Runner
+
+        return DeepseekV4Runner(config, tp=tp)
     return ModelRunner(config, tp=tp)
 
 
@@ -182,6 +190,8 @@ class _Follower:
                               sources)
         elif isinstance(message, RankAbortPull):
             self.puller.abort(message.pull_id)
+        elif isinstance(message, RankFree):
+            self.runner.blocks_freed(message.block_ids)
 
     def _step(self, step: RankStep) -> None:
         if self.runner is None:  # synthetic: the lockstep acknowledgement is all there is to do

@@ -21,7 +21,7 @@ import msgspec
 __all__ = [
     "StepSlice", "RankStep", "RankWelcome", "RankStop", "LeaderMessage",
     "RankHello", "RankReady", "RankStepDone", "RankFailed", "FollowerMessage",
-    "RankPark", "RankUnpark", "PullPiece", "RankPull", "RankAbortPull", "RankPullDone",
+    "RankPark", "RankUnpark", "PullPiece", "RankPull", "RankAbortPull", "RankPullDone", "RankFree",
 ]
 
 
@@ -94,7 +94,15 @@ class RankAbortPull(msgspec.Struct, frozen=True, tag="abort_pull", array_like=Tr
     pull_id: int
 
 
-LeaderMessage = RankStep | RankWelcome | RankStop | RankPark | RankUnpark | RankPull | RankAbortPull
+class RankFree(msgspec.Struct, frozen=True, tag="free", array_like=True):
+    """Rank 0's block manager freed these blocks: a runner that keeps state by block drops it
+    (DeepSeek-V4's, ``blocks_freed``). Sent at once, so a later ``RankPull`` or step that reuses
+    a block comes after it on the link."""
+
+    block_ids: list[int]
+
+
+LeaderMessage = RankStep | RankWelcome | RankStop | RankPark | RankUnpark | RankPull | RankAbortPull | RankFree
 
 
 class RankHello(msgspec.Struct, frozen=True, tag="hello", array_like=True):

@@ -21,12 +21,12 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_dsv4_yaml_places_fifteen_one_rank_workers_of_the_deepseek_v4_engine() -> None:
+def test_dsv4_yaml_places_fifteen_four_rank_workers_of_the_deepseek_v4_engine() -> None:
     config = load_deploy_config(REPO / "configs/dsv4.yaml")
     assert (config.model, config.tiny_model_arch, config.engine.kind) == ("tiny", "deepseek_v4", "torch")
     workers = config.placement()
     assert [w.name for w in workers] == [*(f"ctx-{i}" for i in range(11)), *(f"gen-{i}" for i in range(4))]
-    assert [(w.nodes, w.num_tasks) for w in workers] == [((i,), 1) for i in range(15)]
+    assert [(w.nodes, w.num_tasks) for w in workers] == [((i,), 4) for i in range(15)]
 
 
 def test_unknown_tiny_model_arch_is_refused_with_the_key(tmp_path: Path) -> None:

@@ -23,18 +23,20 @@ HELPER = Path(__file__).with_name("tp_forward.py")
 ATOL = 1e-4
 
 
-def run_ranks(model_dir: Path, size: int, out: Path) -> dict[str, np.ndarray]:
+def run_ranks(model_dir: Path, size: int, out: Path, helper: Path = HELPER, timeout: float = 120
+              ) -> dict[str, np.ndarray]:
+    """Run ``helper MODEL RANK SIZE PORT OUT`` as ``size`` processes, one per rank; rank 0's OUT (.npz)."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [
-        subprocess.Popen([sys.executable, str(HELPER), str(model_dir), str(rank), str(size), str(port), str(out)],
+        subprocess.Popen([sys.executable, str(helper), str(model_dir), str(rank), str(size), str(port), str(out)],
                          env=env, stderr=subprocess.PIPE, text=True)
         for rank in range(size)
     ]
     errors = []
     for proc in procs:
         try:
-            _, stderr = proc.communicate(timeout=120)
+            _, stderr = proc.communicate(timeout=timeout)
         finally:
             proc.kill()
         if proc.returncode:

@@ -10,6 +10,7 @@ tensor; rank 0 writes the prefill logits and the tokens to OUT (.npz).
 from __future__ import annotations
 
 import sys
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ import torch.distributed as dist
 
 from workers.config import CacheConfig, EngineConfig
 from workers.engine.executor import ScheduledRequest, SchedulerOutput
-from workers.engine.model.parallel import init_process_group, tcp_store
+from workers.engine.model.parallel import TensorParallel, init_process_group, tcp_store
 from workers.engine.model_runner import ModelRunner
 from workers.sampling_params import SamplingParams
 
@@ -32,12 +33,17 @@ def tp_prompts(vocab_size: int = 512) -> list[list[int]]:
     return [rng.integers(0, vocab_size, size=int(rng.integers(3, 40))).tolist() for _ in range(NUM_PROMPTS)]
 
 
-def main(model: str, rank: int, size: int, port: int, out: str) -> None:
+def join_group(rank: int, size: int, port: int, timeout: float = 30.0) -> TensorParallel | None:
+    """This rank's place in the gloo group of ``size`` ranks meeting at 127.0.0.1:``port`` (None for one)."""
     torch.set_num_threads(1)
-    tp = None
-    if size > 1:
-        store = tcp_store("127.0.0.1", port, size, rank == 0, 30.0)
-        tp = init_process_group(rank, size, store, torch.device("cpu"), 30.0)
+    if size == 1:
+        return None
+    store = tcp_store("127.0.0.1", port, size, rank == 0, timeout)
+    return init_process_group(rank, size, store, torch.device("cpu"), timeout)
+
+
+def main(model: str, rank: int, size: int, port: int, out: str) -> None:
+    tp = join_group(rank, size, port)
     config = EngineConfig(model=model, device="cpu", cache=CacheConfig(block_size=BLOCK_SIZE,
                                                                        num_blocks=NUM_PROMPTS * BLOCKS_PER_PROMPT))
     runner = ModelRunner(config, tp=tp)
@@ -53,22 +59,33 @@ def main(model: str, rank: int, size: int, port: int, out: str) -> None:
     # rank computes them: they join the vocabulary-parallel gather).
     batch[0].prompt_logprob_rows = len(prompts[0]) - 1
     prefill_logits = runner.compute_logits(SchedulerOutput(batch))
-    generated: list[list[int]] = [[] for _ in prompts]
-    logits = prefill_logits[:NUM_PROMPTS]
-    for step in range(NUM_DECODE + 1):
-        tokens = logits.argmax(dim=-1) if rank == 0 else torch.empty(NUM_PROMPTS, dtype=torch.long)
-        if tp is not None:
-            dist.broadcast(tokens, src=0)
-        for i, token in enumerate(tokens.tolist()):
-            generated[i].append(token)
-        if step == NUM_DECODE:
-            break
-        batch = [request(i, [generated[i][-1]], len(p) + step) for i, p in enumerate(prompts)]
-        logits = runner.compute_logits(SchedulerOutput(batch))
+    generated, _ = decode_greedily(runner, request, prompts, prefill_logits[:NUM_PROMPTS], NUM_DECODE,
+                                   rank == 0, tp is not None)
     if rank == 0:
         np.savez(out, prefill_logits=prefill_logits.numpy(), tokens=np.array(generated))
     if tp is not None:
         dist.destroy_process_group()
+
+
+def decode_greedily(runner: Any, request: Callable[[int, list[int], int], ScheduledRequest], prompts: list[list[int]],
+                    logits: torch.Tensor, num_steps: int, is_rank0: bool, grouped: bool
+                    ) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """From the prompts' last logits, ``num_steps`` batched greedy decode steps on every rank: rank 0 picks
+    and broadcasts the tokens. Each prompt's tokens (``num_steps`` + 1) and each step's logits (rank 0's)."""
+    generated: list[list[int]] = [[] for _ in prompts]
+    step_logits = []
+    for step in range(num_steps + 1):
+        tokens = logits.argmax(dim=-1) if is_rank0 else torch.empty(len(prompts), dtype=torch.long)
+        if grouped:
+            dist.broadcast(tokens, src=0)
+        for i, token in enumerate(tokens.tolist()):
+            generated[i].append(token)
+        if step == num_steps:
+            break
+        batch = [request(i, [generated[i][-1]], len(p) + step) for i, p in enumerate(prompts)]
+        logits = runner.compute_logits(SchedulerOutput(batch))
+        step_logits.append(logits)
+    return generated, step_logits
 
 
 if __name__ == "__main__":

@@ -44,8 +44,6 @@ def build_leader_executor(config: EngineConfig, link: Any, ranks: Any, start_tim
 
     if config.kind == "synthetic":
         inner = build_executor(config)
-    elif is_deepseek_v4_dir(config.model):
-        raise ConfigError("tensor_parallel_size", "a DeepSeek-V4 model runs on one rank for now (docs/deepseek_v4.md)")
     else:
         from workers.engine.model.parallel import tcp_store
         from workers.rank_follower import build_rank_runner

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from workers.engine.executor import Executor, ExecutorOutput, SchedulerOutput
 from workers.rank_link import LeaderLink, RankLost
-from workers.rank_protocol import RankStep, StepSlice
+from workers.rank_protocol import RankFree, RankStep, StepSlice
 
 __all__ = ["LeaderExecutor", "to_rank_step"]
 
@@ -42,6 +42,13 @@ class LeaderExecutor:
         self.num_steps = 0
         for name in ("eos_token_ids", "vocab_size", "num_blocks", "block_size", "max_model_len", "kv_bytes_per_block"):
             setattr(self, name, getattr(inner, name))
+        # The block manager's ``on_free`` hook (``core.py``) only for a runner that keeps state by block.
+        if hasattr(inner, "blocks_freed"):
+            self.blocks_freed = self._blocks_freed
+
+    def _blocks_freed(self, block_ids: list[int]) -> None:
+        self.inner.blocks_freed(block_ids)  # type: ignore[attr-defined]
+        self.link.send_all(RankFree(list(block_ids)))
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         self.num_steps += 1

@@ -100,6 +100,11 @@ class DeepseekV4Config:
     num_nextn_predict_layers: int
     eos_token_ids: frozenset[int]
 
+    @property
+    def num_kv_heads(self) -> int:
+        """Shared-KV MQA: one KV head, read by every query head (what KV transfers between layouts plan by)."""
+        return 1
+
     def compress_rate(self, kind: AttentionKind) -> int:
         return {AttentionKind.SLIDING: 0, AttentionKind.CSA: self.csa_rate, AttentionKind.HCA: self.hca_rate}[kind]
 

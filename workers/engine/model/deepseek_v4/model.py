@@ -4,6 +4,9 @@
 ``forward`` takes each sequence's new tokens as a contiguous slice of the
 batch and its ``SequenceState``; the state is advanced in place, so a full
 forward is one call from an empty state and a cached decode is the same code.
+With a ``TensorParallel`` the model is one rank's share (``shard.py``): its
+attention heads and experts, an all-reduce after each, and the logits
+gathered on rank 0 (the other ranks get an empty tensor).
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from workers.engine.model.deepseek_v4.indexer import IndexerWeights
 from workers.engine.model.deepseek_v4.moe import MoeWeights, moe
 from workers.engine.model.deepseek_v4.ops import rms_norm
 from workers.engine.model.deepseek_v4.rope import RopeTable
+from workers.engine.model.deepseek_v4.shard import RankShare, rank_share, shard_tensors
 from workers.engine.model.deepseek_v4.state import SequenceState
 from workers.engine.model.deepseek_v4.weights import load_dsv4_tensors
+from workers.engine.model.parallel import TensorParallel
 
 __all__ = ["DeepseekV4Model", "SequenceBatch"]
 
@@ -46,11 +51,19 @@ class _Layer:
 
 
 class DeepseekV4Model:
-    def __init__(self, config: DeepseekV4Config, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, config: DeepseekV4Config, tensors: dict[str, torch.Tensor], tp: TensorParallel | None = None
+    ) -> None:
         self.config = config
+        self.tp = tp
+        self.share: RankShare = rank_share(config, 0 if tp is None else tp.rank, 1 if tp is None else tp.size)
+        if tp is not None:
+            shard_tensors(config, tensors, tp)
         self._tensors = tensors
         self.embed = tensors["embed_tokens.weight"]
-        self.lm_head = self.embed if config.tie_word_embeddings else tensors["lm_head.weight"]
+        # Tied and sharded, the head is the embedding's vocabulary shard (``shard_tensors``).
+        tied = config.tie_word_embeddings and "lm_head.weight" not in tensors
+        self.lm_head = self.embed if tied else tensors["lm_head.weight"]
         self.norm = tensors["norm.weight"]
         self.head = HyperHead(
             tensors["hc_head.hc_fn"],
@@ -65,16 +78,21 @@ class DeepseekV4Model:
         del self._tensors
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> DeepseekV4Model:
+    def from_dir(cls, model_dir: str | Path, tp: TensorParallel | None = None) -> DeepseekV4Model:
         config = load_dsv4_config(model_dir)
-        return cls(config, load_dsv4_tensors(Path(model_dir), config))
+        return cls(config, load_dsv4_tensors(Path(model_dir), config), tp)
 
     def new_state(self) -> SequenceState:
         return SequenceState.empty(self.config)
 
-    @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, sequences: list[SequenceBatch]) -> torch.Tensor:
         """Logits (N, vocab) for the flat ``token_ids`` (N,), sequences' tokens in the order given."""
+        return self.compute_logits(self.hidden(token_ids, sequences))
+
+    @torch.inference_mode()
+    def hidden(self, token_ids: torch.Tensor, sequences: list[SequenceBatch]) -> torch.Tensor:
+        """The hyper head's output (N, hidden) for the flat ``token_ids`` (N,): ``compute_logits``
+        of the rows wanted gives their logits."""
         positions = torch.cat([torch.arange(s.state.num_tokens, s.state.num_tokens + s.num_new) for s in sequences])
         bounds = torch.tensor([0] + [s.num_new for s in sequences]).cumsum(0).tolist()
         streams = self.embed[token_ids].unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
@@ -83,14 +101,24 @@ class DeepseekV4Model:
             rope = self.main_rope if layer.attention.kind is AttentionKind.SLIDING else self.compress_rope
             post, comb, collapsed = hyper_collapse(layer.attn_hc, streams)
             attn_in = rms_norm(collapsed, layer.attn_norm, self.config.rms_norm_eps)
-            streams = hyper_expand(post, comb, attention(layer.attention, attn_in, positions, slices, rope), streams)
+            attn_out = self._all_reduce(attention(layer.attention, attn_in, positions, slices, rope))
+            streams = hyper_expand(post, comb, attn_out, streams)
             post, comb, collapsed = hyper_collapse(layer.ffn_hc, streams)
             ffn_in = rms_norm(collapsed, layer.ffn_norm, self.config.rms_norm_eps)
-            streams = hyper_expand(post, comb, moe(layer.moe, ffn_in, token_ids), streams)
+            streams = hyper_expand(post, comb, self._all_reduce(moe(layer.moe, ffn_in, token_ids)), streams)
         for sequence in sequences:
             sequence.state.num_tokens += sequence.num_new
-        hidden = rms_norm(hyper_head(self.head, streams), self.norm, self.config.rms_norm_eps)
-        return hidden @ self.lm_head.T
+        return hyper_head(self.head, streams)
+
+    @torch.inference_mode()
+    def compute_logits(self, streams: torch.Tensor) -> torch.Tensor:
+        """(S, vocab) logits of rows ``hidden`` gave; on ranks > 0 an empty tensor (rank 0 gathers)."""
+        hidden = rms_norm(streams, self.norm, self.config.rms_norm_eps)
+        logits = hidden @ self.lm_head.T
+        return logits if self.tp is None else self.tp.gather_logits(logits, self.config.vocab_size)
+
+    def _all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.tp is None else self.tp.all_reduce(partial)
 
     def _layer(self, index: int) -> _Layer:
         config, p = self.config, f"layers.{index}."
@@ -130,9 +158,9 @@ class DeepseekV4Model:
             sinks=self._take(p + "sinks"),
             compressor=compressor,
             indexer=indexer,
-            num_heads=config.num_heads,
+            num_heads=len(self.share.heads),
             head_dim=config.head_dim,
-            o_groups=config.o_groups,
+            o_groups=len(self.share.groups),
             sliding_window=config.sliding_window,
             eps=config.rms_norm_eps,
         )
@@ -169,6 +197,7 @@ class DeepseekV4Model:
             gate=self._take(p + "experts.gate"),
             up=self._take(p + "experts.up"),
             down=self._take(p + "experts.down"),
+            experts=self.share.experts,
             shared_gate=self._take(p + "shared_experts.gate_proj.weight"),
             shared_up=self._take(p + "shared_experts.up_proj.weight"),
             shared_down=self._take(p + "shared_experts.down_proj.weight"),

@@ -30,6 +30,7 @@ class MoeWeights:
     gate: torch.Tensor  # (E, inter, hidden)
     up: torch.Tensor  # (E, inter, hidden)
     down: torch.Tensor  # (E, hidden, inter)
+    experts: range  # the routed experts gate/up/down hold (a rank's share, ``shard.py``), in order
     shared_gate: torch.Tensor  # (inter, hidden)
     shared_up: torch.Tensor
     shared_down: torch.Tensor  # (hidden, inter)
@@ -41,7 +42,7 @@ class MoeWeights:
 
 
 def moe(weights: MoeWeights, hidden: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """(N, hidden) -> (N, hidden)."""
+    """(N, hidden) -> (N, hidden); on one rank of many, its experts' and its shared-expert rows' share."""
     scores = _score(weights.scoring, hidden @ weights.router.T)  # (N, E)
     if weights.tid2eid is not None:
         chosen = weights.tid2eid[token_ids]
@@ -54,9 +55,12 @@ def moe(weights: MoeWeights, hidden: torch.Tensor, token_ids: torch.Tensor) -> t
     routing = routing * weights.routed_scaling_factor
     out = torch.zeros_like(hidden)
     for expert in chosen.unique().tolist():
+        if expert not in weights.experts:  # another rank's: it adds that share
+            continue
         rows, slot = torch.where(chosen == expert)
+        local = expert - weights.experts.start
         expert_out = _swiglu(
-            hidden[rows], weights.gate[expert], weights.up[expert], weights.down[expert], weights.swiglu_limit
+            hidden[rows], weights.gate[local], weights.up[local], weights.down[local], weights.swiglu_limit
         )
         out.index_add_(0, rows, expert_out * routing[rows, slot, None])
     shared = _swiglu(hidden, weights.shared_gate, weights.shared_up, weights.shared_down, weights.swiglu_limit)

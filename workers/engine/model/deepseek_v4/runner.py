@@ -15,10 +15,17 @@ sequence's state into one payload per block (``block_payload.py``);
 ``import_blocks`` keeps the payloads by block id, and the request's first step
 on this engine assembles them into its state.
 
+Across a worker's ranks (``tp``): every rank runs this runner on its share
+of the model (``shard.py``), the same steps in the same order (rank 0's
+``LeaderExecutor`` sends them, and the blocks it frees: ``RankFree``). Every
+rank's state is the whole cache (one shared KV head, replicated
+compressors), so a gen rank pulls every block's payload as the one KV head
+(``export_heads`` / ``import_heads``) from whichever ctx rank the layout
+names, whatever the two workers' numbers of ranks.
+
 Not yet: the paged pool per state kind indexed by the block table, hence no
 prefix caching (refused: a cached block would not bring its compressor state),
-no tensor parallelism, no GPU. docs/deepseek_v4.md says how the paged pool is
-to be laid out.
+no GPU. docs/deepseek_v4.md says how the paged pool is to be laid out.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from workers.engine.model.deepseek_v4.cache_bytes import state_bytes_per_token
 from workers.engine.model.deepseek_v4.model import DeepseekV4Model, SequenceBatch
 from workers.engine.model.deepseek_v4.state import SequenceState
 from workers.engine.model.loader import resolve_device
+from workers.engine.model.parallel import TensorParallel
 from workers.engine.sampler import Sampler, sample_step
 
 __all__ = ["DeepseekV4Runner"]
@@ -49,7 +57,9 @@ log = logging.getLogger(__name__)
 
 
 class DeepseekV4Runner:
-    def __init__(self, config: EngineConfig, sampler_seed: int | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, sampler_seed: int | None = None, tp: TensorParallel | None = None
+    ) -> None:
         config.validate()
         _refuse_unsupported(config)
         if config.model is None:  # validate() refuses a torch engine without one
@@ -57,8 +67,9 @@ class DeepseekV4Runner:
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        self.model = DeepseekV4Model.from_dir(config.model)
-        model_config = self.model.config
+        self.tp = tp
+        self.model = DeepseekV4Model.from_dir(config.model, tp)
+        model_config = self.model_config = self.model.config
         self.max_model_len = config.max_model_len or model_config.max_position_embeddings
         self.vocab_size = model_config.vocab_size
         self.eos_token_ids = model_config.eos_token_ids
@@ -88,7 +99,7 @@ class DeepseekV4Runner:
 
     def compute_logits(self, batch: SchedulerOutput) -> torch.Tensor:
         """(S, vocab) float32 logits of the requests with ``sample`` set, in order, then the rows of
-        prompt logprobs (``executor.logit_rows``)."""
+        prompt logprobs (``executor.logit_rows``); on ranks > 0 an empty tensor (rank 0 gathers)."""
         if not batch.requests:
             return torch.empty((0, self.vocab_size))
         token_ids: list[int] = []
@@ -100,8 +111,8 @@ class DeepseekV4Runner:
             sequences.append(SequenceBatch(self._state_of(request.block_ids, request.start_position),
                                            len(request.token_ids)))
             token_ids.extend(request.token_ids)
-        logits = self.model.forward(torch.tensor(token_ids, dtype=torch.long), sequences)
-        return logits[torch.tensor(logit_rows(batch.requests), dtype=torch.long)]
+        hidden = self.model.hidden(torch.tensor(token_ids, dtype=torch.long), sequences)
+        return self.model.compute_logits(hidden[torch.tensor(logit_rows(batch.requests), dtype=torch.long)])
 
     def _state_of(self, block_ids: list[int], start_position: int) -> SequenceState:
         first_block = block_ids[0]
@@ -155,6 +166,15 @@ class DeepseekV4Runner:
             check_payload(payload, self.model.config, self.block_size)
         self._imported.update(zip(block_ids, payloads))
 
+    def export_heads(self, block_ids: list[int], heads: range) -> list[bytes]:
+        """The blocks' payloads as KV head 0, the one head of the model (``kv_rank_pulls``)."""
+        _check_one_head(heads)
+        return self.export_blocks(block_ids)
+
+    def import_heads(self, block_ids: list[int], heads: range, buffers: list[Any]) -> None:
+        _check_one_head(heads)
+        self.import_blocks(block_ids, buffers)
+
     def blocks_freed(self, block_ids: list[int]) -> None:
         """Drop what the freed blocks held: a sequence's state goes with its first block."""
         for block_id in block_ids:
@@ -168,6 +188,12 @@ class DeepseekV4Runner:
 
     def stop_profile(self) -> str:
         raise ProfilingUnsupported("the DeepSeek-V4 engine has no profiler hook yet")
+
+
+def _check_one_head(heads: range) -> None:
+    # One shared KV head (MQA), whole on every rank: a layout asking for a part of it is not this model's.
+    if heads != range(1):
+        raise ValueError(f"deepseek_v4 has one shared KV head; asked for heads [{heads.start}, {heads.stop})")
 
 
 def _refuse_unsupported(config: EngineConfig) -> None:
