@@ -4,6 +4,12 @@ on CSA/HCA layers, the compressed entries (all visible ones for HCA, the indexer
 Per-head learnable sinks join the softmax's denominator; the output's rope
 slice is rotated back by the query's angle; the grouped output projection
 maps each group of heads to ``o_lora_rank`` then all groups to ``hidden``.
+
+A sequence with several new tokens (a prefill chunk) attends on its own; the
+sequences with one new token each (decodes) attend together, their windows and
+compressed entries stacked and padded, so a decode step is a few batched
+products per layer instead of a Python loop over the batch. Padding takes no
+share of a softmax (its logits are -inf), so each row's result is its own.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.engine.model.deepseek_v4.compressor import CompressorWeights, compress, visible_entries
+from workers.engine.model.deepseek_v4.compressor import CompressorWeights, compress, compress_one_each, visible_entries
 from workers.engine.model.deepseek_v4.config import AttentionKind
 from workers.engine.model.deepseek_v4.indexer import IndexerWeights, index_scores, select_entries
 from workers.engine.model.deepseek_v4.ops import rms_norm
@@ -66,11 +72,19 @@ def attention(
     q = apply_rope(q, cos, sin)
     kv = apply_rope(rms_norm(hidden @ weights.kv_proj.T, weights.kv_norm, weights.eps), cos, sin)  # (N, D)
     out = torch.empty_like(q)
-    for part in slices:
-        rows = slice(part.start, part.end)
-        out[rows] = _attend_one(
-            weights, q[rows], kv[rows], hidden[rows], q_residual[rows], positions[rows], part.state, rope
+    singles = [part for part in slices if part.end - part.start == 1]
+    if singles:
+        rows = torch.tensor([part.start for part in singles])
+        states = [part.state for part in singles]
+        out[rows] = _attend_decode(
+            weights, q[rows], kv[rows], hidden[rows], q_residual[rows], positions[rows], states, rope
         )
+    for part in slices:
+        if part.end - part.start > 1:
+            span = slice(part.start, part.end)
+            out[span] = _attend_one(
+                weights, q[span], kv[span], hidden[span], q_residual[span], positions[span], part.state, rope
+            )
     out = apply_rope(out, cos, -sin)
     grouped = out.reshape(n, weights.o_groups, -1)  # (N, G, heads/G * D)
     o_a = weights.o_a_proj.view(weights.o_groups, -1, grouped.shape[-1])  # (G, o_lora_rank, heads/G * D)
@@ -112,8 +126,70 @@ def _attend_one(
         entry_logits = torch.einsum("shd,td->hst", q, entries) * scale
         logits = torch.cat([logits, entry_logits.masked_fill(~entry_mask, float("-inf"))], dim=-1)
         values = torch.cat([keys, entries])
-    sinks = weights.sinks.view(-1, 1, 1).expand(-1, logits.shape[1], 1)
-    combined = torch.cat([logits, sinks], dim=-1)
+    return torch.einsum("hsk,kd->shd", _probabilities(logits, weights.sinks), values)
+
+
+def _attend_decode(
+    weights: AttentionWeights,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    hidden: torch.Tensor,
+    q_residual: torch.Tensor,
+    positions: torch.Tensor,
+    states: list[LayerState],
+    rope: RopeTable,
+) -> torch.Tensor:
+    """B sequences' one new query each (B, H, D), each over its own window and compressed entries."""
+    keys, key_valid = _stacked_windows(states, kv, weights.sliding_window)  # (B, K, D), (B, K)
+    scale = weights.head_dim**-0.5
+    logits = torch.einsum("bhd,bkd->hbk", q, keys) * scale  # (H, B, K): the layout _attend_one has
+    logits = logits.masked_fill(~key_valid, float("-inf"))
+    values = keys
+    compressor = weights.compressor
+    if compressor is not None:
+        compressors = [s.compressor for s in states if s.compressor is not None]
+        compress_one_each(compressor, compressors, hidden, rope)
+        entries = _padded([c.entries for c in compressors])  # (B, T, D)
+        if weights.indexer is not None:
+            index = weights.indexer
+            indexers = [s.indexer for s in states if s.indexer is not None]
+            compress_one_each(index.compressor, indexers, hidden, rope)
+            index_keys = _padded([i.entries for i in indexers])
+            scores = index_scores(index, index_keys, hidden, q_residual, positions, rope)
+            entry_mask = select_entries(scores, positions, compressor.rate, index.top_k)
+        else:
+            entry_mask = torch.arange(entries.shape[1]) < visible_entries(positions, compressor.rate).unsqueeze(-1)
+        entry_logits = torch.einsum("bhd,btd->hbt", q, entries) * scale
+        logits = torch.cat([logits, entry_logits.masked_fill(~entry_mask, float("-inf"))], dim=-1)
+        values = torch.cat([keys, entries], dim=1)
+    return torch.einsum("hbk,bkd->bhd", _probabilities(logits, weights.sinks), values)
+
+
+def _stacked_windows(states: list[LayerState], kv: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's window keys then its new key, right-aligned in (B, K, D) so the new key is last;
+    which slots hold a key. Each state's window moves on by the new key."""
+    lengths = [state.window.shape[0] for state in states]
+    longest = max(lengths)
+    keys = kv.new_zeros(len(states), longest + 1, kv.shape[-1])
+    for row, (state, length) in enumerate(zip(states, lengths, strict=True)):
+        keys[row, longest - length : longest] = state.window
+        moved = torch.cat([state.window, kv[row : row + 1]])  # a window of W keeps the W - 1 previous keys
+        state.window = moved[-(window - 1) :] if window > 1 else moved[:0]
+    keys[:, longest] = kv
+    first = longest - torch.tensor(lengths)
+    return keys, torch.arange(longest + 1) >= first.unsqueeze(-1)
+
+
+def _padded(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """(B, T, D): each sequence's rows from the start, zeros after (its positions make them invisible)."""
+    out = tensors[0].new_zeros(len(tensors), max(t.shape[0] for t in tensors), tensors[0].shape[-1])
+    for row, tensor in enumerate(tensors):
+        out[row, : tensor.shape[0]] = tensor
+    return out
+
+
+def _probabilities(logits: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Softmax of (H, S, K) logits over K with each head's sink in the denominator."""
+    combined = torch.cat([logits, sinks.view(-1, 1, 1).expand(-1, logits.shape[1], 1)], dim=-1)
     combined = combined - combined.max(dim=-1, keepdim=True).values
-    probs = combined.softmax(dim=-1)[..., :-1]  # the sink takes its share, then is dropped
-    return torch.einsum("hsk,kd->shd", probs, values)
+    return combined.softmax(dim=-1)[..., :-1]  # the sink takes its share, then is dropped

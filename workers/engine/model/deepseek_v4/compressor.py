@@ -18,7 +18,7 @@ from workers.engine.model.deepseek_v4.ops import rms_norm
 from workers.engine.model.deepseek_v4.rope import RopeTable, apply_rope
 from workers.engine.model.deepseek_v4.state import CompressorState
 
-__all__ = ["CompressorWeights", "compress"]
+__all__ = ["CompressorWeights", "compress", "compress_one_each"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,53 @@ def compress(weights: CompressorWeights, state: CompressorState, hidden: torch.T
             pooled_kv[0, :rate], pooled_gate[0, :rate] = state.overlap_kv, state.overlap_gate
         state.overlap_kv, state.overlap_gate = chunk_kv[-1, :, :dim].clone(), chunk_gate[-1, :, :dim].clone()
         chunk_kv, chunk_gate = pooled_kv, pooled_gate
-    entries = rms_norm((chunk_kv * chunk_gate.softmax(dim=1)).sum(dim=1), weights.norm, weights.eps)
     positions = first_position + rate * torch.arange(num_windows)
+    state.entries = torch.cat([state.entries, _entries(weights, chunk_kv, chunk_gate, positions, rope)])
+
+
+def compress_one_each(
+    weights: CompressorWeights, states: list[CompressorState], hidden: torch.Tensor, rope: RopeTable
+) -> None:
+    """``compress`` of one new token for each of B sequences, ``hidden`` (B, hidden) row b being
+    sequence b's: one product projects them all, a sequence whose window is not full only keeps its
+    row, and the windows that close are pooled together (a decode step closes many at once)."""
+    kv, gate = hidden @ weights.kv_proj.T, hidden @ weights.gate_proj.T
+    rate, dim = weights.rate, weights.dim
+    closing = []
+    for row, state in enumerate(states):
+        if state.tail_kv.shape[0] + 1 < rate:
+            state.tail_kv = torch.cat([state.tail_kv, kv[row : row + 1]])
+            state.tail_gate = torch.cat([state.tail_gate, gate[row : row + 1]])
+        else:
+            closing.append(row)
+    if not closing:
+        return
+    closed, rows = [states[row] for row in closing], torch.tensor(closing)
+    # Each closing window is its rate - 1 tail rows and the new row: (C, rate, width).
+    chunk_kv = torch.cat([torch.stack([s.tail_kv for s in closed]), kv[rows].unsqueeze(1)], dim=1)
+    chunk_gate = torch.cat([torch.stack([s.tail_gate for s in closed]), gate[rows].unsqueeze(1)], dim=1)
+    chunk_gate = chunk_gate + weights.position_bias
+    if weights.overlap:  # the previous window's first half, none (weight 0) before the first window
+        no_kv, no_gate = kv.new_zeros(rate, dim), gate.new_full((rate, dim), float("-inf"))
+        previous_kv = torch.stack([no_kv if s.overlap_kv is None else s.overlap_kv for s in closed])
+        previous_gate = torch.stack([no_gate if s.overlap_gate is None else s.overlap_gate for s in closed])
+        for state, window_kv, window_gate in zip(closed, chunk_kv, chunk_gate, strict=True):
+            state.overlap_kv, state.overlap_gate = window_kv[:, :dim].clone(), window_gate[:, :dim].clone()
+        chunk_kv = torch.cat([previous_kv, chunk_kv[..., dim:]], dim=1)  # (C, 2 * rate, dim)
+        chunk_gate = torch.cat([previous_gate, chunk_gate[..., dim:]], dim=1)
+    positions = torch.tensor([s.entries.shape[0] * rate for s in closed])
+    for state, entry in zip(closed, _entries(weights, chunk_kv, chunk_gate, positions, rope), strict=True):
+        state.entries = torch.cat([state.entries, entry.unsqueeze(0)])
+        state.tail_kv, state.tail_gate = kv[:0], gate[:0]
+
+
+def _entries(
+    weights: CompressorWeights, kv: torch.Tensor, gate: torch.Tensor, positions: torch.Tensor, rope: RopeTable
+) -> torch.Tensor:
+    """(W, slots, dim) windows -> (W, dim) entries: gate-softmax pooling, norm, RoPE at each window's start."""
+    entries = rms_norm((kv * gate.softmax(dim=1)).sum(dim=1), weights.norm, weights.eps)
     cos, sin = rope.cos_sin(positions)
-    state.entries = torch.cat([state.entries, apply_rope(entries, cos, sin)])
+    return apply_rope(entries, cos, sin)
 
 
 def visible_entries(positions: torch.Tensor, rate: int) -> torch.Tensor:

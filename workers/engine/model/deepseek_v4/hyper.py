@@ -49,10 +49,11 @@ def hyper_collapse(hc: HyperConnection, streams: torch.Tensor) -> tuple[torch.Te
     pre = torch.sigmoid(pre_w * hc.scale[0] + pre_b) + hc.hc_eps
     post = 2 * torch.sigmoid(post_w * hc.scale[1] + post_b)
     comb = torch.softmax(comb_w.view(n, m, m) * hc.scale[2] + comb_b.view(m, m), dim=-1) + hc.hc_eps
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc.hc_eps)
+    # In place: at decode the matrices are tiny and 20 iterations' allocations cost more than the sums.
+    comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc.hc_eps))
     for _ in range(hc.sinkhorn_iters - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc.hc_eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc.hc_eps)
+        comb.div_(comb.sum(dim=-1, keepdim=True).add_(hc.hc_eps))
+        comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc.hc_eps))
     collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1)
     return post, comb, collapsed
 

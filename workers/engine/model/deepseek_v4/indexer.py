@@ -37,14 +37,20 @@ def index_scores(
     positions: torch.Tensor,
     rope: RopeTable,
 ) -> torch.Tensor:
-    """(S, T) scores of S queries against T indexer keys; entries a query may not see are -inf."""
+    """(S, T) scores of S queries against T indexer keys; entries a query may not see are -inf.
+
+    ``keys`` is (T, D), shared by the S queries of one sequence, or (S, T, D), each
+    query its own sequence's keys (a batched decode: one query per sequence, shorter
+    sequences' keys padded at the end, which their positions make invisible).
+    """
     q = (q_residual @ weights.q_b_proj.T).view(-1, weights.num_heads, weights.head_dim)
     cos, sin = rope.cos_sin(positions)
     q = apply_rope(q, cos, sin)
-    per_head = torch.relu(torch.einsum("shd,td->sht", q.float(), keys.float())) * weights.head_dim**-0.5
+    pattern = "shd,td->sht" if keys.dim() == 2 else "shd,std->sht"
+    per_head = torch.relu(torch.einsum(pattern, q.float(), keys.float())) * weights.head_dim**-0.5
     head_weights = (hidden @ weights.weights_proj.T).float() * weights.num_heads**-0.5  # (S, H)
     scores = (per_head * head_weights.unsqueeze(-1)).sum(dim=1)
-    future = torch.arange(keys.shape[0]) >= visible_entries(positions, weights.compressor.rate).unsqueeze(-1)
+    future = torch.arange(keys.shape[-2]) >= visible_entries(positions, weights.compressor.rate).unsqueeze(-1)
     return scores.masked_fill(future, float("-inf"))
 
 
