@@ -53,18 +53,35 @@ def moe(weights: MoeWeights, hidden: torch.Tensor, token_ids: torch.Tensor) -> t
     if weights.norm_topk_prob:
         routing = routing / (routing.sum(dim=-1, keepdim=True) + 1e-20)
     routing = routing * weights.routed_scaling_factor
-    out = torch.zeros_like(hidden)
-    for expert in chosen.unique().tolist():
-        if expert not in weights.experts:  # another rank's: it adds that share
-            continue
-        rows, slot = torch.where(chosen == expert)
-        local = expert - weights.experts.start
-        expert_out = _swiglu(
-            hidden[rows], weights.gate[local], weights.up[local], weights.down[local], weights.swiglu_limit
-        )
-        out.index_add_(0, rows, expert_out * routing[rows, slot, None])
+    out = _routed(weights, hidden, chosen, routing)
     shared = _swiglu(hidden, weights.shared_gate, weights.shared_up, weights.shared_down, weights.swiglu_limit)
     return out + shared
+
+
+def _routed(weights: MoeWeights, hidden: torch.Tensor, chosen: torch.Tensor, routing: torch.Tensor) -> torch.Tensor:
+    """The routed experts' weighted sum for every token: the (token, slot) pairs sorted by expert so
+    each expert takes a contiguous slice of one gathered input, and one scatter adds them all back
+    (a decode step is op overhead: a handful of ops per expert, not a mask, gather and scatter each)."""
+    flat = chosen.flatten()
+    order = torch.argsort(flat, stable=True)  # grouped by expert, tokens in order within each
+    counts = torch.bincount(flat, minlength=weights.router.shape[0]).tolist()
+    rows = order // chosen.shape[1]
+    inputs = hidden[rows]
+    pieces, kept, start = [], [], 0
+    for expert, count in enumerate(counts):
+        if count and expert in weights.experts:  # another rank's experts add that rank's share
+            local = expert - weights.experts.start
+            span = slice(start, start + count)
+            pieces.append(
+                _swiglu(inputs[span], weights.gate[local], weights.up[local], weights.down[local], weights.swiglu_limit)
+            )
+            kept.append(order[span])
+        start += count
+    out = torch.zeros_like(hidden)
+    if pieces:
+        pairs = torch.cat(kept)
+        out.index_add_(0, pairs // chosen.shape[1], torch.cat(pieces) * routing.flatten()[pairs, None])
+    return out
 
 
 def _score(scoring: ScoringFunc, logits: torch.Tensor) -> torch.Tensor:
