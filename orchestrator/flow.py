@@ -169,7 +169,7 @@ class Flow:
                 self.finish(record, request)
                 return JsonAnswer(client_answer(raw), {**headers, "x-disagg-mode": record.mode})
             # None: no ctx answer, finished (streaming client), or a worker without disagg support
-            gen_params = answer.gen_params()
+            gen_params = answer.gen_params(request.prompt_ids)
             if gen_params is None:
                 record.mode = Mode.AGGREGATED
         headers["x-disagg-mode"] = record.mode
