@@ -89,6 +89,10 @@ class DisaggLeg:
         self.config = config
         self.is_context = params.request_type == RequestType.CONTEXT_ONLY
         self.is_resume = params.request_type == RequestType.RESUME
+        # A ctx leg's prompt as the orchestrator tokenized it: used as is, and not echoed in the answer
+        # (the orchestrator holds them; the signature binds them to the gen leg all the same).
+        self.given_prompt_ids = list(params.prompt_token_ids) if self.is_context and params.prompt_token_ids \
+            else None
         self.request_id: int | None = None  # the engine's request id (the ctx request id of a ctx leg)
         self.kv_parked: ParkedKV | None = None
         self.first_token_id: int | None = None
@@ -187,10 +191,12 @@ class DisaggLeg:
         return own
 
     def answer_fields(self, prompt_token_ids: list[int]) -> CtxAnswer:
-        """The ctx answer's own fields: its ``disaggregated_params`` and ``prompt_token_ids``."""
+        """The ctx answer's own fields: its ``disaggregated_params`` and ``prompt_token_ids`` (left out when
+        the leg came with them: the sender holds them)."""
+        echoed = None if self.given_prompt_ids is not None else list(prompt_token_ids)
         if self.kv_parked is None or self.request_id is None or self.first_token_id is None:
             finished = DisaggParams(RequestType.CONTEXT_ONLY, finished=True, first_token_id=self.first_token_id)
-            return CtxAnswer(finished, list(prompt_token_ids))
+            return CtxAnswer(finished, echoed)
         assert self.config.cluster_key is not None and self.config.kv_endpoint is not None
         params = signed_params(self.config.cluster_key, str(self.request_id), self.config.kv_endpoint,
                                self.kv_parked.num_tokens, self.first_token_id, self.kv_parked.expires_at,
@@ -202,7 +208,7 @@ class DisaggLeg:
             prompt_logprobs=self.prompt_logprobs,
             kv_pulled_blocks=None if pull is None else pull.num_blocks,
             kv_pull_seconds=None if pull is None else pull.seconds)
-        return CtxAnswer(params, list(prompt_token_ids))
+        return CtxAnswer(params, echoed)
 
 
 def start_leg(config: DisaggConfig | None, params: DisaggParams | None, stream: bool) -> DisaggLeg | None:
@@ -271,7 +277,8 @@ def add_ctx_fields(payload: dict[str, Any], leg: DisaggLeg | None, prompt_token_
     if leg is not None and leg.is_context:
         fields = leg.answer_fields(prompt_token_ids)
         payload["disaggregated_params"] = fields.disaggregated_params  # encoded with the payload (msgspec)
-        payload["prompt_token_ids"] = fields.prompt_token_ids
+        if fields.prompt_token_ids is not None:
+            payload["prompt_token_ids"] = fields.prompt_token_ids
     return payload
 
 

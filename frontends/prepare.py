@@ -86,6 +86,11 @@ def check_request(ctx: ServingContext, request: ApiRequest) -> ValidRequest:
         prompt_ids = leg.signed_prompt_ids()
         # The first token (a resumed leg's output) rides with the prompt to the engine: checked with it.
         ctx.check_prompt_token_ids(prompt_ids + leg.carried_ids(), "disaggregated_params.prompt_token_ids")
+    elif leg is not None and leg.given_prompt_ids is not None:
+        # A ctx leg with the orchestrator's ids: it rendered and tokenized the body already, so the
+        # template is not run again; the ids are checked as any token-id prompt is.
+        prompt_ids = leg.given_prompt_ids
+        ctx.check_prompt_token_ids(prompt_ids, "disaggregated_params.prompt_token_ids")
     else:
         prompt_ids = request.prompt_ids(ctx)
     params = request.sampling_params(ctx, len(prompt_ids))

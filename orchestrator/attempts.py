@@ -2,8 +2,9 @@
 
 Every leg (ctx, gen, streaming gen) goes through ``Flow.attempt`` with one of these: the
 workers tried so far (excluded from routing; ``max_retries`` counts them), the failures
-counted, the 429s, and the workers whose connection was lost once before anything was
-relayed. With ``Flow.decide`` it is the whole retry policy, in one place.
+counted, the 429s, and the workers whose connection was lost before anything was relayed.
+With ``Flow.decide`` it is the whole retry policy, in one place: the leg's transport
+(``orchestrator.http_client``) raises, it never tries again itself.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from workers.http_protocol import Phase
 if TYPE_CHECKING:
     from orchestrator.registry import WorkerRecord
 
-__all__ = ["Attempts"]
+__all__ = ["Attempts", "SAME_WORKER_RETRIES"]
+
+# A connection refused or lost before any answer is, up to this many times per worker, one of its K
+# frontends dying, not the worker: tried again on the same worker, after a pause that grows with each
+# try (``pause``): the kernel (SO_REUSEPORT) hands the next connection to a live frontend once the
+# dead one's listening socket is gone, a moment after the kill.
+SAME_WORKER_RETRIES = 3
+SAME_WORKER_PAUSE_SECONDS = 0.02  # times the try: 20, 40, 60 ms
 
 
 @dataclass
@@ -25,7 +33,7 @@ class Attempts:
     phase: Phase
     max_retries: int
     tried: set[str] = field(default_factory=set)
-    lost_once: set[str] = field(default_factory=set)  # connection lost once before anything was relayed
+    lost: dict[str, int] = field(default_factory=dict)  # connections lost before anything was relayed, by worker
     refusals: int = 0  # 429s: every worker tried busy is a 429 to the client, not a 502
     unavailable: int = 0  # 503s (and 429s): every worker tried saying so is a 503 to the client, not a 502
 
@@ -33,16 +41,21 @@ class Attempts:
         self.tried.add(worker.worker_id)
 
     def failed(self, worker: WorkerRecord, exc: LegFailed) -> tuple[bool, bool]:
-        """Book a failed attempt: (suspect the worker, try it again once). A connection lost before
-        anything reached the client is, the first time, one lost frontend process (killed
-        mid-answer), not a lost worker: the same worker once more (the next connection reaches
-        another of its frontends), not suspected."""
+        """Book a failed attempt: (suspect the worker, try it again). A connection lost (or refused)
+        before anything reached the client is, the first ``SAME_WORKER_RETRIES`` times, one lost
+        frontend process (killed mid-answer), not a lost worker: the same worker again (the next
+        connection reaches another of its frontends), not suspected."""
         self.refusals += exc.refused
         self.unavailable += exc.refused or exc.unavailable
-        again = exc.connection_lost and worker.worker_id not in self.lost_once
+        lost = self.lost.get(worker.worker_id, 0)
+        again = exc.connection_lost and lost < SAME_WORKER_RETRIES
         if again:
-            self.lost_once.add(worker.worker_id)
+            self.lost[worker.worker_id] = lost + 1
         return exc.unanswered and not again, again
+
+    def pause(self, worker: WorkerRecord) -> float:
+        """Seconds to wait before trying ``worker`` again after its connection was lost."""
+        return SAME_WORKER_PAUSE_SECONDS * self.lost.get(worker.worker_id, 1)
 
     def may_retry(self) -> bool:
         """``max_retries`` counts the workers that failed, not a same-worker repeat nor a worker that

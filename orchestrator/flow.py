@@ -41,8 +41,8 @@ failed leg that does not make the worker suspect nor count against ``max_retries
 the leg goes on to every other worker of its phase; when every gen worker refused,
 the client gets 429 (Anthropic: 529) with Retry-After. When every ctx worker refused,
 the gen worker serves the request alone (it refuses in turn when it is full).
-A connection lost before any answer is first retried on the same worker by the
-leg client (``orchestrator.http_client``): one dead frontend is not a dead worker.
+A connection refused or lost before any answer is first retried on the same worker
+(``orchestrator.attempts``; the leg client only raises): one dead frontend is not a dead worker.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from orchestrator.relay import Relay
 from orchestrator.request_end import RequestEnds
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
-from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout
 from orchestrator.kv_pool import KVPool
 from orchestrator.state_protocol import CtxLegTrace, FailedLeg, GenLegTrace, RequestTrace
 from orchestrator.view import ClusterView, StateLink
@@ -169,7 +169,7 @@ class Flow:
                 self.finish(record, request)
                 return JsonAnswer(client_answer(raw), {**headers, "x-disagg-mode": record.mode})
             # None: no ctx answer, finished (streaming client), or a worker without disagg support
-            gen_params = answer.gen_params()
+            gen_params = answer.gen_params(request.prompt_ids)
             if gen_params is None:
                 record.mode = Mode.AGGREGATED
         headers["x-disagg-mode"] = record.mode
@@ -246,8 +246,10 @@ class Flow:
             try:
                 return await leg(worker, replay), worker
             except LegFailed as exc:
-                worker = self.decide(request, attempts, worker, exc, record)
+                failed, worker = worker, self.decide(request, attempts, worker, exc, record)
                 replay = replay or not exc.refused  # a worker that refused touched no parked KV
+                if worker is failed:  # one of its frontends died: the next connection reaches another
+                    await asyncio.sleep(attempts.pause(worker))
         if attempts.all_refused():  # busy, not broken
             self.metrics.errors.labels(phase, "overloaded").inc()
             if phase is Phase.GEN:
@@ -271,12 +273,12 @@ class Flow:
         if suspect:
             self.view.suspect(failed.worker_id)
         record.legs.append(FailedLeg(attempts.phase, failed.worker_id, str(exc)))
+        if again:  # another of its frontends: neither one of max_retries nor a retry counted
+            return failed
         if not attempts.may_retry():
             return None
         self.metrics.retries.labels(attempts.phase).inc()
         record.retries += 1
-        if again:
-            return failed
         return self.pick(attempts.phase, request, attempts.tried)
 
     # -- legs -------------------------------------------------------------------------------
@@ -292,7 +294,8 @@ class Flow:
             status, content = await self.upstream.call("POST", worker.url + path, body, headers)
         except UpstreamError as exc:
             failure = exc
-            raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}", unanswered=True) from exc
+            raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}", unanswered=True,
+                            connection_lost=_frontend_lost(exc)) from exc
         except BaseException as exc:
             failure = exc
             raise
@@ -384,11 +387,9 @@ class Flow:
                 if upstream is not None:
                     upstream.close()
                 if isinstance(exc, (UpstreamError, StopAsyncIteration)):
-                    # A lost connection (not a timeout, not unreachable) may be one lost frontend process.
-                    lost = isinstance(exc, UpstreamError) and not isinstance(exc, (UpstreamTimeout,
-                                                                                   UpstreamUnreachable))
                     raise LegFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}",
-                                    unanswered=isinstance(exc, UpstreamError), connection_lost=lost) from exc
+                                    unanswered=isinstance(exc, UpstreamError),
+                                    connection_lost=isinstance(exc, UpstreamError) and _frontend_lost(exc)) from exc
                 raise
             record.gen = GenLegTrace(worker_id=worker.worker_id, start=start, first_byte=time.time())
             if span is not None:
@@ -425,6 +426,13 @@ class Flow:
                 if not rest:
                     raise
                 return FinalFrame(rest)
+
+
+def _frontend_lost(exc: UpstreamError) -> bool:
+    """Whether a leg's failure may be one lost frontend process, not its worker: a connection
+    refused (its listening socket lingers a moment after a kill) or lost before anything was
+    relayed to the client; not a timeout (the worker is slow, not gone)."""
+    return not isinstance(exc, UpstreamTimeout)
 
 
 async def within(deadline: float, work: Awaitable[T], request_seconds: float) -> T:

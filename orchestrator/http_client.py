@@ -14,12 +14,12 @@ response that allows keep-alive, and not after ``IDLE_SECONDS`` unused (the
 workers' uvicorn closes keep-alive connections after 5 s; reusing one it is
 closing would fail a leg). A request that finds its reused connection closed
 before any byte of the answer is sent again once on a fresh connection: the
-worker never started it. A fresh connection refused or lost before any byte
-of the answer is tried again up to ``FRESH_RETRIES`` times, after short pauses
-(a killed frontend's listening socket lingers a moment after the kill): with K
-frontends behind one port the next connection reaches a live one, so losing
-one frontend process is not losing the worker (a timeout is not retried: the
-worker is slow, not gone).
+worker never started it, and the stale connection is the pool's own doing.
+That is the only repeat here: the transport raises every other failure
+(``UpstreamUnreachable``: nothing accepts the connection; ``UpstreamLost``: a
+fresh connection lost before any byte of the answer; ``UpstreamTimeout``), and
+whether to try the same worker again (one of its K frontends died) or another
+is ``orchestrator.attempts``' decision alone.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import httptools
 
 from frontends.streaming import FinalFrame
 
-__all__ = ["HttpClient", "LegResponse", "UpstreamError", "UpstreamTimeout", "UpstreamUnreachable", "IDLE_SECONDS"]
+__all__ = ["HttpClient", "LegResponse", "UpstreamError", "UpstreamLost", "UpstreamTimeout", "UpstreamUnreachable",
+           "IDLE_SECONDS"]
 
 IDLE_SECONDS = 4.0
 MAX_IDLE_PER_ORIGIN = 512
@@ -44,17 +45,23 @@ MAX_IDLE_PER_ORIGIN = 512
 MAX_BUFFERED = 1 << 20
 
 
-FRESH_RETRIES = 3  # fresh connections tried again after one was refused or lost before any answer
-FRESH_RETRY_PAUSE_SECONDS = 0.02  # times the attempt: 20, 40, 60 ms
-
 
 class UpstreamError(ConnectionError):
     """No connection, a connection lost or an answer that is not HTTP/1.1."""
 
 
+class _Unanswered(Exception):
+    """Inside ``HttpClient.request``: the connection closed before any byte of the answer."""
+
+
 class UpstreamUnreachable(UpstreamError):
     """Nothing accepts connections at the worker's address: the whole worker is gone (its K
     frontends share the port), unlike a connection lost mid-answer (one frontend)."""
+
+
+class UpstreamLost(UpstreamError):
+    """A fresh connection closed before any byte of the answer: the frontend process that took it
+    may have died (its K - 1 siblings behind the same port may not have)."""
 
 
 class UpstreamTimeout(UpstreamError):
@@ -365,46 +372,40 @@ class HttpClient:
                       headers: dict[str, str] | None = None) -> LegResponse:
         """Send a request; returns once the status and headers are in (the body follows).
 
-        Raises ``UpstreamError``: no connection (within ``connect_timeout``), lost before
-        the answer, or ``UpstreamTimeout``: no answer within ``idle_timeout``."""
+        Raises ``UpstreamUnreachable`` (no connection within ``connect_timeout``), ``UpstreamLost``
+        (a fresh connection lost before the answer), ``UpstreamTimeout`` (no answer within
+        ``idle_timeout``), ``UpstreamError`` (anything else: lost mid-answer, not HTTP)."""
         host, port, path = _origin(url)
         head = (f"{method} {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"
                 f"{self._fixed_head}{_header_lines(headers) if headers else ''}")
         request = head.encode("latin-1") + b"\r\n" + body
         connection = self._take_idle((host, port))
-        reused = connection is not None
-        fresh_retries = 0
-        while True:
-            response = None
+        if connection is not None:
             try:
-                if connection is None:
-                    connection = await self._connect(host, port)
-                response = LegResponse(self, connection)
-                connection.start(response, request)
-                await response._wait_head()
-                return response
-            except UpstreamError as exc:
-                if connection is not None:
-                    connection.close()
-                if isinstance(exc, UpstreamTimeout) or (response is not None and response.received_any):
-                    raise  # a silent worker, or one that answered: not a lost frontend
-                if reused:
-                    reused = False  # a stale keep-alive connection: once more, fresh
-                elif fresh_retries < FRESH_RETRIES:
-                    # A fresh connection refused or lost before any answer: the frontend that took it
-                    # may have died. Again, after a pause: the kernel (SO_REUSEPORT) hands the next
-                    # connection to a live frontend of the same worker once the dead one's listening
-                    # socket is gone (a killed process closes it a moment after the kill), and the
-                    # worker is not suspected for one lost process.
-                    fresh_retries += 1
-                    await asyncio.sleep(FRESH_RETRY_PAUSE_SECONDS * fresh_retries)
-                else:
-                    raise
-                connection = None
-            except BaseException:
-                if connection is not None:
-                    connection.close()  # cancelled: the worker sees the disconnect and aborts
-                raise
+                return await self._send(connection, request)
+            except _Unanswered:
+                pass  # a stale keep-alive connection (the worker closed it idle): once more, fresh
+        try:
+            return await self._send(await self._connect(host, port), request)
+        except _Unanswered as exc:
+            raise UpstreamLost(str(exc.__cause__)) from exc.__cause__
+
+    async def _send(self, connection: _Connection, request: bytes) -> LegResponse:
+        """The answer's head on ``connection``; ``_Unanswered`` when it closed before any byte of it."""
+        response = None
+        try:
+            response = LegResponse(self, connection)
+            connection.start(response, request)
+            await response._wait_head()
+            return response
+        except UpstreamError as exc:
+            connection.close()
+            if isinstance(exc, UpstreamTimeout) or (response is not None and response.received_any):
+                raise  # a silent worker, or one that answered
+            raise _Unanswered() from exc
+        except BaseException:
+            connection.close()  # cancelled: the worker sees the disconnect and aborts
+            raise
 
     async def _connect(self, host: str, port: int) -> _Connection:
         loop = asyncio.get_running_loop()

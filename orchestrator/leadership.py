@@ -200,6 +200,7 @@ async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_
     from frontends.server import FrontendServer
     from orchestrator.app import worker_key_headers
     from orchestrator.health import HealthChecker
+    from orchestrator.http_client import HttpClient
     from orchestrator.perf import PerfJoiner
     from orchestrator.state import state_app
 
@@ -213,7 +214,9 @@ async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_
                                   log_level=None, log_config=None, lifespan="off")
     owner_config.access_log = False
     server = FrontendServer(owner_config)
-    checker = asyncio.create_task(HealthChecker(owner, client).run())
+    timeout = config.health.timeout_seconds
+    checks = HttpClient(connect_timeout=timeout, idle_timeout=timeout, headers=worker_key_headers(config))
+    checker = asyncio.create_task(HealthChecker(owner, checks).run())
     sweeper = asyncio.create_task(_sweep_loads(owner))
     serving = asyncio.create_task(server.serve(sockets=[unix]))
     try:
@@ -226,6 +229,7 @@ async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_
             task.cancel()
         await asyncio.gather(checker, sweeper, return_exceptions=True)
         await client.aclose()
+        checks.close()
         unix.close()
         with contextlib.suppress(OSError):
             if os.stat(path).st_ino == inode:  # still ours (not a successor's)

@@ -4,7 +4,8 @@ and the two legs' bodies (``workers.http_protocol``).
 The orchestrator validates and tokenizes once, with the frontends' own code
 (``orchestrator.validation``: the same checks and chat template rendering the
 workers use), before any worker is chosen; it needs token ids to route by
-prefix, and for /v1/completions the ctx leg then gets those ids as its prompt.
+prefix, and the ctx leg then gets those ids (every API), so no worker renders or tokenizes the
+body again.
 """
 
 from __future__ import annotations
@@ -26,10 +27,6 @@ from workers.disagg_params import DisaggParams, RequestType
 from workers.http_protocol import CTX_DROPPED, CtxLegFields, GenLegFields, with_fields
 
 __all__ = ["ParsedRequest", "parse_request", "ctx_leg_body", "gen_leg_body", "API_PATHS"]
-
-# A completions ctx leg sends the orchestrator's token ids as its prompt.
-_CTX_DROPPED_COMPLETIONS = CTX_DROPPED | {"prompt"}
-
 
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "messages": "/v1/messages"}
 
@@ -105,14 +102,15 @@ def _session_id(api: str, body: dict[str, Any], header: str | None) -> str | Non
 
 
 def ctx_leg_body(request: ParsedRequest, kv_prefix: DisaggParams | None = None) -> bytes:
-    """The context_only leg: one token, no streaming; completions get the token ids. ``kv_prefix``:
-    where the prompt's leading blocks are parked for it (``orchestrator.kv_pool``)."""
-    completions = request.api == "completions"
-    dropped = _CTX_DROPPED_COMPLETIONS if completions else CTX_DROPPED
-    kept = {k: v for k, v in request.body.items() if k not in dropped}
-    fields = CtxLegFields(DisaggParams(RequestType.CONTEXT_ONLY, kv_prefix=kv_prefix),
-                          prompt=request.prompt_ids if completions else msgspec.UNSET)
-    return with_fields(msgspec.json.encode(kept), fields)
+    """The context_only leg: one token, no streaming, the orchestrator's prompt ids in its params
+    (every API: the ctx worker renders and tokenizes nothing again, and does not echo them back).
+    ``kv_prefix``: where the prompt's leading blocks are parked for it (``orchestrator.kv_pool``)."""
+    kept = {k: v for k, v in request.body.items() if k not in CTX_DROPPED}
+    prompt = kept.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        kept["prompt"] = prompt[0]  # one prompt in a list (completions): one prompt, as ``parse_request`` read it
+    params = DisaggParams(RequestType.CONTEXT_ONLY, kv_prefix=kv_prefix, prompt_token_ids=request.prompt_ids)
+    return with_fields(msgspec.json.encode(kept), CtxLegFields(params))
 
 
 def gen_leg_body(request: ParsedRequest, params: DisaggParams | None) -> bytes:

@@ -222,11 +222,7 @@ class StateLink:
             await asyncio.sleep(0.2)
             if not self.perf_queue:
                 continue
-            records, self.perf_queue = self.perf_queue, []
-            try:
-                await self.client.post("/perf", content=_ENCODER.encode(PerfPush(records)))
-            except httpx.HTTPError:
-                self.perf_queue[:0] = records[-1000:]
+            await self.flush_perf()
 
     async def forward(self, method: str, path: str, body: bytes,
                       headers: dict[str, str] | None = None) -> httpx.Response:
@@ -242,9 +238,10 @@ class StateLink:
                 await asyncio.sleep(FOLLOW_RETRY_SECONDS)
 
     async def flush_perf(self) -> None:
+        """The perf records queued, to the owner (on the lean client: five pushes a second)."""
         if self.perf_queue:
             records, self.perf_queue = self.perf_queue, []
             try:
-                await self.client.post("/perf", content=_ENCODER.encode(PerfPush(records)))
-            except httpx.HTTPError:  # no owner this moment (a hand-over): sent with the next push
+                await self._call("POST", "/perf", _ENCODER.encode(PerfPush(records)))
+            except UpstreamError:  # no owner this moment (a hand-over): sent with the next push
                 self.perf_queue[:0] = records[-1000:]

@@ -4,11 +4,12 @@ The legs of a disaggregated request are the API's own requests (``/v1/completion
 ``/v1/chat/completions``, ``/v1/messages``) with a few fields the orchestrator sets; it never
 re-encodes what it does not read. So each leg is the client's body plus one of these structs:
 
-- ``CtxLegFields``: the ``context_only`` leg's one token, no streaming, the params (and, for
-  completions, the orchestrator's prompt ids); the client's ``stream``, ``stream_options``,
-  ``max_tokens``, ``max_completion_tokens`` (and ``prompt``) are dropped first (``CTX_DROPPED``).
-- ``CtxAnswer``: what the orchestrator reads of the ctx answer (its ``disaggregated_params`` and
-  ``prompt_token_ids``); the rest of the answer stays bytes, shown to the client as they came
+- ``CtxLegFields``: the ``context_only`` leg's one token, no streaming, the params with the
+  orchestrator's prompt ids (every API: the ctx worker neither renders nor tokenizes the body
+  again); the client's ``stream``, ``stream_options``, ``max_tokens``, ``max_completion_tokens``
+  are dropped first (``CTX_DROPPED``).
+- ``CtxAnswer``: what the orchestrator reads of the ctx answer (its ``disaggregated_params``, and
+  ``prompt_token_ids`` only when the leg was sent none: the ids are not echoed back); the rest of the answer stays bytes, shown to the client as they came
   when the request ended on its first token (``client_answer``).
 - ``GenLegFields``: the ``generation_only`` (or ``resume``) leg: the client's own bytes with the
   params appended (``with_fields``): the client's body is never decoded and re-encoded for it.
@@ -81,7 +82,6 @@ class CtxLegFields(msgspec.Struct, frozen=True):
     """The fields the orchestrator sets on a ``context_only`` leg (``CTX_DROPPED`` dropped first)."""
 
     disaggregated_params: DisaggParams
-    prompt: list[int] | msgspec.UnsetType = msgspec.UNSET  # completions: the orchestrator's token ids
     max_tokens: int = 1
     stream: bool = False
 
@@ -92,21 +92,23 @@ class GenLegFields(msgspec.Struct, frozen=True):
     disaggregated_params: DisaggParams
 
 
-class CtxAnswer(msgspec.Struct, frozen=True):
+class CtxAnswer(msgspec.Struct, frozen=True, omit_defaults=True):
     """What the orchestrator reads of a ctx answer (an export's too); a worker that serves no legs
     answers without them (None)."""
 
     disaggregated_params: DisaggParams | None = None
     prompt_token_ids: list[int] | None = None
 
-    def gen_params(self) -> DisaggParams | None:
+    def gen_params(self, sent_prompt_ids: list[int] | None = None) -> DisaggParams | None:
         """The ``generation_only`` params built on these, or None when they cannot make one (no
-        params or prompt ids; the first token finished the request)."""
+        params or prompt ids; the first token finished the request). ``sent_prompt_ids``: the ids the
+        ctx leg was sent, which its answer does not echo (the signature covers them: a gen worker
+        refuses params whose ids are not the ones the ctx worker prefilled)."""
         params = self.disaggregated_params
-        if params is None or self.prompt_token_ids is None or params.finished:
+        prompt = self.prompt_token_ids if self.prompt_token_ids is not None else sent_prompt_ids
+        if params is None or prompt is None or params.finished:
             return None
-        return msgspec.structs.replace(params, request_type=RequestType.GENERATION_ONLY,
-                                       prompt_token_ids=self.prompt_token_ids)
+        return msgspec.structs.replace(params, request_type=RequestType.GENERATION_ONLY, prompt_token_ids=prompt)
 
 
 class PrefixExportLeg(msgspec.Struct, frozen=True):

@@ -196,6 +196,35 @@ def test_anthropic_equals_aggregated(workers, stream):
     check_same(ctx_url, gen_url, "/v1/messages", body)
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_a_ctx_leg_sent_its_prompt_ids_uses_them_and_echoes_none(workers, path):
+    """The orchestrator's ids (it rendered and tokenized the body already) are the ctx leg's prompt;
+    the answer leaves them out, and the gen leg built from them is the aggregated answer."""
+    ctx_url, gen_url = workers
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me about blocks."}],
+            "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    echoed = ctx_leg(ctx_url, path, body)  # ids rendered by the worker: the reference prompt
+    ids = echoed["prompt_token_ids"]
+    assert post(gen_url, path, gen_body(body, echoed))[0] == 200  # frees the parked KV
+    sent = {**body, "stream": False, "max_tokens": 1,
+            "disaggregated_params": {"request_type": "context_only", "prompt_token_ids": ids}}
+    response = httpx.post(f"{ctx_url}{path}", json=sent, timeout=60)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert "prompt_token_ids" not in answer and "prompt_token_ids" not in answer["disaggregated_params"]
+    # The signature binds the ids the ctx leg prefilled: other ids are refused, these are served.
+    other = gen_body(body, {**answer, "prompt_token_ids": [*ids[:-1], ids[-1] + 1]})
+    status, error = post(gen_url, path, other)
+    assert status == 400 and "signature does not check" in error["error"]["message"], error
+    status, result = post(gen_url, path, gen_body(body, {**answer, "prompt_token_ids": ids}))
+    assert status == 200, result
+    assert summary(path, result) == summary(path, post(ctx_url, path, body)[1])
+    # Ids outside the vocabulary are the client's 400 as any token-id prompt's, never the engine's.
+    bad = {**sent, "disaggregated_params": {"request_type": "context_only", "prompt_token_ids": [10**9]}}
+    response = httpx.post(f"{ctx_url}{path}", json=bad, timeout=60)
+    assert response.status_code == 400, response.text
+
+
 def test_concurrent_requests_equal_aggregated(workers):
     ctx_url, gen_url = workers
     bodies = [completion(list(range(100 + i, 110 + 3 * i)), stream=i % 2 == 1) for i in range(12)]

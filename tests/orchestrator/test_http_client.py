@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from orchestrator import http_client
-from orchestrator.http_client import FRESH_RETRIES, HttpClient, UpstreamError, UpstreamTimeout
+from orchestrator.http_client import HttpClient, UpstreamError, UpstreamLost, UpstreamTimeout
 
 pytestmark = pytest.mark.asyncio
 
@@ -150,33 +150,17 @@ async def test_a_reused_connection_closed_before_any_answer_is_retried_fresh() -
         client.close()
 
 
-async def test_a_fresh_connection_closed_before_any_answer_is_tried_a_few_times_more_then_fails() -> None:
+async def test_a_fresh_connection_closed_before_any_answer_raises_without_trying_again() -> None:
+    """The transport raises; whether the same worker is tried again is ``orchestrator.attempts``'."""
     async def drop(head, body, writer, number) -> bool:
         return False
 
     server = Server(drop)
     async with server as url:
         client = HttpClient(connect_timeout=2, idle_timeout=2)
-        with pytest.raises(UpstreamError, match="closed the connection"):
+        with pytest.raises(UpstreamLost, match="closed the connection"):
             await client.post(url, b"x", {})
-        assert server.connections == 1 + FRESH_RETRIES  # a bounded number of retries, not a loop
-        client.close()
-
-
-async def test_a_lost_frontend_is_one_retry_on_the_same_worker() -> None:
-    """The first fresh connection dies unanswered (its frontend was killed); the next succeeds."""
-
-    async def first_dies(head, body, writer, number) -> bool:
-        if number == 1:
-            return False
-        writer.write(answer(b"ok"))
-        return True
-
-    server = Server(first_dies)
-    async with server as url:
-        client = HttpClient(connect_timeout=2, idle_timeout=2)
-        assert await fetch(client, url) == b"ok"
-        assert server.connections == 2
+        assert server.connections == 1
         client.close()
 
 

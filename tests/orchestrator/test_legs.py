@@ -54,7 +54,9 @@ class StandIn:
                     if self.mode == "finished" else PARAMS
                 return Response(msgspec.json.encode({
                     "id": "cmpl-ctx", "choices": [{"index": 0, "text": "A", "finish_reason": "stop"}],
-                    "disaggregated_params": answer_params, "prompt_token_ids": body["prompt"]}))
+                    "disaggregated_params": answer_params,
+                    # A leg sent its prompt ids gets none back (frontends.disaggregation); else its own.
+                    **({} if params.get("prompt_token_ids") else {"prompt_token_ids": [7, 8]})}))
             if body.get("stream"):
                 async def frames():
                     yield b'data: {"choices": [{"text": "A"}]}\n\n'
@@ -107,8 +109,8 @@ def test_ctx_then_gen_bodies(legs, tiny_model_dir):
     assert response.headers["x-disagg-mode"] == "disagg"
     [(ctx_id, ctx)] = ctx_a.requests + ctx_b.requests
     assert ctx_id == "r1-ctx"
-    assert ctx == {"model": "tiny-test", "prompt": ids, "max_tokens": 1, "stream": False, "temperature": 0,
-                   "disaggregated_params": {"request_type": "context_only"}}
+    assert ctx == {"model": "tiny-test", "prompt": client["prompt"], "max_tokens": 1, "stream": False,
+                   "temperature": 0, "disaggregated_params": {"request_type": "context_only", "prompt_token_ids": ids}}
     [(gen_id, body)] = gen.requests
     assert gen_id == "r1-gen"
     assert body == {**client, "disaggregated_params": {**PARAMS, "request_type": "generation_only",
@@ -213,6 +215,7 @@ def test_parse_request_session_ids_and_leg_bodies(tiny_model_dir):
     assert chat.session_id == "alice" and chat.max_tokens == 4
     body = msgspec.json.decode(ctx_leg_body(chat))
     assert body["max_tokens"] == 1 and "max_completion_tokens" not in body and body["messages"] == chat.body["messages"]
+    assert body["disaggregated_params"]["prompt_token_ids"] == chat.prompt_ids  # not rendered again by the ctx worker
     assert CtxAnswer().gen_params() is None  # no params: not a ctx answer
 
 

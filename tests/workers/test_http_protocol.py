@@ -33,12 +33,11 @@ def test_with_fields_appends_to_the_clients_own_bytes():
         with_fields(b"[1]", GenLegFields(PARAMS))
 
 
-def test_the_ctx_leg_sets_one_token_no_stream_and_only_completions_get_ids():
-    chat = msgspec.json.decode(with_fields(b'{"messages": []}', CtxLegFields(DisaggParams(RequestType.CONTEXT_ONLY))))
-    assert chat == {"messages": [], "disaggregated_params": {"request_type": "context_only"}, "max_tokens": 1,
-                    "stream": False}
-    completions = CtxLegFields(DisaggParams(RequestType.CONTEXT_ONLY), prompt=[1, 2])
-    assert msgspec.json.decode(msgspec.json.encode(completions))["prompt"] == [1, 2]
+def test_the_ctx_leg_sets_one_token_no_stream_and_the_prompt_ids_in_its_params():
+    params = DisaggParams(RequestType.CONTEXT_ONLY, prompt_token_ids=[1, 2])
+    chat = msgspec.json.decode(with_fields(b'{"messages": []}', CtxLegFields(params)))
+    assert chat == {"messages": [], "max_tokens": 1, "stream": False,
+                    "disaggregated_params": {"request_type": "context_only", "prompt_token_ids": [1, 2]}}
 
 
 def test_a_ctx_answer_is_read_for_two_fields_and_passed_on_as_bytes():
@@ -54,6 +53,15 @@ def test_a_ctx_answer_is_read_for_two_fields_and_passed_on_as_bytes():
                                   b'"usage":{"prompt_tokens": 3}}')
     finished = CtxAnswer(DisaggParams(RequestType.CONTEXT_ONLY, finished=True), [1])
     assert finished.gen_params() is None and CtxAnswer().gen_params() is None
+
+
+def test_a_ctx_answer_without_echoed_ids_takes_the_ids_the_leg_was_sent():
+    answer = CtxAnswer(msgspec.structs.replace(PARAMS, prompt_token_ids=None))
+    assert answer.gen_params() is None  # no ids at all: no gen leg can be built
+    gen = answer.gen_params([4, 5, 6])
+    assert gen is not None and gen.prompt_token_ids == [4, 5, 6] and gen.signature == PARAMS.signature
+    echoed = CtxAnswer(PARAMS, [1, 2, 3])  # an older worker echoes them: its own win
+    assert echoed.gen_params([4, 5, 6]).prompt_token_ids == [1, 2, 3]
 
 
 def test_worker_info_keeps_its_wire_layout_and_reads_a_partial_one():
