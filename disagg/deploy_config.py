@@ -38,8 +38,8 @@ import yaml
 
 from disagg.core_partition import validate_threads
 from disagg.serve_settings import render_flags
-from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
-from frontends.tool_parsers import TOOL_CALL_PARSERS
+from api.body_limit import DEFAULT_MAX_REQUEST_BYTES
+from api.tool_parsers import TOOL_CALL_PARSERS
 from orchestrator.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_UPLOAD_BYTES,
@@ -348,7 +348,7 @@ class DeployConfig:
     (health and metrics polls only at debug)."""
     strict_request_fields: bool = False
     """An unknown top-level request field is a 400 at the orchestrator and the workers; False: ignored,
-    named in a ``Warning`` header (``frontends.request_fields``)."""
+    named in a ``Warning`` header (``api.request_fields``)."""
     log_format: str = "text"
     """text, or json (one object a line) for every process: orchestrator, launchers, frontends, engines."""
     tracing: TracingConfig = field(default_factory=TracingConfig)

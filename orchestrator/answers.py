@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
 from starlette.responses import Response
 from starlette.types import Receive
 
-from frontends.streaming import EventStreamResponse, run_until_disconnect
+from api.streaming import EventStreamResponse, run_until_disconnect
 
 if TYPE_CHECKING:
     from orchestrator.relay import Relay

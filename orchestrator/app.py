@@ -6,14 +6,14 @@ answered here (``orchestrator.surface``); cluster routes read this process's
 ``ClusterView``; registration, perf, Message Batches and OpenAI Files and Batches routes are
 forwarded to the state owner (the leader, ``orchestrator.leadership``; ``orchestrator.batches``,
 ``orchestrator.openai_batches``). Every error has the API's shape
-(``frontends.errors``), also those outside a handler and streams cut short
+(``api.errors``), also those outside a handler and streams cut short
 (``orchestrator.clean_ends``). With ``api_key`` set, every route but /health
 needs ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise;
-``frontends.api_key``): the cluster view, the metrics and perf records name the
+``api.api_key``): the cluster view, the metrics and perf records name the
 workers and describe the traffic. The API's description (/openapi.json, /docs,
 /redoc) stays open: it holds no state. With ``worker_key_file`` set, every
 call to a worker presents the deployment's worker key.
-The app is a ``frontends.openapi.DocumentedApp``: FastAPI's ``/openapi.json``
+The app is a ``api.openapi.DocumentedApp``: FastAPI's ``/openapi.json``
 and ``/docs`` (``orchestrator.openapi_routes``), Starlette's request path.
 The generation routes' requests mostly never reach it: ``orchestrator.fast_http``
 serves them in the HTTP protocol itself, with the same checks (one admission
@@ -40,15 +40,15 @@ from starlette.responses import Response
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from frontends.api_key import RequiredKey, bearer_header, read_key_file
-from frontends.body_limit import BodyLimitMiddleware
-from frontends.admission import AdmissionGate, AdmissionMiddleware, QueueBound, per_frontend_limit
-from frontends.errors import InvalidRequestError, anthropic_error_body, http_error, openai_error_body
-from frontends.route_errors import route_error_response
-from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
-from frontends.openapi import DocumentedApp
-from frontends.streaming import ClientDisconnected
-from frontends.tokenizer import Tokenizer
+from api.api_key import RequiredKey, bearer_header, read_key_file
+from api.body_limit import BodyLimitMiddleware
+from api.admission import AdmissionGate, AdmissionMiddleware, QueueBound, per_frontend_limit
+from api.errors import InvalidRequestError, anthropic_error_body, http_error, openai_error_body
+from api.route_errors import route_error_response
+from api.responses import RESPONSES_FILE, LocalResponses, ResponseStore
+from api.openapi import DocumentedApp
+from api.streaming import ClientDisconnected
+from api.tokenizer import Tokenizer
 from orchestrator import responses, surface
 from orchestrator.answers import Answer, Watch, disconnect_watch, to_response
 from orchestrator.batches import batch_forward
@@ -68,7 +68,7 @@ from workers.http_protocol import Phase
 from workers.log_format import REQUEST_ID
 
 if TYPE_CHECKING:
-    from frontends.tracing import Tracing
+    from api.tracing import Tracing
 
 __all__ = ["build_app", "Orchestrator", "error_parts", "worker_key_headers", "CLIENT_CLOSED_REQUEST"]
 
@@ -209,7 +209,7 @@ def _tracing(config: OrchestratorConfig) -> Tracing | None:
     settings = config.tracing
     if settings.otlp_endpoint is None:
         return None
-    from frontends.tracing import Tracing
+    from api.tracing import Tracing
 
     return Tracing(settings.otlp_endpoint, f"{settings.service_name}-orchestrator", {"disagg.role": "orchestrator"},
                    settings.sample_ratio)

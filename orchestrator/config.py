@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from frontends.api_key import KeyFileError, read_key_file
-from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
+from api.api_key import KeyFileError, read_key_file
+from api.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
 from workers.log_format import LOG_FORMATS
 
@@ -159,7 +159,7 @@ class TimeoutConfig:
 
 @dataclass(frozen=True)
 class TracingConfig:
-    """OpenTelemetry spans of every request (``frontends.tracing``), exported over OTLP/HTTP; off
+    """OpenTelemetry spans of every request (``api.tracing``), exported over OTLP/HTTP; off
     while ``otlp_endpoint`` is unset (nothing is imported, no span is made)."""
 
     otlp_endpoint: str | None = None
@@ -175,7 +175,7 @@ class TracingConfig:
         if self.otlp_endpoint is not None:
             if not self.otlp_endpoint.startswith(("http://", "https://")):
                 raise ConfigError(f"{prefix}.otlp_endpoint", f"must be an http(s) URL, got {self.otlp_endpoint!r}")
-            from frontends.tracing import require_sdk
+            from api.tracing import require_sdk
 
             require_sdk(f"{prefix}.otlp_endpoint")
         if not 0.0 <= self.sample_ratio <= 1.0:
@@ -254,7 +254,7 @@ class OrchestratorConfig:
     None = open."""
     worker_key_file: str | None = None
     """A file (mode 0600) holding the deployment's worker key, presented to every worker on every call
-    (``frontends.api_key``); ``disagg up`` sets it to ``<run dir>/worker.key``. None: workers need none."""
+    (``api.api_key``); ``disagg up`` sets it to ``<run dir>/worker.key``. None: workers need none."""
     workers: tuple[StaticWorker, ...] = ()
     """Static workers; more may register themselves at run time."""
     default_block_size: int = 16
@@ -272,7 +272,7 @@ class OrchestratorConfig:
     upload is held in memory once while the leader stores it)."""
     strict_request_fields: bool = False
     """An unknown top-level request field is a 400 naming it; False: ignored, named in a ``Warning``
-    header (``frontends.request_fields``)."""
+    header (``api.request_fields``)."""
     grace_seconds: float = 30.0
     """At shutdown (SIGTERM, `disagg down`) every process stops accepting and lets in-flight
     requests finish this long before cutting them (each cut one ends with the API's error).
@@ -284,7 +284,7 @@ class OrchestratorConfig:
     ``max_process_restarts`` times in the window (``workers.restart_budget``)."""
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
     """Generation requests each process serves at once (0: no limit); more get 429 with
-    Retry-After at once (``frontends.admission``), never an unbounded queue."""
+    Retry-After at once (``api.admission``), never an unbounded queue."""
     max_queued_requests: int = 0
     """Client requests the whole orchestrator holds without a first token yet (before their ctx
     leg's answer, or their gen leg's first byte), each of its processes ceil(limit / processes);

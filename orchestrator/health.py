@@ -22,7 +22,7 @@ import time
 import httpx
 import msgspec
 
-from frontends.openapi_types import Health
+from api.openapi_types import Health
 from orchestrator.registry import WorkerRecord
 from orchestrator.state import StateOwner
 from workers.http_protocol import WorkerInfo, decode_kv_events

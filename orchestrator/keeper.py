@@ -56,7 +56,7 @@ def _reserve_port(host: str, port: int) -> socket.socket:
 
 
 def run_keeper(config: OrchestratorConfig, config_path: str, port: int, extra_argv: list[str]) -> int:
-    from frontends.server import run_event_loop
+    from api.server import run_event_loop
     from orchestrator.process_records import read_keeper, read_records, write_keeper
 
     state_dir = Path(config.state_dir)

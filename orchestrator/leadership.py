@@ -125,8 +125,8 @@ class Leadership:
         await self._lead()
 
     async def _lead(self) -> None:
-        from frontends.batches import batch_routes
-        from frontends.batches.openai_routes import openai_batch_routes
+        from api.batches import batch_routes
+        from api.batches.openai_routes import openai_batch_routes
         from orchestrator.batches import open_batch_runner
         from orchestrator.openai_batches import open_openai_batches
         from orchestrator.state import StateOwner
@@ -197,7 +197,7 @@ async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_
     import httpx
     import uvicorn
 
-    from frontends.server import FrontendServer
+    from api.server import FrontendServer
     from orchestrator.app import worker_key_headers
     from orchestrator.health import HealthChecker
     from orchestrator.perf import PerfJoiner

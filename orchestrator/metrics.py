@@ -31,11 +31,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from frontends.admission import Limit
-from frontends.metric_batch import MetricBatch
-from frontends.piece_cache import PieceCache, count_lookups
-from frontends.process_metrics import ProcessMetrics
-from frontends.streaming import ClientDisconnected
+from api.admission import Limit
+from api.metric_batch import MetricBatch
+from api.piece_cache import PieceCache, count_lookups
+from api.process_metrics import ProcessMetrics
+from api.streaming import ClientDisconnected
 
 __all__ = ["Metrics", "CONTENT_TYPE", "FLUSH_SECONDS"]
 
@@ -122,7 +122,7 @@ class Metrics:
             self.errors.labels("request", type(exc).__name__).inc()
 
     def count_refused(self, limit: str) -> None:
-        """A client request refused for overload at ``limit`` (``frontends.admission.OnRefused``)."""
+        """A client request refused for overload at ``limit`` (``api.admission.OnRefused``)."""
         self.refused.labels(limit).inc()
 
     def phase(self, name: str) -> Histogram:
@@ -146,7 +146,7 @@ class Metrics:
             child = self._served[(api, mode)] = self.requests.labels(api, mode)
         return child
 
-    # -- the request path: batched (frontends.metric_batch) -----------------------------------
+    # -- the request path: batched (api.metric_batch) -----------------------------------
 
     def count_leg(self, phase: str) -> None:
         self._batch.count(self.leg(phase))

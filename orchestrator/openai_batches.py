@@ -1,7 +1,7 @@
 """The OpenAI Files and Batches APIs at the orchestrator: the leader's, run through the flow.
 
 Owned like the Message Batches (``orchestrator.batches``): the leader opens
-``<state_dir>/openai/`` (``frontends.batches.OpenAIBatches``: the files, the
+``<state_dir>/openai/`` (``api.batches.OpenAIBatches``: the files, the
 batches and their requests, on disk, so they outlive a restart) and mounts
 the routes on the state owner's app; every process replays ``/v1/files*``
 and ``/v1/batches*`` to it (``batch_forward``). Each input line runs through
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from frontends.batches.executor import Outcome
-from frontends.batches.openai_batches import OpenAIBatches
-from frontends.batches.openai_lines import response_line
-from frontends.batches.openai_schemas import BatchEndpoint, InputLine
-from frontends.errors import InvalidRequestError, http_error, openai_error_body
+from api.batches.executor import Outcome
+from api.batches.openai_batches import OpenAIBatches
+from api.batches.openai_lines import response_line
+from api.batches.openai_schemas import BatchEndpoint, InputLine
+from api.errors import InvalidRequestError, http_error, openai_error_body
 from orchestrator.batches import FlowExecutor, through_flow
 from orchestrator.errors import UpstreamRejected
 from orchestrator.prompt import ParsedRequest, parse_request

@@ -28,7 +28,7 @@ from workers.log_format import REQUEST_ID
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from frontends.tracing import Tracing
+    from api.tracing import Tracing
     from orchestrator.state_protocol import RequestTrace
     from orchestrator.view import StateLink
 
@@ -94,7 +94,7 @@ class RequestEnds:
         spans = self._spans.get(id(record))
         if spans is None:
             return None
-        from frontends.tracing import traceparent_of
+        from api.tracing import traceparent_of
 
         span = tracing.start(f"{phase}_leg", start, spans.root, tracing.CLIENT,
                              {"disagg.worker": worker_id, "disagg.x_request_id": headers.get("x-request-id")})

@@ -2,7 +2,7 @@
 ``GET /v1/responses/{id}/input_items``.
 
 Design: the orchestrator translates each /v1/responses request into the
-chat request it means (``frontends.responses``: the conversation of
+chat request it means (``api.responses``: the conversation of
 ``previous_response_id`` loaded from the orchestrator's own store, then this
 request's input) and runs that through its normal disaggregated chat flow
 (ctx leg + gen leg, retries, streaming), then renders the chat answer as a
@@ -27,13 +27,13 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontends.errors import FrontendError, NotFoundError
-from frontends.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
-from frontends.responses import ResponseEventStream, begin_turn, input_items_page, store_turn
-from frontends.responses.render import ResponseTurn
-from frontends.responses.schemas import Item
-from frontends.responses.translate import rename_fields, rename_param, responses_param
-from frontends.streaming import EventStreamResponse
+from api.errors import FrontendError, NotFoundError
+from api.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
+from api.responses import ResponseEventStream, begin_turn, input_items_page, store_turn
+from api.responses.render import ResponseTurn
+from api.responses.schemas import Item
+from api.responses.translate import rename_fields, rename_param, responses_param
+from api.streaming import EventStreamResponse
 from orchestrator.answers import disconnect_watch
 from orchestrator.errors import UpstreamRejected
 from orchestrator.state_protocol import RequestTrace
@@ -61,7 +61,7 @@ async def turn_answer(orch, raw: bytes, session_header: str | None, run: Callabl
                       fields: dict[str, Any] | None = None) -> tuple[ResponseTurn, Any]:
     """The chat request a /v1/responses body means, and ``run``'s answer to it (its errors in
     Responses terms). Shared by ``create_response`` and the OpenAI Batches (``orchestrator.openai_batches``).
-    ``fields``: where the unknown top-level fields it ignored are noted (``frontends.request_fields``)."""
+    ``fields``: where the unknown top-level fields it ignored are noted (``api.request_fields``)."""
     turn = await begin_turn(raw, orch.responses, orch.config.strict_request_fields, {} if fields is None else fields)
     try:
         # A conversation is a session (affinity routing) unless the client names one.
@@ -93,7 +93,7 @@ async def create_response(orch, request: Request) -> Response:
         return await orch.flow.handle(parsed, request_id, disconnect_watch(request.receive), record)
 
     try:
-        fields: dict[str, Any] = {}  # the unknown fields it ignores (frontends.request_fields)
+        fields: dict[str, Any] = {}  # the unknown fields it ignores (api.request_fields)
         turn, answer = await turn_answer(orch, await request.body(), request.headers.get("x-session-id"), run, fields)
     except Exception as exc:
         orch.failed(record, exc, False)

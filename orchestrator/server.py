@@ -76,7 +76,7 @@ class OrchestratorSettings:
 
 
 def run_orchestrator(parsed: argparse.Namespace) -> int:
-    from frontends.server import make_listen_socket, run_event_loop
+    from api.server import make_listen_socket, run_event_loop
     from orchestrator.config import check_worker_key_file, load_orchestrator_config
     from orchestrator.request_end import not_a_client_request
     from workers.log_format import configure_logging
@@ -102,9 +102,9 @@ def run_orchestrator(parsed: argparse.Namespace) -> int:
 async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: socket.socket, port: int) -> int:
     import uvicorn
 
-    from frontends.server import FrontendServer
-    from frontends.tokenizer import Tokenizer
-    from frontends.header_limit import h11_head_limit
+    from api.server import FrontendServer
+    from api.tokenizer import Tokenizer
+    from api.header_limit import h11_head_limit
     from orchestrator.app import Orchestrator, build_app
     from orchestrator.leadership import Leadership
     from orchestrator.fast_http import fast_http_protocol

@@ -42,7 +42,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from frontends.errors import FrontendError, InvalidRequestError, NotFoundError, http_error, openai_error_body
+from api.errors import FrontendError, InvalidRequestError, NotFoundError, http_error, openai_error_body
 from orchestrator.config import LiveSettings, OrchestratorConfig
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import Registry, RegistryError

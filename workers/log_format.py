@@ -5,7 +5,7 @@ engine, TP ranks) sets its logging up with ``configure_logging`` and one
 ``log_format``: ``text`` (the default, for a terminal) or ``json`` (one
 object a line, for a log shipper). A request's id lives in ``REQUEST_ID``, a
 context variable set where the request enters a process (the orchestrator's
-``Orchestrator.generate``, a worker frontend's ``frontends.request_context``).
+``Orchestrator.generate``, a worker frontend's ``api.request_context``).
 asyncio copies the context into every task a request's task starts, so the
 id follows the request and nothing else; a filter on the handler copies it
 onto each record as it is written, so a request costs one ``ContextVar.set``
