@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import aclosing
-from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator, Callable, Protocol, Sequence
+from typing import AsyncGenerator, AsyncIterator, Callable, Protocol, Sequence
 
 from api.admission import QueueBound
 from api.detokenizer import StopStringMatcher, make_detokenizer
@@ -34,11 +34,9 @@ from api.tokenizer import Tokenizer
 from workers.protocol import EngineRequest, IngressMessage, RequestOutput, TokenLogprobs
 from workers.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from frontends.engine_client import PushedRequest
-
 __all__ = [
     "EngineClientLike",
+    "OpenStream",
     "OutputHook",
     "Piece",
     "PieceCutter",
@@ -51,6 +49,14 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class OpenStream(Protocol):
+    """A request whose outputs the engine client pushes (``frontends.engine_client.PushedRequest``)."""
+
+    def close(self) -> None:
+        """Abort it in the engine unless it finished."""
+        ...
 
 
 class EngineClientLike(Protocol):
@@ -178,7 +184,7 @@ class Generation:
         """Cached prompt tokens as usage reports them (the hook's say, when there is one)."""
         return self.num_cached_tokens if self.hook is None else self.hook.usage_cached_tokens(self.num_cached_tokens)
 
-    def open_stream(self, on_output: Callable[[RequestOutput | EngineDeadError], None]) -> PushedRequest:
+    def open_stream(self, on_output: Callable[[RequestOutput | EngineDeadError], None]) -> OpenStream:
         """Send the request with its outputs pushed to ``on_output`` (``api.push_stream``)."""
         make_message = None if self.hook is None else self.hook.message
         return self.client.open_stream(self.prompt_token_ids, self.params, on_output,  # type: ignore[attr-defined]

@@ -86,13 +86,13 @@ def serve_bare_app(kind: str, port: int) -> int:
     import uvicorn
 
     from api.header_limit import h11_head_limit, http_protocol
-    from api.server import FrontendServer, make_listen_socket, run_event_loop
+    from api.server import QuietServer, make_listen_socket, run_event_loop
 
     async def main() -> int:
         app = {"raw": bare_app, "stream": stream_app}.get(kind) or starlette_bare_app()
         config = uvicorn.Config(app, log_level="warning", access_log=False, http=http_protocol(), lifespan="auto",
                                 **h11_head_limit())
-        server = FrontendServer(config)
+        server = QuietServer(config)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
         serving = asyncio.create_task(server.serve(sockets=[make_listen_socket(HOST, port)]))

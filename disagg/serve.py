@@ -273,7 +273,7 @@ def _make_attached_app_factory(args: ServeSettings, attach: Any):
 
 
 def _serve_options(args: ServeSettings):
-    from api.server import ServeOptions
+    from frontends.worker_server import ServeOptions
 
     return ServeOptions(grace_seconds=args.grace_seconds, log_level=args.log_level, access_log=args.access_log)
 
@@ -403,7 +403,8 @@ def _check_limits(args: ServeSettings) -> None:
 
 
 def _serve_launcher(args: ServeSettings, group: Any, make_app: Any) -> int:
-    from api.server import run_event_loop, serve_frontend
+    from api.server import run_event_loop
+    from frontends.worker_server import serve_frontend
 
     clients: list[Any] = []  # frontend 0's engine client: its verdict on the engine gates respawns
     background: list[Any] = []  # tasks of the launcher's loop (asyncio keeps only weak references)
@@ -442,7 +443,8 @@ def _run_attached(args: ServeSettings, attach_file: str) -> int:
     import zmq
 
     from workers.processes import pid_alive
-    from api.server import run_event_loop, serve_frontend
+    from api.server import run_event_loop
+    from frontends.worker_server import serve_frontend
     from workers.ipc import FrameCodec
     from workers.protocol import FrontendFailed, FrontendReady, StatusMessage
 

@@ -197,7 +197,7 @@ async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_
     import httpx
     import uvicorn
 
-    from api.server import FrontendServer
+    from api.server import QuietServer
     from orchestrator.app import worker_key_headers
     from orchestrator.health import HealthChecker
     from orchestrator.perf import PerfJoiner
@@ -212,7 +212,7 @@ async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_
     owner_config = uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds), extra_routes),
                                   log_level=None, log_config=None, lifespan="off")
     owner_config.access_log = False
-    server = FrontendServer(owner_config)
+    server = QuietServer(owner_config)
     checker = asyncio.create_task(HealthChecker(owner, client).run())
     sweeper = asyncio.create_task(_sweep_loads(owner))
     serving = asyncio.create_task(server.serve(sockets=[unix]))

@@ -102,7 +102,7 @@ def run_orchestrator(parsed: argparse.Namespace) -> int:
 async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: socket.socket, port: int) -> int:
     import uvicorn
 
-    from api.server import FrontendServer
+    from api.server import QuietServer
     from api.tokenizer import Tokenizer
     from api.header_limit import h11_head_limit
     from orchestrator.app import Orchestrator, build_app
@@ -113,7 +113,7 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
     assert index is not None  # the keeper never serves
     orch = Orchestrator(config, index, Tokenizer.from_model_path(config.model_dir))
     # Drains at least as long as the workers do: `disagg down` stops the orchestrator first.
-    server = FrontendServer(uvicorn.Config(
+    server = QuietServer(uvicorn.Config(
         build_app(orch), log_level=config.log_level, access_log=config.access_log,
         log_config=None,  # uvicorn's lines (the access log too) through the root logger: stderr, our format
         lifespan="on",
