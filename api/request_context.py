@@ -2,7 +2,7 @@
 
 ``enter_request(scope)`` reads the ``x-request-id`` and ``traceparent``
 headers in one scan of the ASGI scope (``api.request_headers``: the
-lower-case names of the ASGI spec) and sets ``workers.log_format.REQUEST_ID``
+lower-case names of the ASGI spec) and sets ``common.log_format.REQUEST_ID``
 (every log line of the request's task names it, uvicorn's access line
 included: it is written from the same task) and ``TRACEPARENT``, which the
 engine client keeps on the request's track and hands, with its perf record,
@@ -19,7 +19,7 @@ from starlette.types import Scope
 
 from api.request_headers import X_REQUEST_ID
 from api.stream_marks import MARKS_HEADER, STREAM_MARKS
-from workers.log_format import REQUEST_ID
+from common.log_format import REQUEST_ID
 
 __all__ = ["enter_request", "TRACEPARENT"]
 

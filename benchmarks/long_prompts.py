@@ -35,7 +35,7 @@ from api.piece_cache import DEFAULT_BUDGET_BYTES, PieceCache
 from api.tokenizer import Tokenizer
 from orchestrator.prompt import parse_request
 from orchestrator.validation import RequestValidator
-from workers.engine.block_hash import compute_block_hashes
+from common.block_hash import compute_block_hashes
 
 WORDS = ("the of and to in a is that for it as was with be by on not this are or from at which but have an they "
          "you were their one all we can her has there been if more when will would who so no function call tool "

@@ -54,7 +54,7 @@ from orchestrator.config import (
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES, SpeculativeConfig, check_tiers
-from workers.log_format import LOG_FORMATS
+from common.log_format import LOG_FORMATS
 from workers.sampling_params import MAX_STREAM_INTERVAL
 
 __all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "PrometheusSettings", "RestartPolicy",

@@ -33,7 +33,7 @@ from api.tool_parsers import TOOL_CALL_PARSERS
 from workers.attach import attach_file_from_env, read_attach_file
 from workers.rank_env import from_environ
 from workers.engine.model.deepseek_v4.config import is_deepseek_v4_dir
-from workers.log_format import LOG_FORMATS, configure_logging, stdout_line
+from common.log_format import LOG_FORMATS, configure_logging, stdout_line
 from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
 from workers.config import (
     DECODE_ATTENTION_MODES,
@@ -442,7 +442,7 @@ async def _watch_frontends(group: Any, engine_alive: Callable[[], bool]) -> None
 def _run_attached(args: ServeSettings, attach_file: str) -> int:
     import zmq
 
-    from workers.processes import pid_alive
+    from common.processes import pid_alive
     from api.server import run_event_loop
     from frontends.worker_server import serve_frontend
     from workers.ipc import FrameCodec

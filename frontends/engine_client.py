@@ -42,7 +42,7 @@ from api.request_context import TRACEPARENT
 from workers.attach import AttachInfo
 from workers.client_ids import ClientIdAllocator
 from workers.ipc import ENGINE_SILENCE_LIMIT, HEARTBEAT_SECONDS, FrameCodec, configure_frontend_push, send_nowait
-from workers.processes import pid_alive
+from common.processes import pid_alive
 from workers.protocol import (
     AbortRequests,
     AddRequest,

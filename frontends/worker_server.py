@@ -24,7 +24,7 @@ from api.server import QuietServer, make_listen_socket, make_unix_listen_socket,
 from frontends.engine_client import EngineClient
 from frontends.watchdog import Watchdog, frontend_probes
 from workers.attach import AttachInfo
-from workers.processes import pid_alive
+from common.processes import pid_alive
 
 __all__ = ["ServeOptions", "serve_frontend"]
 

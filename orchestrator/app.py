@@ -65,7 +65,7 @@ from orchestrator.request_end import RequestEnds
 from orchestrator.view import ClusterView, StateLink
 from orchestrator.http_client import HttpClient
 from workers.http_protocol import Phase
-from workers.log_format import REQUEST_ID
+from common.log_format import REQUEST_ID
 
 if TYPE_CHECKING:
     from api.tracing import Tracing
@@ -134,7 +134,7 @@ class Orchestrator:
         flow; a failure is counted and leaves a perf record, then propagates. ``traceparent``: the
         client's W3C header, the parent of the request's spans."""
         request_id = request_id or self.new_request_id()
-        REQUEST_ID.set(request_id)  # every log line of this request's task (workers.log_format)
+        REQUEST_ID.set(request_id)  # every log line of this request's task (common.log_format)
         record = RequestTrace(request_id=request_id, api=api, arrival=time.time())
         self.ends.begin(record, traceparent)
         try:

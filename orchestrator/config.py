@@ -16,7 +16,7 @@ import yaml
 from api.api_key import KeyFileError, read_key_file
 from api.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
-from workers.log_format import LOG_FORMATS
+from common.log_format import LOG_FORMATS
 
 __all__ = [
     "RouterConfig", "ConditionalDisaggConfig", "KVPoolConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",
@@ -263,7 +263,7 @@ class OrchestratorConfig:
     perf_records: int = 1000
     log_level: str = "info"
     log_format: str = "text"
-    """text, or json: one object a line (``workers.log_format``)."""
+    """text, or json: one object a line (``common.log_format``)."""
     tracing: TracingConfig = field(default_factory=TracingConfig)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Request bodies over this are refused with 413 before they are buffered."""
@@ -281,7 +281,7 @@ class OrchestratorConfig:
     max_process_restarts: int = 5
     process_restart_window_seconds: float = 300.0
     """Process 0 respawns a non-zero process that died while it has died fewer than
-    ``max_process_restarts`` times in the window (``workers.restart_budget``)."""
+    ``max_process_restarts`` times in the window (``common.restart_budget``)."""
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
     """Generation requests each process serves at once (0: no limit); more get 429 with
     Retry-After at once (``api.admission``), never an unbounded queue."""

@@ -37,7 +37,7 @@ from api.memory import large_body, release_memory_soon
 from api.streaming import ClientDisconnected, FinalFrame
 from orchestrator.answers import JsonAnswer, StreamAnswer
 from orchestrator.clean_ends import INTERNAL_ERROR, SHUTTING_DOWN, STREAM_CUT, stream_error_frame
-from workers.log_format import REQUEST_ID
+from common.log_format import REQUEST_ID
 
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator

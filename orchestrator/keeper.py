@@ -87,8 +87,8 @@ def run_keeper(config: OrchestratorConfig, config_path: str, port: int, extra_ar
 
 async def _keep(config: OrchestratorConfig, config_path: str, port: int, extra_argv: list[str]) -> int:
     from orchestrator.process_group import ProcessGroup
-    from workers.log_format import stdout_line
-    from workers.restart_budget import RestartBudget
+    from common.log_format import stdout_line
+    from common.restart_budget import RestartBudget
 
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()

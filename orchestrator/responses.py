@@ -38,7 +38,7 @@ from orchestrator.answers import disconnect_watch
 from orchestrator.errors import UpstreamRejected
 from orchestrator.state_protocol import RequestTrace
 from orchestrator.prompt import ParsedRequest, parse_request
-from workers.log_format import REQUEST_ID
+from common.log_format import REQUEST_ID
 
 __all__ = ["create_response", "retrieve_response", "list_input_items", "delete_response", "turn_answer", "finish_turn"]
 
@@ -84,7 +84,7 @@ async def finish_turn(orch, turn: ResponseTurn, chat_answer: bytes) -> bytes:
 
 async def create_response(orch, request: Request) -> Response:
     request_id = request.headers.get("x-request-id") or orch.new_request_id()
-    REQUEST_ID.set(request_id)  # every log line of this request's task (workers.log_format)
+    REQUEST_ID.set(request_id)  # every log line of this request's task (common.log_format)
     record = RequestTrace(request_id=request_id, api="responses", arrival=time.time())
     orch.ends.begin(record, request.headers.get("traceparent"))
 

@@ -79,7 +79,7 @@ def run_orchestrator(parsed: argparse.Namespace) -> int:
     from api.server import make_listen_socket, run_event_loop
     from orchestrator.config import check_worker_key_file, load_orchestrator_config
     from orchestrator.request_end import not_a_client_request
-    from workers.log_format import configure_logging
+    from common.log_format import configure_logging
 
     args = OrchestratorSettings.from_args(parsed)
 

@@ -49,7 +49,7 @@ from orchestrator.registry import Registry, RegistryError
 from orchestrator.state_protocol import (DrainAck, DrainRequest, LoadPush, Ok, PerfPush, Registration,
                                          RegistrationAck, RequestTrace, SettingsAck, Snapshot, WorkerIdBody)
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
-from workers.processes import pid_alive
+from common.processes import pid_alive
 
 if TYPE_CHECKING:
     from orchestrator.view import ClusterView

@@ -31,7 +31,7 @@ from orchestrator.kv_index import KVIndex
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate
 from orchestrator.state_protocol import LoadPush, PerfPush, RequestTrace, Snapshot
-from workers.engine.block_hash import compute_block_hashes
+from common.block_hash import compute_block_hashes
 from workers.http_protocol import Phase
 
 __all__ = ["ClusterView", "StateLink", "LOAD_PUSH_SECONDS"]

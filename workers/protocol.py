@@ -73,7 +73,7 @@ class EngineRequest(msgspec.Struct, frozen=True, omit_defaults=True, array_like=
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_time: float = 0.0  # frontend's time.time() when the request arrived
-    # The HTTP request's x-request-id: the engine's log lines about this request name it (workers.log_format).
+    # The HTTP request's x-request-id: the engine's log lines about this request name it (common.log_format).
     x_request_id: str | None = None
 
 

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from workers.config import SchedulerConfig
-from workers.engine.block_hash import BlockHash
+from common.block_hash import BlockHash
 from workers.engine.block_manager import BlockManager
 from workers.engine.executor import ScheduledRequest, SchedulerOutput
 from workers.engine.request import Request, RequestStatus

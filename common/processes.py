@@ -13,7 +13,7 @@ Two ways to name a process:
   its pid cannot be recycled before we reap it, and we do reap it;
 - a bare pid (``pid_alive``, ``terminate``): someone else's child, or one
   recorded in a file. ``alive`` decides what counts as still ours; a
-  recorded pid passes ``workers.process_identity.same_process`` so that a
+  recorded pid passes ``common.process_identity.same_process`` so that a
   recycled pid is never signalled.
 """
 

@@ -6,7 +6,7 @@ reads it. Field 22 of ``/proc/PID/stat`` (``starttime``, clock ticks since
 boot) does not change for a process's life and differs for the next process
 given the same pid, so ``(pid, start_time)`` names one process. Whoever
 signals or deletes on the strength of a recorded pid checks ``same_process``
-first (``workers.processes.terminate`` takes it as ``alive``); a pid whose start
+first (``common.processes.terminate`` takes it as ``alive``); a pid whose start
 time cannot be read is not ours.
 """
 
