@@ -41,7 +41,7 @@ def require_sdk(key: str) -> None:
     said when the deployment is checked, not as an ImportError in every process it starts."""
     import importlib.util
 
-    from workers.config import ConfigError
+    from common.config_errors import ConfigError
 
     for module in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"):
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from workers.config import ConfigError
+from common.config_errors import ConfigError
 from api.api_key import KeyFileError, read_key_file
 from workers.disagg_params import CLUSTER_KEY_FILE_ENV, ClusterKeyError, load_cluster_key
 
