@@ -57,7 +57,7 @@ def add_orchestrator_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class OrchestratorSettings:
+class OrchestratorFlags:
     """``disagg orchestrator``'s flags, typed, built once from the parsed arguments."""
 
     config: str
@@ -67,7 +67,7 @@ class OrchestratorSettings:
     """None: the keeper."""
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> OrchestratorSettings:
+    def from_args(cls, args: argparse.Namespace) -> OrchestratorFlags:
         return cls(config=args.config, port=args.port, access_log=args.access_log, process_index=args.process_index)
 
     def child_overrides(self) -> list[str]:
@@ -81,7 +81,7 @@ def run_orchestrator(parsed: argparse.Namespace) -> int:
     from orchestrator.request_end import not_a_client_request
     from common.log_format import configure_logging
 
-    args = OrchestratorSettings.from_args(parsed)
+    args = OrchestratorFlags.from_args(parsed)
 
     config = load_orchestrator_config(args.config)
     check_worker_key_file(config, args.config)
@@ -99,7 +99,7 @@ def run_orchestrator(parsed: argparse.Namespace) -> int:
     return run_event_loop(_serve(config, args, sock, port))
 
 
-async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: socket.socket, port: int) -> int:
+async def _serve(config: OrchestratorConfig, args: OrchestratorFlags, sock: socket.socket, port: int) -> int:
     import uvicorn
 
     from api.server import QuietServer
@@ -177,7 +177,7 @@ def _settle_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-def _access_log(args: OrchestratorSettings, config: OrchestratorConfig) -> bool:
+def _access_log(args: OrchestratorFlags, config: OrchestratorConfig) -> bool:
     return config.access_log if args.access_log is None else args.access_log
 
 
