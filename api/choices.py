@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncGenerator, Callable, Sequence
+from typing import Any, AsyncGenerator, Callable, Sequence
 
 import msgspec
 
@@ -79,7 +79,7 @@ def _first_output_gate(first: Generation) -> asyncio.Event:
     return gate
 
 
-def _cancel(tasks: Sequence[asyncio.Future]) -> None:
+def _cancel(tasks: Sequence[asyncio.Future[Any]]) -> None:
     """Cancel what still runs (closing a choice's generation aborts it in the engine); failures of the
     others than the one reported are retrieved, so none is logged as never retrieved."""
     for task in tasks:

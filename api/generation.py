@@ -187,8 +187,9 @@ class Generation:
     def open_stream(self, on_output: Callable[[RequestOutput | EngineDeadError], None]) -> OpenStream:
         """Send the request with its outputs pushed to ``on_output`` (``api.push_stream``)."""
         make_message = None if self.hook is None else self.hook.message
-        return self.client.open_stream(self.prompt_token_ids, self.params, on_output,  # type: ignore[attr-defined]
-                                       self.arrival_time, make_message, self.x_request_id)
+        stream: OpenStream = self.client.open_stream(  # type: ignore[attr-defined]  # the engine client's alone
+            self.prompt_token_ids, self.params, on_output, self.arrival_time, make_message, self.x_request_id)
+        return stream
 
     async def pieces(self, cutter: PieceCutter | None = None) -> AsyncIterator[Piece]:
         """``cutter``: the stream's own (it marks and replays with it); a fresh one by default."""

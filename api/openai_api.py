@@ -31,8 +31,7 @@ from api.schemas_openai import (
     chat_logprobs,
     completion_logprobs,
 )
-from api.openai_tools import ToolCallChatStream, ToolPolicy, chat_message, finish_reason, openai_tool_policy, \
-    template_messages
+from api.openai_tools import ToolCallChatStream, chat_message, finish_reason, openai_tool_policy, template_messages
 from api.request_fields import decode_request
 from api.request_limits import check_chat_contents, check_messages, check_tools, stop_strings
 from api.prepare import prepare_request
@@ -40,6 +39,7 @@ from api.prompt_logprobs import check_prompt_logprobs, echo_logprobs, engine_top
     vllm_prompt_logprobs
 from api.serving import ServingContext
 from api.tool_prompt import PromptSource, adapt_conversation
+from api.tool_calls import ToolPolicy
 from api.structured import openai_controls, openai_guided
 from api.push_stream import stream_response
 from api.streaming import EventStreamResponse, run_until_disconnect

@@ -46,13 +46,13 @@ class PieceCache:
         self.misses = 0
         # text -> (ids, the bytes counted for it when kept: a str's own size grows once its UTF-8
         # form is cached, so it is counted once). Insertion order: least recently used first.
-        self._entries: dict[str, tuple[array, int]] = {}
+        self._entries: dict[str, tuple[array[int], int]] = {}
         self._lock = threading.Lock()  # a tokenizer may be shared with a worker thread
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, text: str) -> array | None:
+    def get(self, text: str) -> array[int] | None:
         """The ids kept for ``text`` (do not modify them), now the most recently used; None if none."""
         with self._lock:
             entry = self._entries.pop(text, None)

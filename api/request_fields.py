@@ -45,7 +45,8 @@ def decode_request(raw: bytes, struct_type: type[T], strict: bool, scope: Mutabl
     """``raw`` as ``struct_type``; an unknown top-level field is a 400 naming it when ``strict``, else
     ignored and left in ``scope`` for the warning header."""
     try:
-        return msgspec.json.decode(raw, type=_strict(struct_type))
+        decoded: T = msgspec.json.decode(raw, type=_strict(struct_type))
+        return decoded
     except msgspec.ValidationError as exc:
         if not str(exc).startswith(_UNKNOWN) or " - at `" in str(exc):  # not a top-level unknown field
             raise

@@ -19,5 +19,5 @@ def header_value(scope: Scope, name: bytes) -> str | None:
     """The first value of header ``name`` (lower case), decoded as Starlette does (latin-1)."""
     for key, value in scope["headers"]:
         if key == name:
-            return value.decode("latin-1")
+            return str(value.decode("latin-1"))
     return None

@@ -21,7 +21,7 @@ Documented once, here (workers and the orchestrator run the same checks):
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from api.errors import InvalidRequestError
 
@@ -65,7 +65,7 @@ def check_messages(num_messages: int) -> None:
                                   param="messages")
 
 
-def check_count(values: Sequence | dict | None, limit: int, param: str) -> None:
+def check_count(values: Sequence[object] | dict[str, object] | None, limit: int, param: str) -> None:
     """A 400 naming ``param`` when ``values`` has more than ``limit`` entries."""
     if values is not None and len(values) > limit:
         raise InvalidRequestError(f"{param} has {len(values)} entries; at most {limit} are allowed", param=param)
@@ -76,7 +76,7 @@ def check_tools(num_tools: int) -> None:
         raise InvalidRequestError(f"tools has {num_tools} entries; at most {MAX_TOOLS} are allowed", param="tools")
 
 
-def check_chat_contents(messages: Sequence) -> None:
+def check_chat_contents(messages: Sequence[Any]) -> None:
     """OpenAI chat messages (``schemas_openai.ChatMessage``): content present unless tool calls stand in."""
     for i, message in enumerate(messages):
         if message.content is None and not (message.role == "assistant" and message.tool_calls):

@@ -116,7 +116,7 @@ class DisconnectWatch:
         self._task = task
         self._watching = True
         self._disconnected = False
-        self._awaiting: asyncio.Future | None = None
+        self._awaiting: asyncio.Future[None] | None = None
         self._coro: Coroutine[Any, Any, None] = _wait_for_disconnect(receive)
         self._step()
 

@@ -31,8 +31,8 @@ __all__ = ["Tokenizer", "ChatTemplateError"]
 def _token_text(value: Any) -> str | None:
     # tokenizer_config.json stores special tokens as strings or AddedToken dicts.
     if isinstance(value, dict):
-        return value.get("content")
-    return value
+        value = value.get("content")
+    return None if value is None else str(value)
 
 
 # Normalizers that never shrink a text (the Llama/SentencePiece ones): a token's vocabulary string
@@ -164,7 +164,8 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self._encode_fast is not None:  # no character offsets: a third less time, every request
-            return self._encode_fast([text], add_special_tokens=add_special_tokens)[0].ids
+            ids: list[int] = self._encode_fast([text], add_special_tokens=add_special_tokens)[0].ids
+            return ids
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -19,7 +19,7 @@ its delay, 5 s by default) and flushed at exit.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -144,7 +144,7 @@ class Tracing:
         self._provider.shutdown()
 
 
-def _set_span_in_context():
+def _set_span_in_context() -> Callable[..., Any]:
     from opentelemetry.trace import set_span_in_context
 
     return set_span_in_context

@@ -29,7 +29,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import httpx
 import msgspec
@@ -230,7 +230,7 @@ def _error(exc: BaseException, anthropic: bool) -> Response:
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
-def _json(payload, status: int = 200) -> Response:
+def _json(payload: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(payload), status_code=status, media_type="application/json")
 
 
@@ -244,7 +244,8 @@ def worker_key_headers(config: OrchestratorConfig) -> dict[str, str]:
 Handler = Callable[[Orchestrator, Request], Awaitable[Response]]
 
 
-def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True):
+def _endpoint(handler: Handler, anthropic: bool = False,
+              protected: bool = True) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         orch: Orchestrator = request.app.state.orchestrator
         try:
@@ -262,7 +263,7 @@ def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True)
     return endpoint
 
 
-def _generate(api: str):
+def _generate(api: str) -> Handler:
     async def handler(orch: Orchestrator, request: Request) -> Response:
         headers = request.headers
         answer = await orch.generate(api, request.body, headers.get("x-request-id"), headers.get("x-session-id"),
@@ -306,7 +307,7 @@ async def _perf(orch: Orchestrator, request: Request) -> Response:
     return Response(response.content, status_code=response.status_code, media_type="application/json")
 
 
-def _forward(path: str):
+def _forward(path: str) -> Handler:
     async def handler(orch: Orchestrator, request: Request) -> Response:
         body = await request.body() if request.method == "POST" else b""
         try:
@@ -319,7 +320,7 @@ def _forward(path: str):
     return handler
 
 
-def _drain(draining: bool):
+def _drain(draining: bool) -> Handler:
     """POST /workers/drain and /workers/undrain ``{"worker": ID or URL}``: the state owner's /drain."""
 
     async def handler(orch: Orchestrator, request: Request) -> Response:
@@ -353,7 +354,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 def build_app(orch: Orchestrator) -> Starlette:
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await orch.start()
         try:
             yield

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, TypeVar
 
 from api.errors import ApiError, RequestTooLargeError, anthropic_error_body, openai_error_body
 from api.header_limit import http_protocol
@@ -42,6 +42,8 @@ from common.log_format import REQUEST_ID
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator
     from orchestrator.relay import Relay
+
+T = TypeVar("T")
 
 __all__ = ["fast_http_protocol", "FAST_PATHS"]
 
@@ -151,7 +153,7 @@ class FastCycle:
         self.disconnected = False
         self.response_started = False
         self.response_complete = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._watching = False  # the task may be cancelled when the client leaves
         self._declared: int | None = None  # the Content-Length
         self._relay: Relay | None = None  # while a stream is relayed
@@ -262,7 +264,7 @@ class FastCycle:
         body, self.body = bytes(self.body), bytearray()  # the protocol keeps the cycle until the next request
         return body
 
-    async def _watch(self, work):
+    async def _watch(self, work: Awaitable[T]) -> T:
         """``orchestrator.answers.Watch``: the client's leaving cancels this task (``client_left``)."""
         try:
             return await work

@@ -219,7 +219,7 @@ class Flow:
             record.ctx.engine_request_id = params.ctx_request_id  # joins the ctx worker's perf record
         return answer
 
-    async def _within(self, deadline: float, work):
+    async def _within(self, deadline: float, work: Awaitable[T]) -> T:
         return await within(deadline, work, self.config.timeouts.request_seconds)
 
     def finish(self, record: RequestTrace, request: ParsedRequest, answer_tail: bytes = b"") -> None:

@@ -122,7 +122,7 @@ def _process_exited(state_dir: Path, member: Member) -> None:
     """Process ``member`` died: its live metric series go, its readiness with it."""
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(member.pid, os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    multiprocess.mark_process_dead(member.pid, os.environ["PROMETHEUS_MULTIPROC_DIR"])  # type: ignore[no-untyped-call]
     (state_dir / f"ready-{member.index}").unlink(missing_ok=True)
 
 

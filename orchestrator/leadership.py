@@ -43,9 +43,11 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
+
     from orchestrator.app import Orchestrator
     from orchestrator.state import StateOwner
 
@@ -73,7 +75,7 @@ class Leadership:
         self._stop = asyncio.Event()
         self._batches: Any = None
         self._openai_batches: Any = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -191,7 +193,7 @@ def _bind_state_socket(path: Path) -> socket.socket:
     return unix
 
 
-async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_routes: list) -> None:
+async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_routes: Sequence[BaseRoute]) -> None:
     """The state owner: the Unix-socket state app (plus ``extra_routes``: the batch routes), the
     health checker and the loads sweep, until ``stop``."""
     import httpx

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -172,7 +172,7 @@ class Metrics:
         if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
             return generate_latest(self.registry) + generate_latest(health)
         collector_registry = CollectorRegistry()
-        MultiProcessCollector(collector_registry)
+        MultiProcessCollector(collector_registry)  # type: ignore[no-untyped-call]  # prometheus_client: unannotated
         return generate_latest(collector_registry) + generate_latest(health)
 
 
@@ -184,7 +184,7 @@ class _WorkerHealthCollector:
     def __init__(self, workers: list[WorkerHealth]) -> None:
         self.workers = workers
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         # Not "role": the orchestrator's scrape target carries role="orchestrator" (orchestrator.prometheus_sd).
         labels = ["worker", "worker_url", "worker_role"]
         healthy = GaugeMetricFamily("disagg_orchestrator_worker_healthy", "1 while the orchestrator routes to "

@@ -31,6 +31,8 @@ from orchestrator.prompt import ParsedRequest, parse_request
 from orchestrator.responses import finish_turn, turn_answer
 
 if TYPE_CHECKING:
+    from starlette.responses import Response
+
     from orchestrator.app import Orchestrator
 
 __all__ = ["FlowLineExecutor", "open_openai_batches", "OPENAI_DIR"]
@@ -67,7 +69,7 @@ class FlowLineExecutor(FlowExecutor):
         orch = self.orch
         if url == BatchEndpoint.RESPONSES.value:
 
-            async def run(parsed: ParsedRequest):
+            async def run(parsed: ParsedRequest) -> Response:
                 return await through_flow(orch, _no_stream(parsed), request_id, "responses")
 
             turn, answer = await turn_answer(orch, body, None, run)

@@ -45,7 +45,7 @@ class Member:
 
     index: int
     pid: int
-    popen: subprocess.Popen | None = None
+    popen: subprocess.Popen[bytes] | None = None
     record: ProcessRecord | None = None
 
     def alive(self) -> bool:

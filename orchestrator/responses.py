@@ -21,7 +21,7 @@ routing keeps a conversation where its KV is. Perf records say
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import msgspec
 from starlette.requests import Request
@@ -40,6 +40,9 @@ from orchestrator.state_protocol import RequestTrace
 from orchestrator.prompt import ParsedRequest, parse_request
 from common.log_format import REQUEST_ID
 
+if TYPE_CHECKING:
+    from orchestrator.app import Orchestrator
+
 __all__ = ["create_response", "retrieve_response", "list_input_items", "delete_response", "turn_answer", "finish_turn"]
 
 _JSON = "application/json"
@@ -57,7 +60,7 @@ def _renamed(exc: UpstreamRejected) -> UpstreamRejected:
     return UpstreamRejected(exc.status, msgspec.json.encode(body))
 
 
-async def turn_answer(orch, raw: bytes, session_header: str | None, run: Callable[[ParsedRequest], Awaitable[Any]],
+async def turn_answer(orch: Orchestrator, raw: bytes, session_header: str | None, run: Callable[[ParsedRequest], Awaitable[Any]],
                       fields: dict[str, Any] | None = None) -> tuple[ResponseTurn, Any]:
     """The chat request a /v1/responses body means, and ``run``'s answer to it (its errors in
     Responses terms). Shared by ``create_response`` and the OpenAI Batches (``orchestrator.openai_batches``).
@@ -74,7 +77,7 @@ async def turn_answer(orch, raw: bytes, session_header: str | None, run: Callabl
         raise _renamed(exc) from None
 
 
-async def finish_turn(orch, turn: ResponseTurn, chat_answer: bytes) -> bytes:
+async def finish_turn(orch: Orchestrator, turn: ResponseTurn, chat_answer: bytes) -> bytes:
     """A non-streamed chat answer as the response object, stored (when the body asks) and encoded."""
     response, output = turn.from_chat(msgspec.json.decode(chat_answer))
     encoded = msgspec.json.encode(response)
@@ -82,13 +85,13 @@ async def finish_turn(orch, turn: ResponseTurn, chat_answer: bytes) -> bytes:
     return encoded
 
 
-async def create_response(orch, request: Request) -> Response:
+async def create_response(orch: Orchestrator, request: Request) -> Response:
     request_id = request.headers.get("x-request-id") or orch.new_request_id()
     REQUEST_ID.set(request_id)  # every log line of this request's task (common.log_format)
     record = RequestTrace(request_id=request_id, api="responses", arrival=time.time())
     orch.ends.begin(record, request.headers.get("traceparent"))
 
-    async def run(parsed: ParsedRequest):
+    async def run(parsed: ParsedRequest) -> Response:
         record.tokenized = time.time()
         return await orch.flow.handle(parsed, request_id, disconnect_watch(request.receive), record)
 
@@ -119,7 +122,7 @@ def _not_found(response_id: str) -> NotFoundError:
     return NotFoundError(f"No response found with id '{response_id}'.", param="response_id")
 
 
-async def retrieve_response(orch, request: Request) -> Response:
+async def retrieve_response(orch: Orchestrator, request: Request) -> Response:
     response_id = request.path_params["response_id"]
     record = await orch.responses.get(response_id)
     if record is None:
@@ -127,7 +130,7 @@ async def retrieve_response(orch, request: Request) -> Response:
     return Response(bytes(record.response), media_type=_JSON)
 
 
-async def list_input_items(orch, request: Request) -> Response:
+async def list_input_items(orch: Orchestrator, request: Request) -> Response:
     response_id = request.path_params["response_id"]
     record = await orch.responses.get(response_id)
     if record is None:
@@ -135,7 +138,7 @@ async def list_input_items(orch, request: Request) -> Response:
     return Response(msgspec.json.encode(input_items_page(record, request.query_params)), media_type=_JSON)
 
 
-async def delete_response(orch, request: Request) -> Response:
+async def delete_response(orch: Orchestrator, request: Request) -> Response:
     response_id = request.path_params["response_id"]
     if not await orch.responses.delete(response_id):
         raise _not_found(response_id)

@@ -166,7 +166,7 @@ class StateLink:
         self.epoch = 0
         """The owner's epoch of the last snapshot (``orchestrator.leadership``)."""
         self.first_snapshot = asyncio.Event()
-        self.tasks: list[asyncio.Task] = []
+        self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         self.tasks = [asyncio.create_task(self._follow()), asyncio.create_task(self._push_perf())]

@@ -34,7 +34,7 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Coroutine, Iterator
 
 import msgspec
 
@@ -101,12 +101,12 @@ class OpenAIBatches:
         finally:
             self._finalizing.release()
 
-    def _spawn(self, work) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._done)
 
-    def _done(self, task: asyncio.Task) -> None:
+    def _done(self, task: asyncio.Task[None]) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:  # redone at the next start
             logger.error("validating or finalizing a batch failed", exc_info=task.exception())

@@ -17,8 +17,10 @@ finalization cut short by a crash is simply done again under the same ids.
 from __future__ import annotations
 
 import builtins  # the method OpenAIBatchStore.list shadows the builtin in annotations after it
+import sqlite3
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -82,7 +84,7 @@ class OpenAIBatchRow:
     usage: BatchUsage | None
 
     @classmethod
-    def from_row(cls, row: tuple) -> "OpenAIBatchRow":
+    def from_row(cls, row: tuple[Any, ...]) -> "OpenAIBatchRow":
         (batch_id, endpoint, input_file_id, window, metadata, created_at, expires_at, stage, output_slot, error_slot,
          errors, cancelling_at, final_status, final_at, output_file_id, error_file_id, usage) = row
         return cls(batch_id, endpoint, input_file_id, window,
@@ -115,7 +117,7 @@ class OpenAIBatchStore:
             return self._get(conn, batch_id)
 
     @staticmethod
-    def _get(conn, batch_id: str) -> OpenAIBatchRow | None:
+    def _get(conn: sqlite3.Connection, batch_id: str) -> OpenAIBatchRow | None:
         row = conn.execute(f"SELECT {_COLUMNS} FROM openai_batches WHERE id = ?", (batch_id,)).fetchone()
         return None if row is None else OpenAIBatchRow.from_row(row)
 
@@ -159,7 +161,7 @@ class OpenAIBatchStore:
                           "error_file_id = ?, usage = ?", (Stage.FINALIZED.value, final_status.value, now,
                                                            output_file_id, error_file_id, msgspec.json.encode(usage)))
 
-    def _move(self, batch_id: str, from_stage: Stage, assignments: str, args: tuple) -> bool:
+    def _move(self, batch_id: str, from_stage: Stage, assignments: str, args: tuple[Any, ...]) -> bool:
         with self.requests.transaction() as conn:
             return conn.execute(f"UPDATE openai_batches SET {assignments} WHERE id = ? AND stage = ?",
                                 (*args, batch_id, from_stage.value)).rowcount == 1

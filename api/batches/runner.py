@@ -165,7 +165,7 @@ class BatchRunner:
         if not running:
             await self._finish(batch_id)
 
-    def _request_done(self, batch_id: str, idx: int, task: asyncio.Task) -> None:
+    def _request_done(self, batch_id: str, idx: int, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:  # retrieved here, not left to the GC's log
             logger.error("batch %s request %d failed; it stays pending", batch_id, idx, exc_info=task.exception())
         self._slots.release()

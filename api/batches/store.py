@@ -22,7 +22,8 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from types import TracebackType
+from typing import Any, Mapping
 
 from api.batches.schemas import ProcessingStatus, RequestCounts, RequestState
 
@@ -84,7 +85,7 @@ class BatchRecord:
     request_counts: RequestCounts
 
     @classmethod
-    def from_row(cls, row: tuple) -> "BatchRecord":
+    def from_row(cls, row: tuple[Any, ...]) -> "BatchRecord":
         batch_id, status, created_at, expires_at, ended_at, cancel_initiated_at, archived_at = row[:7]
         return cls(batch_id, status, created_at, expires_at, ended_at, cancel_initiated_at, archived_at,
                    RequestCounts(*row[7:12]))
@@ -304,7 +305,8 @@ class Transaction:
             raise
         return self.conn
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         try:
             self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
         finally:

@@ -73,7 +73,8 @@ async def store_turn(turn: ResponseTurn, store: ResponsesClient, response_json: 
 
 
 def _store(request: Request) -> ResponsesClient:
-    return request.app.state.responses
+    store: ResponsesClient = request.app.state.responses
+    return store
 
 
 async def create_response(ctx: ServingContext, request: Request) -> Response:

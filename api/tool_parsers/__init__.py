@@ -46,7 +46,8 @@ def tool_syntax(name: str) -> CallSyntax:
     """The format named ``name``; ValueError listing the known names otherwise."""
     if name not in TOOL_CALL_PARSERS:
         raise ValueError(f"unknown tool-call parser {name!r}; known: {', '.join(sorted(TOOL_CALL_PARSERS))}")
-    return TOOL_CALL_PARSERS[name]()
+    syntax: CallSyntax = TOOL_CALL_PARSERS[name]()
+    return syntax
 
 
 def detect_tool_syntax(chat_template: str | None) -> CallSyntax | None:

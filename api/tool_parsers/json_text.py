@@ -55,7 +55,7 @@ def json_object_end(text: str, start: int) -> int:
     return ObjectEnd().find(text, start)
 
 
-def read_call(source: str, tool_names: frozenset[str], argument_keys: tuple[str, ...]) -> tuple[str, dict] | None:
+def read_call(source: str, tool_names: frozenset[str], argument_keys: tuple[str, ...]) -> tuple[str, dict[str, Any]] | None:
     """(name, arguments) of a call object's JSON text, or None when it is not a valid call
     of one of ``tool_names`` (arguments under the first of ``argument_keys`` present; absent: {})."""
     try:
