@@ -24,6 +24,7 @@ import sys
 import time
 from contextvars import ContextVar
 from enum import Enum
+from types import TracebackType
 from typing import Any
 
 __all__ = ["LogFormat", "LOG_FORMATS", "REQUEST_ID", "configure_logging", "JsonFormatter", "TextFormatter",
@@ -131,14 +132,14 @@ def _json_everywhere() -> None:
 
     crashes = logging.getLogger("disagg.uncaught")
 
-    def excepthook(kind, value, traceback) -> None:
+    def excepthook(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
         crashes.critical("uncaught %s: %s", kind.__name__, value, exc_info=(kind, value, traceback))
 
-    def thread_excepthook(args) -> None:
+    def thread_excepthook(args: threading.ExceptHookArgs) -> None:
         if args.exc_type is not SystemExit:
             crashes.critical("uncaught %s in thread %s: %s", args.exc_type.__name__,
                              args.thread.name if args.thread else "?", args.exc_value,
-                             exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+                             exc_info=args.exc_value)  # its type and traceback with it
 
     sys.excepthook = excepthook
     threading.excepthook = thread_excepthook

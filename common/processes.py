@@ -84,7 +84,7 @@ def terminate(pids: Iterable[int], grace: float, *, sig: int | None = signal.SIG
     return killed
 
 
-def stop_process(proc: subprocess.Popen, timeout: float, sig: int = signal.SIGTERM, name: str | None = None) -> int:
+def stop_process(proc: subprocess.Popen[bytes], timeout: float, sig: int = signal.SIGTERM, name: str | None = None) -> int:
     """Send ``sig`` to our child ``proc`` if it runs, wait up to ``timeout`` s, SIGKILL it then (a
     warning naming ``name``, when given); its exit code, reaped."""
     if proc.poll() is None:
@@ -99,7 +99,7 @@ def stop_process(proc: subprocess.Popen, timeout: float, sig: int = signal.SIGTE
     return proc.returncode
 
 
-def stop_processes(procs: Iterable[subprocess.Popen], timeout: float) -> list[int]:
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout: float) -> list[int]:
     """``stop_process`` for all at once: every one gets SIGTERM first, so they stop in parallel; the
     pids that had to be killed."""
     procs = list(procs)
@@ -109,7 +109,7 @@ def stop_processes(procs: Iterable[subprocess.Popen], timeout: float) -> list[in
     return killed
 
 
-def _child_alive(procs: Sequence[subprocess.Popen]) -> Callable[[int], bool]:
+def _child_alive(procs: Sequence[subprocess.Popen[bytes]]) -> Callable[[int], bool]:
     """Liveness through ``Popen.poll`` (which reaps): an unreaped child's pid is never recycled."""
     by_pid = {p.pid: p for p in procs}
     return lambda pid: by_pid[pid].poll() is None

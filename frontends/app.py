@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, AsyncContextManager, Awaitable, Callable, Sequence
+from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Sequence
 
 import msgspec
 from starlette.applications import Starlette
@@ -303,7 +303,7 @@ def build_app(
     """
 
     @contextlib.asynccontextmanager
-    async def app_lifespan(app: Starlette):
+    async def app_lifespan(app: Starlette) -> AsyncIterator[None]:
         async with lifespan(app) if lifespan is not None else contextlib.nullcontext():
             yield
 

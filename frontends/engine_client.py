@@ -76,11 +76,11 @@ class EngineClient:
         # Each respawn of a slot starts 2**40 ids further: ids of a crashed predecessor never repeat.
         self._ids = ClientIdAllocator(self.frontend_id, (attach.generation << 40) & ((1 << 48) - 1))
         key = attach.key
-        self._ingress_codec: FrameCodec = FrameCodec(key, IngressMessage, f"frontend {self.frontend_id} ingress")
-        self._lane_codec: FrameCodec = FrameCodec(key, OutputBatch, f"frontend {self.frontend_id} lane")
+        self._ingress_codec: FrameCodec[IngressMessage] = FrameCodec(key, IngressMessage, f"frontend {self.frontend_id} ingress")
+        self._lane_codec: FrameCodec[OutputBatch] = FrameCodec(key, OutputBatch, f"frontend {self.frontend_id} lane")
         self._queues: dict[int, OutputSink] = {}  # request id -> where its outputs go
         self._ctx: zmq.asyncio.Context | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._last_heard = 0.0
         self._received_at = 0.0  # time.time() of the last lane message: its outputs' arrival, read once a batch

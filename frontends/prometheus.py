@@ -232,7 +232,7 @@ def render(registry: Any) -> bytes:
     if path is None:
         return generate_latest(registry)
     merged = CollectorRegistry()
-    MultiProcessCollector(merged, path=path)
+    MultiProcessCollector(merged, path=path)  # type: ignore[no-untyped-call]  # prometheus_client: unannotated
     return generate_latest(merged)
 
 
@@ -242,4 +242,4 @@ def mark_process_dead(pid: int) -> None:
     if path is not None:
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(pid, path)
+        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -154,7 +154,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     responses = LocalResponses(ResponseStore(state_dir / RESPONSES_FILE))
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         receiver = PerfReceiver(attach.paths.perf, attach.key, store)
         receiver.start()
         metrics.process.start()
@@ -193,7 +193,7 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     responses = LauncherResponses(str(attach.paths.launcher_admin), timeout=admin_timeout)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         sender.open()
         metrics.process.start()
         try:
