@@ -52,7 +52,7 @@ test-fast: setup  ## run the suite without the end-to-end tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
 lint: setup  ## ruff over the code, tests and benchmarks, then mypy over the packages (CI runs it before the tests)
-	$(VENV)/bin/ruff check disagg orchestrator workers frontends slurm benchmarks tests
+	$(VENV)/bin/ruff check disagg orchestrator api workers frontends slurm common benchmarks tests
 	$(VENV)/bin/mypy
 
 bench: setup  ## measure engine throughput (tiny model, then SmolLM2)

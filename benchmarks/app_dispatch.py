@@ -1,6 +1,6 @@
 """The per-request cost of serving the worker's and orchestrator's routes from FastAPI apps.
 
-Both apps are ``DocumentedApp``s (``frontends.openapi``): FastAPI for ``/openapi.json`` and ``/docs``,
+Both apps are ``DocumentedApp``s (``api.openapi``): FastAPI for ``/openapi.json`` and ``/docs``,
 Starlette's path for every request. This measures, in one process and one run,
 the CPU per request of the same routes and handlers (the real apps of
 ``frontends.app.build_app`` over an in-process synthetic engine and of
@@ -45,8 +45,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
 from frontends.app import build_app
-from frontends.serving import FrontendConfig
-from frontends.tokenizer import Tokenizer
+from api.serving import FrontendConfig
+from api.tokenizer import Tokenizer
 from inproc_engine import InprocEngineClient, make_synthetic_core
 from orchestrator.app import Orchestrator
 from orchestrator.app import build_app as build_orchestrator_app

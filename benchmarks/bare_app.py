@@ -1,6 +1,6 @@
 """The HTTP stack's limit for benchmarks/frontend_scaling.py: a fixed JSON body on uvicorn.
 
-Same uvicorn settings as a frontend (frontends.server): uvloop, httptools, no
+Same uvicorn settings as a frontend (api.server): uvloop, httptools, no
 access log, an SO_REUSEPORT socket. ``raw`` is a bare ASGI callable;
 ``starlette`` sends the same body through one Starlette route; ``stream``
 answers as a frontend streams a chat completion at zero engine cost (the
@@ -82,17 +82,17 @@ def starlette_bare_app():
 
 
 def serve_bare_app(kind: str, port: int) -> int:
-    """The same uvicorn settings as a frontend (frontends.server): uvloop, httptools, SO_REUSEPORT."""
+    """The same uvicorn settings as a frontend (api.server): uvloop, httptools, SO_REUSEPORT."""
     import uvicorn
 
-    from frontends.header_limit import h11_head_limit, http_protocol
-    from frontends.server import FrontendServer, make_listen_socket, run_event_loop
+    from api.header_limit import h11_head_limit, http_protocol
+    from api.server import QuietServer, make_listen_socket, run_event_loop
 
     async def main() -> int:
         app = {"raw": bare_app, "stream": stream_app}.get(kind) or starlette_bare_app()
         config = uvicorn.Config(app, log_level="warning", access_log=False, http=http_protocol(), lifespan="auto",
                                 **h11_head_limit())
-        server = FrontendServer(config)
+        server = QuietServer(config)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
         serving = asyncio.create_task(server.serve(sockets=[make_listen_socket(HOST, port)]))

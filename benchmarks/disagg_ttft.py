@@ -44,7 +44,7 @@ segments of client send (t0) to client first token (t1):
 - ``relay``: gen engine's first token -> client (worker frontend, orchestrator).
 
 When the gen leg streams the ctx leg's first token before its engine's
-(``frontends.disaggregation``: as soon as the leg is handed to the engine),
+(``api.disaggregation``: as soon as the leg is handed to the engine),
 ``kv_transfer`` and ``gen_first_step`` come after the first token: reported,
 not summed, and the segments after ``ctx_prefill`` are ``gen_leg`` (gen leg
 sent -> handed to the gen engine, the worker's ``tokenized`` stamp) and

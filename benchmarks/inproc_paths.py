@@ -12,7 +12,7 @@ PYTHONPATH on each tree):
     finishes);
   - frontend: the worker's ASGI app (``frontends.app.build_app``) called
     through uvicorn's own request cycle (its ``send``, and the direct body that the
-    server protocol offers: ``frontends.direct_body``) over a stand-in transport that
+    server protocol offers: ``api.direct_body``) over a stand-in transport that
     counts the writes, for streamed chat completions, 64 at a time, fed by a stand-in
     engine client that delivers one token per request per step through the
     real ``OutputCollector`` (``generate()``) or pushed as the real client's lane reader
@@ -119,7 +119,7 @@ class _SteppedClient:
     max_model_len, vocab_size, eos_token_ids, is_healthy = 2048, 512, (), True
 
     def __init__(self) -> None:
-        from frontends.admission import QueueBound
+        from api.admission import QueueBound
 
         self.active: dict[int, list] = {}
         self.queue = QueueBound(None, None, "this benchmark's engine")
@@ -182,14 +182,14 @@ async def _frontend_run(model_dir: Path, max_tokens: int, num_requests: int, con
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
     from frontends.app import build_app
-    from frontends.serving import FrontendConfig
-    from frontends.tokenizer import Tokenizer
+    from api.serving import FrontendConfig
+    from api.tokenizer import Tokenizer
     try:
-        from frontends.direct_body import offer_direct_body
+        from api.direct_body import offer_direct_body
     except ImportError:  # a tree before it
         offer_direct_body = None  # type: ignore[assignment]
 
-    from frontends import server
+    from api import server
 
     client = _SteppedClient()
     app = build_app(client, Tokenizer.from_model_path(model_dir), FrontendConfig.for_model_dir(model_dir))
@@ -251,7 +251,7 @@ async def _frontend_run(model_dir: Path, max_tokens: int, num_requests: int, con
 def frontend_figures(num_requests: int, rounds: int = 1) -> dict:
     """The 16-token and 1-token runs alternated ``rounds`` times; the least CPU of each (on a
     shared machine, other processes only ever add to it)."""
-    from frontends.server import run_event_loop  # uvloop, as a frontend runs
+    from api.server import run_event_loop  # uvloop, as a frontend runs
     from workers.engine.model.tiny import make_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="inproc-paths-") as tmp:

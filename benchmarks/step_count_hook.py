@@ -6,7 +6,7 @@ Counted: JSON decodes of a body holding the script's marker (``msgspec.json.deco
 ``msgspec.json.Decoder``'s ``decode``, ``json.loads``: the client's text rides in every body that
 carries the request), chat template renders, tokenizations (``Tokenizer.encode``, the prompt segment
 cache's ``encode``; ``backend_encodes``: those that reached the tokenizers library), validations
-(``frontends.prepare.check_request``), sampling-parameter builds (an API request's
+(``api.prepare.check_request``), sampling-parameter builds (an API request's
 ``sampling_params``), detokenizers made (one per leg that detokenizes tokens) and their steps
 (``backend_decodes``: the tokenizers library's decodes), and every Python call.
 A profiler hook costs each call a lot: this is for counting, never for timing.
@@ -24,15 +24,15 @@ _DIR = os.environ.get("DISAGG_STEP_COUNT_DIR")
 _MARKER = os.environ.get("DISAGG_STEP_COUNT_MARKER", "").encode()
 
 _PYTHON_STEPS = {  # (file suffix, function name) -> step
-    ("frontends/tokenizer.py", "render_chat"): "template_renders",
-    ("frontends/prepare.py", "check_request"): "validations",
-    ("frontends/openai_api.py", "sampling_params"): "sampling_params_builds",
-    ("frontends/anthropic_api.py", "sampling_params"): "sampling_params_builds",
-    ("frontends/tokenizer.py", "encode"): "tokenizations",
-    ("frontends/prompt_segments.py", "encode"): "tokenizations",
-    ("frontends/detokenizer.py", "make_detokenizer"): "detokenizers",
-    ("frontends/detokenizer.py", "add"): "detokenizer_steps",
-    ("frontends/byte_detokenizer.py", "add"): "detokenizer_steps",
+    ("api/tokenizer.py", "render_chat"): "template_renders",
+    ("api/prepare.py", "check_request"): "validations",
+    ("api/openai_api.py", "sampling_params"): "sampling_params_builds",
+    ("api/anthropic_api.py", "sampling_params"): "sampling_params_builds",
+    ("api/tokenizer.py", "encode"): "tokenizations",
+    ("api/prompt_segments.py", "encode"): "tokenizations",
+    ("api/detokenizer.py", "make_detokenizer"): "detokenizers",
+    ("api/detokenizer.py", "add"): "detokenizer_steps",
+    ("api/byte_detokenizer.py", "add"): "detokenizer_steps",
 }
 _C_STEPS = {"encode": "backend_encodes", "encode_batch": "backend_encodes", "encode_batch_fast": "backend_encodes",
             "decode": "backend_decodes", "id_to_token": "backend_decodes", "decode_batch": "backend_decodes"}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from frontends.tracing import Tracing
+from api.tracing import Tracing
 from orchestrator.request_end import RequestEnds
 from orchestrator.state_protocol import RequestTrace
 

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=4.0)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from frontends.server import run_event_loop  # uvloop, as a frontend runs
+    from api.server import run_event_loop  # uvloop, as a frontend runs
 
     if args.role == "reader":
         run_event_loop(_read(args.port, args.connections))

@@ -77,7 +77,7 @@ def version_line() -> str:
     """``disagg VERSION``, the version every server's ``/version`` reports, with the git commit of the
     checkout this code runs from when it is one (an installed wheel has none): the same figures as
     every process's ``disagg_build_info``."""
-    from frontends.process_metrics import build_commit, build_version
+    from api.process_metrics import build_commit, build_version
 
     commit = build_commit()
     return f"disagg {build_version()}" + ("" if commit == "unknown" else f" (commit {commit})")

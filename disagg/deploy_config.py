@@ -38,23 +38,15 @@ import yaml
 
 from disagg.core_partition import validate_threads
 from disagg.serve_settings import render_flags
-from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
-from frontends.tool_parsers import TOOL_CALL_PARSERS
+from api.tool_parsers import TOOL_CALL_PARSERS
 from orchestrator.config import (
-    DEFAULT_MAX_CONCURRENT_REQUESTS,
-    DEFAULT_MAX_UPLOAD_BYTES,
-    LOG_LEVELS,
-    ConditionalDisaggConfig,
-    KVPoolConfig,
-    HealthConfig,
-    RouterConfig,
-    TimeoutConfig,
+    OrchestratorSettings,
     TracingConfig,
 )
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES, SpeculativeConfig, check_tiers
-from workers.log_format import LOG_FORMATS
+from common.log_format import LOG_FORMATS
 from workers.sampling_params import MAX_STREAM_INTERVAL
 
 __all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "PrometheusSettings", "RestartPolicy",
@@ -205,62 +197,6 @@ class EngineSettings:
 
 
 @dataclass(frozen=True)
-class OrchestratorSettings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    processes: int = 1
-    ctx_router: RouterConfig = field(default_factory=RouterConfig)
-    gen_router: RouterConfig = field(default_factory=RouterConfig)
-    conditional: ConditionalDisaggConfig = field(default_factory=ConditionalDisaggConfig)
-    kv_pool: KVPoolConfig = field(default_factory=KVPoolConfig)
-    health: HealthConfig = field(default_factory=HealthConfig)
-    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
-    max_retries: int = 2
-    api_key: str | None = None
-    served_model_name: str | None = None
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    """Larger request bodies get a 413 before they are buffered."""
-    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
-    """Larger ``POST /v1/files`` uploads (batch input files) get a 413 naming this key."""
-    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
-    """Generation requests each orchestrator process serves at once; more get 429 (0: no limit)."""
-    max_queued_requests: int = 0
-    max_queued_prompt_tokens: int = 0
-    """Client requests the orchestrator holds without a first token yet, and their prompt tokens
-    (``orchestrator.config``; shared out over its processes; 0: no bound)."""
-    grace_seconds: float = 30.0
-    """At `disagg down` the orchestrator drains this long; the supervisor waits at least as long for
-    it as for the workers (``disagg.deployment``)."""
-    max_process_restarts: int = 5
-    process_restart_window_seconds: float = 300.0
-    """Process 0 respawns a dead orchestrator process at most this often within the window."""
-    log_level: str = "info"
-    """debug | info | warning | error | critical: the orchestrator's log (changes live: ``disagg reload``)."""
-
-    def validate(self, prefix: str) -> None:
-        if self.log_level not in LOG_LEVELS:
-            raise ConfigError(f"{prefix}.log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
-        for name in ("max_concurrent_requests", "max_queued_requests", "max_queued_prompt_tokens"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{prefix}.{name}", f"must be >= 0 (0: no limit), got {getattr(self, name)}")
-        if not 0 < self.grace_seconds <= 3600:
-            raise ConfigError(f"{prefix}.grace_seconds", f"must be in (0, 3600], got {self.grace_seconds}")
-        if self.max_process_restarts < 0:
-            raise ConfigError(f"{prefix}.max_process_restarts", f"must be >= 0, got {self.max_process_restarts}")
-        if self.process_restart_window_seconds <= 0:
-            raise ConfigError(f"{prefix}.process_restart_window_seconds",
-                              f"must be > 0, got {self.process_restart_window_seconds}")
-        if self.max_request_bytes < 1024:
-            raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
-        if self.max_upload_bytes < 1024:
-            raise ConfigError(f"{prefix}.max_upload_bytes", f"must be >= 1024, got {self.max_upload_bytes}")
-        if not 1 <= self.processes <= 64:
-            raise ConfigError(f"{prefix}.processes", f"must be in [1, 64], got {self.processes}")
-        if not 0 <= self.port < 65536:
-            raise ConfigError(f"{prefix}.port", f"must be in [0, 65535], got {self.port}")
-
-
-@dataclass(frozen=True)
 class PoolConfig:
     instances: int = 1
     frontends: int = 1
@@ -348,7 +284,7 @@ class DeployConfig:
     (health and metrics polls only at debug)."""
     strict_request_fields: bool = False
     """An unknown top-level request field is a 400 at the orchestrator and the workers; False: ignored,
-    named in a ``Warning`` header (``frontends.request_fields``)."""
+    named in a ``Warning`` header (``api.request_fields``)."""
     log_format: str = "text"
     """text, or json (one object a line) for every process: orchestrator, launchers, frontends, engines."""
     tracing: TracingConfig = field(default_factory=TracingConfig)

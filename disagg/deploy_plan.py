@@ -29,12 +29,12 @@ import json
 import os
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Mapping
 
 from disagg.serve_settings import render_flags
-from orchestrator.config import OrchestratorConfig, StaticWorker
+from orchestrator.config import OrchestratorConfig, OrchestratorSettings, StaticWorker
 from orchestrator.prometheus_sd import TARGETS_DIR
 from slurm.plan import RUN_DIR as SLURM_RUN_DIR  # the job's run dir, filled in by the batch script
 from slurm.rendezvous import WORKER_KEY_FILE
@@ -161,19 +161,12 @@ def orchestrator_config(config: DeployConfig, *, model: Path | str, state_dir: P
     """``config``'s orchestrator section, serving ``model`` from ``host:port``; ``targets_dir``: where
     it keeps the Prometheus target files (``<run dir>/prometheus/targets``, ``orchestrator.prometheus_sd``);
     ``worker_key_file``: the deployment's worker key (``<run dir>/worker.key``)."""
-    s = config.orchestrator
+    section = {f.name: getattr(config.orchestrator, f.name) for f in fields(OrchestratorSettings)}
     return OrchestratorConfig(
-        model_dir=str(model), state_dir=str(state_dir), served_model_name=config.served_model_name,
-        host=host, port=port, processes=s.processes, ctx_router=s.ctx_router, gen_router=s.gen_router,
-        conditional=s.conditional, kv_pool=s.kv_pool, health=s.health, timeouts=s.timeouts, max_retries=s.max_retries,
-        api_key=s.api_key, workers=workers, default_block_size=config.engine.block_size or 16,
-        max_request_bytes=s.max_request_bytes, max_upload_bytes=s.max_upload_bytes,
-        max_concurrent_requests=s.max_concurrent_requests,
-        max_queued_requests=s.max_queued_requests, max_queued_prompt_tokens=s.max_queued_prompt_tokens,
-        grace_seconds=s.grace_seconds, max_process_restarts=s.max_process_restarts,
-        process_restart_window_seconds=s.process_restart_window_seconds, access_log=config.access_log,
-        strict_request_fields=config.strict_request_fields,
-        log_format=config.log_format, tracing=config.tracing, log_level=s.log_level,
+        **{**section, "host": host, "port": port, "served_model_name": config.served_model_name},
+        model_dir=str(model), state_dir=str(state_dir), workers=workers, default_block_size=config.engine.block_size or 16,
+        access_log=config.access_log, strict_request_fields=config.strict_request_fields,
+        log_format=config.log_format, tracing=config.tracing,
         prometheus_targets_dir=None if targets_dir is None else str(targets_dir),
         worker_key_file=None if worker_key_file is None else str(worker_key_file))
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from workers.config import ConfigError
-from frontends.api_key import KeyFileError, read_key_file
+from common.config_errors import ConfigError
+from api.api_key import KeyFileError, read_key_file
 from workers.disagg_params import CLUSTER_KEY_FILE_ENV, ClusterKeyError, load_cluster_key
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def engine_disagg_spec(args: ServeSettings) -> Any:
 
 def frontend_disagg_config(args: ServeSettings, engine_info: Any) -> Any:
     """A frontend's ``DisaggConfig`` (role, key, KV endpoint from the engine handshake)."""
-    from frontends.disaggregation import DisaggConfig
+    from api.disaggregation import DisaggConfig
     from workers.http_protocol import Role
 
     return DisaggConfig(role=Role(engine_info.role), cluster_key=cluster_key(args), kv_park_seconds=args.kv_park_seconds,

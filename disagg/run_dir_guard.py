@@ -1,7 +1,7 @@
 """What a local deployment's run directory says is still running, checked before anyone acts on it.
 
 ``state.json`` (``disagg.run_state.LocalRunState``) records every process as
-``(pid, start_time)`` (``workers.process_identity``): the supervisor as
+``(pid, start_time)`` (``common.process_identity``): the supervisor as
 ``supervisor_pid`` / ``supervisor_start_time``, each child in ``processes[i]``. A process counts as
 running only while its pid still has that start time, so a recycled pid is
 never signalled and never blocks a new ``up``. A deployment whose supervisor
@@ -20,8 +20,8 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from workers.process_identity import process_start_time, same_process
-from workers.processes import terminate
+from common.process_identity import process_start_time, same_process
+from common.processes import terminate
 
 if TYPE_CHECKING:
     from disagg.deploy_config import DeployConfig
@@ -41,7 +41,7 @@ class RecordedProcess:
         return same_process(self.pid, self.start_time)
 
     def is_running(self, pid: int) -> bool:
-        """``running`` as ``workers.processes.terminate``'s ``alive``."""
+        """``running`` as ``common.processes.terminate``'s ``alive``."""
         return same_process(pid, self.start_time)
 
     def may_be_running(self) -> bool:

@@ -57,7 +57,7 @@ class ProcessRecord(msgspec.Struct, kw_only=True):
     pid: int | None = None
     """None until it is started."""
     start_time: int | None = None
-    """``workers.process_identity.process_start_time`` of ``pid``; None: recorded by a disagg that did
+    """``common.process_identity.process_start_time`` of ``pid``; None: recorded by a disagg that did
     not record start times, never signalled."""
     log: str | None = None
     restarts: int = 0

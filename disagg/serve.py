@@ -28,12 +28,12 @@ from disagg.disagg_options import (DISAGG_OPTIONS, engine_disagg_spec, frontend_
                                    start_registration)
 from disagg.model_names import ModelNotFoundError, default_served_name, resolve_model
 from disagg.serve_settings import ServeSettings
-from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
-from frontends.tool_parsers import TOOL_CALL_PARSERS
+from api.body_limit import DEFAULT_MAX_REQUEST_BYTES
+from api.tool_parsers import TOOL_CALL_PARSERS
 from workers.attach import attach_file_from_env, read_attach_file
 from workers.rank_env import from_environ
 from workers.engine.model.deepseek_v4.config import is_deepseek_v4_dir
-from workers.log_format import LOG_FORMATS, configure_logging, stdout_line
+from common.log_format import LOG_FORMATS, configure_logging, stdout_line
 from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
 from workers.config import (
     DECODE_ATTENTION_MODES,
@@ -221,9 +221,9 @@ def _synthetic_model_shape(model: Path, synthetic: SyntheticConfig) -> Synthetic
 
 
 def _frontend_config(args: ServeSettings, frontend_id: int, engine_info: Any = None):
-    from frontends.admission import default_max_concurrent_requests, per_frontend_limit
+    from api.admission import default_max_concurrent_requests, per_frontend_limit
     from frontends.app import FrontendConfig
-    from frontends.tokenizer import Tokenizer
+    from api.tokenizer import Tokenizer
 
     name = args.served_model_name or default_served_name(args.model_dir)
     worker_limit = args.max_concurrent_requests
@@ -273,7 +273,7 @@ def _make_attached_app_factory(args: ServeSettings, attach: Any):
 
 
 def _serve_options(args: ServeSettings):
-    from frontends.server import ServeOptions
+    from frontends.worker_server import ServeOptions
 
     return ServeOptions(grace_seconds=args.grace_seconds, log_level=args.log_level, access_log=args.access_log)
 
@@ -397,13 +397,14 @@ def _check_limits(args: ServeSettings) -> None:
     if args.perf_record_seconds is not None and args.perf_record_seconds <= 0:
         raise ConfigError("perf_record_seconds", f"must be > 0, got {args.perf_record_seconds}")
     if args.otlp_endpoint is not None:
-        from frontends.tracing import require_sdk
+        from api.tracing import require_sdk
 
         require_sdk("otlp_endpoint")
 
 
 def _serve_launcher(args: ServeSettings, group: Any, make_app: Any) -> int:
-    from frontends.server import run_event_loop, serve_frontend
+    from api.server import run_event_loop
+    from frontends.worker_server import serve_frontend
 
     clients: list[Any] = []  # frontend 0's engine client: its verdict on the engine gates respawns
     background: list[Any] = []  # tasks of the launcher's loop (asyncio keeps only weak references)
@@ -441,8 +442,9 @@ async def _watch_frontends(group: Any, engine_alive: Callable[[], bool]) -> None
 def _run_attached(args: ServeSettings, attach_file: str) -> int:
     import zmq
 
-    from workers.processes import pid_alive
-    from frontends.server import run_event_loop, serve_frontend
+    from common.processes import pid_alive
+    from api.server import run_event_loop
+    from frontends.worker_server import serve_frontend
     from workers.ipc import FrameCodec
     from workers.protocol import FrontendFailed, FrontendReady, StatusMessage
 

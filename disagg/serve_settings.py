@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import typing
 
-from workers.config import ConfigError
+from common.config_errors import ConfigError
 
 __all__ = ["ServeSettings", "render_flags"]
 

@@ -62,7 +62,7 @@ def add_render_arguments(parser: argparse.ArgumentParser) -> None:
 def run_render(args: argparse.Namespace) -> int:
     from disagg.deploy_config import load_deploy_config
     from slurm.render import render_script
-    from workers.config import ConfigError
+    from common.config_errors import ConfigError
 
     try:
         config = load_deploy_config(args.config)

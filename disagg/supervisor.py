@@ -38,9 +38,9 @@ from disagg.run_state import STOP_SECONDS, LocalRunState, ProcessRecord, clean, 
 from disagg.supervisor_control import (AddWorkers, ControlAnswer, ControlRequest, Reload, RetireWorkers,
                                        answer_request, take_requests)
 from orchestrator.process_records import sweep
-from workers.process_identity import process_start_time
-from workers.processes import stop_process, stop_processes
-from workers.restart_budget import RestartBudget
+from common.process_identity import process_start_time
+from common.processes import stop_process, stop_processes
+from common.restart_budget import RestartBudget
 
 if TYPE_CHECKING:
     from disagg.deploy_config import DeployConfig

@@ -1,7 +1,7 @@
 """The attached frontend's side of launcher-owned routes: replay them on the admin socket.
 
 An attached frontend mounts ``LauncherForwarder.routes()`` before its own
-routes. Each request to a launcher-owned path (``frontends.route_table``) is
+routes. Each request to a launcher-owned path (``api.route_table``) is
 replayed verbatim on ``<ipc_dir>/launcher.sock``: method, path, query, body,
 and the headers that select the body's meaning (content type, accept,
 authorization and API keys, content/accept encoding). The launcher's answer
@@ -25,8 +25,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from frontends.errors import LauncherUnavailableError, anthropic_error_body, http_error, openai_error_body
-from frontends.route_table import FORWARD_METHODS, LAUNCHER_PREFIXES, LAUNCHER_ROUTES
+from api.errors import LauncherUnavailableError, anthropic_error_body, http_error, openai_error_body
+from api.route_table import FORWARD_METHODS, LAUNCHER_PREFIXES, LAUNCHER_ROUTES
 
 __all__ = ["LauncherForwarder", "FORWARDED_HEADERS", "FORWARDED_BY_HEADER"]
 

@@ -1,10 +1,10 @@
 """The frontend's ASGI app: ``build_app(client, tokenizer, config)``.
 
 Raw Starlette routes with msgspec (no pydantic on the request path), in a
-FastAPI app that documents them (``frontends.openapi``: ``/openapi.json``,
+FastAPI app that documents them (``api.openapi``: ``/openapi.json``,
 ``/docs``) and leaves every request on Starlette's path. Every route is
 wrapped by ``_endpoint``, which renders any exception in the route's API
-shape (OpenAI or Anthropic) through the one mapping in ``frontends.errors``;
+shape (OpenAI or Anthropic) through the one mapping in ``api.errors``;
 unknown routes and methods get the same shapes. Every response carries
 ``x-disagg-frontend: <frontend_id>`` so a client (and the tests) can see
 which of a worker's K frontend processes answered.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, AsyncContextManager, Awaitable, Callable, Sequence
+from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Sequence
 
 import msgspec
 from starlette.applications import Starlette
@@ -25,31 +25,31 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from frontends import anthropic_api, openai_api, responses, tokenize_api
+from api import anthropic_api, openai_api, responses, tokenize_api
 from workers.frontends_down import read_frontends_down
-from frontends.api_key import RequiredKey
-from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
-from frontends.direct_body import DIRECT_BODY
-from frontends.memory import large_body, release_memory_soon
-from frontends.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
-from frontends.errors import (
+from api.api_key import RequiredKey
+from api.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
+from api.direct_body import DIRECT_BODY
+from api.memory import large_body, release_memory_soon
+from api.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
+from api.errors import (
     ApiError,
     EngineDeadError,
     anthropic_error_body,
     http_error,
     openai_error_body,
 )
-from frontends.generation import EngineClientLike
-from frontends.admission import AdmissionGate, OnRefused
-from frontends.openapi import DocumentedApp
-from frontends.openapi_routes import WORKER_DOCS
-from frontends.openapi_types import Health
-from frontends.route_errors import route_error_response
-from frontends.route_table import over_admin_socket
-from frontends.serving import FrontendConfig, ServingContext
+from api.generation import EngineClientLike
+from api.admission import AdmissionGate, OnRefused
+from api.openapi import DocumentedApp
+from api.openapi_routes import WORKER_DOCS
+from api.openapi_types import Health
+from api.route_errors import route_error_response
+from api.route_table import over_admin_socket
+from api.serving import FrontendConfig, ServingContext
 from frontends.static_routes import StaticRouter
-from frontends.streaming import ClientDisconnected
-from frontends.tokenizer import Tokenizer
+from api.streaming import ClientDisconnected
+from api.tokenizer import Tokenizer
 from frontends.worker_info import worker_info
 
 __all__ = ["build_app", "FrontendConfig", "FRONTEND_HEADER"]
@@ -80,7 +80,7 @@ class FrontendHeaderMiddleware:
     answered 401 before anything else (``_needs_key``).
 
     Streamed bodies write their middle frames around ``send`` where the server offers it
-    (``frontends.direct_body``); with ``direct_body`` False (the app has middleware of its
+    (``api.direct_body``); with ``direct_body`` False (the app has middleware of its
     own, which may rewrite bodies) the offer is withdrawn.
     """
 
@@ -153,7 +153,7 @@ class FrontendHeaderMiddleware:
             if gated:
                 admission.release()
             if large_body(scope["headers"]):
-                release_memory_soon()  # frontends.memory: a large body's pages go back to the system
+                release_memory_soon()  # api.memory: a large body's pages go back to the system
 
 
 class _FrontendStarlette(DocumentedApp):
@@ -299,11 +299,11 @@ def build_app(
     other route (the launcher-owned routes: their forwarders or handlers).
     ``responses_store``: where ``/v1/responses`` keeps and finds stored responses
     (default: an in-memory store of this app's own). ``on_refused``: counts each request the
-    admission gate refuses (``frontends.admission``).
+    admission gate refuses (``api.admission``).
     """
 
     @contextlib.asynccontextmanager
-    async def app_lifespan(app: Starlette):
+    async def app_lifespan(app: Starlette) -> AsyncIterator[None]:
         async with lifespan(app) if lifespan is not None else contextlib.nullcontext():
             yield
 

@@ -3,7 +3,7 @@
 As vLLM's ``AsyncLLM._run_output_handler``: ONE task reads this frontend's
 lane and hands each ``RequestOutput`` to its request's sink: the
 ``OutputCollector`` that ``generate()`` awaits, or, for a request opened with
-``open_stream()`` (a streamed HTTP answer, ``frontends.push_stream``), a
+``open_stream()`` (a streamed HTTP answer, ``api.push_stream``), a
 callback that writes the SSE event there and then, with no task woken per
 output. Nobody polls the engine.
 
@@ -35,14 +35,14 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from frontends.admission import QueueBound, QueueTicket
-from frontends.errors import EngineDeadError, EngineUnresponsiveError
+from api.admission import QueueBound, QueueTicket
+from api.errors import EngineDeadError, EngineUnresponsiveError
 from frontends.perf_records import build_record
-from frontends.request_context import TRACEPARENT
+from api.request_context import TRACEPARENT
 from workers.attach import AttachInfo
 from workers.client_ids import ClientIdAllocator
 from workers.ipc import ENGINE_SILENCE_LIMIT, HEARTBEAT_SECONDS, FrameCodec, configure_frontend_push, send_nowait
-from workers.processes import pid_alive
+from common.processes import pid_alive
 from workers.protocol import (
     AbortRequests,
     AddRequest,
@@ -76,11 +76,11 @@ class EngineClient:
         # Each respawn of a slot starts 2**40 ids further: ids of a crashed predecessor never repeat.
         self._ids = ClientIdAllocator(self.frontend_id, (attach.generation << 40) & ((1 << 48) - 1))
         key = attach.key
-        self._ingress_codec: FrameCodec = FrameCodec(key, IngressMessage, f"frontend {self.frontend_id} ingress")
-        self._lane_codec: FrameCodec = FrameCodec(key, OutputBatch, f"frontend {self.frontend_id} lane")
+        self._ingress_codec: FrameCodec[IngressMessage] = FrameCodec(key, IngressMessage, f"frontend {self.frontend_id} ingress")
+        self._lane_codec: FrameCodec[OutputBatch] = FrameCodec(key, OutputBatch, f"frontend {self.frontend_id} lane")
         self._queues: dict[int, OutputSink] = {}  # request id -> where its outputs go
         self._ctx: zmq.asyncio.Context | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._last_heard = 0.0
         self._received_at = 0.0  # time.time() of the last lane message: its outputs' arrival, read once a batch
@@ -89,9 +89,9 @@ class EngineClient:
         # Called with each request's PerfRecord when it ends (frontends.perf_records.PerfRecorder.add).
         self.on_request_done: Callable[[PerfRecord], None] | None = None
         # Called with the record and the request's incoming traceparent when it came with one and
-        # tracing is on (frontends.tracing: the worker's spans); None: off.
+        # tracing is on (api.tracing: the worker's spans); None: off.
         self.on_traced_request: Callable[[PerfRecord, str], None] | None = None
-        # This frontend's share of the worker's bound on queued requests (``frontends.admission``): a
+        # This frontend's share of the worker's bound on queued requests (``api.admission``): a
         # request is counted from its submission to its first output. Checked when it is prepared
         # (``ServingContext.check_queue``), counted here.
         self.queue = QueueBound(None, None, "this worker")
@@ -349,7 +349,7 @@ class _RequestTrack:
         self.tokenized = time.time()
         self.arrival_time = self.tokenized if arrival_time is None else arrival_time
         self.x_request_id = x_request_id
-        self.traceparent = TRACEPARENT.get()  # the HTTP request's, set at ingress (frontends.request_context)
+        self.traceparent = TRACEPARENT.get()  # the HTTP request's, set at ingress (api.request_context)
         self.last: RequestOutput | None = None
         self.last_token_time: float | None = None
         self.num_output_tokens = 0

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from frontends.errors import (
+from api.errors import (
     EngineDeadError,
     FrontendError,
     InvalidRequestError,
@@ -38,7 +38,7 @@ from frontends.errors import (
 )
 from frontends.perf_records import PerfRecorder, PerfStore, encode_records
 from frontends.prometheus import LauncherMetrics
-from frontends.route_table import LAUNCHER_ROUTES
+from api.route_table import LAUNCHER_ROUTES
 from workers.engine.kv_events import KVCacheSnapshot, KVEvent
 from workers.engine.stats import IterationStats
 from workers.protocol import (
@@ -199,6 +199,6 @@ def _endpoint(state: LauncherState, path: str, handler: Handler) -> Callable[[Re
 
 def launcher_routes(state: LauncherState) -> list[Route]:
     """The launcher's handlers of every launcher-owned route it serves itself
-    (the batch routes come from ``frontends.batches``, mounted next to these)."""
+    (the batch routes come from ``api.batches``, mounted next to these)."""
     return [Route(path, _endpoint(state, path, handler), methods=list(LAUNCHER_ROUTES[path]))
             for path, handler in _HANDLERS.items()]

@@ -144,9 +144,9 @@ class PerfSender:
 
     def __init__(self, address: str, key: bytes, frontend_id: int) -> None:
         self._address = address
-        self._codec: FrameCodec = FrameCodec(key, PerfRecordBatch, f"frontend {frontend_id} perf")
-        self._ctx: zmq.Context | None = None
-        self._sock: zmq.Socket | None = None
+        self._codec: FrameCodec[PerfRecordBatch] = FrameCodec(key, PerfRecordBatch, f"frontend {frontend_id} perf")
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._sock: zmq.Socket[bytes] | None = None
         self.num_dropped = 0
 
     def open(self) -> None:
@@ -175,9 +175,9 @@ class PerfReceiver:
         self._sock = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(address)
-        self._codec: FrameCodec = FrameCodec(key, PerfRecordBatch, "launcher perf")
+        self._codec: FrameCodec[PerfRecordBatch] = FrameCodec(key, PerfRecordBatch, "launcher perf")
         self._store = store
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="perf-receiver")

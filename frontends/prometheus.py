@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from frontends.admission import Limit
-from frontends.metric_batch import MetricBatch
-from frontends.piece_cache import PieceCache, count_lookups
-from frontends.process_metrics import ProcessMetrics
+from api.admission import Limit
+from api.metric_batch import MetricBatch
+from api.piece_cache import PieceCache, count_lookups
+from api.process_metrics import ProcessMetrics
 from workers.engine.kv_tiers import TierStats
 from workers.protocol import PerfRecord
 
@@ -52,7 +52,7 @@ class FrontendMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         # process_* of this process (and, for the launcher, its engine's) and disagg_build_info;
-        # the app's lifespan starts its sampling thread (frontends.process_metrics).
+        # the app's lifespan starts its sampling thread (api.process_metrics).
         self.process = ProcessMetrics(r, process)
         # 1 per live frontend process, summed over the live ones: the frontends serving the port
         # (a dead frontend's file is dropped by ``mark_process_dead``).
@@ -89,7 +89,7 @@ class FrontendMetrics:
                                      "(ctx engine gone, parked KV expired): the gen engine prefilled the prompt "
                                      "itself.", registry=r)
         self.refused = Counter("disagg_requests_refused", "Generation requests refused at an admission limit "
-                               "(429, Anthropic 529, with Retry-After; frontends.admission), by limit.", ["limit"],
+                               "(429, Anthropic 529, with Retry-After; api.admission), by limit.", ["limit"],
                                registry=r)
         self._refused = {limit: self.refused.labels(limit) for limit in Limit.ALL if limit != Limit.WORKERS}
         # Created at zero ("no failures" is a 0 series, not none), and looked up once: labels()
@@ -131,7 +131,7 @@ class FrontendMetrics:
                 batch.observe(self.kv_transfer_rate, record.kv_transfer_bytes_per_second)
 
     def count_refused(self, limit: str) -> None:
-        """A request refused at ``limit`` (``frontends.admission.OnRefused``), written at once: a burst of
+        """A request refused at ``limit`` (``api.admission.OnRefused``), written at once: a burst of
         refusals is a burst of file writes, each far cheaper than the request it spares the engine."""
         self._refused[limit].inc()
 
@@ -232,7 +232,7 @@ def render(registry: Any) -> bytes:
     if path is None:
         return generate_latest(registry)
     merged = CollectorRegistry()
-    MultiProcessCollector(merged, path=path)
+    MultiProcessCollector(merged, path=path)  # type: ignore[no-untyped-call]  # prometheus_client: unannotated
     return generate_latest(merged)
 
 
@@ -242,4 +242,4 @@ def mark_process_dead(pid: int) -> None:
     if path is not None:
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(pid, path)
+        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]

@@ -1,11 +1,11 @@
 """The two apps of a worker's frontends: the launcher's and an attached frontend's.
 
 Both are ``frontends.app.build_app`` with the same API routes; they differ in
-who answers the launcher-owned routes (``frontends.route_table``):
+who answers the launcher-owned routes (``api.route_table``):
 
 - the launcher (frontend 0) mounts their handlers (``launcher_routes``, the
-  Anthropic Message Batches routes, ``frontends.batches``, and the stored
-  responses' admin routes, ``frontends.responses``), keeps the perf
+  Anthropic Message Batches routes, ``api.batches``, and the stored
+  responses' admin routes, ``api.responses``), keeps the perf
   store (its own records go straight in, attached frontends' arrive on
   perf.sock) and writes the engine gauges;
 - an attached frontend mounts forwarders to the launcher's admin socket
@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -31,22 +31,22 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from frontends.admin_forwarder import FORWARDED_BY_HEADER, LauncherForwarder
-from frontends.admission import QueueBound
+from api.admission import QueueBound
 from frontends.app import build_app
-from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore, EngineBatchExecutor, batch_routes
+from api.batches import BATCHES_FILE, BatchRunner, BatchStore, EngineBatchExecutor, batch_routes
 from frontends.engine_client import EngineClient
 from frontends.launcher_routes import Control, LauncherState, launcher_routes
 from frontends.perf_records import PerfReceiver, PerfRecorder, PerfSender, PerfStore
 from frontends.prometheus import CONTENT_TYPE, FrontendMetrics, LauncherMetrics
-from frontends.responses import RESPONSES_FILE, LauncherResponses, LocalResponses, ResponseStore, admin_routes
-from frontends.route_table import LAUNCHER_PREFIXES, LAUNCHER_ROUTES
-from frontends.serving import FrontendConfig, ServingContext
-from frontends.tokenizer import Tokenizer
+from api.responses import RESPONSES_FILE, LauncherResponses, LocalResponses, ResponseStore, admin_routes
+from api.route_table import LAUNCHER_PREFIXES, LAUNCHER_ROUTES
+from api.serving import FrontendConfig, ServingContext
+from api.tokenizer import Tokenizer
 from workers.attach import AttachInfo
 from workers.protocol import PerfRecord
 
 if TYPE_CHECKING:
-    from frontends.tracing import Tracing
+    from api.tracing import Tracing
 
 __all__ = ["make_launcher_app", "make_attached_app", "ForwardedCounter"]
 
@@ -114,7 +114,7 @@ def _tracing(client: EngineClient, config: FrontendConfig) -> Tracing | None:
     ``traceparent`` once it ends (``EngineClient.on_traced_request``). None (nothing imported): off."""
     if config.otlp_endpoint is None:
         return None
-    from frontends.tracing import Tracing
+    from api.tracing import Tracing
 
     tracing = Tracing(config.otlp_endpoint, config.trace_service_name,
                       {"disagg.role": config.role, "disagg.frontend_id": str(config.frontend_id)})
@@ -154,7 +154,7 @@ def make_launcher_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     responses = LocalResponses(ResponseStore(state_dir / RESPONSES_FILE))
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         receiver = PerfReceiver(attach.paths.perf, attach.key, store)
         receiver.start()
         metrics.process.start()
@@ -193,7 +193,7 @@ def make_attached_app(client: EngineClient, tokenizer: Tokenizer, config: Fronte
     responses = LauncherResponses(str(attach.paths.launcher_admin), timeout=admin_timeout)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         sender.open()
         metrics.process.start()
         try:

@@ -1,6 +1,6 @@
 """GET /worker_info: what an orchestrator needs to know to route to this worker.
 
-Its role and KV endpoint (``frontends.disaggregation``), its block hashing
+Its role and KV endpoint (``api.disaggregation``), its block hashing
 (so the orchestrator computes the same prefix hashes), its limits (the
 orchestrator validates prompts against them) and its clock (the orchestrator
 measures its offset from ``server_time``): ``workers.http_protocol.WorkerInfo``.
@@ -14,8 +14,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontends.disaggregation import DisaggConfig
-from frontends.serving import ServingContext
+from api.disaggregation import DisaggConfig
+from api.serving import ServingContext
 from workers.http_protocol import WorkerInfo
 
 __all__ = ["worker_info"]

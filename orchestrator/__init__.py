@@ -19,7 +19,7 @@ Modules (one concept each):
 - ``app``         the HTTP routes, API key, error shapes
 - ``metrics``     Prometheus (multiprocess); ``perf`` joins /perf_metrics across orchestrator and workers
 - ``prometheus_sd`` the file_sd target files the leader keeps for a deployment's prometheus.yml
-- ``errors``      the orchestrator's additions to ``frontends.errors``
+- ``errors``      the orchestrator's additions to ``api.errors``
 
 Never imports torch (tests/orchestrator/test_e2e.py checks it).
 """

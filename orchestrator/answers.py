@@ -11,12 +11,12 @@ with no client (a batch).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Awaitable, Protocol, TypeVar
 
 from starlette.responses import Response
 from starlette.types import Receive
 
-from frontends.streaming import EventStreamResponse, run_until_disconnect
+from api.streaming import EventStreamResponse, run_until_disconnect
 
 if TYPE_CHECKING:
     from orchestrator.relay import Relay
@@ -25,8 +25,10 @@ __all__ = ["JsonAnswer", "StreamAnswer", "Answer", "Watch", "to_response", "disc
 
 T = TypeVar("T")
 
-Watch = Callable[[Awaitable[T]], Awaitable[T]]
-"""``await watch(work)``: ``work``, raising ``ClientDisconnected`` when the client leaves meanwhile."""
+class Watch(Protocol):
+    """``await watch(work)``: ``work``, raising ``ClientDisconnected`` when the client leaves meanwhile."""
+
+    def __call__(self, work: Awaitable[T], /) -> Awaitable[T]: ...
 
 
 class JsonAnswer:

@@ -6,14 +6,14 @@ answered here (``orchestrator.surface``); cluster routes read this process's
 ``ClusterView``; registration, perf, Message Batches and OpenAI Files and Batches routes are
 forwarded to the state owner (the leader, ``orchestrator.leadership``; ``orchestrator.batches``,
 ``orchestrator.openai_batches``). Every error has the API's shape
-(``frontends.errors``), also those outside a handler and streams cut short
+(``api.errors``), also those outside a handler and streams cut short
 (``orchestrator.clean_ends``). With ``api_key`` set, every route but /health
 needs ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise;
-``frontends.api_key``): the cluster view, the metrics and perf records name the
+``api.api_key``): the cluster view, the metrics and perf records name the
 workers and describe the traffic. The API's description (/openapi.json, /docs,
 /redoc) stays open: it holds no state. With ``worker_key_file`` set, every
 call to a worker presents the deployment's worker key.
-The app is a ``frontends.openapi.DocumentedApp``: FastAPI's ``/openapi.json``
+The app is a ``api.openapi.DocumentedApp``: FastAPI's ``/openapi.json``
 and ``/docs`` (``orchestrator.openapi_routes``), Starlette's request path.
 The generation routes' requests mostly never reach it: ``orchestrator.fast_http``
 serves them in the HTTP protocol itself, with the same checks (one admission
@@ -29,7 +29,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import httpx
 import msgspec
@@ -40,15 +40,15 @@ from starlette.responses import Response
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from frontends.api_key import RequiredKey, bearer_header, read_key_file
-from frontends.body_limit import BodyLimitMiddleware
-from frontends.admission import AdmissionGate, AdmissionMiddleware, QueueBound, per_frontend_limit
-from frontends.errors import InvalidRequestError, anthropic_error_body, http_error, openai_error_body
-from frontends.route_errors import route_error_response
-from frontends.responses import RESPONSES_FILE, LocalResponses, ResponseStore
-from frontends.openapi import DocumentedApp
-from frontends.streaming import ClientDisconnected
-from frontends.tokenizer import Tokenizer
+from api.api_key import RequiredKey, bearer_header, read_key_file
+from api.body_limit import BodyLimitMiddleware
+from api.admission import AdmissionGate, AdmissionMiddleware, QueueBound, per_frontend_limit
+from api.errors import InvalidRequestError, anthropic_error_body, http_error, openai_error_body
+from api.route_errors import route_error_response
+from api.responses import RESPONSES_FILE, LocalResponses, ResponseStore
+from api.openapi import DocumentedApp
+from api.streaming import ClientDisconnected
+from api.tokenizer import Tokenizer
 from orchestrator import responses, surface
 from orchestrator.answers import Answer, Watch, disconnect_watch, to_response
 from orchestrator.batches import batch_forward
@@ -65,10 +65,10 @@ from orchestrator.request_end import RequestEnds
 from orchestrator.view import ClusterView, StateLink
 from orchestrator.http_client import HttpClient
 from workers.http_protocol import Phase
-from workers.log_format import REQUEST_ID
+from common.log_format import REQUEST_ID
 
 if TYPE_CHECKING:
-    from frontends.tracing import Tracing
+    from api.tracing import Tracing
 
 __all__ = ["build_app", "Orchestrator", "error_parts", "worker_key_headers", "CLIENT_CLOSED_REQUEST"]
 
@@ -134,7 +134,7 @@ class Orchestrator:
         flow; a failure is counted and leaves a perf record, then propagates. ``traceparent``: the
         client's W3C header, the parent of the request's spans."""
         request_id = request_id or self.new_request_id()
-        REQUEST_ID.set(request_id)  # every log line of this request's task (workers.log_format)
+        REQUEST_ID.set(request_id)  # every log line of this request's task (common.log_format)
         record = RequestTrace(request_id=request_id, api=api, arrival=time.time())
         self.ends.begin(record, traceparent)
         try:
@@ -209,7 +209,7 @@ def _tracing(config: OrchestratorConfig) -> Tracing | None:
     settings = config.tracing
     if settings.otlp_endpoint is None:
         return None
-    from frontends.tracing import Tracing
+    from api.tracing import Tracing
 
     return Tracing(settings.otlp_endpoint, f"{settings.service_name}-orchestrator", {"disagg.role": "orchestrator"},
                    settings.sample_ratio)
@@ -230,7 +230,7 @@ def _error(exc: BaseException, anthropic: bool) -> Response:
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
-def _json(payload, status: int = 200) -> Response:
+def _json(payload: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(payload), status_code=status, media_type="application/json")
 
 
@@ -244,7 +244,8 @@ def worker_key_headers(config: OrchestratorConfig) -> dict[str, str]:
 Handler = Callable[[Orchestrator, Request], Awaitable[Response]]
 
 
-def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True):
+def _endpoint(handler: Handler, anthropic: bool = False,
+              protected: bool = True) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         orch: Orchestrator = request.app.state.orchestrator
         try:
@@ -262,7 +263,7 @@ def _endpoint(handler: Handler, anthropic: bool = False, protected: bool = True)
     return endpoint
 
 
-def _generate(api: str):
+def _generate(api: str) -> Handler:
     async def handler(orch: Orchestrator, request: Request) -> Response:
         headers = request.headers
         answer = await orch.generate(api, request.body, headers.get("x-request-id"), headers.get("x-session-id"),
@@ -306,7 +307,7 @@ async def _perf(orch: Orchestrator, request: Request) -> Response:
     return Response(response.content, status_code=response.status_code, media_type="application/json")
 
 
-def _forward(path: str):
+def _forward(path: str) -> Handler:
     async def handler(orch: Orchestrator, request: Request) -> Response:
         body = await request.body() if request.method == "POST" else b""
         try:
@@ -319,7 +320,7 @@ def _forward(path: str):
     return handler
 
 
-def _drain(draining: bool):
+def _drain(draining: bool) -> Handler:
     """POST /workers/drain and /workers/undrain ``{"worker": ID or URL}``: the state owner's /drain."""
 
     async def handler(orch: Orchestrator, request: Request) -> Response:
@@ -353,7 +354,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 def build_app(orch: Orchestrator) -> Starlette:
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await orch.start()
         try:
             yield

@@ -1,6 +1,6 @@
 """The Message Batches API at the orchestrator: one store, owned by the leader, run through the flow.
 
-The leader (``orchestrator.leadership``) opens ``<state_dir>/batches.sqlite3`` (``frontends.batches``' store
+The leader (``orchestrator.leadership``) opens ``<state_dir>/batches.sqlite3`` (``api.batches``' store
 and runner, the workers' own code) and mounts the batch routes on the state
 owner's Unix-socket app; every process, the leader included, replays
 ``/v1/messages/batches*`` to it verbatim (``batch_forward``). So one client
@@ -34,9 +34,9 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore
-from frontends.batches.executor import Outcome, batch_body, errored, errored_by, succeeded
-from frontends.errors import NotFoundError
+from api.batches import BATCHES_FILE, BatchRunner, BatchStore
+from api.batches.executor import Outcome, batch_body, errored, errored_by, succeeded
+from api.errors import NotFoundError
 from orchestrator.answers import unwatched
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
 from orchestrator.state_protocol import RequestTrace

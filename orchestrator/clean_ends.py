@@ -12,7 +12,7 @@ but some ends happen outside them, and uvicorn answers those with a plain-text
   for OpenAI, so that a client's SDK raises instead of waiting or silently
   taking a truncated answer.
 
-Anthropic's shape under /v1/messages, OpenAI's elsewhere (``frontends.route_errors``).
+Anthropic's shape under /v1/messages, OpenAI's elsewhere (``api.route_errors``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from frontends.errors import ApiError, anthropic_error_body, openai_error_body
-from frontends.route_errors import is_anthropic_path
+from api.errors import ApiError, anthropic_error_body, openai_error_body
+from api.route_errors import is_anthropic_path
 
 __all__ = ["CleanEndsMiddleware", "stream_error_frame", "SHUTTING_DOWN", "INTERNAL_ERROR", "STREAM_CUT"]
 

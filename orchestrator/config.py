@@ -13,14 +13,14 @@ from pathlib import Path
 
 import yaml
 
-from frontends.api_key import KeyFileError, read_key_file
-from frontends.body_limit import DEFAULT_MAX_REQUEST_BYTES
+from api.api_key import KeyFileError, read_key_file
+from api.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
-from workers.log_format import LOG_FORMATS
+from common.log_format import LOG_FORMATS
 
 __all__ = [
     "RouterConfig", "ConditionalDisaggConfig", "KVPoolConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",
-    "OrchestratorConfig", "load_orchestrator_config", "ROUTER_POLICIES", "WORKER_ROLES",
+    "OrchestratorSettings", "OrchestratorConfig", "load_orchestrator_config", "ROUTER_POLICIES", "WORKER_ROLES",
     "DEFAULT_MAX_CONCURRENT_REQUESTS", "DEFAULT_MAX_UPLOAD_BYTES", "LiveSettings", "LOG_LEVELS",
     "check_worker_key_file",
 ]
@@ -159,7 +159,7 @@ class TimeoutConfig:
 
 @dataclass(frozen=True)
 class TracingConfig:
-    """OpenTelemetry spans of every request (``frontends.tracing``), exported over OTLP/HTTP; off
+    """OpenTelemetry spans of every request (``api.tracing``), exported over OTLP/HTTP; off
     while ``otlp_endpoint`` is unset (nothing is imported, no span is made)."""
 
     otlp_endpoint: str | None = None
@@ -175,7 +175,7 @@ class TracingConfig:
         if self.otlp_endpoint is not None:
             if not self.otlp_endpoint.startswith(("http://", "https://")):
                 raise ConfigError(f"{prefix}.otlp_endpoint", f"must be an http(s) URL, got {self.otlp_endpoint!r}")
-            from frontends.tracing import require_sdk
+            from api.tracing import require_sdk
 
             require_sdk(f"{prefix}.otlp_endpoint")
         if not 0.0 <= self.sample_ratio <= 1.0:
@@ -230,12 +230,10 @@ LIVE_FIELDS = tuple(f.name for f in dataclasses.fields(LiveSettings))
 
 
 @dataclass(frozen=True)
-class OrchestratorConfig:
-    model_dir: str
-    """The model directory whose tokenizer the orchestrator loads (it tokenizes once, to route)."""
-    state_dir: str
-    """Runtime files: the leader's state socket and the Prometheus multiprocess directory."""
-    served_model_name: str | None = None
+class OrchestratorSettings:
+    """The deployment YAML's ``orchestrator:`` section (``disagg.deploy_config``): every setting of the
+    orchestrator a user writes, declared here once; ``OrchestratorConfig`` adds what the launcher wires."""
+
     host: str = "127.0.0.1"
     port: int = 8000
     processes: int = 1
@@ -248,43 +246,18 @@ class OrchestratorConfig:
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     max_retries: int = 2
     """Extra workers tried per leg when one fails before the client saw a byte."""
-    migration: MigrationConfig = field(default_factory=MigrationConfig)
     api_key: str | None = None
     """Clients must send it (Authorization: Bearer KEY or x-api-key: KEY) on every route but /health;
     None = open."""
-    worker_key_file: str | None = None
-    """A file (mode 0600) holding the deployment's worker key, presented to every worker on every call
-    (``frontends.api_key``); ``disagg up`` sets it to ``<run dir>/worker.key``. None: workers need none."""
-    workers: tuple[StaticWorker, ...] = ()
-    """Static workers; more may register themselves at run time."""
-    default_block_size: int = 16
-    default_hash_seed: int = 0
-    """Block hashing for workers that do not report theirs in /worker_info."""
-    perf_records: int = 1000
-    log_level: str = "info"
-    log_format: str = "text"
-    """text, or json: one object a line (``workers.log_format``)."""
-    tracing: TracingConfig = field(default_factory=TracingConfig)
+    served_model_name: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Request bodies over this are refused with 413 before they are buffered."""
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     """``POST /v1/files`` bodies (a batch's input file) over this are refused with 413 instead (the
     upload is held in memory once while the leader stores it)."""
-    strict_request_fields: bool = False
-    """An unknown top-level request field is a 400 naming it; False: ignored, named in a ``Warning``
-    header (``frontends.request_fields``)."""
-    grace_seconds: float = 30.0
-    """At shutdown (SIGTERM, `disagg down`) every process stops accepting and lets in-flight
-    requests finish this long before cutting them (each cut one ends with the API's error).
-    At least the workers' ``--grace-seconds`` (30), so that the orchestrator, stopped first,
-    does not cut what the workers would still finish."""
-    max_process_restarts: int = 5
-    process_restart_window_seconds: float = 300.0
-    """Process 0 respawns a non-zero process that died while it has died fewer than
-    ``max_process_restarts`` times in the window (``workers.restart_budget``)."""
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
     """Generation requests each process serves at once (0: no limit); more get 429 with
-    Retry-After at once (``frontends.admission``), never an unbounded queue."""
+    Retry-After at once (``api.admission``), never an unbounded queue."""
     max_queued_requests: int = 0
     """Client requests the whole orchestrator holds without a first token yet (before their ctx
     leg's answer, or their gen leg's first byte), each of its processes ceil(limit / processes);
@@ -292,12 +265,18 @@ class OrchestratorConfig:
     max_queued_prompt_tokens: int = 0
     """The prompt tokens of those queued requests, shared out the same way; a request alone in its
     process's queue is never refused for its length (0: no bound)."""
-    access_log: bool = False
-    """One INFO line per client request on the ``disagg.access`` logger (method, path, status, latency,
-    workers, tokens, request id); uvicorn's access lines for the other routes, polls at DEBUG."""
-    prometheus_targets_dir: str | None = None
-    """Process 0 keeps Prometheus file_sd target files here (``orchestrator.prometheus_sd``):
-    itself and every worker it knows; ``disagg up`` sets it to ``<run dir>/prometheus/targets``."""
+    grace_seconds: float = 30.0
+    """At shutdown (SIGTERM, `disagg down`) every process stops accepting and lets in-flight
+    requests finish this long before cutting them (each cut one ends with the API's error).
+    At least the workers' ``--grace-seconds`` (30), so that the orchestrator, stopped first,
+    does not cut what the workers would still finish; the supervisor waits at least as long for
+    it as for the workers (``disagg.deployment``)."""
+    max_process_restarts: int = 5
+    process_restart_window_seconds: float = 300.0
+    """Process 0 respawns a non-zero process that died while it has died fewer than
+    ``max_process_restarts`` times in the window (``common.restart_budget``)."""
+    log_level: str = "info"
+    """debug | info | warning | error | critical (changes live: ``disagg reload``)."""
 
     def validate(self, prefix: str) -> None:
         if not 1 <= self.processes <= 64:
@@ -305,8 +284,6 @@ class OrchestratorConfig:
         if not 0 <= self.port < 65536:
             raise ConfigError(f"{prefix}.port", f"must be in [0, 65535], got {self.port}")
         self.live().validate(prefix)
-        if self.log_format not in LOG_FORMATS:
-            raise ConfigError(f"{prefix}.log_format", f"must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if self.api_key == "":
             raise ConfigError(f"{prefix}.api_key", "must not be empty (omit it for no key)")
         if self.max_request_bytes < 1024:
@@ -326,6 +303,45 @@ class OrchestratorConfig:
 
     def live(self) -> LiveSettings:
         return LiveSettings(**{name: getattr(self, name) for name in LIVE_FIELDS})
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrchestratorConfig(OrchestratorSettings):
+    """What one orchestrator runs with: its YAML section and what the launcher wires in (the model,
+    the state directory, the static workers, the worker key, the deployment-wide log and request
+    settings). ``disagg up`` writes it as ``<run dir>/orchestrator.json``."""
+
+    model_dir: str
+    """The model directory whose tokenizer the orchestrator loads (it tokenizes once, to route)."""
+    state_dir: str
+    """Runtime files: the leader's state socket and the Prometheus multiprocess directory."""
+    migration: MigrationConfig = field(default_factory=MigrationConfig)
+    worker_key_file: str | None = None
+    """A file (mode 0600) holding the deployment's worker key, presented to every worker on every call
+    (``api.api_key``); ``disagg up`` sets it to ``<run dir>/worker.key``. None: workers need none."""
+    workers: tuple[StaticWorker, ...] = ()
+    """Static workers; more may register themselves at run time."""
+    default_block_size: int = 16
+    default_hash_seed: int = 0
+    """Block hashing for workers that do not report theirs in /worker_info."""
+    perf_records: int = 1000
+    log_format: str = "text"
+    """text, or json: one object a line (``common.log_format``)."""
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    strict_request_fields: bool = False
+    """An unknown top-level request field is a 400 naming it; False: ignored, named in a ``Warning``
+    header (``api.request_fields``)."""
+    access_log: bool = False
+    """One INFO line per client request on the ``disagg.access`` logger (method, path, status, latency,
+    workers, tokens, request id); uvicorn's access lines for the other routes, polls at DEBUG."""
+    prometheus_targets_dir: str | None = None
+    """Process 0 keeps Prometheus file_sd target files here (``orchestrator.prometheus_sd``):
+    itself and every worker it knows; ``disagg up`` sets it to ``<run dir>/prometheus/targets``."""
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"{prefix}.log_format", f"must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
 
     def with_live(self, live: LiveSettings) -> OrchestratorConfig:
         return dataclasses.replace(self, **{name: getattr(live, name) for name in LIVE_FIELDS})

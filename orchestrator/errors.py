@@ -1,10 +1,10 @@
-"""The orchestrator's additions to the frontends' error tree (``frontends.errors``)::
+"""The orchestrator's additions to the frontends' error tree (``api.errors``)::
 
     FrontendError
     ├── NoWorkerError        503: no healthy worker for a leg, or every one tried said it is unavailable
     ├── UpstreamFailedError  502: every worker tried for a leg failed (after retries)
     ├── RequestTimeoutError  504: the request ran past timeouts.request_seconds
-    └── UnauthorizedError    401: missing or wrong API key (``frontends.errors``, re-exported)
+    └── UnauthorizedError    401: missing or wrong API key (``api.errors``, re-exported)
 
 A worker's own 4xx answer is passed to the client unchanged (``UpstreamRejected``).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
-from frontends.errors import FrontendError, UnauthorizedError
+from api.errors import FrontendError, UnauthorizedError
 
 __all__ = ["NoWorkerError", "UpstreamFailedError", "RequestTimeoutError", "UnauthorizedError",
            "UpstreamRejected", "LegFailed", "WorkerErrorDetail", "error_detail"]

@@ -6,7 +6,7 @@ object, a task watching for the disconnect, and per SSE event a message dict
 through three send wrappers). ``POST /v1/completions``,
 ``/v1/chat/completions`` and ``/v1/messages`` (exact paths, no query) skip
 all of it: ``fast_http_protocol(orch)`` is uvicorn's httptools protocol (with
-the head limit of ``frontends.header_limit``) whose parser hands those
+the head limit of ``api.header_limit``) whose parser hands those
 requests to a ``FastCycle``; every other request (another method, path or
 query, docs, errors) goes to the ASGI app as before. The cycle keeps
 uvicorn's per-connection contract (``response_complete``, ``keep_alive``,
@@ -29,19 +29,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, TypeVar
 
-from frontends.errors import ApiError, RequestTooLargeError, anthropic_error_body, openai_error_body
-from frontends.header_limit import http_protocol
-from frontends.memory import large_body, release_memory_soon
-from frontends.streaming import ClientDisconnected, FinalFrame
+from api.errors import ApiError, RequestTooLargeError, anthropic_error_body, openai_error_body
+from api.header_limit import http_protocol
+from api.memory import large_body, release_memory_soon
+from api.streaming import ClientDisconnected, FinalFrame
 from orchestrator.answers import JsonAnswer, StreamAnswer
 from orchestrator.clean_ends import INTERNAL_ERROR, SHUTTING_DOWN, STREAM_CUT, stream_error_frame
-from workers.log_format import REQUEST_ID
+from common.log_format import REQUEST_ID
 
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator
     from orchestrator.relay import Relay
+
+T = TypeVar("T")
 
 __all__ = ["fast_http_protocol", "FAST_PATHS"]
 
@@ -107,7 +109,7 @@ class _Lane:
         self.orch = orch
         self.gate = orch.admission  # the app's too: one count of the process's requests in flight
         self.max_bytes = config.max_request_bytes
-        self.api_key = orch.api_key  # the app's check (frontends.api_key)
+        self.api_key = orch.api_key  # the app's check (api.api_key)
 
 
 class _BodyEvent:
@@ -151,7 +153,7 @@ class FastCycle:
         self.disconnected = False
         self.response_started = False
         self.response_complete = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._watching = False  # the task may be cancelled when the client leaves
         self._declared: int | None = None  # the Content-Length
         self._relay: Relay | None = None  # while a stream is relayed
@@ -242,7 +244,7 @@ class FastCycle:
             await self._stream(answer)
 
     async def _read_body(self) -> bytes:
-        """The body (``frontends.body_limit``'s rule: a Content-Length over the limit is refused
+        """The body (``api.body_limit``'s rule: a Content-Length over the limit is refused
         before a byte is read, a chunked body as it passes the limit)."""
         limit = self.lane.max_bytes
         if self._declared is not None and self._declared > limit:
@@ -262,7 +264,7 @@ class FastCycle:
         body, self.body = bytes(self.body), bytearray()  # the protocol keeps the cycle until the next request
         return body
 
-    async def _watch(self, work):
+    async def _watch(self, work: Awaitable[T]) -> T:
         """``orchestrator.answers.Watch``: the client's leaving cancels this task (``client_left``)."""
         try:
             return await work

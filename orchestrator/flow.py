@@ -20,10 +20,10 @@
    as a stream per API is not worth its code, and so is one that asked for
    ``n`` > 1 choices or ``echo`` (``ParsedRequest.ctx_can_answer``). With ``n``
    > 1 the ctx leg makes choice 0's first token and the gen leg all ``n``
-   choices (``frontends.choices``): the prompt's KV moves once. Prompt logprobs
+   choices (``api.choices``): the prompt's KV moves once. Prompt logprobs
    (``echo`` with ``logprobs``, ``prompt_logprobs``) are the ctx leg's to
    compute: they ride in its ``disaggregated_params`` to the gen leg, which
-   reports them and computes none (``frontends.disaggregation``).
+   reports them and computes none (``api.disaggregation``).
 3. gen leg: generation_only with the ctx params and prompt ids,
    ``x-request-id: <id>-gen``, streaming as the client asked. A failure
    before the first byte reached the client is retried as a *normal* request
@@ -36,7 +36,7 @@
    cannot, ends with the API's error event. Closing the client's stream closes the upstream
    one, which aborts the request in the worker (and, through it, the KV pull).
 
-A worker's 429 or 529 (at one of its admission limits, ``frontends.admission``) is a
+A worker's 429 or 529 (at one of its admission limits, ``api.admission``) is a
 failed leg that does not make the worker suspect nor count against ``max_retries``:
 the leg goes on to every other worker of its phase; when every gen worker refused,
 the client gets 429 (Anthropic: 529) with Retry-After. When every ctx worker refused,
@@ -55,9 +55,9 @@ from typing import AsyncGenerator, Awaitable, Callable, TypeVar
 import msgspec
 from starlette.responses import Response
 
-from frontends.admission import OVERLOADED_STATUSES, RETRY_AFTER_SECONDS, Limit, OverloadedError, QueueTicket
-from frontends.request_fields import warning_header
-from frontends.streaming import FinalFrame
+from api.admission import OVERLOADED_STATUSES, RETRY_AFTER_SECONDS, Limit, OverloadedError, QueueTicket
+from api.request_fields import warning_header
+from api.streaming import FinalFrame
 from orchestrator.answers import Answer, JsonAnswer, StreamAnswer, Watch, to_response
 from orchestrator.attempts import Attempts
 from orchestrator.config import OrchestratorConfig
@@ -184,7 +184,7 @@ class Flow:
     async def fetch_prefix(self, request: ParsedRequest, request_id: str, ctx: WorkerRecord, watch: Watch,
                            deadline: float) -> DisaggParams | None:
         """The ``kv_prefix`` of the ctx leg when the KV pool has the prompt's prefix on another worker."""
-        if request.scores_prompt:  # its ctx leg computes the whole prompt (frontends.disaggregation)
+        if request.scores_prompt:  # its ctx leg computes the whole prompt (api.disaggregation)
             return None
         source = self.pool.source(self.config.kv_pool, request, ctx)
         if source is None:
@@ -219,7 +219,7 @@ class Flow:
             record.ctx.engine_request_id = params.ctx_request_id  # joins the ctx worker's perf record
         return answer
 
-    async def _within(self, deadline: float, work):
+    async def _within(self, deadline: float, work: Awaitable[T]) -> T:
         return await within(deadline, work, self.config.timeouts.request_seconds)
 
     def finish(self, record: RequestTrace, request: ParsedRequest, answer_tail: bytes = b"") -> None:

@@ -21,7 +21,7 @@ import time
 
 import msgspec
 
-from frontends.openapi_types import Health
+from api.openapi_types import Health
 from orchestrator.http_client import HttpClient, UpstreamError, UpstreamTimeout
 from orchestrator.registry import WorkerRecord
 from orchestrator.state import StateOwner

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from frontends.streaming import FinalFrame
+from api.streaming import FinalFrame
 
 __all__ = ["HttpClient", "LegResponse", "UpstreamError", "UpstreamLost", "UpstreamTimeout", "UpstreamUnreachable",
            "IDLE_SECONDS"]

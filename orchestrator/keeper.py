@@ -56,7 +56,7 @@ def _reserve_port(host: str, port: int) -> socket.socket:
 
 
 def run_keeper(config: OrchestratorConfig, config_path: str, port: int, extra_argv: list[str]) -> int:
-    from frontends.server import run_event_loop
+    from api.server import run_event_loop
     from orchestrator.process_records import read_keeper, read_records, write_keeper
 
     state_dir = Path(config.state_dir)
@@ -87,8 +87,8 @@ def run_keeper(config: OrchestratorConfig, config_path: str, port: int, extra_ar
 
 async def _keep(config: OrchestratorConfig, config_path: str, port: int, extra_argv: list[str]) -> int:
     from orchestrator.process_group import ProcessGroup
-    from workers.log_format import stdout_line
-    from workers.restart_budget import RestartBudget
+    from common.log_format import stdout_line
+    from common.restart_budget import RestartBudget
 
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
@@ -122,7 +122,7 @@ def _process_exited(state_dir: Path, member: Member) -> None:
     """Process ``member`` died: its live metric series go, its readiness with it."""
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(member.pid, os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    multiprocess.mark_process_dead(member.pid, os.environ["PROMETHEUS_MULTIPROC_DIR"])  # type: ignore[no-untyped-call]
     (state_dir / f"ready-{member.index}").unlink(missing_ok=True)
 
 

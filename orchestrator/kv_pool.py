@@ -30,7 +30,7 @@ from orchestrator.registry import WorkerRecord
 from orchestrator.view import ClusterView
 from workers.disagg_params import DisaggParams, RequestType
 from workers.http_protocol import CtxAnswer, PrefixExportLeg, Phase
-from workers.engine.block_hash import compute_block_hashes
+from common.block_hash import compute_block_hashes
 
 __all__ = ["KVPool", "PrefixSource", "choose_prefix", "worth_fetching"]
 

@@ -43,9 +43,11 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
+
     from orchestrator.app import Orchestrator
     from orchestrator.state import StateOwner
 
@@ -73,7 +75,7 @@ class Leadership:
         self._stop = asyncio.Event()
         self._batches: Any = None
         self._openai_batches: Any = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -125,8 +127,8 @@ class Leadership:
         await self._lead()
 
     async def _lead(self) -> None:
-        from frontends.batches import batch_routes
-        from frontends.batches.openai_routes import openai_batch_routes
+        from api.batches import batch_routes
+        from api.batches.openai_routes import openai_batch_routes
         from orchestrator.batches import open_batch_runner
         from orchestrator.openai_batches import open_openai_batches
         from orchestrator.state import StateOwner
@@ -191,13 +193,13 @@ def _bind_state_socket(path: Path) -> socket.socket:
     return unix
 
 
-async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_routes: list) -> None:
+async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_routes: Sequence[BaseRoute]) -> None:
     """The state owner: the Unix-socket state app (plus ``extra_routes``: the batch routes), the
     health checker and the loads sweep, until ``stop``."""
     import httpx
     import uvicorn
 
-    from frontends.server import FrontendServer
+    from api.server import QuietServer
     from orchestrator.app import worker_key_headers
     from orchestrator.health import HealthChecker
     from orchestrator.http_client import HttpClient
@@ -213,7 +215,7 @@ async def _run_owner(config: Any, owner: StateOwner, stop: asyncio.Event, extra_
     owner_config = uvicorn.Config(state_app(owner, PerfJoiner(client, config.health.timeout_seconds), extra_routes),
                                   log_level=None, log_config=None, lifespan="off")
     owner_config.access_log = False
-    server = FrontendServer(owner_config)
+    server = QuietServer(owner_config)
     timeout = config.health.timeout_seconds
     checks = HttpClient(connect_timeout=timeout, idle_timeout=timeout, headers=worker_key_headers(config))
     checker = asyncio.create_task(HealthChecker(owner, checks).run())

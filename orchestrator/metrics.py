@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import os
 
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from frontends.admission import Limit
-from frontends.metric_batch import MetricBatch
-from frontends.piece_cache import PieceCache, count_lookups
-from frontends.process_metrics import ProcessMetrics
-from frontends.streaming import ClientDisconnected
+from api.admission import Limit
+from api.metric_batch import MetricBatch
+from api.piece_cache import PieceCache, count_lookups
+from api.process_metrics import ProcessMetrics
+from api.streaming import ClientDisconnected
 
 __all__ = ["Metrics", "CONTENT_TYPE", "FLUSH_SECONDS"]
 
@@ -122,7 +122,7 @@ class Metrics:
             self.errors.labels("request", type(exc).__name__).inc()
 
     def count_refused(self, limit: str) -> None:
-        """A client request refused for overload at ``limit`` (``frontends.admission.OnRefused``)."""
+        """A client request refused for overload at ``limit`` (``api.admission.OnRefused``)."""
         self.refused.labels(limit).inc()
 
     def phase(self, name: str) -> Histogram:
@@ -146,7 +146,7 @@ class Metrics:
             child = self._served[(api, mode)] = self.requests.labels(api, mode)
         return child
 
-    # -- the request path: batched (frontends.metric_batch) -----------------------------------
+    # -- the request path: batched (api.metric_batch) -----------------------------------
 
     def count_leg(self, phase: str) -> None:
         self._batch.count(self.leg(phase))
@@ -172,7 +172,7 @@ class Metrics:
         if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
             return generate_latest(self.registry) + generate_latest(health)
         collector_registry = CollectorRegistry()
-        MultiProcessCollector(collector_registry)
+        MultiProcessCollector(collector_registry)  # type: ignore[no-untyped-call]  # prometheus_client: unannotated
         return generate_latest(collector_registry) + generate_latest(health)
 
 
@@ -184,7 +184,7 @@ class _WorkerHealthCollector:
     def __init__(self, workers: list[WorkerHealth]) -> None:
         self.workers = workers
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         # Not "role": the orchestrator's scrape target carries role="orchestrator" (orchestrator.prometheus_sd).
         labels = ["worker", "worker_url", "worker_role"]
         healthy = GaugeMetricFamily("disagg_orchestrator_worker_healthy", "1 while the orchestrator routes to "

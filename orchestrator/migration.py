@@ -1,7 +1,7 @@
 """Token-exact mid-stream migration: a streamed answer whose gen worker fails goes on elsewhere.
 
 With ``migration.limit`` > 0 every streamed gen leg is sent with ``x-disagg-stream-marks: 1``:
-the worker ends each write with the output tokens it consumed (``frontends.stream_marks``). The
+the worker ends each write with the output tokens it consumed (``api.stream_marks``). The
 relay (``orchestrator.relay``) passes only whole writes to the client, marks stripped, and this
 carries their tokens. When the leg then fails (the connection drops: the worker or one of its
 frontends died; or a write is a 5xx error event: its engine died or stalled), the client has
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from frontends.stream_marks import MARKS_HEADER, MarkReader
+from api.stream_marks import MARKS_HEADER, MarkReader
 from orchestrator.http_client import LegResponse, UpstreamError
 from orchestrator.prompt import ParsedRequest, gen_leg_body
 from workers.disagg_params import DisaggParams, RequestType

@@ -1,7 +1,7 @@
 """The OpenAI Files and Batches APIs at the orchestrator: the leader's, run through the flow.
 
 Owned like the Message Batches (``orchestrator.batches``): the leader opens
-``<state_dir>/openai/`` (``frontends.batches.OpenAIBatches``: the files, the
+``<state_dir>/openai/`` (``api.batches.OpenAIBatches``: the files, the
 batches and their requests, on disk, so they outlive a restart) and mounts
 the routes on the state owner's app; every process replays ``/v1/files*``
 and ``/v1/batches*`` to it (``batch_forward``). Each input line runs through
@@ -20,17 +20,19 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from frontends.batches.executor import Outcome
-from frontends.batches.openai_batches import OpenAIBatches
-from frontends.batches.openai_lines import response_line
-from frontends.batches.openai_schemas import BatchEndpoint, InputLine
-from frontends.errors import InvalidRequestError, http_error, openai_error_body
+from api.batches.executor import Outcome
+from api.batches.openai_batches import OpenAIBatches
+from api.batches.openai_lines import response_line
+from api.batches.openai_schemas import BatchEndpoint, InputLine
+from api.errors import InvalidRequestError, http_error, openai_error_body
 from orchestrator.batches import FlowExecutor, through_flow
 from orchestrator.errors import UpstreamRejected
 from orchestrator.prompt import ParsedRequest, parse_request
 from orchestrator.responses import finish_turn, turn_answer
 
 if TYPE_CHECKING:
+    from starlette.responses import Response
+
     from orchestrator.app import Orchestrator
 
 __all__ = ["FlowLineExecutor", "open_openai_batches", "OPENAI_DIR"]
@@ -67,7 +69,7 @@ class FlowLineExecutor(FlowExecutor):
         orch = self.orch
         if url == BatchEndpoint.RESPONSES.value:
 
-            async def run(parsed: ParsedRequest):
+            async def run(parsed: ParsedRequest) -> Response:
                 return await through_flow(orch, _no_stream(parsed), request_id, "responses")
 
             turn, answer = await turn_answer(orch, body, None, run)

@@ -1,6 +1,6 @@
 """What each of the orchestrator's routes takes and answers: the ``RouteDoc`` table of its ``/openapi.json``.
 
-The client surface is the workers' own entries (``frontends.openapi_routes``):
+The client surface is the workers' own entries (``api.openapi_routes``):
 the orchestrator answers the same requests with the same bodies. The rest is
 the cluster's: health, routing state, metrics and worker registration, whose
 answers (written as dicts by their handlers) the Structs below describe.
@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from frontends.batches.openai_schemas import (CreateBatchBody, FileDeleted, FileList, FileObject, FileUpload,
+from api.batches.openai_schemas import (CreateBatchBody, FileDeleted, FileList, FileObject, FileUpload,
                                               OpenAIBatch, OpenAIBatchList)
-from frontends.openapi import RouteDoc
-from frontends.openapi_routes import BATCH_DOCS, GENERATION_DOCS, PROMETHEUS_DOC, SURFACE_DOCS
-from frontends.openapi_types import EmptyBody
+from api.openapi import RouteDoc
+from api.openapi_routes import BATCH_DOCS, GENERATION_DOCS, PROMETHEUS_DOC, SURFACE_DOCS
+from api.openapi_types import EmptyBody
 from orchestrator.config import LiveSettings
 from orchestrator.state_protocol import (DrainAck, Ok, Registration, RegistrationAck, SettingsAck, WorkerIdBody,
                                          WorkerRef)

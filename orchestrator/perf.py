@@ -83,7 +83,7 @@ class PerfJoiner:
 
     @staticmethod
     def _join(owner: StateOwner, record: RequestTrace) -> dict[str, Any]:
-        joined = msgspec.to_builtins(record)
+        joined: dict[str, Any] = msgspec.to_builtins(record)
         request_id, ctx, gen = record.request_id, record.ctx, record.gen
         joined["ctx_worker"] = joined["gen_worker"] = None
         if ctx is not None:

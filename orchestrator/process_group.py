@@ -2,7 +2,7 @@
 
 A process that dies (SIGKILL, OOM, a crash) is respawned on the same port
 (SO_REUSEPORT) while it has died fewer than ``max_process_restarts`` times
-within ``process_restart_window_seconds`` (``workers.restart_budget``); past
+within ``process_restart_window_seconds`` (``common.restart_budget``); past
 that it is left down, logged, and the others keep serving. Either way
 ``on_exit`` runs (its live metric series are dropped); the state owner
 releases the in-flight counts it held itself (``orchestrator.state``).
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from orchestrator.process_records import ProcessRecord, forget_records, read_records, write_record
-from workers.processes import terminate
-from workers.restart_budget import RestartBudget
+from common.processes import terminate
+from common.restart_budget import RestartBudget
 
 __all__ = ["ProcessGroup", "Member"]
 
@@ -45,7 +45,7 @@ class Member:
 
     index: int
     pid: int
-    popen: subprocess.Popen | None = None
+    popen: subprocess.Popen[bytes] | None = None
     record: ProcessRecord | None = None
 
     def alive(self) -> bool:

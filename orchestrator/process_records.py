@@ -13,7 +13,7 @@ three readers:
 - ``disagg down`` and the supervisor stop every recorded process still
   running (``sweep``), also one whose parent died before it.
 
-A record is ``(pid, start_time)`` (``workers.process_identity``): a pid that
+A record is ``(pid, start_time)`` (``common.process_identity``): a pid that
 was recycled since is never signalled. Written atomically (temporary file,
 then rename); a missing or torn file reads as no record.
 """
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import msgspec
 
-from workers.process_identity import process_start_time, same_process
-from workers.processes import terminate
+from common.process_identity import process_start_time, same_process
+from common.processes import terminate
 
 __all__ = ["ProcessRecord", "KeeperRecord", "write_record", "read_records", "forget_records", "write_keeper",
            "read_keeper", "keeper_alive", "sweep", "ORPHAN_SECONDS", "KEEPER_FILE"]

@@ -15,13 +15,13 @@ from typing import Any
 
 import msgspec
 
-from frontends.anthropic_api import MessagesApi
-from frontends.errors import InvalidRequestError
-from frontends.openai_api import ChatApi, CompletionApi
-from frontends.prepare import ApiRequest, check_request
-from frontends.request_fields import check_fields
-from frontends.schemas_anthropic import MessagesRequest
-from frontends.schemas_openai import ChatCompletionRequest, CompletionRequest
+from api.anthropic_api import MessagesApi
+from api.errors import InvalidRequestError
+from api.openai_api import ChatApi, CompletionApi
+from api.prepare import ApiRequest, check_request
+from api.request_fields import check_fields
+from api.schemas_anthropic import MessagesRequest
+from api.schemas_openai import ChatCompletionRequest, CompletionRequest
 from orchestrator.validation import RequestValidator
 from workers.disagg_params import DisaggParams, RequestType
 from workers.http_protocol import CTX_DROPPED, CtxLegFields, GenLegFields, with_fields

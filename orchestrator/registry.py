@@ -69,7 +69,7 @@ class WorkerRecord(msgspec.Struct, kw_only=True):
     """Drained by an operator: routed nothing new; its in-flight requests finish."""
 
     def serves(self, phase: Phase) -> bool:
-        return self.role == phase or self.role == Role.BOTH
+        return self.role == Role.BOTH or str(self.role) == str(phase)  # a StrEnum or its value alike
 
 
 class Registry:

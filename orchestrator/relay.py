@@ -26,7 +26,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, AsyncGenerator, Callable
 
-from frontends.errors import http_error
+from api.errors import http_error
 from orchestrator.clean_ends import stream_error_frame
 from orchestrator.errors import RequestTimeoutError, UpstreamFailedError
 from orchestrator.http_client import LegResponse, UpstreamError, UpstreamTimeout

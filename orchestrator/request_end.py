@@ -4,7 +4,7 @@ the state owner, its access-log line written (``access_log``), its spans ended (
 Every end goes through ``RequestEnds.end``: an answer (``Flow.finish``: a JSON answer written, a
 relayed stream closed) and a failure (``Orchestrator.generate``, ``create_response``), so the
 access log has exactly one line per client request, with the status the client got. Health and
-metrics polls never get one (uvicorn's own lines for them go to DEBUG, ``workers.log_format``); a
+metrics polls never get one (uvicorn's own lines for them go to DEBUG, ``common.log_format``); a
 request refused before it reached the flow (429 at the admission gate, 401) has uvicorn's line.
 
 The access line, on the ``disagg.access`` logger (its fields top-level in JSON):
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from workers.log_format import REQUEST_ID
+from common.log_format import REQUEST_ID
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from frontends.tracing import Tracing
+    from api.tracing import Tracing
     from orchestrator.state_protocol import RequestTrace
     from orchestrator.view import StateLink
 
@@ -94,7 +94,7 @@ class RequestEnds:
         spans = self._spans.get(id(record))
         if spans is None:
             return None
-        from frontends.tracing import traceparent_of
+        from api.tracing import traceparent_of
 
         span = tracing.start(f"{phase}_leg", start, spans.root, tracing.CLIENT,
                              {"disagg.worker": worker_id, "disagg.x_request_id": headers.get("x-request-id")})

@@ -2,7 +2,7 @@
 ``GET /v1/responses/{id}/input_items``.
 
 Design: the orchestrator translates each /v1/responses request into the
-chat request it means (``frontends.responses``: the conversation of
+chat request it means (``api.responses``: the conversation of
 ``previous_response_id`` loaded from the orchestrator's own store, then this
 request's input) and runs that through its normal disaggregated chat flow
 (ctx leg + gen leg, retries, streaming), then renders the chat answer as a
@@ -21,24 +21,27 @@ routing keeps a conversation where its KV is. Perf records say
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontends.errors import FrontendError, NotFoundError
-from frontends.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
-from frontends.responses import ResponseEventStream, begin_turn, input_items_page, store_turn
-from frontends.responses.render import ResponseTurn
-from frontends.responses.schemas import Item
-from frontends.responses.translate import rename_fields, rename_param, responses_param
-from frontends.streaming import EventStreamResponse
+from api.errors import FrontendError, NotFoundError
+from api.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
+from api.responses import ResponseEventStream, begin_turn, input_items_page, store_turn
+from api.responses.render import ResponseTurn
+from api.responses.schemas import Item
+from api.responses.translate import rename_fields, rename_param, responses_param
+from api.streaming import EventStreamResponse
 from orchestrator.answers import disconnect_watch
 from orchestrator.errors import UpstreamRejected
 from orchestrator.state_protocol import RequestTrace
 from orchestrator.prompt import ParsedRequest, parse_request
-from workers.log_format import REQUEST_ID
+from common.log_format import REQUEST_ID
+
+if TYPE_CHECKING:
+    from orchestrator.app import Orchestrator
 
 __all__ = ["create_response", "retrieve_response", "list_input_items", "delete_response", "turn_answer", "finish_turn"]
 
@@ -57,11 +60,11 @@ def _renamed(exc: UpstreamRejected) -> UpstreamRejected:
     return UpstreamRejected(exc.status, msgspec.json.encode(body))
 
 
-async def turn_answer(orch, raw: bytes, session_header: str | None, run: Callable[[ParsedRequest], Awaitable[Any]],
+async def turn_answer(orch: Orchestrator, raw: bytes, session_header: str | None, run: Callable[[ParsedRequest], Awaitable[Any]],
                       fields: dict[str, Any] | None = None) -> tuple[ResponseTurn, Any]:
     """The chat request a /v1/responses body means, and ``run``'s answer to it (its errors in
     Responses terms). Shared by ``create_response`` and the OpenAI Batches (``orchestrator.openai_batches``).
-    ``fields``: where the unknown top-level fields it ignored are noted (``frontends.request_fields``)."""
+    ``fields``: where the unknown top-level fields it ignored are noted (``api.request_fields``)."""
     turn = await begin_turn(raw, orch.responses, orch.config.strict_request_fields, {} if fields is None else fields)
     try:
         # A conversation is a session (affinity routing) unless the client names one.
@@ -74,7 +77,7 @@ async def turn_answer(orch, raw: bytes, session_header: str | None, run: Callabl
         raise _renamed(exc) from None
 
 
-async def finish_turn(orch, turn: ResponseTurn, chat_answer: bytes) -> bytes:
+async def finish_turn(orch: Orchestrator, turn: ResponseTurn, chat_answer: bytes) -> bytes:
     """A non-streamed chat answer as the response object, stored (when the body asks) and encoded."""
     response, output = turn.from_chat(msgspec.json.decode(chat_answer))
     encoded = msgspec.json.encode(response)
@@ -82,18 +85,18 @@ async def finish_turn(orch, turn: ResponseTurn, chat_answer: bytes) -> bytes:
     return encoded
 
 
-async def create_response(orch, request: Request) -> Response:
+async def create_response(orch: Orchestrator, request: Request) -> Response:
     request_id = request.headers.get("x-request-id") or orch.new_request_id()
-    REQUEST_ID.set(request_id)  # every log line of this request's task (workers.log_format)
+    REQUEST_ID.set(request_id)  # every log line of this request's task (common.log_format)
     record = RequestTrace(request_id=request_id, api="responses", arrival=time.time())
     orch.ends.begin(record, request.headers.get("traceparent"))
 
-    async def run(parsed: ParsedRequest):
+    async def run(parsed: ParsedRequest) -> Response:
         record.tokenized = time.time()
         return await orch.flow.handle(parsed, request_id, disconnect_watch(request.receive), record)
 
     try:
-        fields: dict[str, Any] = {}  # the unknown fields it ignores (frontends.request_fields)
+        fields: dict[str, Any] = {}  # the unknown fields it ignores (api.request_fields)
         turn, answer = await turn_answer(orch, await request.body(), request.headers.get("x-session-id"), run, fields)
     except Exception as exc:
         orch.failed(record, exc, False)
@@ -119,7 +122,7 @@ def _not_found(response_id: str) -> NotFoundError:
     return NotFoundError(f"No response found with id '{response_id}'.", param="response_id")
 
 
-async def retrieve_response(orch, request: Request) -> Response:
+async def retrieve_response(orch: Orchestrator, request: Request) -> Response:
     response_id = request.path_params["response_id"]
     record = await orch.responses.get(response_id)
     if record is None:
@@ -127,7 +130,7 @@ async def retrieve_response(orch, request: Request) -> Response:
     return Response(bytes(record.response), media_type=_JSON)
 
 
-async def list_input_items(orch, request: Request) -> Response:
+async def list_input_items(orch: Orchestrator, request: Request) -> Response:
     response_id = request.path_params["response_id"]
     record = await orch.responses.get(response_id)
     if record is None:
@@ -135,7 +138,7 @@ async def list_input_items(orch, request: Request) -> Response:
     return Response(msgspec.json.encode(input_items_page(record, request.query_params)), media_type=_JSON)
 
 
-async def delete_response(orch, request: Request) -> Response:
+async def delete_response(orch: Orchestrator, request: Request) -> Response:
     response_id = request.path_params["response_id"]
     if not await orch.responses.delete(response_id):
         raise _not_found(response_id)

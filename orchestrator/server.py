@@ -57,7 +57,7 @@ def add_orchestrator_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class OrchestratorSettings:
+class OrchestratorFlags:
     """``disagg orchestrator``'s flags, typed, built once from the parsed arguments."""
 
     config: str
@@ -67,7 +67,7 @@ class OrchestratorSettings:
     """None: the keeper."""
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> OrchestratorSettings:
+    def from_args(cls, args: argparse.Namespace) -> OrchestratorFlags:
         return cls(config=args.config, port=args.port, access_log=args.access_log, process_index=args.process_index)
 
     def child_overrides(self) -> list[str]:
@@ -76,12 +76,12 @@ class OrchestratorSettings:
 
 
 def run_orchestrator(parsed: argparse.Namespace) -> int:
-    from frontends.server import make_listen_socket, run_event_loop
+    from api.server import make_listen_socket, run_event_loop
     from orchestrator.config import check_worker_key_file, load_orchestrator_config
     from orchestrator.request_end import not_a_client_request
-    from workers.log_format import configure_logging
+    from common.log_format import configure_logging
 
-    args = OrchestratorSettings.from_args(parsed)
+    args = OrchestratorFlags.from_args(parsed)
 
     config = load_orchestrator_config(args.config)
     check_worker_key_file(config, args.config)
@@ -99,12 +99,12 @@ def run_orchestrator(parsed: argparse.Namespace) -> int:
     return run_event_loop(_serve(config, args, sock, port))
 
 
-async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: socket.socket, port: int) -> int:
+async def _serve(config: OrchestratorConfig, args: OrchestratorFlags, sock: socket.socket, port: int) -> int:
     import uvicorn
 
-    from frontends.server import FrontendServer
-    from frontends.tokenizer import Tokenizer
-    from frontends.header_limit import h11_head_limit
+    from api.server import QuietServer
+    from api.tokenizer import Tokenizer
+    from api.header_limit import h11_head_limit
     from orchestrator.app import Orchestrator, build_app
     from orchestrator.leadership import Leadership
     from orchestrator.fast_http import fast_http_protocol
@@ -113,7 +113,7 @@ async def _serve(config: OrchestratorConfig, args: OrchestratorSettings, sock: s
     assert index is not None  # the keeper never serves
     orch = Orchestrator(config, index, Tokenizer.from_model_path(config.model_dir))
     # Drains at least as long as the workers do: `disagg down` stops the orchestrator first.
-    server = FrontendServer(uvicorn.Config(
+    server = QuietServer(uvicorn.Config(
         build_app(orch), log_level=config.log_level, access_log=config.access_log,
         log_config=None,  # uvicorn's lines (the access log too) through the root logger: stderr, our format
         lifespan="on",
@@ -177,7 +177,7 @@ def _settle_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-def _access_log(args: OrchestratorSettings, config: OrchestratorConfig) -> bool:
+def _access_log(args: OrchestratorFlags, config: OrchestratorConfig) -> bool:
     return config.access_log if args.access_log is None else args.access_log
 
 

@@ -42,14 +42,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from frontends.errors import FrontendError, InvalidRequestError, NotFoundError, http_error, openai_error_body
+from api.errors import FrontendError, InvalidRequestError, NotFoundError, http_error, openai_error_body
 from orchestrator.config import LiveSettings, OrchestratorConfig
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import Registry, RegistryError
 from orchestrator.state_protocol import (DrainAck, DrainRequest, LoadPush, Ok, PerfPush, Registration,
                                          RegistrationAck, RequestTrace, SettingsAck, Snapshot, WorkerIdBody)
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
-from workers.processes import pid_alive
+from common.processes import pid_alive
 
 if TYPE_CHECKING:
     from orchestrator.view import ClusterView
@@ -63,7 +63,7 @@ CONFIRM_SECONDS = 5.0
 
 S = TypeVar("S")
 _ENCODER = msgspec.json.Encoder()
-_DECODERS: dict[type, msgspec.json.Decoder] = {
+_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
     body: msgspec.json.Decoder(body) for body in (Registration, WorkerIdBody, LoadPush, PerfPush, DrainRequest)}
 
 
@@ -244,7 +244,8 @@ def _json(payload: msgspec.Struct, status: int = 200) -> Response:
 
 async def _body(request: Request, body: type[S]) -> S:
     """The request's body as ``body``; a malformed one raises msgspec's error, which names the field."""
-    return _DECODERS[body].decode(await request.body())
+    decoded: S = _DECODERS[body].decode(await request.body())
+    return decoded
 
 
 def _query_int(request: Request, name: str) -> int:
@@ -283,7 +284,8 @@ def _typed(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Reque
     return endpoint
 
 
-def state_app(owner: StateOwner, join_perf, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+def state_app(owner: StateOwner, join_perf: Callable[[StateOwner], Awaitable[list[dict[str, Any]]]],
+              extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
     """The owner's Unix-socket app; ``join_perf(owner) -> list`` builds GET /perf. ``extra_routes``:
     routes that the leader owns for all (the Message Batches, ``orchestrator.batches``)."""
 

@@ -1,7 +1,7 @@
 """Client routes the orchestrator answers itself, with no worker leg: the rest of a worker's surface.
 
     POST /v1/messages/count_tokens   Anthropic: {"input_tokens"}
-    POST /tokenize, POST /detokenize vLLM's shapes (``frontends.tokenize_api``)
+    POST /tokenize, POST /detokenize vLLM's shapes (``api.tokenize_api``)
     GET  /v1/models                  the served model, with ``max_model_len``
     GET  /v1/models/{model_id}       ... one model card; 404 (``model_not_found``) for any other id
     GET  /version                    the version every worker reports
@@ -20,11 +20,11 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontends.anthropic_api import message_prompt_ids
-from frontends.schemas_anthropic import CountTokensRequest
-from frontends.serving import FrontendConfig
-from frontends.tokenize_api import TokenizerSurface, detokenize, model_card, retrieve_model, tokenize
-from frontends.tool_prompt import PromptContext
+from api.anthropic_api import message_prompt_ids
+from api.schemas_anthropic import CountTokensRequest
+from api.serving import FrontendConfig
+from api.tokenize_api import TokenizerSurface, detokenize, model_card, retrieve_model, tokenize
+from api.tool_prompt import PromptContext
 
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator

@@ -15,7 +15,7 @@ import types
 import typing
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from workers.config import ConfigError
+from common.config_errors import ConfigError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance  # a stub-only protocol: what dataclasses.fields() takes

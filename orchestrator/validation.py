@@ -1,6 +1,6 @@
 """Validate once, before any work: a client body checked whole by the workers' own code.
 
-The orchestrator runs the frontends' ``check_request`` (``frontends.prepare``: schema, model
+The orchestrator runs the frontends' ``check_request`` (``api.prepare``: schema, model
 name, stop strings, message and tool bounds, sampling ranges, guided-decoding
 grammars, and prompt tokens + ``max_tokens`` against the context length) on
 a ``ServingContext`` that has no engine behind it, only the limits the
@@ -20,10 +20,10 @@ from __future__ import annotations
 import sys
 from typing import AsyncGenerator, Callable, Protocol
 
-from frontends.admission import QueueBound
-from frontends.serving import FrontendConfig, ServingContext
-from frontends.tokenizer import Tokenizer
-from frontends.tool_calls import ToolPolicy
+from api.admission import QueueBound
+from api.serving import FrontendConfig, ServingContext
+from api.tokenizer import Tokenizer
+from api.tool_calls import ToolPolicy
 from workers.protocol import EngineRequest, IngressMessage, RequestOutput
 from workers.sampling_params import GuidedDecoding, SamplingParams
 

@@ -31,7 +31,7 @@ from orchestrator.kv_index import KVIndex
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate
 from orchestrator.state_protocol import LoadPush, PerfPush, RequestTrace, Snapshot
-from workers.engine.block_hash import compute_block_hashes
+from common.block_hash import compute_block_hashes
 from workers.http_protocol import Phase
 
 __all__ = ["ClusterView", "StateLink", "LOAD_PUSH_SECONDS"]
@@ -166,7 +166,7 @@ class StateLink:
         self.epoch = 0
         """The owner's epoch of the last snapshot (``orchestrator.leadership``)."""
         self.first_snapshot = asyncio.Event()
-        self.tasks: list[asyncio.Task] = []
+        self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         self.tasks = [asyncio.create_task(self._follow()), asyncio.create_task(self._push_perf())]

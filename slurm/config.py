@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.typed import from_mapping
-from workers.config import ConfigError
+from common.config_errors import ConfigError
 
 __all__ = ["CONTAINER_RUNTIMES", "ContainerConfig", "SlurmConfig", "parse_slurm_config", "ConfigError"]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from workers.config import ConfigError
+from common.config_errors import ConfigError
 
 __all__ = [
     "PoolSpec", "WorkerPlacement", "PlacementError", "place_workers",

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from slurm.config import SlurmConfig
 from slurm.placement import WorkerPlacement
 from slurm.step import GPU_MASK_ENV
-from workers.config import ConfigError
+from common.config_errors import ConfigError
 
 __all__ = ["Step", "JobPlan", "build_plan", "RUN_DIR", "ORCHESTRATOR_STEP"]
 

@@ -60,7 +60,7 @@ def no_process_outlives_its_module():
     setup failed half way (the third worker did not start in time) would otherwise leave the first two
     serving, and loading the machine, for the rest of the run."""
     yield
-    from workers.processes import stop_processes
+    from common.processes import stop_processes
 
     left = [proc for helper in ("orchestrator_process", "worker_process") for proc in _started(helper)
             if proc.poll() is None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from disagg.deploy_config import load_deploy_config
 from disagg.deploy_plan import SLURM_RUN_DIR, local_plan, slurm_plan
 from disagg.orchestrator_plan import main as setup_step
-from orchestrator.config import StaticWorker, load_orchestrator_config
+from orchestrator.config import OrchestratorSettings, StaticWorker, load_orchestrator_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 # What a launcher adds on its own: where the worker finds its key and state, how it logs, its cores.
@@ -52,6 +53,27 @@ def test_both_launchers_start_the_same_workers_with_the_same_settings(path, tmp_
     assert slurm.orchestrator.config.workers == ()
     assert local.orchestrator.config.worker_key_file == str((tmp_path / "worker.key").resolve())
     assert slurm.orchestrator.config.worker_key_file == f"{SLURM_RUN_DIR}/worker.key"
+
+
+def test_every_setting_of_the_orchestrator_section_reaches_the_orchestrator(tmp_path):
+    """The YAML's ``orchestrator:`` section is ``OrchestratorSettings``, declared once in
+    ``orchestrator.config`` and the base of ``OrchestratorConfig``: each of its keys, set away from
+    its default, arrives as written (the launcher's host and port aside)."""
+    changed = {"processes": 3, "max_retries": 5, "api_key": "sk-test", "served_model_name": "named",
+               "max_request_bytes": 4096, "max_upload_bytes": 8192, "max_concurrent_requests": 7,
+               "max_queued_requests": 11, "max_queued_prompt_tokens": 13, "grace_seconds": 9.0,
+               "max_process_restarts": 2, "process_restart_window_seconds": 60.0, "log_level": "debug",
+               "ctx_router": {"policy": "least_load"}, "gen_router": {"policy": "kv_cache_aware"},
+               "conditional": {"enabled": False}, "kv_pool": {"enabled": True},
+               "health": {"interval_seconds": 2.5}, "timeouts": {"connect_seconds": 3.5}}
+    path = tmp_path / "d.yaml"
+    path.write_text(json.dumps({"model": "tiny", "orchestrator": changed}))
+    config = load_deploy_config(path)
+    settings = {f.name for f in dataclasses.fields(OrchestratorSettings)}
+    assert settings - {"host", "port"} <= set(changed), "give every section key a non-default value above"
+    orch = local_plan(config, tmp_path, tmp_path / "model").orchestrator.config
+    for name in settings - {"host", "port"}:
+        assert getattr(orch, name) == getattr(config.orchestrator, name) != getattr(OrchestratorSettings(), name), name
 
 
 def test_a_local_plan_takes_the_fixed_ports_and_picks_free_ones_for_the_rest(tmp_path):

@@ -2,8 +2,8 @@
 
 Every ``import`` counts, those inside functions included (a function-level import that
 dodges a cycle at import time is still a cycle in the design); ``if TYPE_CHECKING:``
-blocks are exempt, since they never run, except inside ``frontends/``, where a cycle through
-one (an annotation that names a module which imports this one) is a cycle too.
+blocks are exempt, since they never run, except inside ``api/`` and ``frontends/``, where a
+cycle through one (an annotation that names a module which imports this one) is a cycle too.
 """
 
 from __future__ import annotations
@@ -14,18 +14,24 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("disagg", "orchestrator", "workers", "frontends", "slurm")
+PACKAGES = ("disagg", "slurm", "orchestrator", "frontends", "api", "workers", "common")
 
 # Data flows one way: the CLI drives the deployment launchers, which start orchestrators and
-# workers; the orchestrator reuses the frontends' request preparation; the frontends speak the
-# workers' protocol. Nothing below imports anything above it.
+# workers; the orchestrator and a worker's frontends are two HTTP servers over the one API package
+# (schemas, validation, errors, SSE, limits, server plumbing), neither knowing the other; the API
+# speaks the workers' protocol; what every role shares sits in common. Nothing below imports
+# anything above it.
 ALLOWED = {
-    "disagg": {"slurm", "orchestrator", "workers", "frontends"},
-    "slurm": {"orchestrator", "workers"},
-    "orchestrator": {"frontends", "workers"},
-    "frontends": {"workers"},
-    "workers": set(),
+    "disagg": {"slurm", "orchestrator", "frontends", "api", "workers", "common"},
+    "slurm": {"orchestrator", "api", "workers", "common"},
+    "orchestrator": {"api", "workers", "common"},
+    "frontends": {"api", "workers", "common"},
+    "api": {"workers", "common"},
+    "workers": {"common"},
+    "common": set(),
 }
+# The packages whose modules import one way even for annotations (``if TYPE_CHECKING:`` counts).
+STRICT = ("api", "frontends")
 
 
 def _module_name(path: Path) -> str:
@@ -78,11 +84,11 @@ def graph() -> dict[str, set[str]]:
 
 
 @pytest.fixture(scope="module")
-def frontends_graph() -> dict[str, set[str]]:
-    """The frontends' modules and the imports among them, ``TYPE_CHECKING`` ones included."""
-    modules = {name: path for name, path in _modules().items() if name.split(".")[0] == "frontends"}
-    return {name: {m for m in imported if m in modules}
-            for name, imported in _graph(modules, type_checking=True).items()}
+def strict_graph() -> dict[str, set[str]]:
+    """The modules of api/ and frontends/ and every project import of theirs, ``TYPE_CHECKING`` ones included."""
+    modules = _modules()
+    return {name: imported for name, imported in _graph(modules, type_checking=True).items()
+            if name.split(".")[0] in STRICT}
 
 
 def test_no_upward_import(graph):
@@ -133,11 +139,14 @@ def test_no_import_cycle(graph):
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
-def test_no_import_cycle_inside_frontends(frontends_graph):
-    """No frontends module imports itself back, not even for an annotation: ``prepare`` imports
-    ``serving``, ``disaggregation`` and ``generation``, none of which knows it, so each reads alone."""
-    cycles = _cycles(frontends_graph)
-    assert not cycles, "import cycles in frontends/:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+def test_no_import_cycle_inside_api_and_frontends(strict_graph):
+    """No module of api/ or frontends/ imports itself back, nor a package above it, not even for an
+    annotation: ``api.prepare`` imports ``serving``, ``disaggregation`` and ``generation``, none of
+    which knows it, so each reads alone; ``api.generation`` names the engine client's pushed request
+    by a protocol of its own, not by ``frontends.engine_client``."""
+    test_no_upward_import(strict_graph)
+    cycles = _cycles(strict_graph)
+    assert not cycles, "import cycles in api/ or frontends/:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
 def test_the_check_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
@@ -154,7 +163,7 @@ def test_the_check_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
         test_no_import_cycle(planted)
 
 
-def test_the_frontends_check_sees_a_cycle_through_type_checking(tmp_path):
+def test_the_strict_check_sees_a_cycle_through_type_checking(tmp_path):
     """A cycle closed only by an ``if TYPE_CHECKING:`` import: exempt in general, found in frontends/."""
     modules = {"frontends.a": tmp_path / "a.py", "frontends.b": tmp_path / "b.py"}
     modules["frontends.a"].write_text("from frontends.b import x\n")
@@ -162,4 +171,16 @@ def test_the_frontends_check_sees_a_cycle_through_type_checking(tmp_path):
                                       "    from frontends.a import y\n")
     assert not _cycles(_graph(modules))
     with pytest.raises(AssertionError, match="frontends.a <-> frontends.b"):
-        test_no_import_cycle_inside_frontends(_graph(modules, type_checking=True))
+        test_no_import_cycle_inside_api_and_frontends(_graph(modules, type_checking=True))
+
+
+def test_the_strict_check_sees_an_upward_import_through_type_checking(tmp_path):
+    """api/ may not name a frontends module even for an annotation (the worker's engine client
+    sits above the API both servers share)."""
+    modules = {"api.a": tmp_path / "a.py", "frontends.b": tmp_path / "b.py"}
+    modules["api.a"].write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                "    from frontends.b import y\n")
+    modules["frontends.b"].write_text("")
+    assert not _graph(modules)["api.a"]
+    with pytest.raises(AssertionError, match="api.a imports frontends.b"):
+        test_no_import_cycle_inside_api_and_frontends(_graph(modules, type_checking=True))

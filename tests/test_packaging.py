@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("disagg", "orchestrator", "workers", "frontends", "slurm")
+PACKAGES = ("disagg", "orchestrator", "api", "workers", "frontends", "slurm", "common")
 
 
 def test_building_the_package_prints_no_warning_banner(tmp_path):

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from workers.processes import pid_alive
+from common.processes import pid_alive
 
 __all__ = ["children_of", "frontend_slots", "engine_pid", "wait_until", "group_pids_alive"]
 

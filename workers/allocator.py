@@ -18,7 +18,7 @@ what the engine keeps unused to what it freed since the last trim. (A ctx
 engine's steady growth under load was not this but memory in use, which a
 trim does not return: oneDNN's kernels compiled per prompt length, now
 bounded by ``workers.engine.model.packed_linear.padded_rows``.)
-The frontends trim after a large request body (``frontends.memory``).
+The frontends trim after a large request body (``api.memory``).
 Elsewhere than glibc (musl, macOS) trimming does nothing.
 """
 

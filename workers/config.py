@@ -7,15 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from common.config_errors import ConfigError
 from workers.sampling_params import MAX_STREAM_INTERVAL
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the key."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
 
 
 def check_tiers(host_bytes: int | None, disk_path: str | None, disk_bytes: int | None, prefix: str) -> None:

@@ -87,7 +87,7 @@ class DisaggParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     # (its gen leg reports these and its engine computes none). Not signed: it only reports.
     prompt_logprobs: list[TokenLogprobs] | None = None
     # ctx answer -> gen leg: the ctx engine's prefix-cache hits, which the gen leg reports as the
-    # request's cached prompt tokens (frontends.disaggregation). Not signed: it only reports.
+    # request's cached prompt tokens (api.disaggregation). Not signed: it only reports.
     num_cached_tokens: int | None = None
     # context_only leg that only parks its prompt's KV for another worker's ctx leg (the KV pool,
     # ``orchestrator.kv_pool``): any role serves it, as every engine keeps a prefix cache.

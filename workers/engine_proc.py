@@ -54,7 +54,7 @@ from workers.ipc import (
     send_nowait,
 )
 from workers.kv_transfer import DisaggEngineSpec, KVTransferAgent
-from workers.log_format import LOG_FORMATS, configure_logging
+from common.log_format import LOG_FORMATS, configure_logging
 from workers.rank_env import RankEnv
 from workers.rank_link import LeaderLink, RankLost
 from workers.protocol import (

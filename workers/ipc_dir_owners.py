@@ -22,7 +22,7 @@ from typing import Any
 import tempfile
 from pathlib import Path
 
-from workers.process_identity import process_start_time, same_process
+from common.process_identity import process_start_time, same_process
 
 __all__ = ["OWNERS_FILE", "IPC_DIR_PREFIX", "record_owner", "sweep_stale_ipc_dirs"]
 

@@ -351,7 +351,7 @@ class KVTransferAgent:
         client may hold its first token already); ended with a clear error only when it cannot be."""
         self.num_pulls_failed += 1
         pull = self._pulls.get(request_id)
-        named = {"request_id": pull.x_request_id if pull is not None else None}  # workers.log_format
+        named = {"request_id": pull.x_request_id if pull is not None else None}  # common.log_format
         self.abort(request_id)
         if self.core.recompute_remote(request_id):
             self._stats[request_id] = KVTransferStats(0, 0, 0.0, recomputed=True)

@@ -41,7 +41,7 @@ from workers.engine_proc import EngineProcSpec
 from workers.kv_transfer import DisaggEngineSpec
 from workers.ipc import ENGINE_WEDGED_SECONDS, LANE_SNDHWM, FrameCodec, make_ipc_dir, new_key, write_private_file
 from workers.ipc_dir_owners import record_owner, sweep_stale_ipc_dirs
-from workers.processes import stop_process
+from common.processes import stop_process
 from workers.rank_env import RANK_VARS, RankEnv
 from workers.rank_group import LocalFollowers, plan_ranks
 from workers.protocol import (
@@ -56,7 +56,7 @@ from workers.protocol import (
     StatusMessage,
 )
 from workers.frontends_down import FrontendsDown, write_frontends_down
-from workers.restart_budget import RestartBudget
+from common.restart_budget import RestartBudget
 
 __all__ = ["LaunchError", "check_port_free", "WorkerGroup", "RANK_ENV_VARS"]
 
@@ -151,7 +151,7 @@ class WorkerGroup:
         self.engine_wedged_seconds = engine_wedged_seconds
         self.lane_sndhwm = lane_sndhwm
         self.log_level = log_level
-        self.log_format = log_format  # workers.log_format: the engine and its ranks log as the launcher does
+        self.log_format = log_format  # common.log_format: the engine and its ranks log as the launcher does
         sweep_stale_ipc_dirs()  # those of workers whose processes were all killed before they could clean up
         self.paths = make_ipc_dir()
         record_owner(self.paths.dir, os.getpid())

@@ -73,7 +73,7 @@ class EngineRequest(msgspec.Struct, frozen=True, omit_defaults=True, array_like=
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_time: float = 0.0  # frontend's time.time() when the request arrived
-    # The HTTP request's x-request-id: the engine's log lines about this request name it (workers.log_format).
+    # The HTTP request's x-request-id: the engine's log lines about this request name it (common.log_format).
     x_request_id: str | None = None
 
 
@@ -220,7 +220,7 @@ class AddRemoteRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, t
 
 
 class AddResumedRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="add_resumed"):
-    """A stream migrated from a worker that failed mid-answer (``frontends.disaggregation``):
+    """A stream migrated from a worker that failed mid-answer (``api.disaggregation``):
     prefill the prompt and ``output_token_ids`` (the tokens another engine already sampled), then
     decode on from there as if this engine had sampled them: they count toward ``max_tokens``
     and the sampling positions, the grammar is advanced past them, and they are not reported again."""

@@ -37,7 +37,7 @@ from workers.config import EngineConfig
 from workers.rank_env import RankEnv
 from workers.rank_link import FollowerLink, RankLost
 from workers.kv_transfer import DisaggEngineSpec
-from workers.log_format import LOG_FORMATS, configure_logging
+from common.log_format import LOG_FORMATS, configure_logging
 from workers.rank_protocol import (
     RankAbortPull,
     RankFailed,

@@ -24,7 +24,7 @@ import msgspec
 
 from workers.config import ConfigError, EngineConfig
 from workers.ipc import write_private_file
-from workers.processes import stop_processes
+from common.processes import stop_processes
 from workers.rank_env import RankEnv
 
 __all__ = ["RankPlan", "plan_ranks", "rank_link_key", "LocalFollowers", "free_port"]

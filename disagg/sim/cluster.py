@@ -32,7 +32,7 @@ from orchestrator.kv_index import KVIndex
 from orchestrator.kv_pool import choose_prefix
 from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
 from workers.config import EngineConfig
-from workers.engine.block_hash import compute_block_hashes
+from common.block_hash import compute_block_hashes
 from workers.engine.scheduler import KVPull
 from workers.protocol import EngineRequest, RequestOutput
 from workers.sampling_params import SamplingParams

@@ -80,7 +80,7 @@ def run_simulate_command(args: argparse.Namespace) -> int:
     from disagg.bench.report import summary_lines, write_result
     from disagg.bench.trace_replay import trace_lines, trace_result
     from disagg.deploy_config import load_deploy_config
-    from workers.config import ConfigError
+    from common.config_errors import ConfigError
 
     try:
         config = load_deploy_config(args.config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from frontends.tokenizer import Tokenizer
+from api.tokenizer import Tokenizer
 from http_harness import live_harness, make_harness
 
 

@@ -13,8 +13,8 @@ import httpx
 import uvicorn
 
 from frontends.app import build_app
-from frontends.serving import FrontendConfig
-from frontends.tokenizer import Tokenizer
+from api.serving import FrontendConfig
+from api.tokenizer import Tokenizer
 from frontends.worker_app import make_attached_app, make_launcher_app
 from inproc_engine import InprocEngineClient, make_synthetic_core
 from workers.attach import AttachInfo

@@ -15,8 +15,8 @@ import itertools
 import time
 from typing import Any, AsyncIterator, Callable
 
-from frontends.admission import QueueBound
-from frontends.errors import EngineDeadError
+from api.admission import QueueBound
+from api.errors import EngineDeadError
 from workers.config import CacheConfig, EngineConfig, SyntheticConfig
 from workers.engine.core import EngineCore
 from workers.engine.synthetic import SyntheticExecutor

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from frontends.perf_records import FLUSH_SECONDS
-from frontends.route_table import unclassified_routes
+from api.route_table import unclassified_routes
 from http_harness import worker_apps
 from worker_process import start_worker, stop_worker
 

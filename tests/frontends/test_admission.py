@@ -1,4 +1,4 @@
-"""Admission control at a worker (``frontends.admission``), over real sockets.
+"""Admission control at a worker (``api.admission``), over real sockets.
 
 1,000 connections are open to a worker whose limit is 64; 200 of them post a
 generation request at once. The worker admits 64, answers the rest 429 with
@@ -101,7 +101,7 @@ def test_anthropic_refusal_is_529_overloaded_error(tiny_model_dir):
 
 def test_the_limit_is_shared_by_the_frontends_and_configured_from_the_yaml():
     from disagg.deploy_config import EngineSettings
-    from frontends.admission import per_frontend_limit
+    from api.admission import per_frontend_limit
     from workers.config import ConfigError
 
     assert per_frontend_limit(64, 1) == 64 and per_frontend_limit(64, 3) == 22 and per_frontend_limit(2, 8) == 1
@@ -112,8 +112,8 @@ def test_the_limit_is_shared_by_the_frontends_and_configured_from_the_yaml():
 
 
 def test_the_queue_bound_refuses_past_requests_or_tokens_and_counts_by_limit():
-    from frontends.admission import Limit, OverloadedError, QueueBound
-    from frontends.errors import http_error
+    from api.admission import Limit, OverloadedError, QueueBound
+    from api.errors import http_error
 
     refused: list[str] = []
     bound = QueueBound(2, 100, "this worker", refused.append)

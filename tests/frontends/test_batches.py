@@ -18,9 +18,9 @@ import pytest_asyncio
 import uvicorn
 
 from frontends.app import build_app
-from frontends.batches import BATCHES_FILE, BatchRunner, BatchStore, EngineBatchExecutor, batch_routes
-from frontends.batches.store import BatchStoreBusyError
-from frontends.serving import FrontendConfig, ServingContext
+from api.batches import BATCHES_FILE, BatchRunner, BatchStore, EngineBatchExecutor, batch_routes
+from api.batches.store import BatchStoreBusyError
+from api.serving import FrontendConfig, ServingContext
 from http_harness import MAX_MODEL_LEN
 from inproc_engine import InprocEngineClient, make_synthetic_core
 
@@ -331,7 +331,7 @@ async def test_a_second_store_on_the_same_file_is_refused(worker):
 
 
 async def test_batches_do_not_import_torch():
-    code = "import sys, frontends.batches\nprint(sorted(m for m in ('torch', 'pydantic') if m in sys.modules))"
+    code = "import sys, api.batches\nprint(sorted(m for m in ('torch', 'pydantic') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout.strip()) == (0, "[]"), result.stderr
 

@@ -8,9 +8,9 @@ import pytest
 import tokenizers
 from tokenizers import models
 
-from frontends.byte_detokenizer import ByteLevelDetokenizer, token_byte_table
-from frontends.detokenizer import IncrementalDetokenizer, make_detokenizer
-from frontends.tokenizer import Tokenizer
+from api.byte_detokenizer import ByteLevelDetokenizer, token_byte_table
+from api.detokenizer import IncrementalDetokenizer, make_detokenizer
+from api.tokenizer import Tokenizer
 
 TEXTS = ["Café 你好，世界！ 😀 🚀 done", "plain ascii, with  spaces\nand lines", "ok 😀"]
 

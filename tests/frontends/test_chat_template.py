@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from frontends.tokenizer import ChatTemplateError, Tokenizer
+from api.tokenizer import ChatTemplateError, Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The chat templates' environment renders as jinja2's own sandbox does, and refuses what it refuses
-(frontends.chat_template_env: a macro's and a dict method's call skip the sandbox's per-call checks)."""
+(api.chat_template_env: a macro's and a dict method's call skip the sandbox's per-call checks)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-from frontends.chat_template_env import compile_template, template_environment
+from api.chat_template_env import compile_template, template_environment
 from workers.engine.model.tiny_tokenizer import CHAT_TEMPLATE
 
 _MACROS = """\

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from frontends.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from frontends.tokenizer import Tokenizer
+from api.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from api.tokenizer import Tokenizer
 
 MULTIBYTE_TEXT = "Café 你好，世界！ 😀 🚀 done"
 

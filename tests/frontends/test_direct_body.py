@@ -1,4 +1,4 @@
-"""Middle SSE frames written straight to the transport (frontends.direct_body): the same bytes
+"""Middle SSE frames written straight to the transport (api.direct_body): the same bytes
 as through uvicorn's send, nothing written while the transport is paused, a client that goes
 away still aborts the request in the engine, and the connection serves the next request."""
 
@@ -15,8 +15,8 @@ import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from frontends.direct_body import DirectBody, offer_direct_body
-from frontends.header_limit import http_protocol
+from api.direct_body import DirectBody, offer_direct_body
+from api.header_limit import http_protocol
 from http_harness import make_harness
 
 BODY = {"model": "tiny-test", "messages": [{"role": "user", "content": "Tell me a story."}],
@@ -46,7 +46,7 @@ class RecordingTransport:
 
 async def serve_in_cycle(app, body: bytes, direct: bool, transport: RecordingTransport) -> RequestResponseCycle:
     """One request through uvicorn's real ``RequestResponseCycle`` over ``transport``, offering the
-    direct body as ``frontends.header_limit``'s protocol does (or not)."""
+    direct body as ``api.header_limit``'s protocol does (or not)."""
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
              "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),

@@ -498,7 +498,7 @@ def test_logprobs_cover_every_token_including_the_ctx_legs_first(workers, stream
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_gen_leg_reports_the_ctx_legs_cached_tokens(workers, stream):
-    """Cached prompt tokens of a disaggregated request are the ctx leg's hits (frontends.disaggregation)."""
+    """Cached prompt tokens of a disaggregated request are the ctx leg's hits (api.disaggregation)."""
     ctx_url, gen_url = workers
     prompt = f"A prompt that only the ctx worker has seen before ({stream})" * 2
     post(ctx_url, "/v1/completions", completion(prompt))  # the ctx worker caches it; the gen worker never saw it

@@ -1,4 +1,4 @@
-"""frontends.streaming.DisconnectWatch: a client that leaves cancels the request's task, without a task
+"""api.streaming.DisconnectWatch: a client that leaves cancels the request's task, without a task
 of its own; stopping the watch leaves the request alone and closes what it awaited."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from frontends.streaming import DisconnectWatch
+from api.streaming import DisconnectWatch
 
 pytestmark = pytest.mark.asyncio
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from frontends.engine_client import EngineClient
-from frontends.errors import EngineDeadError, EngineUnresponsiveError
+from api.errors import EngineDeadError, EngineUnresponsiveError
 from workers.config import EngineConfig, SyntheticConfig
 from workers.launcher import WorkerGroup
 from workers.protocol import EngineHealth, HealthPing

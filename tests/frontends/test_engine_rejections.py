@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from frontends.errors import EngineFailedError, InvalidRequestError, http_error
-from frontends.generation import rejection
+from api.errors import EngineFailedError, InvalidRequestError, http_error
+from api.generation import rejection
 from workers.protocol import CLIENT_REJECTIONS, FinishReason, RejectReason, RequestOutput
 
 

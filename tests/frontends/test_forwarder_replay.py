@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from frontends.serving import FrontendConfig
+from api.serving import FrontendConfig
 from frontends.worker_app import make_attached_app
 from workers.attach import AttachInfo
 from workers.protocol import EngineInfo

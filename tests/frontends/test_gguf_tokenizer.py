@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from frontends.tokenizer import Tokenizer
+from api.tokenizer import Tokenizer
 
 TEXTS = [
     "What is the capital of France?",
@@ -75,7 +75,7 @@ def test_chat_template_equals_apply_chat_template(tokenizers_pair, index):
 
 
 def test_gguf_tokenizer_imports_no_torch(smollm2_gguf):
-    code = (f"import sys\nfrom frontends.tokenizer import Tokenizer\n"
+    code = (f"import sys\nfrom api.tokenizer import Tokenizer\n"
             f"t = Tokenizer.from_model_path({str(smollm2_gguf)!r})\nassert t.encode('hi')\n"
             "print(','.join(sorted(m for m in ('torch', 'transformers') if m in sys.modules)))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

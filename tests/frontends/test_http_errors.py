@@ -193,7 +193,7 @@ async def test_unexpected_engine_failure_is_a_shaped_error_not_a_crash(harness):
         raise RuntimeError("boom")
         yield  # pragma: no cover - makes this an async generator
 
-    def broken_open_stream(*args, **kwargs):  # the streamed path (frontends.push_stream)
+    def broken_open_stream(*args, **kwargs):  # the streamed path (api.push_stream)
         raise RuntimeError("boom")
 
     harness.client.generate = broken_generate

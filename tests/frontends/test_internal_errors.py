@@ -14,8 +14,8 @@ import anthropic
 import openai
 import pytest
 
-import frontends.errors
-from frontends.errors import FrontendError, http_error
+import api.errors
+from api.errors import FrontendError, http_error
 from workers.protocol import EngineRequest
 from workers.sampling_params import ParamError, SamplingParams
 
@@ -95,8 +95,8 @@ async def test_engine_value_error_is_a_logged_500_sdks(broken_server, caplog):
 
 
 # Every module that defines a FrontendError subclass: imported so that __subclasses__ sees them all.
-ERROR_MODULES = ("frontends.admission", "frontends.disaggregation", "frontends.generation", "frontends.header_limit",
-                 "frontends.responses.api", "orchestrator.errors")
+ERROR_MODULES = ("api.admission", "api.disaggregation", "api.generation", "api.header_limit",
+                 "api.responses.api", "orchestrator.errors")
 
 
 def test_the_error_tree_docstring_lists_every_class():
@@ -106,6 +106,6 @@ def test_the_error_tree_docstring_lists_every_class():
     def subclasses(cls: type) -> set[type]:
         return {cls, *(sub for direct in cls.__subclasses__() for sub in subclasses(direct))}
 
-    doc = frontends.errors.__doc__ or ""
+    doc = api.errors.__doc__ or ""
     missing = sorted(cls.__name__ for cls in subclasses(FrontendError) | {ParamError} if f" {cls.__name__} " not in doc)
-    assert not missing, f"frontends/errors.py's docstring does not list {missing}"
+    assert not missing, f"api/errors.py's docstring does not list {missing}"

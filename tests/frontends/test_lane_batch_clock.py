@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from frontends import engine_client
-from frontends.admission import QueueBound
+from api.admission import QueueBound
 from frontends.engine_client import EngineClient
 from workers.client_ids import ClientIdAllocator
 from workers.ipc import FrameCodec

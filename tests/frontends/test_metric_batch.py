@@ -1,4 +1,4 @@
-"""Batched Prometheus writes (``frontends.metric_batch``) and a frontend's request metrics through them."""
+"""Batched Prometheus writes (``api.metric_batch``) and a frontend's request metrics through them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from frontends.metric_batch import MetricBatch, observe_all
+from api.metric_batch import MetricBatch, observe_all
 from frontends.prometheus import FLUSH_SECONDS, FrontendMetrics
 from workers.protocol import PerfRecord
 

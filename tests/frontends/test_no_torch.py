@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 MODULES = [
-    "frontends.app", "frontends.openai_api", "frontends.anthropic_api", "frontends.generation",
-    "frontends.detokenizer", "frontends.tokenizer", "frontends.errors", "frontends.streaming",
-    "frontends.engine_client", "frontends.server",
-    "frontends.admin_forwarder", "frontends.launcher_routes", "frontends.route_table", "frontends.prometheus",
+    "frontends.app", "api.openai_api", "api.anthropic_api", "api.generation",
+    "api.detokenizer", "api.tokenizer", "api.errors", "api.streaming",
+    "frontends.engine_client", "api.server",
+    "frontends.admin_forwarder", "frontends.launcher_routes", "api.route_table", "frontends.prometheus",
     "frontends.perf_records", "frontends.watchdog", "frontends.worker_app",
 ]
 
@@ -29,8 +29,8 @@ def test_frontend_modules_do_not_import_torch():
 
 def test_the_opentelemetry_sdk_loads_only_when_tracing_is_on():
     """Tracing off (the default), a request's path holds ``tracing = None``: the SDK and exporter,
-    imported inside ``frontends.tracing.Tracing``, are never loaded by the apps' modules."""
-    modules = [*MODULES, "frontends.tracing", "frontends.request_context", "orchestrator.app", "orchestrator.server",
+    imported inside ``api.tracing.Tracing``, are never loaded by the apps' modules."""
+    modules = [*MODULES, "api.tracing", "api.request_context", "orchestrator.app", "orchestrator.server",
                "orchestrator.request_end", "orchestrator.fast_http", "disagg.serve"]
     code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + (
         "print(','.join(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter')))))\n"

@@ -12,12 +12,12 @@ import json
 import msgspec
 import pytest
 
-from frontends.batches import BatchStore
-from frontends.batches.files import FileStore
-from frontends.batches.openai_batches import OpenAIBatches
-from frontends.batches.openai_lines import response_line
-from frontends.batches.openai_schemas import CreateBatchBody, InputLine
-from frontends.batches.openai_store import Stage
+from api.batches import BatchStore
+from api.batches.files import FileStore
+from api.batches.openai_batches import OpenAIBatches
+from api.batches.openai_lines import response_line
+from api.batches.openai_schemas import CreateBatchBody, InputLine
+from api.batches.openai_store import Stage
 
 
 

@@ -1,4 +1,4 @@
-"""Long chat pieces tokenized once and kept by their text (frontends.piece_cache)."""
+"""Long chat pieces tokenized once and kept by their text (api.piece_cache)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from frontends.metric_batch import MetricBatch
-from frontends.piece_cache import MIN_CHARS, PieceCache, count_lookups
-from frontends.prompt_segments import PromptSegments
-from frontends.tokenizer import Tokenizer
+from api.metric_batch import MetricBatch
+from api.piece_cache import MIN_CHARS, PieceCache, count_lookups
+from api.prompt_segments import PromptSegments
+from api.tokenizer import Tokenizer
 from workers.engine.model.tiny_tokenizer import CHAT_TEMPLATE
 
 _FRAGMENTS = ("Tell", " me", " a story.", " ", "\n", "\n\n", "user", "assistant", "<|", "|>", "_id",

@@ -1,4 +1,4 @@
-"""The one preparation path (``frontends.prepare``), the same for every API: a disaggregated leg
+"""The one preparation path (``api.prepare``), the same for every API: a disaggregated leg
 is checked before the prompt is read, a gen leg runs on its signed ids, a ctx leg samples one
 token, and the leg is the generation's output hook.
 
@@ -15,14 +15,14 @@ from contextlib import aclosing
 import msgspec
 import pytest
 
-from frontends.anthropic_api import MessagesApi
-from frontends.disaggregation import DisaggConfig
-from frontends.errors import InvalidRequestError, PromptTooLongError
-from frontends.openai_api import ChatApi, CompletionApi
-from frontends.prepare import ApiRequest, check_request, prepare_request
-from frontends.schemas_anthropic import MessagesRequest
-from frontends.schemas_openai import ChatCompletionRequest, CompletionRequest
-from frontends.serving import FrontendConfig, ServingContext
+from api.anthropic_api import MessagesApi
+from api.disaggregation import DisaggConfig
+from api.errors import InvalidRequestError, PromptTooLongError
+from api.openai_api import ChatApi, CompletionApi
+from api.prepare import ApiRequest, check_request, prepare_request
+from api.schemas_anthropic import MessagesRequest
+from api.schemas_openai import ChatCompletionRequest, CompletionRequest
+from api.serving import FrontendConfig, ServingContext
 from inproc_engine import InprocEngineClient, make_synthetic_core
 from workers.disagg_params import RequestType, signed_params
 

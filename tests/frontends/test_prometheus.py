@@ -67,7 +67,7 @@ async def test_counters_of_all_frontends_sum_in_every_scrape(worker):
 
 @pytest.mark.asyncio
 async def test_long_chat_pieces_are_tokenized_once_per_frontend_and_counted(worker):
-    system = "You are a careful assistant. " * 24  # one piece of ~700 characters: kept (frontends.piece_cache)
+    system = "You are a careful assistant. " * 24  # one piece of ~700 characters: kept (api.piece_cache)
     served = []
     async with httpx.AsyncClient(base_url=worker, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as http:
         for i in range(12):
@@ -85,7 +85,7 @@ async def test_long_chat_pieces_are_tokenized_once_per_frontend_and_counted(work
 
 @pytest.mark.asyncio
 async def test_every_process_reports_its_own_process_figures_and_the_build(worker):
-    from frontends.process_metrics import SAMPLE_SECONDS
+    from api.process_metrics import SAMPLE_SECONDS
 
     await asyncio.sleep(SAMPLE_SECONDS + 0.5)  # every frontend has sampled itself at least once
     async with httpx.AsyncClient(base_url=worker, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as http:

@@ -1,4 +1,4 @@
-"""A chat prompt tokenized piece by piece gives the tokenizer's own ids (frontends.prompt_segments)."""
+"""A chat prompt tokenized piece by piece gives the tokenizer's own ids (api.prompt_segments)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import random
 import pytest
 import tokenizers
 
-from frontends.prompt_segments import PromptSegments
-from frontends.tokenizer import Tokenizer
+from api.prompt_segments import PromptSegments
+from api.tokenizer import Tokenizer
 from workers.engine.model.tiny_tokenizer import CHAT_TEMPLATE
 
 # Llama-3's and Qwen2's pre-tokenizer regex: a Split before a ByteLevel without its own regex.

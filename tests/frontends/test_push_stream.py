@@ -1,4 +1,4 @@
-"""Streams pushed from the engine client's reader (frontends.push_stream): the same bytes as
+"""Streams pushed from the engine client's reader (api.push_stream): the same bytes as
 pulled, in order, when the transport pushes back; the pulled stream stays for wrappers."""
 
 from __future__ import annotations

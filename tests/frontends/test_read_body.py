@@ -1,4 +1,4 @@
-"""``read_body`` reads what Starlette's ``Request.body()`` reads, and fails as it does (frontends.body_limit)."""
+"""``read_body`` reads what Starlette's ``Request.body()`` reads, and fails as it does (api.body_limit)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from starlette.requests import ClientDisconnect, Request
 
-from frontends.body_limit import limit_body, read_body
-from frontends.errors import RequestTooLargeError
+from api.body_limit import limit_body, read_body
+from api.errors import RequestTooLargeError
 
 
 def _receive(messages: list[dict]):

@@ -1,10 +1,10 @@
-"""frontends.request_headers: the scope scan answers as Starlette's ``request.headers.get`` does."""
+"""api.request_headers: the scope scan answers as Starlette's ``request.headers.get`` does."""
 
 from __future__ import annotations
 
 from starlette.requests import Request
 
-from frontends.request_headers import X_REQUEST_ID, header_value
+from api.request_headers import X_REQUEST_ID, header_value
 
 
 def test_the_first_value_decoded_as_latin1_or_none_as_starlette_does():

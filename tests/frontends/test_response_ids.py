@@ -1,4 +1,4 @@
-"""frontends.response_ids: answer ids keep uuid4's shape and never repeat."""
+"""api.response_ids: answer ids keep uuid4's shape and never repeat."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from frontends.response_ids import ResponseIds
+from api.response_ids import ResponseIds
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
 

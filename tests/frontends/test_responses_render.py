@@ -8,10 +8,10 @@ import asyncio
 import msgspec
 import pytest
 
-from frontends.errors import InvalidRequestError
-from frontends.responses import ResponseEventStream, ResponseStore, ResponseTurn
-from frontends.responses.schemas import ResponsesRequest, StoredResponse
-from frontends.responses.translate import chat_body, parse_input, validate_request
+from api.errors import InvalidRequestError
+from api.responses import ResponseEventStream, ResponseStore, ResponseTurn
+from api.responses.schemas import ResponsesRequest, StoredResponse
+from api.responses.translate import chat_body, parse_input, validate_request
 
 
 def request(**fields) -> ResponsesRequest:

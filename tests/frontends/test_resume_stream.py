@@ -1,7 +1,7 @@
 """A resumed stream (``disaggregated_params.request_type: resume``, orchestrator.migration) writes
 exactly what the uninterrupted stream wrote after the cut, whatever write it is cut after: the
 worker replays the carried tokens through its detokenizer, stop strings and encoder unwritten.
-Marks (``frontends.stream_marks``) name each write's tokens; unmarked streams carry none."""
+Marks (``api.stream_marks``) name each write's tokens; unmarked streams carry none."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from frontends.stream_marks import MARKS_HEADER, MarkReader
+from api.stream_marks import MARKS_HEADER, MarkReader
 
 pytestmark = pytest.mark.asyncio
 

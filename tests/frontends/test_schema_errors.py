@@ -8,7 +8,7 @@ import json
 import pytest
 from llguidance import LLMatcher
 
-from frontends.schema_errors import describe_unsupported
+from api.schema_errors import describe_unsupported
 
 
 def reason(schema: dict) -> str:

@@ -79,7 +79,7 @@ async def test_logit_bias_values_are_clamped_like_openai(harness):
 
 
 async def test_logit_bias_pairs_are_sorted_ids_with_clamped_values():
-    from frontends.structured import logit_bias_pairs
+    from api.structured import logit_bias_pairs
 
     assert logit_bias_pairs({"7": 250, "3": -1e6, "5": 0.5}, 512) == ((3, -100.0), (5, 0.5), (7, 100.0))
 

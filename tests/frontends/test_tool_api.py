@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from frontends.anthropic_api import message_prompt_ids
-from frontends.schemas_anthropic import MessagesRequest
-from frontends.tool_prompt import PromptContext
+from api.anthropic_api import message_prompt_ids
+from api.schemas_anthropic import MessagesRequest
+from api.tool_prompt import PromptContext
 
 pytestmark = pytest.mark.asyncio
 

@@ -3,7 +3,7 @@ model) with the official SDKs: forced tool calls come back parsed and valid, the
 in the history, and the next turn runs.
 
 The tiny model's template writes Llama-3 JSON calls; the grammar that forces them is built by
-``frontends.tool_calls`` and enforced by the engine, so even random weights produce a call whose
+``api.tool_calls`` and enforced by the engine, so even random weights produce a call whose
 arguments validate against the tool's schema.
 """
 

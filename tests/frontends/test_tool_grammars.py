@@ -13,9 +13,9 @@ import jsonschema
 import pytest
 from llguidance import LLMatcher, LLTokenizer
 
-from frontends.errors import InvalidRequestError
-from frontends.tool_calls import AUTO, NAMED, REQUIRED, ToolPolicy, check_tool_schemas, tool_spec
-from frontends.tool_parsers import ParsedCall, ToolCallParser, tool_syntax
+from api.errors import InvalidRequestError
+from api.tool_calls import AUTO, NAMED, REQUIRED, ToolPolicy, check_tool_schemas, tool_spec
+from api.tool_parsers import ParsedCall, ToolCallParser, tool_syntax
 
 WEATHER = {
     "type": "object",

@@ -7,7 +7,7 @@ import pytest
 import json
 import time
 
-from frontends.tool_parsers import ArgumentsDelta, CallHead, CutCall, ParsedCall, TextDelta, ToolCallParser, \
+from api.tool_parsers import ArgumentsDelta, CallHead, CutCall, ParsedCall, TextDelta, ToolCallParser, \
     detect_tool_syntax, tool_syntax
 from workers.engine.model.tiny_tokenizer import CHAT_TEMPLATE
 
@@ -164,7 +164,7 @@ def test_a_long_call_streamed_in_small_chunks_costs_its_length_once(name, stream
 def test_token_by_token_through_the_detokenizer(tokenizer, name, output, text, calls):
     """As a generation streams them: the tiny model's byte-level tokens, one per piece (multi-byte
     characters split across tokens, special tokens such as <|python_tag|> dropped by the detokenizer)."""
-    from frontends.detokenizer import IncrementalDetokenizer
+    from api.detokenizer import IncrementalDetokenizer
 
     token_ids = tokenizer.encode(output, add_special_tokens=False)
     detokenizer = IncrementalDetokenizer(tokenizer, [])

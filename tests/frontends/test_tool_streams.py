@@ -8,13 +8,13 @@ import json
 
 import pytest
 
-from frontends.anthropic_tools import ToolUseMessageStream, message_content
-from frontends.generation import Generation, Piece
-from frontends.openai_api import _ChatStream
-from frontends.openai_tools import ToolCallChatStream, chat_message
-from frontends.schemas_anthropic import MessageEventEncoder
-from frontends.schemas_openai import ChatChunkEncoder
-from frontends.tool_parsers import ToolCallParser, tool_syntax
+from api.anthropic_tools import ToolUseMessageStream, message_content
+from api.generation import Generation, Piece
+from api.openai_api import _ChatStream
+from api.openai_tools import ToolCallChatStream, chat_message
+from api.schemas_anthropic import MessageEventEncoder
+from api.schemas_openai import ChatChunkEncoder
+from api.tool_parsers import ToolCallParser, tool_syntax
 from workers.sampling_params import SamplingParams
 
 ANSWER = ('Checking both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'

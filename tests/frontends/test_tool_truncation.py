@@ -17,16 +17,16 @@ from anthropic.lib.streaming._messages import accumulate_event
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from frontends.anthropic_tools import ToolUseMessageStream, message_content
-from frontends.generation import Generation, Piece
-from frontends.openai_api import _ChatStream
-from frontends.openai_tools import ToolCallChatStream, chat_message
-from frontends.responses.render import ResponseEventStream, ResponseTurn
-from frontends.responses.schemas import ResponsesRequest
-from frontends.schemas_anthropic import MessageEventEncoder
-from frontends.schemas_openai import ChatChunkEncoder
-from frontends.tool_parsers import CutCall, ToolCallParser, tool_syntax
-from frontends.tool_parsers.partial_json import partial_object
+from api.anthropic_tools import ToolUseMessageStream, message_content
+from api.generation import Generation, Piece
+from api.openai_api import _ChatStream
+from api.openai_tools import ToolCallChatStream, chat_message
+from api.responses.render import ResponseEventStream, ResponseTurn
+from api.responses.schemas import ResponsesRequest
+from api.schemas_anthropic import MessageEventEncoder
+from api.schemas_openai import ChatChunkEncoder
+from api.tool_parsers import CutCall, ToolCallParser, tool_syntax
+from api.tool_parsers.partial_json import partial_object
 from workers.sampling_params import SamplingParams
 
 TOOLS = ("get_weather", "get_time")
@@ -168,14 +168,14 @@ def test_a_call_cut_inside_its_closing_tag_is_whole():
 def test_a_call_cut_before_its_name_is_dropped_and_logged(fmt, caplog):
     output = tool_syntax(fmt).render_calls([("get_time", {"tz": "UTC"})])
     opener_end = output.index('"name"') + len('"name": "get')
-    caplog.set_level(logging.DEBUG, logger="frontends.tool_parsers.base")
+    caplog.set_level(logging.DEBUG, logger="api.tool_parsers.base")
     message, num_calls = chat_message(output[:opener_end], parser(fmt, True, False), "length")
     assert (message, num_calls) == ({"role": "assistant", "content": ""}, 0)
     assert "cut before its name" in caplog.text
 
 
 def test_a_cut_call_is_logged_with_its_arguments_so_far(caplog):
-    caplog.set_level(logging.DEBUG, logger="frontends.tool_parsers.base")
+    caplog.set_level(logging.DEBUG, logger="api.tool_parsers.base")
     events = parser("hermes", True, False).parse('<tool_call>\n{"name": "get_time", "arguments": {"tz": "U', cut=True)
     assert events == [CutCall(0, "get_time", '{"tz": "U')] and events[0].arguments == {}
     assert "tool call 0 (get_time) cut after 9 characters of arguments" in caplog.text

@@ -12,7 +12,7 @@ import subprocess
 import httpx
 import pytest
 
-from frontends.api_key import KeyFileError, RequiredKey, read_key_file
+from api.api_key import KeyFileError, RequiredKey, read_key_file
 from worker_process import start_worker, stop_worker, worker_log, write_private_file
 
 # Every route family of a worker: generation, the client surface, the launcher-owned drains and

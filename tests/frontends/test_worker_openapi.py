@@ -16,8 +16,8 @@ import jsonschema
 import openapi_spec_validator
 import pytest
 
-from frontends.openapi import undocumented_routes, unserved_docs
-from frontends.openapi_routes import WORKER_DOCS
+from api.openapi import undocumented_routes, unserved_docs
+from api.openapi_routes import WORKER_DOCS
 from http_harness import worker_apps
 from openapi_check import CalledModules, call_checked, check_answer, documented, operation_problems
 from worker_process import start_worker, stop_worker

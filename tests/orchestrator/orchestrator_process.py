@@ -21,7 +21,7 @@ import httpx
 
 from orchestrator.readiness import health_progress
 from orchestrator.server import READY_MESSAGE
-from workers.processes import stop_process
+from common.processes import stop_process
 from worker_process import free_port
 
 __all__ = ["start_orchestrator", "stop_orchestrator", "wait_until", "orchestrator_log", "STARTED"]

@@ -12,7 +12,7 @@ from orchestrator_process import start_orchestrator, stop_orchestrator
 from worker_process import start_worker, stop_worker
 
 MiB = 1024 * 1024
-LIMIT = 16 * MiB  # frontends.body_limit.DEFAULT_MAX_REQUEST_BYTES
+LIMIT = 16 * MiB  # api.body_limit.DEFAULT_MAX_REQUEST_BYTES
 
 
 @pytest.fixture(scope="module")

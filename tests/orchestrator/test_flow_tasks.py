@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from frontends.streaming import ClientDisconnected, run_until_disconnect
+from api.streaming import ClientDisconnected, run_until_disconnect
 from orchestrator.errors import RequestTimeoutError, UpstreamRejected
 from orchestrator.flow import within
 

@@ -9,7 +9,7 @@ import httpx
 import msgspec
 import pytest
 
-from frontends.tokenizer import Tokenizer
+from api.tokenizer import Tokenizer
 from orchestrator_process import start_orchestrator, stop_orchestrator
 from worker_process import rss_mb, start_worker, stop_worker
 
@@ -44,7 +44,7 @@ BODIES = {
 @pytest.mark.parametrize("where", ["worker", "orchestrator"])
 def test_memory_goes_back_after_the_first_10_mb_prompt(stack, where):
     """No warm-up: the process's RSS before it ever saw a large body is the bar (it stayed ~30 MB
-    above it for good before ``frontends.memory`` trimmed the heap after large bodies)."""
+    above it for good before ``api.memory`` trimmed the heap after large bodies)."""
     url, pid = stack[where]
     payload = msgspec.json.encode({"model": "tiny-test", "messages": [{"role": "user", "content": "x" * 10_000_000}]})
     with httpx.Client(timeout=30) as http:

@@ -10,7 +10,7 @@ from orchestrator.prompt import ParsedRequest
 from orchestrator.registry import WorkerRecord
 from orchestrator.view import ClusterView
 from workers.disagg_params import DisaggParams, RequestType
-from workers.engine.block_hash import compute_block_hashes
+from common.block_hash import compute_block_hashes
 
 PROMPT = list(range(100, 260))  # 160 tokens: 10 blocks of 16, the last one never fetched (its last token)
 HASHES = list(compute_block_hashes(PROMPT, 16, 0))

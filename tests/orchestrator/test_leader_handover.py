@@ -18,7 +18,7 @@ from orchestrator_process import start_orchestrator, stop_orchestrator, wait_unt
 from worker_process import start_worker, stop_worker
 
 from orchestrator.leadership import read_leader
-from workers.processes import pid_alive
+from common.processes import pid_alive
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from frontends.tokenizer import Tokenizer
+from api.tokenizer import Tokenizer
 from orchestrator.prompt import ctx_leg_body, parse_request
 from orchestrator.validation import RequestValidator
 from workers.http_protocol import CtxAnswer
@@ -45,7 +45,7 @@ class StandIn:
                 return Response(b'{"error": {"message": "boom"}}', status_code=500)
             if self.mode == "reject" and "disaggregated_params" in body:
                 return Response(b'{"error": {"message": "no legs here"}}', status_code=400)
-            if self.mode == "no_legs" and "disaggregated_params" in body:  # no cluster key (frontends.disaggregation)
+            if self.mode == "no_legs" and "disaggregated_params" in body:  # no cluster key (api.disaggregation)
                 return Response(b'{"error": {"message": "this worker does not serve disaggregated requests", '
                                 b'"param": "disaggregated_params"}}', status_code=400)
             params = body.get("disaggregated_params") or {}
@@ -55,7 +55,7 @@ class StandIn:
                 return Response(msgspec.json.encode({
                     "id": "cmpl-ctx", "choices": [{"index": 0, "text": "A", "finish_reason": "stop"}],
                     "disaggregated_params": answer_params,
-                    # A leg sent its prompt ids gets none back (frontends.disaggregation); else its own.
+                    # A leg sent its prompt ids gets none back (api.disaggregation); else its own.
                     **({} if params.get("prompt_token_ids") else {"prompt_token_ids": [7, 8]})}))
             if body.get("stream"):
                 async def frames():

@@ -24,7 +24,7 @@ from orchestrator_process import wait_until
 from test_up import disagg, write_deployment
 from worker_process import free_port
 
-from workers.processes import pid_alive, stop_process
+from common.processes import pid_alive, stop_process
 
 pytestmark = pytest.mark.slow
 

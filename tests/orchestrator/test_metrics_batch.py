@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from frontends.piece_cache import PieceCache
+from api.piece_cache import PieceCache
 from orchestrator.metrics import FLUSH_SECONDS, Metrics
 
 VALUES = [0.001, 0.005, 0.0051, 0.3, 0.25, 7.0, 400.0, 0.0]  # bucket bounds, between them, past the last

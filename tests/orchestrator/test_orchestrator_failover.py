@@ -26,7 +26,7 @@ from worker_process import free_port
 
 from orchestrator.process_records import read_keeper, read_records
 from workers.engine.model.tiny import make_tiny_model
-from workers.processes import pid_alive
+from common.processes import pid_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # 20 kills, each respawn a process start
 

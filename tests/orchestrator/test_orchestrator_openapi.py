@@ -13,8 +13,8 @@ import httpx
 import openapi_spec_validator
 import pytest
 
-from frontends.openapi import undocumented_routes, unserved_docs
-from frontends.tokenizer import Tokenizer
+from api.openapi import undocumented_routes, unserved_docs
+from api.tokenizer import Tokenizer
 from openapi_check import CalledModules, call_checked, documented, operation_problems, operations
 from orchestrator.app import Orchestrator, build_app
 from orchestrator.config import OrchestratorConfig

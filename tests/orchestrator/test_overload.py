@@ -1,4 +1,4 @@
-"""Overload is refused early, not queued forever (``frontends.admission``), over real processes.
+"""Overload is refused early, not queued forever (``api.admission``), over real processes.
 
 Two workers (synthetic engine, 30 ms decode steps, 2 sequences a batch, a queue bound of 2
 requests, no concurrent-request limit: only the queue bound refuses) behind one orchestrator

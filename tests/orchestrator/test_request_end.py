@@ -47,7 +47,7 @@ def test_sample_ratio_zero_traces_only_what_a_client_asked_to_be_traced():
     import time
     from collections import deque
 
-    from frontends.tracing import Tracing
+    from api.tracing import Tracing
     from orchestrator.request_end import RequestEnds
     from orchestrator.state_protocol import RequestTrace
 

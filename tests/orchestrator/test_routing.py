@@ -11,7 +11,7 @@ from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ct
 from orchestrator.state_protocol import Snapshot
 from orchestrator.view import ClusterView
 from workers.http_protocol import KVEventEntry, decode_kv_events
-from workers.engine.block_hash import compute_block_hashes
+from common.block_hash import compute_block_hashes
 
 REQ = RouteRequest(num_tokens=64)
 

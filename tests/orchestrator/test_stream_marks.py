@@ -1,11 +1,11 @@
-"""The orchestrator's reading of a marked stream (frontends.stream_marks, orchestrator.migration):
+"""The orchestrator's reading of a marked stream (api.stream_marks, orchestrator.migration):
 whole writes only, marks stripped, however the bytes are cut; a 5xx error event is not relayed."""
 
 from __future__ import annotations
 
 import random
 
-from frontends.stream_marks import MarkReader, StreamMark, encode_mark
+from api.stream_marks import MarkReader, StreamMark, encode_mark
 
 WRITES = [(b'data: {"a":1}\n\ndata: {"b":2}\n\n', [5, 6]), (b'data: {"c":": disagg x"}\n\n', [7]),
           (b"", [8, 9]), (b'data: {"d":4}\n\ndata: [DONE]\n\n', [])]

@@ -16,7 +16,7 @@ import openai
 from worker_process import free_port, port_is_free
 
 from workers.engine.model.tiny import make_tiny_model
-from workers.processes import pid_alive
+from common.processes import pid_alive
 
 
 def disagg(*args: str, cwd, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ from test_up import disagg, write_deployment
 from worker_process import free_port
 
 from orchestrator.process_records import read_records
-from workers.processes import pid_alive
+from common.processes import pid_alive
 
 
 def _stream(url: str, model: str, results: list, started: threading.Event) -> None:

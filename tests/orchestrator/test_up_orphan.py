@@ -15,8 +15,8 @@ from test_up import disagg, write_deployment
 from worker_process import free_port, port_is_free
 
 from workers.ipc_dir_owners import OWNERS_FILE, record_owner, sweep_stale_ipc_dirs
-from workers.process_identity import process_start_time
-from workers.processes import pid_alive
+from common.process_identity import process_start_time
+from common.processes import pid_alive
 
 
 def _config(tmp_path, port: int) -> str:

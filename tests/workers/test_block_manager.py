@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 import workers.engine.block_manager as block_manager_module
-from workers.engine.block_hash import BlockHash, compute_block_hashes, hash_block_tokens
+from common.block_hash import BlockHash, compute_block_hashes, hash_block_tokens
 from workers.engine.block_manager import BlockIntegrityError, BlockManager, NoFreeBlocksError
 from workers.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventQueue
 from workers.engine.request import Request
@@ -99,7 +99,7 @@ def test_whole_prompt_hashes_reject_ids_outside_uint32(tokens):
 def test_hashes_are_identical_in_another_process():
     tokens = list(range(1000, 1100))
     code = (
-        "import json; from workers.engine.block_hash import compute_block_hashes; "
+        "import json; from common.block_hash import compute_block_hashes; "
         "print(json.dumps(compute_block_hashes(list(range(1000, 1100)), 16, 12345)))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "987"}  # Python's own hash() would differ

@@ -139,6 +139,6 @@ def test_children_exit_when_the_launcher_is_killed(tiny_model_dir):
 
 
 def test_the_frontend_side_never_imports_torch():
-    code = ("import sys, disagg.cli, disagg.serve, frontends.server, frontends.engine_client, workers.launcher, "
+    code = ("import sys, disagg.cli, disagg.serve, api.server, frontends.engine_client, workers.launcher, "
             "workers.engine_proc; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

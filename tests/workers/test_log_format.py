@@ -1,4 +1,4 @@
-"""workers.log_format: text and JSON lines, the request id from the task's context, polls out of the access log."""
+"""common.log_format: text and JSON lines, the request id from the task's context, polls out of the access log."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from workers.log_format import (
+from common.log_format import (
     POLL_LOGGER,
     REQUEST_ID,
     JsonFormatter,
@@ -99,7 +99,7 @@ def test_the_ready_line_keeps_its_words(log_format):
 
 def test_the_engine_process_logs_json():
     """A process set up as the engine sets itself up (``--log-format json``): a line naming a request by its id."""
-    proc = subprocess.run([sys.executable, "-c", "import logging; from workers.log_format import configure_logging; "
+    proc = subprocess.run([sys.executable, "-c", "import logging; from common.log_format import configure_logging; "
                            "configure_logging('info', 'json', 'engine'); logging.getLogger('disagg.engine')"
                            ".warning('rejected request %d', 7, extra={'request_id': 'req-7-gen'})"],
                           capture_output=True, text=True, timeout=60)
@@ -108,7 +108,7 @@ def test_the_engine_process_logs_json():
 
 
 def test_with_json_an_uncaught_exception_and_a_warning_are_json_lines_too():
-    code = ("import warnings; from workers.log_format import configure_logging; "
+    code = ("import warnings; from common.log_format import configure_logging; "
             "configure_logging('info', 'json', 'launcher'); warnings.warn('careful'); raise RuntimeError('crash')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1

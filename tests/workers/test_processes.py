@@ -1,4 +1,4 @@
-"""workers.processes: the one liveness check and the one SIGTERM -> grace -> SIGKILL, on real processes."""
+"""common.processes: the one liveness check and the one SIGTERM -> grace -> SIGKILL, on real processes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from workers.process_identity import process_start_time, same_process
-from workers.processes import pid_alive, stop_process, stop_processes, terminate
+from common.process_identity import process_start_time, same_process
+from common.processes import pid_alive, stop_process, stop_processes, terminate
 
 # A child that ignores SIGTERM (only SIGKILL ends it) and says when it is ready to be signalled.
 STUBBORN = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -71,7 +71,7 @@ def test_terminate_without_a_signal_waits_then_kills():
 
 def test_stop_process_sends_the_signal_asked_and_names_what_it_kills(caplog):
     assert stop_process(subprocess.Popen(["sleep", "60"]), 5, sig=signal.SIGINT) == -signal.SIGINT
-    with caplog.at_level(logging.WARNING, logger="workers.processes"):
+    with caplog.at_level(logging.WARNING, logger="common.processes"):
         assert stop_process(_stubborn(), 0.5, name="the engine") == -signal.SIGKILL
     assert "the engine did not stop within 0 s: killing it" in caplog.text
 

@@ -11,7 +11,7 @@ import httpx
 from worker_process import start_worker, stop_worker, worker_log
 from worker_procs import frontend_slots, wait_until
 
-from workers.processes import pid_alive
+from common.processes import pid_alive
 
 
 def complete(url: str, n: int) -> set[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.restart_budget import RestartBudget
+from common.restart_budget import RestartBudget
 
 
 def test_exits_inside_the_window_exhaust_the_budget():

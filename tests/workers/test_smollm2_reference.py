@@ -102,7 +102,7 @@ def test_guided_json_from_the_gguf_tokenizer(smollm2_gguf):
     """The engine's grammar compiler takes its tokenizer from the GGUF metadata (no tokenizer.json)."""
     import json
 
-    from frontends.tokenizer import Tokenizer
+    from api.tokenizer import Tokenizer
     from workers.sampling_params import GuidedDecoding
 
     tokenizer = Tokenizer.from_model_path(smollm2_gguf)

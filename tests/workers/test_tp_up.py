@@ -16,7 +16,7 @@ import pytest
 
 from tests.worker_process import free_port
 from tests.workers.test_tp_worker import _children, _cmdline
-from workers.processes import pid_alive
+from common.processes import pid_alive
 
 
 def disagg(*args: str, cwd) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from workers.engine.block_hash import BlockHash, hash_block_tokens
+from common.block_hash import BlockHash, hash_block_tokens
 from workers.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventQueue
 from workers.engine.kv_tiers import KVTiers
 from workers.engine.request import Request

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from workers.config import SchedulerConfig
-from workers.engine.block_hash import BlockHash
+from common.block_hash import BlockHash
 from workers.engine.block_manager import BlockManager
 from workers.engine.executor import ScheduledRequest, SchedulerOutput
 from workers.engine.request import Request, RequestStatus
@@ -142,7 +142,7 @@ class Scheduler(StepResults):
         if not self._admit(request, park_kv_seconds):
             return
         # Pulled KV has no logits: a gen leg reports the ctx leg's prompt logprobs, and a ctx leg that
-        # asks for them pulls no prefix (``frontends.disaggregation``).
+        # asks for them pulls no prefix (``api.disaggregation``).
         request.prompt_logprobs = None
         request.num_remote_tokens = request.num_tokens - 1 if num_remote_tokens is None else num_remote_tokens
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
@@ -175,7 +175,7 @@ class Scheduler(StepResults):
         """The request's KV pull failed: free its blocks and prefill it here like a preempted request
         (prompt and first token), so it still ends as it would have; False when it is not waiting for KV.
 
-        Its frontend may have streamed the first token already (``frontends.disaggregation``): an
+        Its frontend may have streamed the first token already (``api.disaggregation``): an
         abort could no longer be replayed on another worker without the client seeing it twice.
         """
         request = self.requests.get(request_id)

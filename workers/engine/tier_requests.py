@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.engine.block_hash import BlockHash
+from common.block_hash import BlockHash
 from workers.engine.block_manager import BlockManager
 from workers.engine.kv_tiers import KVTiers
 from workers.engine.request import Request
