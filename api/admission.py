@@ -39,7 +39,7 @@ one connection holds at most one admitted request.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send

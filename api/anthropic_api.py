@@ -14,10 +14,6 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.body_limit import read_body
-from api.disaggregation import DisaggLeg
-from api.errors import ApiError, InvalidRequestError, anthropic_error_body
-from api.generation import Completion, Generation, Piece
 from api.anthropic_tools import (
     ToolUseMessageStream,
     anthropic_tool_policy,
@@ -27,19 +23,23 @@ from api.anthropic_tools import (
     template_messages,
 )
 from api.anthropic_tools import stop_reason as _stop_reason
-from api.schemas_anthropic import CountTokensRequest, MessageEventEncoder, MessagesRequest
+from api.body_limit import read_body
+from api.disaggregation import DisaggLeg
+from api.errors import ApiError, InvalidRequestError, anthropic_error_body
+from api.generation import Completion, Generation, Piece
+from api.prepare import PreparedRequest, prepare_request
+from api.push_stream import stream_response
+from api.request_context import enter_request
 from api.request_fields import decode_request
 from api.request_limits import check_messages, check_tools, stop_strings
-from api.prepare import PreparedRequest, prepare_request
+from api.schemas_anthropic import CountTokensRequest, MessageEventEncoder, MessagesRequest
 from api.serving import ServingContext
-from api.tool_prompt import PromptSource, adapt_conversation
-from api.structured import anthropic_guided
-from api.push_stream import stream_response
 from api.streaming import run_until_disconnect
+from api.structured import anthropic_guided
 from api.tokenizer import ChatTemplateError
 from api.tool_calls import ToolPolicy
 from api.tool_parsers import ToolCallParser
-from api.request_context import enter_request
+from api.tool_prompt import PromptSource, adapt_conversation
 from workers.sampling_params import SamplingParams
 
 __all__ = ["create_message", "count_message_tokens", "MessagesApi", "prepare_message", "encode_message",

@@ -45,10 +45,8 @@ from api.schemas_anthropic import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from api.tool_calls import AUTO, NAMED, NONE, REQUIRED, ToolPolicy, check_named_tool, check_tool_schemas, \
-    tool_spec
-from api.tool_parsers import ArgumentsDelta, CallHead, CutCall, ParsedCall, ParserEvent, TextDelta, \
-    ToolCallParser
+from api.tool_calls import AUTO, NAMED, NONE, REQUIRED, ToolPolicy, check_named_tool, check_tool_schemas, tool_spec
+from api.tool_parsers import ArgumentsDelta, CallHead, CutCall, ParsedCall, ParserEvent, TextDelta, ToolCallParser
 
 __all__ = ["template_messages", "prefill_text", "anthropic_tool_policy", "check_thinking", "stop_reason",
            "message_content",

@@ -18,8 +18,8 @@ from __future__ import annotations
 import hmac
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from api.errors import UnauthorizedError
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import codecs
 import json
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import tokenizers
@@ -43,7 +44,7 @@ def _byte_alphabet() -> dict[str, int]:
     return {chr(char): byte for byte, char in zip(printable, chars)}
 
 
-def token_byte_table(backend: "tokenizers.Tokenizer") -> tuple[bytes, ...] | None:
+def token_byte_table(backend: tokenizers.Tokenizer) -> tuple[bytes, ...] | None:
     """Each token id's bytes (b"" for special tokens); None when the tokenizer's decoder is
     not plain byte-level BPE or a token's text is not in the byte alphabet."""
     config = json.loads(backend.to_str())

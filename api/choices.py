@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any
 
 import msgspec
 

@@ -30,7 +30,7 @@ _REPLACEMENT_CHAR = "\ufffd"
 _CONTEXT_TOKENS = 5  # as vLLM: enough context for SentencePiece spacing
 
 
-def make_detokenizer(tokenizer: Tokenizer, prompt_token_ids: list[int]) -> "IncrementalDetokenizer | ByteLevelDetokenizer":
+def make_detokenizer(tokenizer: Tokenizer, prompt_token_ids: list[int]) -> IncrementalDetokenizer | ByteLevelDetokenizer:
     """The request's detokenizer (special tokens skipped): the byte-table one
     (``api.byte_detokenizer``, O(1) per token) when the tokenizer has a table, else the generic one."""
     table = tokenizer.token_byte_table

@@ -62,6 +62,7 @@ from workers.protocol import (
     TokenLogprobs,
 )
 from workers.sampling_params import SamplingParams
+
 __all__ = ["DisaggConfig", "DisaggLeg", "start_leg", "engine_params", "add_ctx_fields",
            "add_ctx_fields_json"]
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
-from typing import AsyncGenerator, AsyncIterator, Callable, Protocol, Sequence
+from typing import Protocol
 
 from api.admission import QueueBound
 from api.detokenizer import StopStringMatcher, make_detokenizer
@@ -211,7 +212,7 @@ class Generation:
                         return  # a stop string: leaving aclosing aborts the request in the engine
         raise RequestAbortedError("the engine stream ended without a finished output")
 
-    async def collect(self) -> "Completion":
+    async def collect(self) -> Completion:
         """Run to the end; the whole answer (non-streaming requests)."""
         texts: list[str] = []
         logprobs: list[TokenLogprobs] | None = [] if self.params.logprobs is not None else None

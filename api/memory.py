@@ -15,7 +15,7 @@ it does nothing.
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable
+from collections.abc import Iterable
 
 from workers.allocator import release_memory
 

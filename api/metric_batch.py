@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["MetricBatch", "observe_all"]
 
@@ -30,10 +31,10 @@ class MetricBatch:
         self._counts: dict[Any, float] = {}  # a counter (labelled child) -> amount since the last flush
         self._observed: dict[Any, list[float]] = {}  # a histogram (labelled child) -> values
         self._timer: asyncio.TimerHandle | None = None
-        self._sources: list[Callable[["MetricBatch"], None]] = []
+        self._sources: list[Callable[[MetricBatch], None]] = []
         self._flushing = False  # the sources count inside flush: that must not flush again
 
-    def on_flush(self, source: Callable[["MetricBatch"], None]) -> None:
+    def on_flush(self, source: Callable[[MetricBatch], None]) -> None:
         """Call ``source(batch)`` at every flush, before the writes: for counts kept elsewhere
         (``api.piece_cache``'s lookups), counted here since the last flush."""
         self._sources.append(source)

@@ -8,7 +8,8 @@ this module) or collect the answer. Errors are raised, never rendered here.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -20,6 +21,19 @@ from api.choices import check_choices, choice_generations, collect_choices, stre
 from api.disaggregation import DisaggLeg
 from api.errors import ApiError, InvalidRequestError, openai_error_body
 from api.generation import Completion, Generation, Piece, StreamEncoder
+from api.openai_tools import ToolCallChatStream, chat_message, finish_reason, openai_tool_policy, template_messages
+from api.prepare import prepare_request
+from api.prompt_logprobs import (
+    check_prompt_logprobs,
+    echo_logprobs,
+    engine_top_n,
+    joined_logprobs,
+    vllm_prompt_logprobs,
+)
+from api.push_stream import stream_response
+from api.request_context import enter_request
+from api.request_fields import decode_request
+from api.request_limits import check_chat_contents, check_messages, check_tools, stop_strings
 from api.schemas_openai import (
     SSE_DONE,
     ChatChunkEncoder,
@@ -31,20 +45,12 @@ from api.schemas_openai import (
     chat_logprobs,
     completion_logprobs,
 )
-from api.openai_tools import ToolCallChatStream, chat_message, finish_reason, openai_tool_policy, template_messages
-from api.request_fields import decode_request
-from api.request_limits import check_chat_contents, check_messages, check_tools, stop_strings
-from api.prepare import prepare_request
-from api.prompt_logprobs import check_prompt_logprobs, echo_logprobs, engine_top_n, joined_logprobs, \
-    vllm_prompt_logprobs
 from api.serving import ServingContext
-from api.tool_prompt import PromptSource, adapt_conversation
-from api.tool_calls import ToolPolicy
-from api.structured import openai_controls, openai_guided
-from api.push_stream import stream_response
 from api.streaming import EventStreamResponse, run_until_disconnect
+from api.structured import openai_controls, openai_guided
 from api.tokenizer import ChatTemplateError, Tokenizer, too_long_error
-from api.request_context import enter_request
+from api.tool_calls import ToolPolicy
+from api.tool_prompt import PromptSource, adapt_conversation
 from workers.sampling_params import SamplingParams
 
 __all__ = ["create_completion", "create_chat_completion", "serve_chat_completion", "list_models",

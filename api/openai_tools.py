@@ -23,10 +23,8 @@ import msgspec
 from api.errors import ApiError, InvalidRequestError
 from api.generation import Generation, Piece, StreamEncoder
 from api.schemas_openai import ChatChunkEncoder, ChatCompletionRequest, ChatMessage
-from api.tool_calls import AUTO, NAMED, NONE, REQUIRED, ToolPolicy, check_named_tool, check_tool_schemas, \
-    tool_spec
-from api.tool_parsers import ArgumentsDelta, CallHead, CutCall, ParsedCall, ParserEvent, TextDelta, \
-    ToolCallParser
+from api.tool_calls import AUTO, NAMED, NONE, REQUIRED, ToolPolicy, check_named_tool, check_tool_schemas, tool_spec
+from api.tool_parsers import ArgumentsDelta, CallHead, CutCall, ParsedCall, ParserEvent, TextDelta, ToolCallParser
 
 __all__ = ["template_messages", "openai_tool_policy", "ToolCallChatStream", "chat_message", "finish_reason", "call_id"]
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import msgspec
 from fastapi import FastAPI

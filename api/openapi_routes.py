@@ -38,10 +38,10 @@ from api.openapi_types import (
     WorkerInfo,
 )
 from api.responses.schemas import ResponsesRequest
-from workers.engine.kv_events import KVCacheSnapshot
 from api.schemas_anthropic import CountTokensRequest, MessagesRequest
 from api.schemas_openai import ChatCompletionRequest, CompletionRequest
 from api.tokenize_api import DetokenizeRequest, TokenizeRequest
+from workers.engine.kv_events import KVCacheSnapshot
 
 __all__ = ["GENERATION_DOCS", "SURFACE_DOCS", "BATCH_DOCS", "WORKER_DOCS", "PROMETHEUS_DOC", "JSONL"]
 

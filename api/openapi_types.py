@@ -10,7 +10,7 @@ handlers decode with (``schemas_openai``, ``schemas_anthropic``, ...).
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -329,8 +329,9 @@ class StreamError(msgspec.Struct, tag_field="type", tag="error"):
     error: AnthropicErrorDetail
 
 
-MessageStreamEvent = Union[MessageStart, ContentBlockStart, ContentBlockDelta, ContentBlockStop, MessageDelta,
-                           MessageStop, Ping, StreamError]
+MessageStreamEvent = (
+    MessageStart | ContentBlockStart | ContentBlockDelta | ContentBlockStop | MessageDelta | MessageStop | Ping | StreamError
+)
 
 
 class ResponseStreamEvent(msgspec.Struct, kw_only=True):

@@ -28,8 +28,9 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["ProcessMetrics", "build_version", "build_commit", "SAMPLE_SECONDS"]
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import jinja2
 import tokenizers
@@ -84,7 +85,7 @@ class PromptSegments:
 
     @classmethod
     def of(cls, backend: tokenizers.Tokenizer, literals: Iterable[str],
-           cache: PieceCache | None = None) -> "PromptSegments | None":
+           cache: PieceCache | None = None) -> PromptSegments | None:
         """For a tokenizer whose pieces tokenize alone (module doc), with the pieces of
         ``literals`` (a template's text) known and long pieces kept in ``cache``; else None."""
         if getattr(backend, "encode_special_tokens", False) or not _piecewise(json.loads(backend.to_str())):

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncGenerator, Coroutine, Generator, cast
+from collections.abc import AsyncGenerator, Coroutine, Generator
+from typing import Any, cast
 
 from starlette.types import Receive, Scope, Send
 

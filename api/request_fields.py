@@ -19,7 +19,8 @@ subclass), and only a body that has one is decoded again, leniently.
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterable, MutableMapping, TypeVar
+from collections.abc import Iterable, MutableMapping
+from typing import Any, TypeVar
 
 import msgspec
 

@@ -21,7 +21,8 @@ Documented once, here (workers and the orchestrator run the same checks):
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from api.errors import InvalidRequestError
 

@@ -13,7 +13,7 @@ Inference routes are frontend-local by design: they never cross the launcher.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Scope

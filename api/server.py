@@ -14,7 +14,8 @@ import contextlib
 import gc
 import os
 import socket
-from typing import Any, Coroutine, Iterator, TypeVar
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 import uvicorn
 

@@ -13,12 +13,12 @@ room left: ``max_model_len - prompt tokens``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from api.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from api.disaggregation import DisaggConfig
 from api.errors import InvalidRequestError, ModelNotFoundError, PromptTooLongError
-from api.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from api.generation import EngineClientLike
 from api.response_ids import ResponseIds
 from api.structured import GrammarChecker
@@ -70,7 +70,7 @@ class FrontendConfig:
 
     @classmethod
     def for_model_dir(cls, model_dir: str | Path, frontend_id: int = 0,
-                      served_model_name: str | None = None) -> "FrontendConfig":
+                      served_model_name: str | None = None) -> FrontendConfig:
         name = served_model_name or Path(model_dir).resolve().name
         return cls(served_model_name=name, frontend_id=frontend_id)
 
@@ -97,11 +97,11 @@ class ServingContext:
                 f"the model {model!r} does not exist; this server serves {self.model_name!r}", param="model"
             )
 
-    def forced_tool_guided(self, policy: "ToolPolicy") -> GuidedDecoding | None:
+    def forced_tool_guided(self, policy: ToolPolicy) -> GuidedDecoding | None:
         """The grammar of a forced tool call (None when the choice is not forced)."""
         return policy.guided(self.tool_syntax)
 
-    def answer_grammar(self, policy: "ToolPolicy", guided: GuidedDecoding | None,
+    def answer_grammar(self, policy: ToolPolicy, guided: GuidedDecoding | None,
                        guided_param: str) -> tuple[GuidedDecoding | None, str]:
         """The grammar the answer follows and the parameter that asked for it: a forced tool call's
         (the answer is the call: the body's output format does not apply to it), else the body's."""

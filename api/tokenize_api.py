@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-
 from starlette.requests import Request
 from starlette.responses import Response
 

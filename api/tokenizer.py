@@ -113,7 +113,7 @@ class Tokenizer:
         return None if segments is None else segments.cache
 
     @classmethod
-    def from_model_path(cls, path: str | Path) -> "Tokenizer":
+    def from_model_path(cls, path: str | Path) -> Tokenizer:
         """A Hugging Face model directory or a ``.gguf`` file."""
         path = Path(path)
         if path.suffix == ".gguf" and path.is_file():
@@ -121,14 +121,14 @@ class Tokenizer:
         return cls.from_model_dir(path)
 
     @classmethod
-    def from_gguf(cls, path: str | Path) -> "Tokenizer":
+    def from_gguf(cls, path: str | Path) -> Tokenizer:
         from workers.engine.model.gguf_tokenizer import tokenizer_from_gguf
 
         backend, config = tokenizer_from_gguf(path)
         return cls(backend, config)
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path) -> "Tokenizer":
+    def from_model_dir(cls, model_dir: str | Path) -> Tokenizer:
         model_dir = Path(model_dir)
         backend = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         config_path = model_dir / "tokenizer_config.json"

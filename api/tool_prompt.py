@@ -44,7 +44,7 @@ class PromptContext:
     tool_syntax: CallSyntax | None
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Tokenizer) -> "PromptContext":
+    def for_tokenizer(cls, tokenizer: Tokenizer) -> PromptContext:
         return cls(tokenizer, detect_tool_syntax(tokenizer.chat_template_source))
 
 

@@ -41,13 +41,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "frontends"))
 
 from fastapi import FastAPI
+from inproc_engine import InprocEngineClient, make_synthetic_core
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
-from frontends.app import build_app
 from api.serving import FrontendConfig
 from api.tokenizer import Tokenizer
-from inproc_engine import InprocEngineClient, make_synthetic_core
+from frontends.app import build_app
 from orchestrator.app import Orchestrator
 from orchestrator.app import build_app as build_orchestrator_app
 from orchestrator.config import OrchestratorConfig

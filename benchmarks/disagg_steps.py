@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from orchestrator_overhead import HOST, start_orchestrator, start_worker
 from frontend_scaling import free_port
+from orchestrator_overhead import HOST, start_orchestrator, start_worker
 
 MARKER = "onepass-step-marker"
 STEPS = ("body_parses", "template_renders", "tokenizations", "backend_encodes", "validations",

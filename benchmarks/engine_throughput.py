@@ -38,9 +38,9 @@ import time
 from pathlib import Path
 
 import torch
-
 from cpu_isa import EMULATIONS, describe, emulate, vector_extensions
 from decode_limit import decode_against_limit
+
 from workers.config import DECODE_ATTENTION_MODES, CacheConfig, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
 from workers.engine.model.tiny import make_tiny_model

@@ -57,6 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from http_loadgen import LoadResult, LoadSpec, run_in_own_process
+
 from common.processes import stop_process, terminate
 
 READY_LINE = "disagg serve: ready on"  # disagg.serve.READY_MESSAGE, not imported: it pulls in the worker

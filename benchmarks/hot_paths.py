@@ -50,9 +50,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontend_scaling import (
-    HOST, READY_LINE, Server, check_worker, free_port, raw_request, start_bare_app, write_report)
 from engine_lanes import measure_engine_lanes
+from frontend_scaling import (
+    HOST,
+    READY_LINE,
+    Server,
+    check_worker,
+    free_port,
+    raw_request,
+    start_bare_app,
+    write_report,
+)
 from http_loadgen import LoadResult, LoadSpec, run_in_own_process
 from write_floor import measure_write_floor
 

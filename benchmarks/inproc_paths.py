@@ -181,9 +181,9 @@ async def _frontend_run(model_dir: Path, max_tokens: int, num_requests: int, con
     from uvicorn.protocols.http.flow_control import FlowControl
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-    from frontends.app import build_app
     from api.serving import FrontendConfig
     from api.tokenizer import Tokenizer
+    from frontends.app import build_app
     try:
         from api.direct_body import offer_direct_body
     except ImportError:  # a tree before it

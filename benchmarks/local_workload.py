@@ -39,13 +39,14 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from frontend_scaling import children, cmdline
+from http_loadgen import cpu_seconds
+
 from disagg.bench import BenchPlan, WorkloadConfig, run_bench
 from disagg.bench.api_clients import OpenAIChat
 from disagg.bench.lengths import LengthDist
 from disagg.bench.progress import PlainProgress
 from disagg.bench.report import summary_lines
-from frontend_scaling import children, cmdline
-from http_loadgen import cpu_seconds
 
 
 def set_keys(data: dict, settings: list[str]) -> None:

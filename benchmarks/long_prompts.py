@@ -33,9 +33,9 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from api.piece_cache import DEFAULT_BUDGET_BYTES, PieceCache
 from api.tokenizer import Tokenizer
+from common.block_hash import compute_block_hashes
 from orchestrator.prompt import parse_request
 from orchestrator.validation import RequestValidator
-from common.block_hash import compute_block_hashes
 
 WORDS = ("the of and to in a is that for it as was with be by on not this are or from at which but have an they "
          "you were their one all we can her has there been if more when will would who so no function call tool "

@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from frontend_scaling import Server
 from orchestrator_overhead import HOST, free_port
 

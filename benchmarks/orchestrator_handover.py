@@ -46,10 +46,10 @@ from pathlib import Path
 
 import httpx
 
+from common.processes import pid_alive, stop_process
 from orchestrator.leadership import read_leader
 from orchestrator.process_records import read_keeper
 from workers.engine.model.tiny import make_tiny_model
-from common.processes import pid_alive, stop_process
 
 WORKER_READY = "disagg serve: ready on"
 ORCHESTRATOR_READY = "disagg orchestrator: ready on"

@@ -42,6 +42,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trace_sim import synthetic_deployment
+
 from disagg.bench.api_clients import OpenAICompletions
 from disagg.bench.metrics import parse_slo
 from disagg.bench.progress import PlainProgress
@@ -49,7 +51,6 @@ from disagg.bench.trace import TokenMap, load_trace, parse_window
 from disagg.bench.trace_replay import TracePlan, replay_trace
 from disagg.deploy_config import load_deploy_config
 from disagg.sim import simulate_trace
-from trace_sim import synthetic_deployment
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 

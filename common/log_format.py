@@ -23,7 +23,7 @@ import logging
 import sys
 import time
 from contextvars import ContextVar
-from enum import Enum
+from enum import StrEnum
 from types import TracebackType
 from typing import Any
 
@@ -31,7 +31,7 @@ __all__ = ["LogFormat", "LOG_FORMATS", "REQUEST_ID", "configure_logging", "JsonF
            "RequestIdFilter", "PollFilter", "POLL_PATHS", "POLL_LOGGER", "stdout_line"]
 
 
-class LogFormat(str, Enum):
+class LogFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
 

@@ -24,8 +24,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 __all__ = ["pid_alive", "terminate", "stop_process", "stop_processes", "KILL_WAIT_SECONDS"]
 

@@ -43,7 +43,7 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def engine_threads(config: "DeployConfig", cores: int) -> dict[str, int | None]:
+def engine_threads(config: DeployConfig, cores: int) -> dict[str, int | None]:
     """``--engine-threads`` of each local worker, by process name (``ctx-0``, ``gen-0``, ...);
     None leaves torch's default."""
     pools = {"ctx": config.pools.ctx, "gen": config.pools.gen}

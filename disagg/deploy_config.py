@@ -36,9 +36,10 @@ from typing import Any
 
 import yaml
 
+from api.tool_parsers import TOOL_CALL_PARSERS
+from common.log_format import LOG_FORMATS
 from disagg.core_partition import validate_threads
 from disagg.serve_settings import render_flags
-from api.tool_parsers import TOOL_CALL_PARSERS
 from orchestrator.config import (
     OrchestratorSettings,
     TracingConfig,
@@ -46,7 +47,6 @@ from orchestrator.config import (
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
 from workers.config import DECODE_ATTENTION_MODES, SpeculativeConfig, check_tiers
-from common.log_format import LOG_FORMATS
 from workers.sampling_params import MAX_STREAM_INTERVAL
 
 __all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "PrometheusSettings", "RestartPolicy",
@@ -190,7 +190,7 @@ class EngineSettings:
                 "--max-perf-records": self.max_perf_records, "--perf-record-seconds": self.perf_record_seconds,
                 "--engine-threads": self.threads if isinstance(self.threads, int) else None}
 
-    def merged(self, overrides: "EngineSettings") -> "EngineSettings":
+    def merged(self, overrides: EngineSettings) -> EngineSettings:
         changes = {f.name: getattr(overrides, f.name) for f in dataclasses.fields(overrides)
                    if getattr(overrides, f.name) is not None}
         return dataclasses.replace(self, **changes)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 __all__ = ["print_logs", "follow_logs", "tail"]
 

@@ -29,9 +29,10 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 from disagg.serve_settings import render_flags
 from orchestrator.config import OrchestratorConfig, OrchestratorSettings, StaticWorker

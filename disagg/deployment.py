@@ -55,17 +55,25 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from disagg.deploy_logs import tail
-from disagg.deploy_plan import api_headers
+from disagg.deploy_plan import ORCHESTRATOR_STATE_DIR, api_headers
 from disagg.progress import ProgressLine
-from disagg.deploy_plan import ORCHESTRATOR_STATE_DIR
-from disagg.run_dir_link import down_command, link_run_dir
 from disagg.run_dir_guard import busy_ports, live_processes, recorded_processes, stop_recorded
-from disagg.run_state import (STATE_FILES, STOP_SECONDS, LocalRunState, SlurmRunState, clean,
-                              find_state, orchestrator_stop_seconds, read_state)
+from disagg.run_dir_link import down_command, link_run_dir
+from disagg.run_state import (
+    STATE_FILES,
+    STOP_SECONDS,
+    LocalRunState,
+    SlurmRunState,
+    clean,
+    find_state,
+    orchestrator_stop_seconds,
+    read_state,
+)
 from orchestrator.process_records import sweep
 from orchestrator.readiness import health_progress
 from workers.ipc_dir_owners import sweep_stale_ipc_dirs

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from common.config_errors import ConfigError
 from api.api_key import KeyFileError, read_key_file
+from common.config_errors import ConfigError
 from workers.disagg_params import CLUSTER_KEY_FILE_ENV, ClusterKeyError, load_cluster_key
 
 if TYPE_CHECKING:

@@ -31,8 +31,8 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from disagg.model_names import ModelNotFoundError, resolve_model
     from api.tokenizer import Tokenizer
+    from disagg.model_names import ModelNotFoundError, resolve_model
     from workers.config import CacheConfig, EngineConfig
     from workers.engine.core import EngineCore
     from workers.protocol import EngineRequest

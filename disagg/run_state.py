@@ -23,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import shutil
 from pathlib import Path
-from typing import ClassVar, TypeVar, Union
+from typing import ClassVar, TypeVar
 
 import msgspec
 
 from disagg.deploy_plan import API_KEY_FILE, KEY_FILE, ORCHESTRATOR_CONFIG_FILE, ORCHESTRATOR_STATE_DIR, WORKER_KEY_FILE
 from disagg.supervisor_control import CONTROL_DIR
-from orchestrator.prometheus_sd import CONFIG_FILE as PROMETHEUS_CONFIG, TARGETS_DIR
+from orchestrator.prometheus_sd import CONFIG_FILE as PROMETHEUS_CONFIG
+from orchestrator.prometheus_sd import TARGETS_DIR
 
 __all__ = ["ProcessRecord", "LocalRunState", "SlurmStep", "SlurmRunState", "RunState", "read_state", "find_state",
            "write_state", "clean", "STATE_FILES",
@@ -110,7 +111,7 @@ class SlurmRunState(msgspec.Struct, kw_only=True):
     orchestrator_port: int
 
 
-RunState = Union[LocalRunState, SlurmRunState]
+RunState = LocalRunState | SlurmRunState
 S = TypeVar("S", LocalRunState, SlurmRunState)
 STATE_FILES = (LocalRunState.FILE, SlurmRunState.FILE)
 

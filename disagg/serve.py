@@ -21,20 +21,23 @@ import shutil
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from disagg.disagg_options import (DISAGG_OPTIONS, engine_disagg_spec, frontend_disagg_config, key_from_file,
-                                   start_registration)
-from disagg.model_names import ModelNotFoundError, default_served_name, resolve_model
-from disagg.serve_settings import ServeSettings
 from api.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from api.tool_parsers import TOOL_CALL_PARSERS
-from workers.attach import attach_file_from_env, read_attach_file
-from workers.rank_env import from_environ
-from workers.engine.model.deepseek_v4.config import is_deepseek_v4_dir
 from common.log_format import LOG_FORMATS, configure_logging, stdout_line
-from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
+from disagg.disagg_options import (
+    DISAGG_OPTIONS,
+    engine_disagg_spec,
+    frontend_disagg_config,
+    key_from_file,
+    start_registration,
+)
+from disagg.model_names import ModelNotFoundError, default_served_name, resolve_model
+from disagg.serve_settings import ServeSettings
+from workers.attach import attach_file_from_env, read_attach_file
 from workers.config import (
     DECODE_ATTENTION_MODES,
     CacheConfig,
@@ -44,6 +47,9 @@ from workers.config import (
     SpeculativeConfig,
     SyntheticConfig,
 )
+from workers.engine.model.deepseek_v4.config import is_deepseek_v4_dir
+from workers.ipc import ENGINE_SILENCE_LIMIT, ENGINE_WEDGED_SECONDS, HEARTBEAT_SECONDS
+from workers.rank_env import from_environ
 
 __all__ = ["add_serve_arguments", "run_serve", "build_engine_config", "resolve_num_frontends", "READY_MESSAGE"]
 
@@ -222,8 +228,8 @@ def _synthetic_model_shape(model: Path, synthetic: SyntheticConfig) -> Synthetic
 
 def _frontend_config(args: ServeSettings, frontend_id: int, engine_info: Any = None):
     from api.admission import default_max_concurrent_requests, per_frontend_limit
-    from frontends.app import FrontendConfig
     from api.tokenizer import Tokenizer
+    from frontends.app import FrontendConfig
 
     name = args.served_model_name or default_served_name(args.model_dir)
     worker_limit = args.max_concurrent_requests
@@ -442,8 +448,8 @@ async def _watch_frontends(group: Any, engine_alive: Callable[[], bool]) -> None
 def _run_attached(args: ServeSettings, attach_file: str) -> int:
     import zmq
 
-    from common.processes import pid_alive
     from api.server import run_event_loop
+    from common.processes import pid_alive
     from frontends.worker_server import serve_frontend
     from workers.ipc import FrameCodec
     from workers.protocol import FrontendFailed, FrontendReady, StatusMessage

@@ -60,9 +60,9 @@ def add_render_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_render(args: argparse.Namespace) -> int:
+    from common.config_errors import ConfigError
     from disagg.deploy_config import load_deploy_config
     from slurm.render import render_script
-    from common.config_errors import ConfigError
 
     try:
         config = load_deploy_config(args.config)
@@ -83,10 +83,10 @@ def run_render(args: argparse.Namespace) -> int:
 
 def slurm_up(config: DeployConfig, config_path: str, run_dir: Path, stop: str = "disagg down") -> int:
     """``stop``: the ``down`` command that finds this deployment (``disagg.run_dir_link``)."""
+    from disagg.deploy_plan import write_scrape_config
     from slurm.jobs import job_in_queue
     from slurm.rendezvous import LOGS_DIR, create_cluster_key
     from slurm.submit import submit_with_submitit
-    from disagg.deploy_plan import write_scrape_config
 
     config = dataclasses.replace(config, launcher="slurm")
     plan = build_slurm_plan(config, str(Path(config_path).resolve()))

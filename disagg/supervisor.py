@@ -33,14 +33,21 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from disagg.deploy_plan import API_KEY_FILE, KEY_FILE, WORKER_KEY_FILE, write_scrape_config, write_secret
-from disagg.run_state import STOP_SECONDS, LocalRunState, ProcessRecord, clean, orchestrator_stop_seconds, write_state
-from disagg.supervisor_control import (AddWorkers, ControlAnswer, ControlRequest, Reload, RetireWorkers,
-                                       answer_request, take_requests)
-from orchestrator.process_records import sweep
 from common.process_identity import process_start_time
 from common.processes import stop_process, stop_processes
 from common.restart_budget import RestartBudget
+from disagg.deploy_plan import API_KEY_FILE, KEY_FILE, WORKER_KEY_FILE, write_scrape_config, write_secret
+from disagg.run_state import STOP_SECONDS, LocalRunState, ProcessRecord, clean, orchestrator_stop_seconds, write_state
+from disagg.supervisor_control import (
+    AddWorkers,
+    ControlAnswer,
+    ControlRequest,
+    Reload,
+    RetireWorkers,
+    answer_request,
+    take_requests,
+)
+from orchestrator.process_records import sweep
 
 if TYPE_CHECKING:
     from disagg.deploy_config import DeployConfig

@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
-from typing import Union
 
 import msgspec
 
@@ -50,7 +49,7 @@ class Reload(msgspec.Struct, tag="reload", kw_only=True):
     """Another file than the one ``up`` read; None: that one."""
 
 
-ControlRequest = Union[RetireWorkers, AddWorkers, Reload]
+ControlRequest = RetireWorkers | AddWorkers | Reload
 
 
 class ControlAnswer(msgspec.Struct, kw_only=True):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Awaitable
+from collections.abc import Awaitable
 
 import httpx
 import msgspec

@@ -18,7 +18,7 @@ status line is already sent); that is logged.
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import httpx
 from starlette.requests import Request

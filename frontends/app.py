@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -26,12 +28,10 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import anthropic_api, openai_api, responses, tokenize_api
-from workers.frontends_down import read_frontends_down
+from api.admission import AdmissionGate, OnRefused
 from api.api_key import RequiredKey
 from api.body_limit import DEFAULT_MAX_REQUEST_BYTES, limit_body
 from api.direct_body import DIRECT_BODY
-from api.memory import large_body, release_memory_soon
-from api.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
 from api.errors import (
     ApiError,
     EngineDeadError,
@@ -40,17 +40,19 @@ from api.errors import (
     openai_error_body,
 )
 from api.generation import EngineClientLike
-from api.admission import AdmissionGate, OnRefused
+from api.memory import large_body, release_memory_soon
 from api.openapi import DocumentedApp
 from api.openapi_routes import WORKER_DOCS
 from api.openapi_types import Health
+from api.request_fields import IGNORED_FIELDS_SCOPE_KEY, warning_header
 from api.route_errors import route_error_response
 from api.route_table import over_admin_socket
 from api.serving import FrontendConfig, ServingContext
-from frontends.static_routes import StaticRouter
 from api.streaming import ClientDisconnected
 from api.tokenizer import Tokenizer
+from frontends.static_routes import StaticRouter
 from frontends.worker_info import worker_info
+from workers.frontends_down import read_frontends_down
 
 __all__ = ["build_app", "FrontendConfig", "FRONTEND_HEADER"]
 
@@ -60,7 +62,7 @@ FRONTEND_HEADER = "x-disagg-frontend"
 _CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
 
 Handler = Callable[[ServingContext, Request], Awaitable[Response]]
-Lifespan = Callable[[Starlette], AsyncContextManager[None]]
+Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
 # An HTTP error handler (Starlette's ExceptionHandler also admits websocket ones, which this app has none of).
 ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
 

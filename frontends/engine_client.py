@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 import msgspec
 import zmq
@@ -37,12 +37,12 @@ import zmq.asyncio
 
 from api.admission import QueueBound, QueueTicket
 from api.errors import EngineDeadError, EngineUnresponsiveError
-from frontends.perf_records import build_record
 from api.request_context import TRACEPARENT
+from common.processes import pid_alive
+from frontends.perf_records import build_record
 from workers.attach import AttachInfo
 from workers.client_ids import ClientIdAllocator
 from workers.ipc import ENGINE_SILENCE_LIMIT, HEARTBEAT_SECONDS, FrameCodec, configure_frontend_push, send_nowait
-from common.processes import pid_alive
 from workers.protocol import (
     AbortRequests,
     AddRequest,

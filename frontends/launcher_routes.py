@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from starlette.requests import Request
@@ -36,9 +36,9 @@ from api.errors import (
     http_error,
     openai_error_body,
 )
+from api.route_table import LAUNCHER_ROUTES
 from frontends.perf_records import PerfRecorder, PerfStore, encode_records
 from frontends.prometheus import LauncherMetrics
-from api.route_table import LAUNCHER_ROUTES
 from workers.engine.kv_events import KVCacheSnapshot, KVEvent
 from workers.engine.stats import IterationStats
 from workers.protocol import (

@@ -21,7 +21,8 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 import zmq

@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 __all__ = ["Probe", "Watchdog", "frontend_probes"]
 

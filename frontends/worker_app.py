@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -30,18 +31,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from frontends.admin_forwarder import FORWARDED_BY_HEADER, LauncherForwarder
 from api.admission import QueueBound
-from frontends.app import build_app
 from api.batches import BATCHES_FILE, BatchRunner, BatchStore, EngineBatchExecutor, batch_routes
-from frontends.engine_client import EngineClient
-from frontends.launcher_routes import Control, LauncherState, launcher_routes
-from frontends.perf_records import PerfReceiver, PerfRecorder, PerfSender, PerfStore
-from frontends.prometheus import CONTENT_TYPE, FrontendMetrics, LauncherMetrics
 from api.responses import RESPONSES_FILE, LauncherResponses, LocalResponses, ResponseStore, admin_routes
 from api.route_table import LAUNCHER_PREFIXES, LAUNCHER_ROUTES
 from api.serving import FrontendConfig, ServingContext
 from api.tokenizer import Tokenizer
+from frontends.admin_forwarder import FORWARDED_BY_HEADER, LauncherForwarder
+from frontends.app import build_app
+from frontends.engine_client import EngineClient
+from frontends.launcher_routes import Control, LauncherState, launcher_routes
+from frontends.perf_records import PerfReceiver, PerfRecorder, PerfSender, PerfStore
+from frontends.prometheus import CONTENT_TYPE, FrontendMetrics, LauncherMetrics
 from workers.attach import AttachInfo
 from workers.protocol import PerfRecord
 

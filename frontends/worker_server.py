@@ -14,17 +14,18 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import uvicorn
 
 from api.header_limit import h11_head_limit, http_protocol
 from api.server import QuietServer, make_listen_socket, make_unix_listen_socket, settle_gc
+from common.processes import pid_alive
 from frontends.engine_client import EngineClient
 from frontends.watchdog import Watchdog, frontend_probes
 from workers.attach import AttachInfo
-from common.processes import pid_alive
 
 __all__ = ["ServeOptions", "serve_frontend"]
 

@@ -11,7 +11,8 @@ with no client (a batch).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Awaitable, Protocol, TypeVar
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from starlette.responses import Response
 from starlette.types import Receive

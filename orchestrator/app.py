@@ -28,27 +28,29 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from api.admission import AdmissionGate, AdmissionMiddleware, QueueBound, per_frontend_limit
 from api.api_key import RequiredKey, bearer_header, read_key_file
 from api.body_limit import BodyLimitMiddleware
-from api.admission import AdmissionGate, AdmissionMiddleware, QueueBound, per_frontend_limit
 from api.errors import InvalidRequestError, anthropic_error_body, http_error, openai_error_body
-from api.route_errors import route_error_response
-from api.responses import RESPONSES_FILE, LocalResponses, ResponseStore
 from api.openapi import DocumentedApp
+from api.responses import RESPONSES_FILE, LocalResponses, ResponseStore
+from api.route_errors import route_error_response
 from api.streaming import ClientDisconnected
 from api.tokenizer import Tokenizer
+from common.log_format import REQUEST_ID
 from orchestrator import responses, surface
 from orchestrator.answers import Answer, Watch, disconnect_watch, to_response
 from orchestrator.batches import batch_forward
@@ -56,16 +58,15 @@ from orchestrator.clean_ends import CleanEndsMiddleware
 from orchestrator.config import LiveSettings, OrchestratorConfig
 from orchestrator.errors import NoWorkerError, UpstreamRejected
 from orchestrator.flow import Flow
-from orchestrator.state_protocol import DrainRequest, RequestTrace, WorkerRef
+from orchestrator.http_client import HttpClient
 from orchestrator.metrics import CONTENT_TYPE, Metrics
 from orchestrator.openapi_routes import DESCRIPTION, OPEN_PATHS, ORCHESTRATOR_DOCS
 from orchestrator.prompt import parse_request
-from orchestrator.validation import RequestValidator
 from orchestrator.request_end import RequestEnds
+from orchestrator.state_protocol import DrainRequest, RequestTrace, WorkerRef
+from orchestrator.validation import RequestValidator
 from orchestrator.view import ClusterView, StateLink
-from orchestrator.http_client import HttpClient
 from workers.http_protocol import Phase
-from common.log_format import REQUEST_ID
 
 if TYPE_CHECKING:
     from api.tracing import Tracing

@@ -39,10 +39,10 @@ from api.batches.executor import Outcome, batch_body, errored, errored_by, succe
 from api.errors import NotFoundError
 from orchestrator.answers import unwatched
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
-from orchestrator.state_protocol import RequestTrace
-from workers.http_protocol import Phase
 from orchestrator.http_client import UpstreamError
 from orchestrator.prompt import ParsedRequest, parse_request
+from orchestrator.state_protocol import RequestTrace
+from workers.http_protocol import Phase
 
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator
@@ -59,7 +59,7 @@ _TRANSIENT = (NoWorkerError, UpstreamFailedError, RequestTimeoutError, LegFailed
 class FlowExecutor:
     """A batch executor over the orchestrator's flow: ready while a gen worker is healthy."""
 
-    def __init__(self, orch: "Orchestrator") -> None:
+    def __init__(self, orch: Orchestrator) -> None:
         self.orch = orch
 
     def is_ready(self) -> bool:
@@ -81,7 +81,7 @@ class FlowBatchExecutor(FlowExecutor):
             return errored_by(exc)
 
 
-async def through_flow(orch: "Orchestrator", parsed: ParsedRequest, request_id: str, api: str) -> Response:
+async def through_flow(orch: Orchestrator, parsed: ParsedRequest, request_id: str, api: str) -> Response:
     """A batch request's non-streamed answer from the flow, retried while the cluster cannot serve
     (module doc: the policy); its perf records say ``api``. Raises the request's own failure."""
     failures = 0
@@ -99,12 +99,12 @@ async def through_flow(orch: "Orchestrator", parsed: ParsedRequest, request_id: 
             await asyncio.sleep(RETRY_SECONDS)
 
 
-def open_batch_runner(orch: "Orchestrator") -> BatchRunner:
+def open_batch_runner(orch: Orchestrator) -> BatchRunner:
     """Process 0's runner over ``<state_dir>/batches.sqlite3`` (raises BatchStoreBusyError if taken)."""
     return BatchRunner(BatchStore(Path(orch.config.state_dir) / BATCHES_FILE), FlowBatchExecutor(orch))
 
 
-async def batch_forward(orch: "Orchestrator", request: Request) -> Response:
+async def batch_forward(orch: Orchestrator, request: Request) -> Response:
     """Any process: replay a /v1/messages/batches*, /v1/files* or /v1/batches* request to the owner
     and its answer back."""
     body = await request.body() if request.method in ("POST", "PUT", "PATCH") else b""

@@ -15,8 +15,8 @@ import yaml
 
 from api.api_key import KeyFileError, read_key_file
 from api.body_limit import DEFAULT_MAX_REQUEST_BYTES
-from orchestrator.typed import ConfigError, from_mapping, to_mapping
 from common.log_format import LOG_FORMATS
+from orchestrator.typed import ConfigError, from_mapping, to_mapping
 
 __all__ = [
     "RouterConfig", "ConditionalDisaggConfig", "KVPoolConfig", "HealthConfig", "TimeoutConfig", "TracingConfig", "StaticWorker",

@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from api.errors import ApiError, RequestTooLargeError, anthropic_error_body, openai_error_body
 from api.header_limit import http_protocol
 from api.memory import large_body, release_memory_soon
 from api.streaming import ClientDisconnected, FinalFrame
+from common.log_format import REQUEST_ID
 from orchestrator.answers import JsonAnswer, StreamAnswer
 from orchestrator.clean_ends import INTERNAL_ERROR, SHUTTING_DOWN, STREAM_CUT, stream_error_frame
-from common.log_format import REQUEST_ID
 
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator

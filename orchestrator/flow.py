@@ -48,9 +48,10 @@ A connection refused or lost before any answer is first retried on the same work
 from __future__ import annotations
 
 import asyncio
-import time
 import logging
-from typing import AsyncGenerator, Awaitable, Callable, TypeVar
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import TypeVar
 
 import msgspec
 from starlette.responses import Response
@@ -62,15 +63,15 @@ from orchestrator.answers import Answer, JsonAnswer, StreamAnswer, Watch, to_res
 from orchestrator.attempts import Attempts
 from orchestrator.config import OrchestratorConfig
 from orchestrator.errors import LegFailed, NoWorkerError, RequestTimeoutError, UpstreamFailedError, UpstreamRejected
+from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout
+from orchestrator.kv_pool import KVPool
 from orchestrator.metrics import Metrics
 from orchestrator.migration import MARKS_HEADERS, Migration
 from orchestrator.prompt import ParsedRequest, ctx_leg_body, gen_leg_body
+from orchestrator.registry import WorkerRecord
 from orchestrator.relay import Relay
 from orchestrator.request_end import RequestEnds
-from orchestrator.registry import WorkerRecord
-from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
-from orchestrator.http_client import HttpClient, LegResponse, UpstreamError, UpstreamTimeout
-from orchestrator.kv_pool import KVPool
+from orchestrator.routing import Candidate, Router, RouteRequest, should_skip_ctx
 from orchestrator.state_protocol import CtxLegTrace, FailedLeg, GenLegTrace, RequestTrace
 from orchestrator.view import ClusterView, StateLink
 from workers.disagg_params import DisaggParams

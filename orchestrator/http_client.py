@@ -28,8 +28,8 @@ import asyncio
 import functools
 import time
 from collections import deque
+from collections.abc import AsyncGenerator, Callable
 from functools import lru_cache
-from typing import AsyncGenerator, Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -418,7 +418,7 @@ class HttpClient:
             # carried on (the state link's retry loop kept a process in its shutdown for ever).
             async with asyncio.timeout(self.connect_timeout):
                 _, connection = await connecting
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             where = self.uds if self.uds is not None else f"{host}:{port}"
             raise UpstreamTimeout(f"cannot connect to {where} within {self.connect_timeout:g} s") from exc
         except OSError as exc:

@@ -86,9 +86,9 @@ def run_keeper(config: OrchestratorConfig, config_path: str, port: int, extra_ar
 
 
 async def _keep(config: OrchestratorConfig, config_path: str, port: int, extra_argv: list[str]) -> int:
-    from orchestrator.process_group import ProcessGroup
     from common.log_format import stdout_line
     from common.restart_budget import RestartBudget
+    from orchestrator.process_group import ProcessGroup
 
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()

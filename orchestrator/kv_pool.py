@@ -17,11 +17,12 @@ saving: the ctx engine then computes the prefix itself.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import msgspec
 
+from common.block_hash import compute_block_hashes
 from orchestrator.config import KVPoolConfig
 from orchestrator.http_client import HttpClient, UpstreamError
 from orchestrator.kv_index import KVIndex
@@ -29,8 +30,7 @@ from orchestrator.prompt import ParsedRequest
 from orchestrator.registry import WorkerRecord
 from orchestrator.view import ClusterView
 from workers.disagg_params import DisaggParams, RequestType
-from workers.http_protocol import CtxAnswer, PrefixExportLeg, Phase
-from common.block_hash import compute_block_hashes
+from workers.http_protocol import CtxAnswer, Phase, PrefixExportLeg
 
 __all__ = ["KVPool", "PrefixSource", "choose_prefix", "worth_fetching"]
 

@@ -42,8 +42,9 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute

@@ -24,8 +24,7 @@ and retry counters are written as they happen (rare).
 from __future__ import annotations
 
 import os
-
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily

@@ -79,6 +79,6 @@ class FlowLineExecutor(FlowExecutor):
         return bytes((await through_flow(orch, parsed, request_id, api)).body)
 
 
-def open_openai_batches(orch: "Orchestrator") -> OpenAIBatches:
+def open_openai_batches(orch: Orchestrator) -> OpenAIBatches:
     """The leader's Files and Batches over ``<state_dir>/openai/`` (raises BatchStoreBusyError if taken)."""
     return OpenAIBatches(Path(orch.config.state_dir) / OPENAI_DIR, FlowLineExecutor(orch))

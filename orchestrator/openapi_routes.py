@@ -12,14 +12,28 @@ from typing import Any, Literal
 
 import msgspec
 
-from api.batches.openai_schemas import (CreateBatchBody, FileDeleted, FileList, FileObject, FileUpload,
-                                              OpenAIBatch, OpenAIBatchList)
+from api.batches.openai_schemas import (
+    CreateBatchBody,
+    FileDeleted,
+    FileList,
+    FileObject,
+    FileUpload,
+    OpenAIBatch,
+    OpenAIBatchList,
+)
 from api.openapi import RouteDoc
 from api.openapi_routes import BATCH_DOCS, GENERATION_DOCS, PROMETHEUS_DOC, SURFACE_DOCS
 from api.openapi_types import EmptyBody
 from orchestrator.config import LiveSettings
-from orchestrator.state_protocol import (DrainAck, Ok, Registration, RegistrationAck, SettingsAck, WorkerIdBody,
-                                         WorkerRef)
+from orchestrator.state_protocol import (
+    DrainAck,
+    Ok,
+    Registration,
+    RegistrationAck,
+    SettingsAck,
+    WorkerIdBody,
+    WorkerRef,
+)
 
 __all__ = ["ORCHESTRATOR_DOCS", "OPENAI_BATCH_DOCS", "DESCRIPTION", "OPEN_PATHS"]
 

@@ -25,12 +25,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
-from orchestrator.process_records import ProcessRecord, forget_records, read_records, write_record
 from common.processes import terminate
 from common.restart_budget import RestartBudget
+from orchestrator.process_records import ProcessRecord, forget_records, read_records, write_record
 
 __all__ = ["ProcessGroup", "Member"]
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import msgspec

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING
 
 from api.errors import http_error
 from orchestrator.clean_ends import stream_error_frame
@@ -107,7 +108,7 @@ class Relay:
                             self._ended = True
                             return
                         failure = migration.take_failure()
-                    except (UpstreamError, asyncio.TimeoutError) as exc:
+                    except (TimeoutError, UpstreamError) as exc:
                         failure = exc
                 assert failure is not None
                 if not await self._migrate(failure):

@@ -21,7 +21,8 @@ routing keeps a conversation where its KV is. Perf records say
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.requests import Request
@@ -34,11 +35,11 @@ from api.responses.render import ResponseTurn
 from api.responses.schemas import Item
 from api.responses.translate import rename_fields, rename_param, responses_param
 from api.streaming import EventStreamResponse
+from common.log_format import REQUEST_ID
 from orchestrator.answers import disconnect_watch
 from orchestrator.errors import UpstreamRejected
-from orchestrator.state_protocol import RequestTrace
 from orchestrator.prompt import ParsedRequest, parse_request
-from common.log_format import REQUEST_ID
+from orchestrator.state_protocol import RequestTrace
 
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator

@@ -77,9 +77,9 @@ class OrchestratorFlags:
 
 def run_orchestrator(parsed: argparse.Namespace) -> int:
     from api.server import make_listen_socket, run_event_loop
+    from common.log_format import configure_logging
     from orchestrator.config import check_worker_key_file, load_orchestrator_config
     from orchestrator.request_end import not_a_client_request
-    from common.log_format import configure_logging
 
     args = OrchestratorFlags.from_args(parsed)
 
@@ -102,12 +102,12 @@ def run_orchestrator(parsed: argparse.Namespace) -> int:
 async def _serve(config: OrchestratorConfig, args: OrchestratorFlags, sock: socket.socket, port: int) -> int:
     import uvicorn
 
+    from api.header_limit import h11_head_limit
     from api.server import QuietServer
     from api.tokenizer import Tokenizer
-    from api.header_limit import h11_head_limit
     from orchestrator.app import Orchestrator, build_app
-    from orchestrator.leadership import Leadership
     from orchestrator.fast_http import fast_http_protocol
+    from orchestrator.leadership import Leadership
 
     index = args.process_index
     assert index is not None  # the keeper never serves

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -43,13 +44,24 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from api.errors import FrontendError, InvalidRequestError, NotFoundError, http_error, openai_error_body
+from common.processes import pid_alive
 from orchestrator.config import LiveSettings, OrchestratorConfig
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import Registry, RegistryError
-from orchestrator.state_protocol import (DrainAck, DrainRequest, LoadPush, Ok, PerfPush, Registration,
-                                         RegistrationAck, RequestTrace, SettingsAck, Snapshot, WorkerIdBody)
+from orchestrator.state_protocol import (
+    DrainAck,
+    DrainRequest,
+    LoadPush,
+    Ok,
+    PerfPush,
+    Registration,
+    RegistrationAck,
+    RequestTrace,
+    SettingsAck,
+    Snapshot,
+    WorkerIdBody,
+)
 from orchestrator.typed import ConfigError, from_mapping, to_mapping
-from common.processes import pid_alive
 
 if TYPE_CHECKING:
     from orchestrator.view import ClusterView
@@ -185,7 +197,7 @@ class StateOwner:
             changed = self._changed
             try:
                 await asyncio.wait_for(changed.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return self.snapshot(kv_after, settings_after)
 

@@ -39,45 +39,45 @@ def _json(payload: Any) -> Response:
     return Response(msgspec.json.encode(payload), media_type="application/json")
 
 
-def max_model_len(orch: "Orchestrator") -> int | None:
+def max_model_len(orch: Orchestrator) -> int | None:
     known = [w.max_model_len for w in orch.view.workers.values() if w.max_model_len is not None]
     return min(known) if known else None
 
 
-def vocab_size(orch: "Orchestrator") -> int | None:
+def vocab_size(orch: Orchestrator) -> int | None:
     """The smallest engine vocabulary any known worker reported (None until one has)."""
     known = [w.vocab_size for w in orch.view.workers.values() if w.vocab_size is not None]
     return min(known) if known else None
 
 
-def _surface(orch: "Orchestrator") -> TokenizerSurface:
+def _surface(orch: Orchestrator) -> TokenizerSurface:
     tokenizer = orch.tokenizer
     return TokenizerSurface(tokenizer, orch.config.model_name, max_model_len(orch),
                             tokenizer.backend.get_vocab_size(with_added_tokens=True))
 
 
-async def count_tokens(orch: "Orchestrator", request: Request) -> Response:
+async def count_tokens(orch: Orchestrator, request: Request) -> Response:
     body = msgspec.json.decode(await request.body(), type=CountTokensRequest)
     _surface(orch).check_model(body.model)
     ids = message_prompt_ids(PromptContext.for_tokenizer(orch.tokenizer), body)
     return _json({"input_tokens": len(ids)})
 
 
-async def tokenize_route(orch: "Orchestrator", request: Request) -> Response:
+async def tokenize_route(orch: Orchestrator, request: Request) -> Response:
     return _json(tokenize(_surface(orch), await request.body()))
 
 
-async def detokenize_route(orch: "Orchestrator", request: Request) -> Response:
+async def detokenize_route(orch: Orchestrator, request: Request) -> Response:
     return _json(detokenize(_surface(orch), await request.body()))
 
 
-async def list_models(orch: "Orchestrator", request: Request) -> Response:
+async def list_models(orch: Orchestrator, request: Request) -> Response:
     return _json({"object": "list", "data": [model_card(orch.config.model_name, max_model_len(orch))]})
 
 
-async def retrieve_model_route(orch: "Orchestrator", request: Request) -> Response:
+async def retrieve_model_route(orch: Orchestrator, request: Request) -> Response:
     return _json(retrieve_model(_surface(orch), request.path_params["model_id"]))
 
 
-async def version(orch: "Orchestrator", request: Request) -> Response:
+async def version(orch: Orchestrator, request: Request) -> Response:
     return _json({"version": VERSION})

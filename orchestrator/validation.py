@@ -18,7 +18,8 @@ ids are checked against the tokenizer's vocabulary.
 from __future__ import annotations
 
 import sys
-from typing import AsyncGenerator, Callable, Protocol
+from collections.abc import AsyncGenerator, Callable
+from typing import Protocol
 
 from api.admission import QueueBound
 from api.serving import FrontendConfig, ServingContext
@@ -44,7 +45,7 @@ _NO_LIMIT_YET = sys.maxsize // 2
 class _WorkerLimits:
     """What a ``ServingContext`` reads of its engine client, from what the workers reported."""
 
-    def __init__(self, limits: "WorkerLimitsSource", tokenizer_vocab_size: int) -> None:
+    def __init__(self, limits: WorkerLimitsSource, tokenizer_vocab_size: int) -> None:
         self.eos_token_ids: tuple[int, ...] = ()
         self._limits = limits
         self._tokenizer_vocab_size = tokenizer_vocab_size
@@ -84,7 +85,7 @@ class _WorkerLimits:
 class RequestValidator(ServingContext):
     """A ``ServingContext`` without an engine: checks bodies, never starts a generation."""
 
-    def __init__(self, tokenizer: Tokenizer, model_name: str, limits: "WorkerLimitsSource",
+    def __init__(self, tokenizer: Tokenizer, model_name: str, limits: WorkerLimitsSource,
                  strict_request_fields: bool = False) -> None:
         vocab_size = tokenizer.backend.get_vocab_size(with_added_tokens=True)
         super().__init__(_WorkerLimits(limits, vocab_size), tokenizer,

@@ -20,18 +20,18 @@ import asyncio
 import logging
 import os
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 import msgspec
 
+from common.block_hash import compute_block_hashes
 from orchestrator.config import LiveSettings
 from orchestrator.http_client import HttpClient, UpstreamError
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import WorkerRecord
 from orchestrator.routing import Candidate
 from orchestrator.state_protocol import LoadPush, PerfPush, RequestTrace, Snapshot
-from common.block_hash import compute_block_hashes
 from workers.http_protocol import Phase
 
 __all__ = ["ClusterView", "StateLink", "LOAD_PUSH_SECONDS"]

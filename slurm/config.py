@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.typed import from_mapping
 from common.config_errors import ConfigError
+from orchestrator.typed import from_mapping
 
 __all__ = ["CONTAINER_RUNTIMES", "ContainerConfig", "SlurmConfig", "parse_slurm_config", "ConfigError"]
 

@@ -20,8 +20,8 @@ on each of its nodes, rank 0 (the launcher and frontends) on the first.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from common.config_errors import ConfigError
 

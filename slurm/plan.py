@@ -9,13 +9,13 @@ the shared filesystem, known only once the job has an id.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
+from common.config_errors import ConfigError
 from slurm.config import SlurmConfig
 from slurm.placement import WorkerPlacement
 from slurm.step import GPU_MASK_ENV
-from common.config_errors import ConfigError
 
 __all__ = ["Step", "JobPlan", "build_plan", "RUN_DIR", "ORCHESTRATOR_STEP"]
 

@@ -24,9 +24,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 __all__ = ["TaskRank", "discover_rank", "rank_environ", "write_rank_table", "read_rank_table", "RANKS_DIR",
            "free_port_pair"]

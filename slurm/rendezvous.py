@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 __all__ = ["KEY_FILE", "WORKER_KEY_FILE", "NODES_FILE", "ORCHESTRATOR_URL_FILE", "LOGS_DIR", "create_cluster_key",
            "publish_orchestrator_url", "read_orchestrator_url", "wait_for_orchestrator_url", "read_nodes"]

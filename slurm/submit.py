@@ -15,8 +15,8 @@ import dataclasses
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from slurm.jobs import SlurmCommandError
 from slurm.plan import JobPlan

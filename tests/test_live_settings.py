@@ -7,9 +7,15 @@ import threading
 import msgspec
 
 from disagg.deploy_config import load_deploy_config
-from disagg.live_settings import is_live, changed_keys
-from disagg.supervisor_control import (AddWorkers, ControlAnswer, RetireWorkers, answer_request, ask_supervisor,
-                                       take_requests)
+from disagg.live_settings import changed_keys, is_live
+from disagg.supervisor_control import (
+    AddWorkers,
+    ControlAnswer,
+    RetireWorkers,
+    answer_request,
+    ask_supervisor,
+    take_requests,
+)
 
 
 def _config(tmp_path, text: str):

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import json
 
-from disagg.run_state import (LocalRunState, ProcessRecord, SlurmRunState, SlurmStep, clean, find_state, read_state,
-                              write_state)
+from disagg.run_state import (
+    LocalRunState,
+    ProcessRecord,
+    SlurmRunState,
+    SlurmStep,
+    clean,
+    find_state,
+    read_state,
+    write_state,
+)
 
 
 def _local() -> LocalRunState:

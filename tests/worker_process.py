@@ -23,9 +23,9 @@ import time
 import weakref
 from pathlib import Path
 
+from common.processes import stop_process
 from disagg.serve import READY_MESSAGE  # the line the launcher prints when every frontend is ready
 from workers.ipc import write_private_file
-from common.processes import stop_process
 
 __all__ = ["STARTED", "free_port", "spawn_worker", "start_worker", "stop_worker", "port_is_free", "worker_log", "READY_MESSAGE",
            "disagg_worker_args"]

@@ -183,7 +183,7 @@ class EngineConfig:
     from ``engine.threads``): two engines each spinning a thread per core on the same cores
     slow each other's every step."""
 
-    def validate(self) -> "EngineConfig":
+    def validate(self) -> EngineConfig:
         if self.kind not in ("torch", "synthetic"):
             raise ConfigError("engine.kind", f"must be 'torch' or 'synthetic', got {self.kind!r}")
         if self.kind == "torch" and not self.model:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import zmq
 
+from common.log_format import LOG_FORMATS, configure_logging
 from workers.allocator import MemoryTrimmer, release_memory
 from workers.client_ids import FRONTEND_SHIFT, lane_of
 from workers.config import EngineConfig
@@ -54,9 +55,6 @@ from workers.ipc import (
     send_nowait,
 )
 from workers.kv_transfer import DisaggEngineSpec, KVTransferAgent
-from common.log_format import LOG_FORMATS, configure_logging
-from workers.rank_env import RankEnv
-from workers.rank_link import LeaderLink, RankLost
 from workers.protocol import (
     AbortRequests,
     AddContextRequest,
@@ -68,25 +66,27 @@ from workers.protocol import (
     ControlRequest,
     DrainKVEvents,
     DrainReply,
-    SnapshotKVCache,
     DrainStats,
-    FinishReason,
-    RejectReason,
     EngineFailed,
     EngineHealth,
     EngineInfo,
     EngineReady,
     EngineTiming,
+    FinishReason,
     FrontendHello,
     HealthPing,
     IngressMessage,
     OutputBatch,
+    RejectReason,
     RequestOutput,
     Shutdown,
+    SnapshotKVCache,
     StartProfile,
     StatusMessage,
     StopProfile,
 )
+from workers.rank_env import RankEnv
+from workers.rank_link import LeaderLink, RankLost
 
 if TYPE_CHECKING:  # the core's modules load in ``build_core``, after the shell has started
     from workers.engine.core import EngineCore

@@ -98,7 +98,7 @@ class GrammarCompiler:
     @classmethod
     def for_tokenizer(
         cls, backend: tokenizers.Tokenizer, vocab_size: int, eos_token_ids: Iterable[int]
-    ) -> "GrammarCompiler":
+    ) -> GrammarCompiler:
         """``vocab_size`` is the model's (the logits' width), which may exceed the tokenizer's:
         the padding ids are never allowed by a grammar."""
         eos = sorted(eos_token_ids)

@@ -18,9 +18,9 @@ import json
 import logging
 import os
 import shutil
-from typing import Any
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from common.process_identity import process_start_time, same_process
 

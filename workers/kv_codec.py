@@ -26,7 +26,8 @@ import hashlib
 import hmac
 import logging
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import zmq

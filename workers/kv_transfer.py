@@ -21,15 +21,16 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from workers.kv_core import KVCore
 from workers.kv_codec import KVFrameCodec
+from workers.kv_core import KVCore
 from workers.kv_protocol import (
     KVAck,
     KVBlocks,
@@ -70,7 +71,7 @@ class DisaggEngineSpec(msgspec.Struct, frozen=True):
     kv_advertise_host: str | None = None  # the host in kv_endpoint (None: kv_host, or the FQDN for 0.0.0.0)
     pull_timeout_seconds: float = 30.0  # a pull with no progress for this long fails its request
 
-    def build_agent(self, core: KVCore, ctx: zmq.Context) -> "KVTransferAgent":
+    def build_agent(self, core: KVCore, ctx: zmq.Context) -> KVTransferAgent:
         return KVTransferAgent(core, bytes.fromhex(self.cluster_key_hex), ctx, self.kv_host, self.kv_port,
                                self.kv_advertise_host, self.pull_timeout_seconds)
 

@@ -30,20 +30,21 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import IO, Callable
+from collections.abc import Callable
+from typing import IO
 
 import msgspec
 import zmq
 
+from common.processes import stop_process
+from common.restart_budget import RestartBudget
 from workers.attach import ATTACH_FILE_ENV, AttachInfo, write_attach_file
 from workers.config import ConfigError, EngineConfig
 from workers.engine_proc import EngineProcSpec
-from workers.kv_transfer import DisaggEngineSpec
+from workers.frontends_down import FrontendsDown, write_frontends_down
 from workers.ipc import ENGINE_WEDGED_SECONDS, LANE_SNDHWM, FrameCodec, make_ipc_dir, new_key, write_private_file
 from workers.ipc_dir_owners import record_owner, sweep_stale_ipc_dirs
-from common.processes import stop_process
-from workers.rank_env import RANK_VARS, RankEnv
-from workers.rank_group import LocalFollowers, plan_ranks
+from workers.kv_transfer import DisaggEngineSpec
 from workers.protocol import (
     ControlReply,
     ControlRequest,
@@ -55,8 +56,8 @@ from workers.protocol import (
     Shutdown,
     StatusMessage,
 )
-from workers.frontends_down import FrontendsDown, write_frontends_down
-from common.restart_budget import RestartBudget
+from workers.rank_env import RANK_VARS, RankEnv
+from workers.rank_group import LocalFollowers, plan_ranks
 
 __all__ = ["LaunchError", "check_port_free", "WorkerGroup", "RANK_ENV_VARS"]
 
@@ -176,7 +177,7 @@ class WorkerGroup:
         self._closed = False
         self.stopping = False  # a stop was requested (signal): readiness waits end early
 
-    def __enter__(self) -> "WorkerGroup":
+    def __enter__(self) -> WorkerGroup:
         return self
 
     def __exit__(self, *exc: object) -> None:

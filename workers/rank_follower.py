@@ -33,11 +33,11 @@ from typing import Any
 import msgspec
 import zmq
 
+from common.log_format import LOG_FORMATS, configure_logging
 from workers.config import EngineConfig
+from workers.kv_transfer import DisaggEngineSpec
 from workers.rank_env import RankEnv
 from workers.rank_link import FollowerLink, RankLost
-from workers.kv_transfer import DisaggEngineSpec
-from common.log_format import LOG_FORMATS, configure_logging
 from workers.rank_protocol import (
     RankAbortPull,
     RankFailed,

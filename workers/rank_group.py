@@ -22,9 +22,9 @@ from typing import Any
 
 import msgspec
 
+from common.processes import stop_processes
 from workers.config import ConfigError, EngineConfig
 from workers.ipc import write_private_file
-from common.processes import stop_processes
 from workers.rank_env import RankEnv
 
 __all__ = ["RankPlan", "plan_ranks", "rank_link_key", "LocalFollowers", "free_port"]

@@ -17,9 +17,9 @@ import builtins  # the method FileStore.list shadows the builtin in annotations 
 import os
 import secrets
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from api.batches.store import Transaction, open_exclusive
 

@@ -33,16 +33,25 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any, Callable, Coroutine, Iterator
+from typing import Any
 
 import msgspec
 
 from api.batches.executor import BatchExecutor
 from api.batches.files import FileRecord, FileStore
 from api.batches.openai_lines import UsageSum, error_line, line_error_outcome, read_line
-from api.batches.openai_schemas import (COMPLETION_WINDOWS, BatchError, BatchErrors, BatchRequestCounts,
-                                              BatchStatus, CreateBatchBody, FilePurpose, OpenAIBatch)
+from api.batches.openai_schemas import (
+    COMPLETION_WINDOWS,
+    BatchError,
+    BatchErrors,
+    BatchRequestCounts,
+    BatchStatus,
+    CreateBatchBody,
+    FilePurpose,
+    OpenAIBatch,
+)
 from api.batches.openai_store import META_SCHEMA, OpenAIBatchRow, OpenAIBatchStore, Stage
 from api.batches.runner import DEFAULT_MAX_IN_FLIGHT, BatchRunner
 from api.batches.store import DEFAULT_TTL_SECONDS, BatchRecord, BatchStore

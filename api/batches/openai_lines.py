@@ -12,7 +12,7 @@ endpoint answered: 200s go to the output file, 4xx and 5xx to the error file
 from __future__ import annotations
 
 import secrets
-from typing import Iterator
+from collections.abc import Iterator
 
 import msgspec
 
@@ -81,11 +81,11 @@ class _AnswerUsage(msgspec.Struct):
 
 
 class _OutputLine(msgspec.Struct):
-    response: "_OutputResponse"
+    response: _OutputResponse
 
 
 class _OutputResponse(msgspec.Struct):
-    body: "_OutputBody"
+    body: _OutputBody
 
 
 class _OutputBody(msgspec.Struct):

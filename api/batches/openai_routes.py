@@ -18,7 +18,7 @@ holds for any caller). Unknown ids are 404s (``No such File object``).
 from __future__ import annotations
 
 import asyncio
-from typing import Iterator
+from collections.abc import Iterator
 
 import msgspec
 from starlette.datastructures import UploadFile
@@ -28,8 +28,14 @@ from starlette.routing import Route
 
 from api.batches.files import FileRecord
 from api.batches.openai_batches import OpenAIBatches
-from api.batches.openai_schemas import (UPLOAD_PURPOSES, CreateBatchBody, FileDeleted, FileList, FileObject,
-                                              OpenAIBatchList)
+from api.batches.openai_schemas import (
+    UPLOAD_PURPOSES,
+    CreateBatchBody,
+    FileDeleted,
+    FileList,
+    FileObject,
+    OpenAIBatchList,
+)
 from api.batches.routes import api_endpoint, list_limit
 from api.errors import InvalidRequestError, NotFoundError, RequestTooLargeError, openai_error_body
 

@@ -28,7 +28,7 @@ __all__ = [
 COMPLETION_WINDOWS = ("24h",)  # OpenAI accepts only this window
 
 
-class FilePurpose(str, enum.Enum):
+class FilePurpose(enum.StrEnum):
     """What a file is for: clients upload ``batch`` (and ``user_data``, kept but used by nothing here);
     the server writes ``batch_output`` (a batch's output and error files)."""
 
@@ -40,7 +40,7 @@ class FilePurpose(str, enum.Enum):
 UPLOAD_PURPOSES = (FilePurpose.BATCH, FilePurpose.USER_DATA)
 
 
-class BatchStatus(str, enum.Enum):
+class BatchStatus(enum.StrEnum):
     """OpenAI's Batch lifecycle: validating -> in_progress -> finalizing -> completed, with
     failed (the input file could not be used at all), expired (the 24 h window passed with requests
     left) and cancelling -> cancelled."""
@@ -55,7 +55,7 @@ class BatchStatus(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
-class BatchEndpoint(str, enum.Enum):
+class BatchEndpoint(enum.StrEnum):
     """The endpoints a batch may run (each runs through the orchestrator's disaggregated flow)."""
 
     CHAT = "/v1/chat/completions"

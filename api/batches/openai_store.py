@@ -17,8 +17,8 @@ finalization cut short by a crash is simply done again under the same ids.
 from __future__ import annotations
 
 import builtins  # the method OpenAIBatchStore.list shadows the builtin in annotations after it
-import sqlite3
 import enum
+import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +56,7 @@ _COLUMNS = ("id, endpoint, input_file_id, completion_window, metadata, created_a
             "error_slot, errors, cancelling_at, final_status, final_at, output_file_id, error_file_id, usage")
 
 
-class Stage(str, enum.Enum):
+class Stage(enum.StrEnum):
     VALIDATING = "validating"
     FAILED = "failed"
     RUNNING = "running"
@@ -84,7 +84,7 @@ class OpenAIBatchRow:
     usage: BatchUsage | None
 
     @classmethod
-    def from_row(cls, row: tuple[Any, ...]) -> "OpenAIBatchRow":
+    def from_row(cls, row: tuple[Any, ...]) -> OpenAIBatchRow:
         (batch_id, endpoint, input_file_id, window, metadata, created_at, expires_at, stage, output_slot, error_slot,
          errors, cancelling_at, final_status, final_at, output_file_id, error_file_id, usage) = row
         return cls(batch_id, endpoint, input_file_id, window,

@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import msgspec
 from starlette.requests import Request

@@ -33,11 +33,12 @@ Policies (documented once, here):
 
 from __future__ import annotations
 
-import functools
 import asyncio
+import functools
 import logging
 import time
-from typing import Any, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from api.batches.executor import BatchExecutor
 from api.batches.store import DEFAULT_TTL_SECONDS, BatchRecord, BatchStore
@@ -75,7 +76,7 @@ class BatchRunner:
         self._dispatcher: asyncio.Task[None] | None = None
         self._closing = False
 
-    async def __aenter__(self) -> "BatchRunner":
+    async def __aenter__(self) -> BatchRunner:
         await self.start()
         return self
 

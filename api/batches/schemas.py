@@ -81,5 +81,5 @@ def rfc3339(epoch_seconds: float | None) -> str | None: ...
 def rfc3339(epoch_seconds: float | None) -> str | None:
     if epoch_seconds is None:
         return None
-    moment = datetime.datetime.fromtimestamp(epoch_seconds, tz=datetime.timezone.utc)
+    moment = datetime.datetime.fromtimestamp(epoch_seconds, tz=datetime.UTC)
     return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")

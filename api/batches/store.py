@@ -20,10 +20,11 @@ import collections
 import secrets
 import sqlite3
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Mapping
+from typing import Any
 
 from api.batches.schemas import ProcessingStatus, RequestCounts, RequestState
 
@@ -85,7 +86,7 @@ class BatchRecord:
     request_counts: RequestCounts
 
     @classmethod
-    def from_row(cls, row: tuple[Any, ...]) -> "BatchRecord":
+    def from_row(cls, row: tuple[Any, ...]) -> BatchRecord:
         batch_id, status, created_at, expires_at, ended_at, cancel_initiated_at, archived_at = row[:7]
         return cls(batch_id, status, created_at, expires_at, ended_at, cancel_initiated_at, archived_at,
                    RequestCounts(*row[7:12]))
@@ -134,7 +135,7 @@ class BatchStore:
         with self._lock:
             self._conn.close()
 
-    def transaction(self) -> "Transaction":
+    def transaction(self) -> Transaction:
         return Transaction(self._lock, self._conn)
 
     # -- batches -------------------------------------------------------------------------------------

@@ -11,12 +11,18 @@ directory. Wire a worker app as::
     build_app(..., responses=LauncherResponses(admin_socket_path))     # an attached frontend
 """
 
-from api.responses.api import admin_routes, begin_turn, create_response, delete_response, \
-    list_input_items, retrieve_response, store_turn
+from api.responses.api import (
+           admin_routes,
+           begin_turn,
+           create_response,
+           delete_response,
+           list_input_items,
+           retrieve_response,
+           store_turn,
+)
 from api.responses.items import input_items_page
 from api.responses.render import ResponseEventStream, ResponseTurn
-from api.responses.store import LauncherResponses, LocalResponses, ResponsesClient, ResponseStore, \
-    RESPONSES_FILE
+from api.responses.store import RESPONSES_FILE, LauncherResponses, LocalResponses, ResponsesClient, ResponseStore
 
 __all__ = ["admin_routes", "begin_turn", "store_turn", "create_response", "retrieve_response", "delete_response",
            "list_input_items", "input_items_page",

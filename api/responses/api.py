@@ -19,7 +19,8 @@ its attached frontends' reads and writes: on the admin Unix socket only.
 from __future__ import annotations
 
 import time
-from typing import Any, MutableMapping
+from collections.abc import MutableMapping
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -28,6 +29,7 @@ from starlette.routing import Route
 
 from api.errors import FrontendError, InvalidRequestError, NotFoundError
 from api.openai_api import serve_chat_completion
+from api.request_context import enter_request
 from api.request_fields import decode_request
 from api.responses.items import input_items_page
 from api.responses.render import ResponseEventStream, ResponseTurn
@@ -38,7 +40,6 @@ from api.route_table import over_admin_socket
 from api.schemas_openai import ChatCompletionRequest
 from api.serving import ServingContext
 from api.streaming import EventStreamResponse
-from api.request_context import enter_request
 
 __all__ = ["PreviousResponseNotFoundError", "begin_turn", "store_turn", "create_response", "retrieve_response",
            "list_input_items", "delete_response", "admin_routes"]

@@ -10,13 +10,21 @@ with ``limit`` (1 to 100, default 20) and an ``after`` cursor (an item id).
 from __future__ import annotations
 
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 
 from api.errors import InvalidRequestError
-from api.responses.schemas import FunctionCallItem, FunctionCallOutputItem, InputText, Item, MessageItem, \
-    OutputText, StoredResponse
+from api.responses.schemas import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputText,
+    Item,
+    MessageItem,
+    OutputText,
+    StoredResponse,
+)
 
 __all__ = ["new_id", "with_ids", "input_items_page", "MAX_LIST_LIMIT"]
 

@@ -22,12 +22,20 @@ re-framed on blank lines first.
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import msgspec
 
 from api.responses.items import new_id, with_ids
-from api.responses.schemas import OUTPUT_TEXT_LOGPROBS, FunctionCallItem, Item, MessageItem, OutputText, ResponsesRequest
+from api.responses.schemas import (
+    OUTPUT_TEXT_LOGPROBS,
+    FunctionCallItem,
+    Item,
+    MessageItem,
+    OutputText,
+    ResponsesRequest,
+)
 from api.responses.translate import chat_body, continues_final_message
 from api.streaming import FinalFrame
 

@@ -10,7 +10,7 @@ unknown item, part, tool and format types are 400s that name the field.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -54,7 +54,7 @@ class Refusal(msgspec.Struct, frozen=True, tag_field="type", tag="refusal"):
     refusal: str
 
 
-ContentPart = Union[InputText, OutputText, Refusal]
+ContentPart = InputText | OutputText | Refusal
 
 
 class MessageItem(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="message"):
@@ -87,7 +87,7 @@ class ReasoningItem(msgspec.Struct, frozen=True, kw_only=True, tag_field="type",
     id: str | None = None
 
 
-Item = Union[MessageItem, FunctionCallItem, FunctionCallOutputItem, ReasoningItem]
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 
 
 class FunctionTool(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="function"):
@@ -117,7 +117,7 @@ class TextFormatJsonSchema(msgspec.Struct, frozen=True, kw_only=True, tag_field=
 
 
 class TextConfig(msgspec.Struct, frozen=True):
-    format: Union[TextFormatText, TextFormatJsonObject, TextFormatJsonSchema] = TextFormatText()
+    format: TextFormatText | TextFormatJsonObject | TextFormatJsonSchema = TextFormatText()
 
 
 class ResponsesRequest(msgspec.Struct, frozen=True):
@@ -126,7 +126,7 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
     # Clients send null for "the default" as often as they leave a field out: ``with_defaults``.
-    tool_choice: Union[Literal["auto", "none", "required"], ToolChoiceFunction, None] = "auto"
+    tool_choice: Literal["auto", "none", "required"] | ToolChoiceFunction | None = "auto"
     parallel_tool_calls: bool | None = True
     text: TextConfig | None = None
     max_output_tokens: int | None = None

@@ -21,7 +21,8 @@ never makes and change nothing. A ``conversation`` object is a 400.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 

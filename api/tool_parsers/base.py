@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol, Union
+from typing import Any, Protocol
 
 from api.tool_parsers.json_text import CallPrefix, ObjectEnd
 from api.tool_parsers.partial_json import partial_object
@@ -109,7 +110,7 @@ class CutCall:
         return self.arguments_text
 
 
-ParserEvent = Union[TextDelta, CallHead, ArgumentsDelta, ParsedCall, CutCall]
+ParserEvent = TextDelta | CallHead | ArgumentsDelta | ParsedCall | CutCall
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class Complete:
     length: int  # characters the call took, opener and closer included
 
 
-ScanResult = Union[NeedMore, Malformed, Complete]
+ScanResult = NeedMore | Malformed | Complete
 
 
 class CallSyntax(Protocol):

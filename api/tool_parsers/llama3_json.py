@@ -12,9 +12,15 @@ import json
 from typing import Any
 
 from api.tool_parsers.base import Complete, Malformed, NeedMore, ScanResult
-from api.tool_parsers.json_text import CallPrefix, ObjectEnd, arguments_text, partial_suffix, read_call, \
-    read_call_prefix
 from api.tool_parsers.hermes import call_schema
+from api.tool_parsers.json_text import (
+    CallPrefix,
+    ObjectEnd,
+    arguments_text,
+    partial_suffix,
+    read_call,
+    read_call_prefix,
+)
 
 __all__ = ["Llama3JsonSyntax"]
 

@@ -24,7 +24,7 @@ class Usage:
     output_tokens: int | None = None
     cached_tokens: int | None = None
 
-    def merge(self, other: "Usage") -> None:
+    def merge(self, other: Usage) -> None:
         for name in ("prompt_tokens", "output_tokens", "cached_tokens"):
             if getattr(other, name) is not None:
                 setattr(self, name, getattr(other, name))

@@ -9,9 +9,10 @@ B moved. Levels only one file has are listed as such.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from disagg.bench import stats
 from disagg.bench.metrics import RequestRecord, meets_slo

@@ -16,8 +16,9 @@ Definitions (times in seconds; the JSON holds them as they are):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 __all__ = ["RequestRecord", "RunSummary", "Distribution", "percentile", "summarize", "parse_slo", "meets_slo", "PERCENTILES"]
 
@@ -68,7 +69,7 @@ class Distribution:
     max: float | None
 
     @classmethod
-    def of(cls, values: Iterable[float | None]) -> "Distribution":
+    def of(cls, values: Iterable[float | None]) -> Distribution:
         data = sorted(v for v in values if v is not None)
         if not data:
             return cls(0, None, None, None, None, None, None)

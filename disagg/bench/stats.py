@@ -22,8 +22,8 @@ runs when a decision hangs on a few percent.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -21,24 +21,23 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import msgspec
 
+from common.block_hash import compute_block_hashes
 from disagg.bench.metrics import RequestRecord
 from disagg.deploy_config import DeployConfig
+from disagg.sim.engine import SimEngine
 from orchestrator.kv_index import KVIndex
 from orchestrator.kv_pool import choose_prefix
-from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
+from orchestrator.routing import Candidate, Router, RouteRequest, should_skip_ctx
 from workers.config import EngineConfig
-from common.block_hash import compute_block_hashes
 from workers.engine.scheduler import KVPull
+from workers.http_protocol import decode_kv_events
 from workers.protocol import EngineRequest, RequestOutput
 from workers.sampling_params import SamplingParams
-from workers.http_protocol import decode_kv_events
-
-from disagg.sim.engine import SimEngine
 
 __all__ = ["SimTiming", "SimCluster"]
 

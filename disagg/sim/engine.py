@@ -11,7 +11,7 @@ them from the ctx engine's parked blocks after the transfer's simulated time.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from workers.config import EngineConfig, SyntheticConfig
 from workers.engine.core import EngineCore
@@ -43,8 +43,8 @@ class SimEngine:
 
     def __init__(self, worker_id: str, config: EngineConfig,
                  schedule: Callable[[float, Callable[[float], None]], None],
-                 on_outputs: Callable[[float, "SimEngine", list[RequestOutput]], None],
-                 on_pulls: Callable[[float, "SimEngine", list[KVPull]], None]) -> None:
+                 on_outputs: Callable[[float, SimEngine, list[RequestOutput]], None],
+                 on_pulls: Callable[[float, SimEngine, list[KVPull]], None]) -> None:
         self.worker_id = worker_id
         self.executor = _ClockedExecutor(config, config.synthetic)
         self.core = EngineCore(config, self.executor, inline_onboarding=True)  # the timing model charges it

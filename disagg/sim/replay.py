@@ -21,9 +21,8 @@ from disagg.bench.metrics import summarize
 from disagg.bench.runner import LevelResult
 from disagg.bench.trace_replay import TracePlan
 from disagg.deploy_config import DeployConfig, EngineSettings
-from workers.config import CacheConfig, EngineConfig, SchedulerConfig, SyntheticConfig
-
 from disagg.sim.cluster import SimCluster, SimTiming
+from workers.config import CacheConfig, EngineConfig, SchedulerConfig, SyntheticConfig
 
 __all__ = ["engine_config", "simulate_trace", "add_simulate_arguments", "run_simulate_command"]
 
@@ -76,11 +75,11 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_simulate_command(args: argparse.Namespace) -> int:
+    from common.config_errors import ConfigError
     from disagg.bench.cli import build_trace_plan
     from disagg.bench.report import summary_lines, write_result
     from disagg.bench.trace_replay import trace_lines, trace_result
     from disagg.deploy_config import load_deploy_config
-    from common.config_errors import ConfigError
 
     try:
         config = load_deploy_config(args.config)

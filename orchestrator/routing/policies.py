@@ -20,8 +20,8 @@ sorted by worker id, the ones already tried removed) and returns one:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from orchestrator.config import RouterConfig
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import pytest_asyncio
+from http_harness import live_harness, make_harness
 
 from api.tokenizer import Tokenizer
-from http_harness import live_harness, make_harness
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,17 @@ import asyncio
 import contextlib
 import os
 import socket
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 import httpx
 import uvicorn
+from inproc_engine import InprocEngineClient, make_synthetic_core
 
-from frontends.app import build_app
 from api.serving import FrontendConfig
 from api.tokenizer import Tokenizer
+from frontends.app import build_app
 from frontends.worker_app import make_attached_app, make_launcher_app
-from inproc_engine import InprocEngineClient, make_synthetic_core
 from workers.attach import AttachInfo
 from workers.engine.core import EngineCore
 from workers.protocol import EngineInfo, EngineRequest

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from api.admission import QueueBound
 from api.errors import EngineDeadError

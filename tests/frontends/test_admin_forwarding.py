@@ -13,11 +13,11 @@ from collections import Counter
 
 import httpx
 import pytest
-
-from frontends.perf_records import FLUSH_SECONDS
-from api.route_table import unclassified_routes
 from http_harness import worker_apps
 from worker_process import start_worker, stop_worker
+
+from api.route_table import unclassified_routes
+from frontends.perf_records import FLUSH_SECONDS
 
 K = 4
 USER = [{"role": "user", "content": "Hello world"}]

@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from tests.worker_procs import wait_until
 from tests.worker_process import rss_mb, start_worker, stop_worker
+from tests.worker_procs import wait_until
 
 LIMIT = 64
 STEP_SECONDS = 0.05
@@ -100,8 +100,8 @@ def test_anthropic_refusal_is_529_overloaded_error(tiny_model_dir):
 
 
 def test_the_limit_is_shared_by_the_frontends_and_configured_from_the_yaml():
-    from disagg.deploy_config import EngineSettings
     from api.admission import per_frontend_limit
+    from disagg.deploy_config import EngineSettings
     from workers.config import ConfigError
 
     assert per_frontend_limit(64, 1) == 64 and per_frontend_limit(64, 3) == 22 and per_frontend_limit(2, 8) == 1

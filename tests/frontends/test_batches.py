@@ -16,13 +16,13 @@ import httpx
 import pytest
 import pytest_asyncio
 import uvicorn
+from http_harness import MAX_MODEL_LEN
+from inproc_engine import InprocEngineClient, make_synthetic_core
 
-from frontends.app import build_app
 from api.batches import BATCHES_FILE, BatchRunner, BatchStore, EngineBatchExecutor, batch_routes
 from api.batches.store import BatchStoreBusyError
 from api.serving import FrontendConfig, ServingContext
-from http_harness import MAX_MODEL_LEN
-from inproc_engine import InprocEngineClient, make_synthetic_core
+from frontends.app import build_app
 
 pytestmark = pytest.mark.asyncio
 

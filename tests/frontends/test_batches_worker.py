@@ -6,7 +6,6 @@ import time
 
 import anthropic
 import httpx
-
 from worker_process import start_worker, stop_worker
 
 

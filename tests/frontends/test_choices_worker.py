@@ -14,7 +14,6 @@ import httpx
 import openai
 import pytest
 
-
 MODEL = "tiny-test"
 USER = [{"role": "user", "content": "Name three colours of the evening sky over the sea, please."}]
 

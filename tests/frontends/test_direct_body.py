@@ -12,12 +12,12 @@ import socket
 
 import pytest
 import uvicorn
+from http_harness import make_harness
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from api.direct_body import DirectBody, offer_direct_body
 from api.header_limit import http_protocol
-from http_harness import make_harness
 
 BODY = {"model": "tiny-test", "messages": [{"role": "user", "content": "Tell me a story."}],
         "max_tokens": 40, "stream": True, "ignore_eos": True, "temperature": 0,

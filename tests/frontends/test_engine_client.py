@@ -11,8 +11,8 @@ from contextlib import aclosing
 import msgspec
 import pytest
 
-from frontends.engine_client import EngineClient
 from api.errors import EngineDeadError, EngineUnresponsiveError
+from frontends.engine_client import EngineClient
 from workers.config import EngineConfig, SyntheticConfig
 from workers.launcher import WorkerGroup
 from workers.protocol import EngineHealth, HealthPing

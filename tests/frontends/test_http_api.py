@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from http_harness import FRONTEND_ID, MAX_MODEL_LEN, engine_output_ids, make_harness
+
 from workers.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.asyncio

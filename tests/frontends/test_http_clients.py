@@ -8,8 +8,8 @@ import asyncio
 import anthropic
 import openai
 import pytest
-
 from http_harness import engine_output_ids
+
 from workers.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.asyncio

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from http_harness import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.asyncio

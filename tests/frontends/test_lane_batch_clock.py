@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 
-from frontends import engine_client
 from api.admission import QueueBound
+from frontends import engine_client
 from frontends.engine_client import EngineClient
 from workers.client_ids import ClientIdAllocator
 from workers.ipc import FrameCodec

@@ -20,7 +20,6 @@ from api.batches.openai_schemas import CreateBatchBody, InputLine
 from api.batches.openai_store import Stage
 
 
-
 def test_file_store_pages_replaces_and_drops_orphans(tmp_path):
     store = FileStore(tmp_path)
     ids = [store.add(f"f{i}.jsonl", "batch" if i % 2 == 0 else "user_data", [b"x" * i], float(i)).id

@@ -101,7 +101,7 @@ class _Counter:
     def __init__(self) -> None:
         self.children: dict[str, _Child] = {}
 
-    def labels(self, result: str) -> "_Child":
+    def labels(self, result: str) -> _Child:
         return self.children.setdefault(result, _Child())
 
 

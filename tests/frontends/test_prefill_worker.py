@@ -15,7 +15,6 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-
 from worker_process import start_worker, stop_worker
 
 MODEL = "tiny-test"

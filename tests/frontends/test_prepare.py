@@ -14,6 +14,7 @@ from contextlib import aclosing
 
 import msgspec
 import pytest
+from inproc_engine import InprocEngineClient, make_synthetic_core
 
 from api.anthropic_api import MessagesApi
 from api.disaggregation import DisaggConfig
@@ -23,7 +24,6 @@ from api.prepare import ApiRequest, check_request, prepare_request
 from api.schemas_anthropic import MessagesRequest
 from api.schemas_openai import ChatCompletionRequest, CompletionRequest
 from api.serving import FrontendConfig, ServingContext
-from inproc_engine import InprocEngineClient, make_synthetic_core
 from workers.disagg_params import RequestType, signed_params
 
 MODEL = "tiny"

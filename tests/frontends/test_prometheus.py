@@ -7,7 +7,6 @@ import os
 
 import httpx
 import pytest
-
 from worker_process import start_worker, stop_worker
 
 K = 4

@@ -7,7 +7,6 @@ import asyncio
 import json
 
 import pytest
-
 from http_harness import make_harness
 
 BODY = {"model": "tiny-test", "messages": [{"role": "user", "content": "Tell me a story."}],

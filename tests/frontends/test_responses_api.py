@@ -8,7 +8,6 @@ import asyncio
 import openai
 import pytest
 import pytest_asyncio
-
 from http_harness import live_harness, make_harness
 from test_http_clients import wait_for_abort
 

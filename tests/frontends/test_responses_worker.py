@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import httpx
 import openai
-
 from worker_process import start_worker, stop_worker
 
 

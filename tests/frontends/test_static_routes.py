@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from http_harness import worker_apps
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import BaseRoute, Match, Mount, Route, Router
 
-from http_harness import worker_apps
 from frontends.static_routes import StaticRouter, static_index
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import anthropic
 import openai
 import pytest
-
 from worker_process import start_worker, stop_worker
 
 USER = [{"role": "user", "content": "Tell me a story"}]

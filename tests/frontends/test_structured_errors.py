@@ -4,7 +4,6 @@ names the field (and, for a schema, what is unsupported), never a silent 200."""
 from __future__ import annotations
 
 import pytest
-
 from test_http_errors import anthropic_error, openai_error
 
 pytestmark = pytest.mark.asyncio

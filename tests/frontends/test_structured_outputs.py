@@ -16,9 +16,9 @@ import httpx
 import jsonschema
 import openai
 import pytest
-
 from json_schemas import SCHEMAS
 from test_disagg_worker import ctx_leg, gen_body, post
+
 from tests.worker_process import start_worker, stop_worker, worker_log
 
 MODEL = "tiny-test"

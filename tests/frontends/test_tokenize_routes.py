@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import openai
 import pytest
-
 from http_harness import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.asyncio

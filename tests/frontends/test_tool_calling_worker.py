@@ -12,7 +12,6 @@ from __future__ import annotations
 import anthropic
 import openai
 import pytest
-
 from tool_loops import USER, anthropic_client, anthropic_loop, openai_client, openai_loop
 from worker_process import start_worker, stop_worker
 

@@ -6,7 +6,6 @@ as text (``tests/tool_cuts.py``)."""
 from __future__ import annotations
 
 import pytest
-
 from tool_cuts import check_cut_calls
 from tool_loops import anthropic_client, openai_client
 from worker_process import start_worker, stop_worker

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import time
 
-from api.tool_parsers import ArgumentsDelta, CallHead, CutCall, ParsedCall, TextDelta, ToolCallParser, \
-    detect_tool_syntax, tool_syntax
+import pytest
+
+from api.tool_parsers import (
+    ArgumentsDelta,
+    CallHead,
+    CutCall,
+    ParsedCall,
+    TextDelta,
+    ToolCallParser,
+    detect_tool_syntax,
+    tool_syntax,
+)
 from workers.engine.model.tiny_tokenizer import CHAT_TEMPLATE
 
 TOOLS = ("get_weather", "get_time")

@@ -8,11 +8,11 @@ import json
 
 import pytest
 import pytest_asyncio
+from http_harness import make_harness
 
 from api.tokenizer import Tokenizer
 from api.tool_parsers import detect_tool_syntax
 from api.tool_prompt import adapt_conversation
-from http_harness import make_harness
 
 # SmolLM2-135M-Instruct's template, verbatim from its GGUF (tokenizer.chat_template).
 SMOLLM2_TEMPLATE = (

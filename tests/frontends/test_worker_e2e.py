@@ -14,7 +14,6 @@ import anthropic
 import httpx
 import openai
 import pytest
-
 from worker_process import start_worker, stop_worker
 
 NUM_BLOCKS = 64

@@ -11,9 +11,9 @@ import subprocess
 
 import httpx
 import pytest
+from worker_process import start_worker, stop_worker, worker_log, write_private_file
 
 from api.api_key import KeyFileError, RequiredKey, read_key_file
-from worker_process import start_worker, stop_worker, worker_log, write_private_file
 
 # Every route family of a worker: generation, the client surface, the launcher-owned drains and
 # profiler, the batches and stored responses, the Prometheus scrape and the API's own description.

@@ -8,19 +8,18 @@ live answers, errors included, validate against it; every frontend serves the sa
 from __future__ import annotations
 
 import re
-
 import time
 
 import httpx
 import jsonschema
 import openapi_spec_validator
 import pytest
-
-from api.openapi import undocumented_routes, unserved_docs
-from api.openapi_routes import WORKER_DOCS
 from http_harness import worker_apps
 from openapi_check import CalledModules, call_checked, check_answer, documented, operation_problems
 from worker_process import start_worker, stop_worker
+
+from api.openapi import undocumented_routes, unserved_docs
+from api.openapi_routes import WORKER_DOCS
 
 MODEL = "tiny-test"
 USER = [{"role": "user", "content": "Hello"}]

@@ -9,7 +9,6 @@ from typing import Any
 import anthropic
 import httpx
 import openai
-
 from orchestrator_process import start_orchestrator, stop_orchestrator
 from worker_process import disagg_worker_args, start_worker, stop_worker
 

@@ -12,17 +12,16 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
-import weakref
-
 import httpx
+from worker_process import free_port
 
+from common.processes import stop_process
 from orchestrator.readiness import health_progress
 from orchestrator.server import READY_MESSAGE
-from common.processes import stop_process
-from worker_process import free_port
 
 __all__ = ["start_orchestrator", "stop_orchestrator", "wait_until", "orchestrator_log", "STARTED"]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import httpx
 import openai
-
 from orchestrator_process import start_orchestrator, stop_orchestrator
 from worker_process import start_worker, stop_worker
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-
 from test_prometheus_dashboard import DASHBOARD, dashboard_panels, prometheus_tool
 
 ALERTS = Path(__file__).resolve().parents[2] / "dashboards" / "alerts.yml"

@@ -7,7 +7,6 @@ import time
 
 import httpx
 import pytest
-
 from orchestrator_process import start_orchestrator, stop_orchestrator
 from worker_process import start_worker, stop_worker
 

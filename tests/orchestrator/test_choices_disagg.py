@@ -12,7 +12,6 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-
 from disagg_cluster import DisaggCluster, prefill_tokens
 from orchestrator_process import start_orchestrator, stop_orchestrator
 

@@ -89,8 +89,8 @@ def test_orchestrator_config_errors(tmp_path):
 
 def test_orchestrator_drain_restart_limit_and_access_log_keys_reach_its_config(tmp_path):
     from disagg.deploy_config import render_flags
-    from disagg.deployment import STOP_SECONDS, orchestrator_stop_seconds
     from disagg.deploy_plan import orchestrator_config
+    from disagg.deployment import STOP_SECONDS, orchestrator_stop_seconds
 
     config = load_deploy_config(write(tmp_path, "model: tiny\naccess_log: true\norchestrator:\n  grace_seconds: 45\n"
                                                 "  max_process_restarts: 2\n  process_restart_window_seconds: 60\n"

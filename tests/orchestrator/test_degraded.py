@@ -11,7 +11,6 @@ import signal
 import httpx
 import openai
 import pytest
-
 from test_up import disagg, write_deployment
 from worker_process import free_port
 from worker_procs import frontend_slots, wait_until

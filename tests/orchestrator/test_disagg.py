@@ -12,7 +12,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
 from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
 from worker_process import disagg_worker_args, start_worker, stop_worker
 

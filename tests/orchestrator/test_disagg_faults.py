@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import msgspec
 import pytest
-
 from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
 from worker_process import disagg_worker_args, spawn_worker, start_worker, stop_worker
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
-
 from browser import chromium
 from openapi_check import operations
 from orchestrator_process import start_orchestrator, stop_orchestrator
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 from swagger_page import TIMEOUT, SwaggerPage, loaded
 from worker_process import start_worker, stop_worker
 

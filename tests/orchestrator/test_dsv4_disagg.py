@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from transformers import AutoTokenizer, DeepseekV4ForCausalLM
-
 from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
+from transformers import AutoTokenizer, DeepseekV4ForCausalLM
+from worker_process import disagg_worker_args, start_worker, stop_worker
+
 from tests.workers.dsv4_reference import prompt
 from tests.workers.engine_runs import run, tokens
-from worker_process import disagg_worker_args, start_worker, stop_worker
 from workers.config import CacheConfig, EngineConfig
 from workers.engine.core import EngineCore
 from workers.protocol import EngineRequest

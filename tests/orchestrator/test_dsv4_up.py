@@ -11,11 +11,11 @@ import httpx
 import pytest
 import torch
 import yaml
-from transformers import AutoTokenizer
-
 from test_up import disagg
-from tests.workers.dsv4_reference import greedy_tokens
+from transformers import AutoTokenizer
 from worker_process import free_port
+
+from tests.workers.dsv4_reference import greedy_tokens
 from workers.engine.model.deepseek_v4.model import DeepseekV4Model
 
 REPO = Path(__file__).resolve().parents[2]

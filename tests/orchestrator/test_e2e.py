@@ -13,7 +13,6 @@ import anthropic
 import httpx
 import openai
 import pytest
-
 from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
 from worker_process import start_worker, stop_worker
 

@@ -18,7 +18,6 @@ import httptools
 import httpx
 import openai
 import pytest
-
 from orchestrator_process import orchestrator_log, start_orchestrator, stop_orchestrator, wait_until
 from worker_process import start_worker, stop_worker
 

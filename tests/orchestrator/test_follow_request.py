@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from test_up import disagg, write_deployment
 from worker_process import free_port
 

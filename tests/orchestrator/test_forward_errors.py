@@ -7,7 +7,6 @@ a bug to ``http_error`` (a logged 500), so the check must not use one.
 from __future__ import annotations
 
 import httpx
-
 from orchestrator_process import start_orchestrator, stop_orchestrator
 
 

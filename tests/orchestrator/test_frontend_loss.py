@@ -14,10 +14,10 @@ import threading
 import time
 
 import httpx
-
 from orchestrator_process import start_orchestrator, stop_orchestrator
-from tests.worker_procs import frontend_slots, wait_until
 from worker_process import start_worker, stop_worker
+
+from tests.worker_procs import frontend_slots, wait_until
 
 
 def test_sigkill_of_one_attached_frontend_gives_clients_no_503(tiny_model_dir, tmp_path):

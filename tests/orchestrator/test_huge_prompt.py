@@ -8,10 +8,10 @@ import time
 import httpx
 import msgspec
 import pytest
-
-from api.tokenizer import Tokenizer
 from orchestrator_process import start_orchestrator, stop_orchestrator
 from worker_process import rss_mb, start_worker, stop_worker
+
+from api.tokenizer import Tokenizer
 
 TEN_MB = "word " * (2 * 1024 * 1024)
 

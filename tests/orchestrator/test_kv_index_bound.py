@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
-from orchestrator.kv_index import KVIndex
 from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
 from worker_process import start_worker, stop_worker
+
+from orchestrator.kv_index import KVIndex
 from workers.http_protocol import KVEventEntry, KVEventRecord
 
 

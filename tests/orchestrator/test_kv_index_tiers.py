@@ -6,7 +6,7 @@ import msgspec
 
 from orchestrator.config import RouterConfig
 from orchestrator.kv_index import KVIndex
-from orchestrator.routing.policies import Candidate, RouteRequest, Router
+from orchestrator.routing.policies import Candidate, Router, RouteRequest
 from workers.engine.kv_events import BlockRemoved, BlockStored, KVEvent, Tier
 from workers.http_protocol import KVEventEntry, KVEventRecord, decode_kv_events
 

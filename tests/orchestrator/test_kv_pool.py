@@ -8,7 +8,6 @@ import time
 
 import httpx
 import pytest
-
 from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
 from worker_process import disagg_worker_args, start_worker, stop_worker
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from common.block_hash import compute_block_hashes
 from orchestrator.config import KVPoolConfig
 from orchestrator.kv_pool import KVPool, worth_fetching
 from orchestrator.prompt import ParsedRequest
 from orchestrator.registry import WorkerRecord
 from orchestrator.view import ClusterView
 from workers.disagg_params import DisaggParams, RequestType
-from common.block_hash import compute_block_hashes
 
 PROMPT = list(range(100, 260))  # 160 tokens: 10 blocks of 16, the last one never fetched (its last token)
 HASHES = list(compute_block_hashes(PROMPT, 16, 0))

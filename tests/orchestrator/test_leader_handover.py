@@ -13,12 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from orchestrator_process import start_orchestrator, stop_orchestrator, wait_until
 from worker_process import start_worker, stop_worker
 
-from orchestrator.leadership import read_leader
 from common.processes import pid_alive
+from orchestrator.leadership import read_leader
 
 pytestmark = pytest.mark.slow
 

@@ -14,17 +14,17 @@ import httpx
 import msgspec
 import pytest
 import uvicorn
+from orchestrator_process import start_orchestrator, stop_orchestrator
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from worker_process import free_port
 
 from api.tokenizer import Tokenizer
 from orchestrator.prompt import ctx_leg_body, parse_request
 from orchestrator.validation import RequestValidator
 from workers.http_protocol import CtxAnswer
-from orchestrator_process import start_orchestrator, stop_orchestrator
-from worker_process import free_port
 
 PARAMS = {"request_type": "context_only", "ctx_request_id": "7", "kv_endpoint": "tcp://127.0.0.1:1", "num_tokens": 9,
           "first_token_id": 65, "expires_at": 1e10, "signature": "ab" * 32}

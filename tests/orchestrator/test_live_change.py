@@ -18,7 +18,6 @@ import time
 
 import httpx
 import pytest
-
 from live_load import LoadLoop
 from orchestrator_process import wait_until
 from test_up import disagg, write_deployment

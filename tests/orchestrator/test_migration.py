@@ -17,7 +17,6 @@ import time
 
 import httpx
 import pytest
-
 from orchestrator_process import orchestrator_log, start_orchestrator, stop_orchestrator, wait_until
 from worker_process import disagg_worker_args, spawn_worker, start_worker, stop_worker
 from worker_procs import children_of, engine_pid

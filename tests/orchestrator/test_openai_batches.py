@@ -18,9 +18,8 @@ import time
 import httpx
 import openai
 import pytest
-
-from orchestrator_process import stop_orchestrator, wait_until
 from disagg_cluster import DisaggCluster
+from orchestrator_process import stop_orchestrator, wait_until
 from worker_process import stop_worker
 
 MODEL = "tiny-test"

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from failover_load import StreamLoad
 from test_up import disagg
 from worker_process import free_port
 
+from common.processes import pid_alive
 from orchestrator.process_records import read_keeper, read_records
 from workers.engine.model.tiny import make_tiny_model
-from common.processes import pid_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # 20 kills, each respawn a process start
 

@@ -14,7 +14,6 @@ import time
 
 import httpx
 import pytest
-
 from orchestrator_process import orchestrator_log, start_orchestrator, stop_orchestrator
 from worker_process import start_worker, stop_worker
 

@@ -12,15 +12,15 @@ import re
 import httpx
 import openapi_spec_validator
 import pytest
+from openapi_check import CalledModules, call_checked, documented, operation_problems, operations
+from orchestrator_process import start_orchestrator, stop_orchestrator
+from worker_process import start_worker, stop_worker
 
 from api.openapi import undocumented_routes, unserved_docs
 from api.tokenizer import Tokenizer
-from openapi_check import CalledModules, call_checked, documented, operation_problems, operations
 from orchestrator.app import Orchestrator, build_app
 from orchestrator.config import OrchestratorConfig
 from orchestrator.openapi_routes import ORCHESTRATOR_DOCS
-from orchestrator_process import start_orchestrator, stop_orchestrator
-from worker_process import start_worker, stop_worker
 
 MODEL = "tiny-test"
 USER = [{"role": "user", "content": "Hello"}]

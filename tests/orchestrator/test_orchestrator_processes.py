@@ -18,7 +18,6 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
-
 from orchestrator_process import orchestrator_log, start_orchestrator, stop_orchestrator, wait_until
 from worker_process import start_worker, stop_worker
 

@@ -12,9 +12,18 @@ import sys
 import msgspec
 import pytest
 
-from orchestrator.process_records import (KEEPER_FILE, PROCESSES_DIR, ProcessRecord, forget_records, keeper_alive,
-                                          read_records, sweep, write_keeper, write_record)
 from common.processes import pid_alive
+from orchestrator.process_records import (
+    KEEPER_FILE,
+    PROCESSES_DIR,
+    ProcessRecord,
+    forget_records,
+    keeper_alive,
+    read_records,
+    sweep,
+    write_keeper,
+    write_record,
+)
 
 
 def test_a_recorded_process_is_swept_and_a_recycled_pid_is_not(tmp_path):

@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
 from test_up import disagg
 from test_up_cli import write_config
 from worker_process import free_port

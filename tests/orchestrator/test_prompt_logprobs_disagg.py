@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import openai
 import pytest
-
 from disagg_cluster import DisaggCluster, prefill_tokens
 
 MODEL = "tiny-test"

@@ -10,7 +10,6 @@ import httpx
 import jsonschema
 import openai
 import pytest
-
 from orchestrator_process import start_orchestrator, stop_orchestrator
 from worker_process import disagg_worker_args, start_worker, stop_worker
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import msgspec
 
+from common.block_hash import compute_block_hashes
 from orchestrator.config import ConditionalDisaggConfig, RouterConfig
 from orchestrator.kv_index import KVIndex
 from orchestrator.registry import WorkerRecord
-from orchestrator.routing import Candidate, RouteRequest, Router, should_skip_ctx
+from orchestrator.routing import Candidate, Router, RouteRequest, should_skip_ctx
 from orchestrator.state_protocol import Snapshot
 from orchestrator.view import ClusterView
 from workers.http_protocol import KVEventEntry, decode_kv_events
-from common.block_hash import compute_block_hashes
 
 REQ = RouteRequest(num_tokens=64)
 

@@ -13,7 +13,6 @@ import anthropic
 import openai
 import pytest
 import yaml
-
 from worker_process import free_port
 
 pytestmark = pytest.mark.slow

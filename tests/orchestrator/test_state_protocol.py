@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
+from orchestrator_process import start_orchestrator, stop_orchestrator
 
 from orchestrator.state_protocol import LoadPush, PerfPush, RequestTrace, Snapshot
-from orchestrator_process import start_orchestrator, stop_orchestrator
 
 
 @pytest.fixture

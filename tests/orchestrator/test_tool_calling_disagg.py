@@ -4,11 +4,9 @@ the client gets parsed, schema-valid calls, streamed and not, on both APIs."""
 
 from __future__ import annotations
 
-
 import anthropic
 import openai
 import pytest
-
 from orchestrator_process import start_orchestrator, stop_orchestrator
 from tool_cuts import check_cut_calls
 from tool_loops import anthropic_client, anthropic_loop, openai_client, openai_loop

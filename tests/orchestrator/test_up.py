@@ -12,11 +12,10 @@ import time
 
 import anthropic
 import openai
-
 from worker_process import free_port, port_is_free
 
-from workers.engine.model.tiny import make_tiny_model
 from common.processes import pid_alive
+from workers.engine.model.tiny import make_tiny_model
 
 
 def disagg(*args: str, cwd, timeout: float = 120) -> subprocess.CompletedProcess:

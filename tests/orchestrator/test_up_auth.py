@@ -16,7 +16,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
 from orchestrator_process import wait_until
 from test_up import disagg, write_deployment
 from worker_process import free_port

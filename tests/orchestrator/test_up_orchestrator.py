@@ -17,12 +17,11 @@ import time
 
 import httpx
 import pytest
-
 from test_up import disagg, write_deployment
 from worker_process import free_port
 
-from orchestrator.process_records import read_records
 from common.processes import pid_alive
+from orchestrator.process_records import read_records
 
 
 def _stream(url: str, model: str, results: list, started: threading.Event) -> None:

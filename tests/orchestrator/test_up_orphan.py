@@ -14,9 +14,9 @@ import openai
 from test_up import disagg, write_deployment
 from worker_process import free_port, port_is_free
 
-from workers.ipc_dir_owners import OWNERS_FILE, record_owner, sweep_stale_ipc_dirs
 from common.process_identity import process_start_time
 from common.processes import pid_alive
+from workers.ipc_dir_owners import OWNERS_FILE, record_owner, sweep_stale_ipc_dirs
 
 
 def _config(tmp_path, port: int) -> str:

@@ -9,12 +9,10 @@ count of zero means the request was refused, not that legs are never counted.
 
 from __future__ import annotations
 
-
 import anthropic
 import httpx
 import openai
 import pytest
-
 from orchestrator_process import orchestrator_log, start_orchestrator, stop_orchestrator
 from worker_process import disagg_worker_args, start_worker, stop_worker
 

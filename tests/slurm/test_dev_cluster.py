@@ -7,17 +7,17 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
+from slurm_plans import local_plan
 
 from slurm.config import SlurmConfig
 from slurm.jobs import TERMINAL_STATES, cancel_job, job_in_queue, job_info, wait_for_state, wait_until_gone
 from slurm.placement import WorkerPlacement
 from slurm.rendezvous import create_cluster_key, read_nodes, wait_for_orchestrator_url
 from slurm.submit import submit_script, submit_with_submitit, write_script
-from slurm_plans import local_plan
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(60)]
 

@@ -157,8 +157,9 @@ print("sees", os.environ["SLURM_JOB_NAME"], os.environ.get("DISAGG_TP_RANK", "0"
 
 def test_a_rendered_step_sees_the_gpus_it_asked_slurm_for(emulated_cluster: dict[str, str], tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm.render import render_script
     from slurm_plans import narrow_plan
+
+    from slurm.render import render_script
 
     def worker_argv(worker) -> list[str]:
         return [sys.executable, "-m", "slurm.step", "worker", "--run-dir", "{run_dir}", "--", sys.executable, "-c",

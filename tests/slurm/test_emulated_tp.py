@@ -15,12 +15,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import openai
 import pytest
-
 from slurm_processes import processes_mentioning
 from worker_process import start_worker, stop_worker
 

@@ -7,7 +7,6 @@ import socket
 import threading
 from pathlib import Path
 
-
 from slurm.ranks import discover_rank, free_port_pair, rank_environ
 
 STEP = {"SLURM_JOB_ID": "41", "SLURM_STEP_ID": "3", "SLURM_NTASKS": "4", "SLURMD_NODENAME": "n7"}

@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from slurm.rendezvous import (
-    create_cluster_key, publish_orchestrator_url, read_nodes, read_orchestrator_url, wait_for_orchestrator_url,
+    create_cluster_key,
+    publish_orchestrator_url,
+    read_nodes,
+    read_orchestrator_url,
+    wait_for_orchestrator_url,
 )
 
 

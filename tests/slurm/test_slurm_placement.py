@@ -3,7 +3,10 @@ from __future__ import annotations
 import pytest
 
 from slurm.placement import (
-    PlacementError, PoolSpec, WorkerPlacement, place_workers,
+    PlacementError,
+    PoolSpec,
+    WorkerPlacement,
+    place_workers,
 )
 from workers.config import ConfigError
 

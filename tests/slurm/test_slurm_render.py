@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from slurm_plans import dsv4_plan, local_plan, narrow_plan
 
 from disagg.deploy_config import load_deploy_config
 from disagg.slurm_deployment import build_slurm_plan
 from slurm.config import ContainerConfig, SlurmConfig
 from slurm.plan import RUN_DIR, JobPlan, Step
 from slurm.render import render_script
-from slurm_plans import dsv4_plan, local_plan, narrow_plan
 from workers.config import ConfigError
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"

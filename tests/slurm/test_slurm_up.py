@@ -10,13 +10,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import openai
 import pytest
-
 from slurm_processes import processes_mentioning
 
 pytestmark = pytest.mark.slurm

@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import torch
 import torch.distributed as dist
-
 from tp_forward import decode_greedily, join_group  # this script's directory (it runs as a script)
+
 from workers.config import CacheConfig, EngineConfig
 from workers.engine.executor import ScheduledRequest, SchedulerOutput
 from workers.engine.model.deepseek_v4.runner import DeepseekV4Runner

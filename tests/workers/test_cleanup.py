@@ -14,7 +14,6 @@ import time
 
 import httpx
 import pytest
-
 from worker_process import port_is_free, spawn_worker, start_worker, stop_worker, worker_log
 from worker_procs import children_of, engine_pid, frontend_slots, group_pids_alive, wait_until
 

@@ -8,10 +8,10 @@ import msgspec
 import pytest
 
 from workers.disagg_params import (
-    RequestType,
     ClusterKeyError,
     DisaggParams,
     DisaggParamsError,
+    RequestType,
     load_cluster_key,
     signed_params,
     verify_params,

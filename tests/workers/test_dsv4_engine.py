@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from tests.workers.dsv4_reference import greedy_tokens, prompt
 from tests.worker_process import start_worker, stop_worker
+from tests.workers.dsv4_reference import greedy_tokens, prompt
 from tests.workers.engine_runs import run, tokens
 from workers.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore

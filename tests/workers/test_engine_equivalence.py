@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("torch")
 
 from engine_runs import run, tokens
+
 from workers.config import CacheConfig, EngineConfig, SchedulerConfig
 from workers.engine.core import EngineCore
 from workers.protocol import EngineRequest

@@ -7,8 +7,8 @@ import time
 
 import pytest
 import zmq
-
 from test_engine_proc import RawFrontend, health, start_group
+
 from workers.client_ids import make_client_id
 from workers.config import EngineConfig, SyntheticConfig
 from workers.launcher import WorkerGroup

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from gguf_files import write_gguf
+
 from workers.config import CacheConfig, ConfigError, EngineConfig
 from workers.engine.model.gguf_metadata import gguf_model_config, open_gguf
 from workers.engine.model.loader import load_model

@@ -15,6 +15,7 @@ import tokenizers
 from engine_runs import run, run_disaggregated, tokens
 from json_schemas import SCHEMAS, schema_text
 from test_engine_equivalence import make_core, mixed_requests
+
 from workers.guided import lark_json
 from workers.protocol import EngineRequest
 from workers.sampling_params import GuidedDecoding, SamplingParams

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from engine_runs import run, tokens
 
-from workers.config import CacheConfig, ConfigError, EngineConfig, SyntheticConfig
 from common.block_hash import compute_block_hashes
+from workers.config import CacheConfig, ConfigError, EngineConfig, SyntheticConfig
 from workers.engine.block_manager import BlockManager
 from workers.engine.core import EngineCore
 from workers.engine.executor import ScheduledRequest, SchedulerOutput

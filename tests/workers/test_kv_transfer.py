@@ -12,7 +12,7 @@ import random
 import socket
 import time
 from collections import defaultdict
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import zmq

@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-
 from worker_process import port_is_free, spawn_worker, start_worker, stop_worker, worker_log
 
 

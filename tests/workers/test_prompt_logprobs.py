@@ -9,10 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it; nothing may be downloaded
 
-from transformers import AutoModelForCausalLM  # noqa: E402
-
 from engine_runs import run, tokens  # noqa: E402
 from test_engine_equivalence import make_core, make_request  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
 from workers.config import CacheConfig, EngineConfig, SchedulerConfig, SyntheticConfig  # noqa: E402
 from workers.engine.core import EngineCore  # noqa: E402
 from workers.protocol import RequestOutput, TokenLogprobs  # noqa: E402

@@ -7,7 +7,6 @@ import signal
 import time
 
 import httpx
-
 from worker_process import start_worker, stop_worker, worker_log
 from worker_procs import frontend_slots, wait_until
 

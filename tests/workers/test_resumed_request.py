@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 from engine_runs import tokens
 from json_schemas import SCHEMAS, schema_text
 from test_engine_equivalence import make_core
+
 from workers.protocol import EngineRequest
 from workers.sampling_params import GuidedDecoding, SamplingParams
 

@@ -15,7 +15,6 @@ import time
 
 import httpx
 import pytest
-
 from worker_process import start_worker, stop_worker
 from worker_procs import children_of, engine_pid, wait_until
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_runs import run, tokens
 from test_model_reference import _paged_logits
+
 from workers.config import CacheConfig, EngineConfig
 from workers.engine.core import EngineCore
 from workers.engine.model_runner import ModelRunner

@@ -53,6 +53,7 @@ pytest.importorskip("torch")
 
 from engine_runs import run, run_disaggregated, tokens  # noqa: E402
 from test_engine_equivalence import make_core, make_request  # noqa: E402
+
 from workers.protocol import EngineRequest  # noqa: E402
 
 BASE = [5, 17, 33, 99, 12, 8, 71, 40]

@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
+from common.processes import pid_alive
 from tests.worker_process import free_port
 from tests.workers.test_tp_worker import _children, _cmdline
-from common.processes import pid_alive
 
 
 def disagg(*args: str, cwd) -> subprocess.CompletedProcess:

@@ -17,10 +17,10 @@ import httpx
 import openai
 import pytest
 
+from common.processes import pid_alive
 from tests.worker_process import start_worker, stop_worker, worker_log
 from tests.worker_procs import _cmdline, children_of
 from workers.engine.model.tiny import make_tiny_model
-from common.processes import pid_alive
 
 PROMPTS = ["hello there", "what is two and two", "tell me a story about a cat", "ok"]
 DOWN_SECONDS = 10.0

@@ -10,7 +10,8 @@ tensor; rank 0 writes the prefill logits and the tokens to OUT (.npz).
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch

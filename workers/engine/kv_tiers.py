@@ -29,10 +29,10 @@ from typing import Any
 
 import msgspec
 
-from workers.config import ConfigError
 from common.block_hash import BlockHash
+from workers.config import ConfigError
 from workers.engine.kv_events import BlockRemoved, BlockStored, KVEventQueue, Tier
-from workers.engine.onboarding import InlineOnboarder, OnboardJob, Onboarder, ThreadOnboarder, TierSource
+from workers.engine.onboarding import InlineOnboarder, Onboarder, OnboardJob, ThreadOnboarder, TierSource
 from workers.engine.tier_disk import DiskBlock, DiskFiles
 
 __all__ = ["KVTiers", "TierStats"]

@@ -11,7 +11,8 @@ engine never builds this wrapper. Torch-free.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from workers.engine.executor import Executor, ExecutorOutput, SchedulerOutput
 from workers.rank_link import LeaderLink, RankLost

@@ -77,7 +77,7 @@ class DecodeBatch:
     context_lens: torch.Tensor  # (B,) int64: keys each decode attends, its own included
 
     @classmethod
-    def build(cls, rows: list[int], tables: list[list[int]], context_lens: list[int]) -> "DecodeBatch":
+    def build(cls, rows: list[int], tables: list[list[int]], context_lens: list[int]) -> DecodeBatch:
         width = max(len(table) for table in tables)
         padded = [table + [0] * (width - len(table)) for table in tables]
         return cls(

@@ -28,8 +28,6 @@ from typing import Any
 import torch
 
 from workers.engine.executor import ExecutorOutput, SampledToken, SchedulerOutput
-from workers.engine.prompt_logprobs import prompt_logprobs
-from workers.engine.speculative import accepted
 from workers.engine.logits_processors import (
     apply_grammar_masks,
     apply_logit_bias,
@@ -37,6 +35,8 @@ from workers.engine.logits_processors import (
     apply_penalties,
     has_penalties,
 )
+from workers.engine.prompt_logprobs import prompt_logprobs
+from workers.engine.speculative import accepted
 from workers.protocol import TokenLogprobs
 from workers.sampling_params import SamplingParams
 

@@ -32,15 +32,15 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from workers.config import SchedulerConfig
 from common.block_hash import BlockHash
+from workers.config import SchedulerConfig
 from workers.engine.block_manager import BlockManager
 from workers.engine.executor import ScheduledRequest, SchedulerOutput
 from workers.engine.request import Request, RequestStatus
+from workers.engine.request_rules import admission_error, request_output, stop_filter, token_slice
 from workers.engine.speculative import Speculator
 from workers.engine.step_results import StepResults
 from workers.engine.tier_requests import TierRequests
-from workers.engine.request_rules import admission_error, request_output, stop_filter, token_slice
 from workers.protocol import RejectReason, RequestOutput
 
 __all__ = ["Scheduler", "KVPull"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from workers.engine.model.model_config import ModelConfig, RopeScaling
 
 
