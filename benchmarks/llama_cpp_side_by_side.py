@@ -82,9 +82,12 @@ def chat_messages(model: Path) -> list[dict]:
     while True:
         messages = [{"role": "user", "content": " ".join(words)}]
         count = len(tokenizer.encode_chat(messages))
-        if count >= PROMPT_TOKENS:
+        if count == PROMPT_TOKENS:
             return messages
-        words.append(WORDS[len(words) % len(WORDS)])
+        if count > PROMPT_TOKENS:
+            raise RuntimeError(f"could not make a {PROMPT_TOKENS}-token prompt (got {count})")
+        # Words of the pangram while far, then " a" (one token each) to land exactly.
+        words.append(WORDS[len(words) % len(WORDS)] if count < PROMPT_TOKENS - 8 else "a")
 
 
 class LlamaServer:
@@ -116,8 +119,12 @@ class LlamaServer:
         self.log.close()
 
 
+def served_model(url: str) -> str:
+    return httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+
+
 def one_request(url: str, messages: list[dict], pids: list[int]) -> dict:
-    body = {"model": "m", "messages": messages, "max_tokens": OUTPUT_TOKENS, "temperature": 0.0,
+    body = {"model": served_model(url), "messages": messages, "max_tokens": OUTPUT_TOKENS, "temperature": 0.0,
             "stream": True, "ignore_eos": True}
     cpu0 = sum(cpu_seconds(pid) for pid in pids)
     times = []
