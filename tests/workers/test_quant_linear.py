@@ -103,7 +103,7 @@ def test_quantized_weights_refuse_what_they_do_not_run(tmp_path):
 def test_smollm2_quantized_logits_and_greedy_agree(kernel, smollm2_gguf):
     """The shipped Q4_1 model (Q8_0 embedding/head): every linear weight's blocks are the file's, and
     over a prompt set the teacher-forced greedy tokens agree with the float32 path at >= 99% of
-    positions, logits within 0.05 (max abs; their range is ~30). docs/quantization.md states these."""
+    positions, logits within 0.01 (max abs; their range is ~30; measured 1e-4: the same weights, sums reordered). docs/quantization.md states these."""
     reader = open_gguf(smollm2_gguf)
     for tensor in reader.tensors[:12]:
         blocks = read_blocks(tensor)
@@ -121,7 +121,7 @@ def test_smollm2_quantized_logits_and_greedy_agree(kernel, smollm2_gguf):
         total += logits["quantized"].shape[0]
     print(f"SmolLM2 Q4_1 quantized vs float32: logits max abs distance {distance:.4f}, "
           f"greedy agreement {agree}/{total}")  # the figures docs/quantization.md quotes (pytest -s)
-    assert distance < 0.05, distance
+    assert distance < 0.01, distance
     assert agree >= 0.99 * total, (agree, total)
 
 
