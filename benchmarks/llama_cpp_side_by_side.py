@@ -73,12 +73,13 @@ def default_model() -> Path:
     return shipped_model_path(SHIPPED_MODELS["smollm2-135m-instruct"])
 
 
-def chat_messages(model: Path) -> list[dict]:
-    """A user message whose templated prompt is exactly PROMPT_TOKENS tokens for our tokenizer."""
+def chat_messages(model: Path, serial: int) -> list[dict]:
+    """A user message whose templated prompt is exactly PROMPT_TOKENS tokens for our tokenizer,
+    distinct per ``serial`` from its first token on: neither server's prefix cache may skip the prefill."""
     from frontends.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_model_path(model)
-    words: list[str] = []
+    words: list[str] = [f"Request {serial}:"]
     while True:
         messages = [{"role": "user", "content": " ".join(words)}]
         count = len(tokenizer.encode_chat(messages))
@@ -87,7 +88,7 @@ def chat_messages(model: Path) -> list[dict]:
         if count > PROMPT_TOKENS:
             raise RuntimeError(f"could not make a {PROMPT_TOKENS}-token prompt (got {count})")
         # Words of the pangram while far, then " a" (one token each) to land exactly.
-        words.append(WORDS[len(words) % len(WORDS)] if count < PROMPT_TOKENS - 8 else "a")
+        words.append(WORDS[(len(words) + serial) % len(WORDS)] if count < PROMPT_TOKENS - 8 else "a")
 
 
 class LlamaServer:
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model = args.model or default_model()
     binary = build_llama_server()
-    messages = chat_messages(model)
+    serials = iter(range(1_000_000))
     work = Path(tempfile.mkdtemp(prefix="llama-cpp-side-"))
     port = free_port()
     argv_ = [sys.executable, "-m", "disagg.cli", "serve", str(model), "--engine", "torch", "--num-frontends", "1",
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     per_round: dict[str, list[dict]] = {f"{name}/{phase}": [] for name in systems for phase in phases}
     try:
         for url, pids in systems.values():  # warm-up: kernels built, caches touched
-            one_request(url, messages, pids)
+            one_request(url, chat_messages(model, next(serials)), pids)
         for index in range(args.rounds):
             order = list(systems) if index % 2 == 0 else list(reversed(systems))
             for phase in phases:
@@ -198,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     for name in order:
                         url, pids = systems[name]
-                        results = [one_request(url, messages, pids) for _ in range(args.requests)]
+                        results = [one_request(url, chat_messages(model, next(serials)), pids)
+                                   for _ in range(args.requests)]
                         per_round[f"{name}/{phase}"].append(round_median(results))
                 finally:
                     if hog is not None:
