@@ -12,7 +12,7 @@
     tool_call_parser: null          # hermes | llama3_json; default: detected from the chat template
     engine: {kind, dtype, device, max_model_len, block_size, num_blocks, max_num_seqs,
              max_num_batched_tokens, stream_interval, kv_park_seconds, kv_pull_timeout, synthetic_decode_step_seconds,
-             synthetic_prefill_seconds_per_token, synthetic_onboard_seconds_per_block, decode_attention, threads,
+             synthetic_prefill_seconds_per_token, synthetic_onboard_seconds_per_block, decode_attention, weights, threads,
              host_tier_bytes, disk_tier_path, disk_tier_bytes, num_speculative_tokens,
              prompt_lookup_max, prompt_lookup_min}
     orchestrator: {host, port, processes, ctx_router, gen_router, conditional, kv_pool, health,
@@ -46,7 +46,7 @@ from orchestrator.config import (
 )
 from orchestrator.typed import ConfigError, from_mapping
 from slurm.config import SlurmConfig
-from workers.config import DECODE_ATTENTION_MODES, SpeculativeConfig, check_tiers
+from workers.config import DECODE_ATTENTION_MODES, WEIGHT_MODES, SpeculativeConfig, check_tiers
 from workers.sampling_params import MAX_STREAM_INTERVAL
 
 __all__ = ["EngineSettings", "OrchestratorSettings", "PoolConfig", "PoolsConfig", "PrometheusSettings", "RestartPolicy",
@@ -91,6 +91,8 @@ class EngineSettings:
     """Disk KV tier budget of each engine; needs host_tier_bytes and disk_tier_path."""
     decode_attention: str | None = None
     """auto, native or sdpa: the torch engine's decode attention (serve's --decode-attention)."""
+    weights: str | None = None
+    """dequantize or quantized: a GGUF model's weights in the torch engine (serve's --weights)."""
     num_speculative_tokens: int | None = None
     """Prompt-lookup draft tokens verified per decode step of a greedy request (serve's
     --num-speculative-tokens, default 0: off); in a disaggregated deployment the gen pool's matter."""
@@ -143,6 +145,8 @@ class EngineSettings:
         if self.decode_attention is not None and self.decode_attention not in DECODE_ATTENTION_MODES:
             raise ConfigError(f"{prefix}.decode_attention",
                               f"must be auto, native or sdpa, got {self.decode_attention!r}")
+        if self.weights is not None and self.weights not in WEIGHT_MODES:
+            raise ConfigError(f"{prefix}.weights", f"must be dequantize or quantized, got {self.weights!r}")
         if self.max_request_bytes is not None and self.max_request_bytes < 1024:
             raise ConfigError(f"{prefix}.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
         for name in ("max_concurrent_requests", "max_queued_requests", "max_queued_prompt_tokens"):
@@ -180,6 +184,7 @@ class EngineSettings:
                 "--kv-park-seconds": self.kv_park_seconds,
                 "--kv-pull-timeout": self.kv_pull_timeout,
                 "--decode-attention": self.decode_attention,
+                "--weights": self.weights,
                 "--num-speculative-tokens": self.num_speculative_tokens,
                 "--prompt-lookup-max": self.prompt_lookup_max, "--prompt-lookup-min": self.prompt_lookup_min,
                 "--engine-wedged-seconds": self.wedged_seconds,

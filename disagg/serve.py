@@ -40,6 +40,7 @@ from disagg.serve_settings import ServeSettings
 from workers.attach import attach_file_from_env, read_attach_file
 from workers.config import (
     DECODE_ATTENTION_MODES,
+    WEIGHT_MODES,
     CacheConfig,
     ConfigError,
     EngineConfig,
@@ -103,6 +104,9 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
                                            "greedy request (0: speculative decoding off)")),
     ("--prompt-lookup-max", dict(type=int, default=4, help="the longest n-gram a draft lookup matches")),
     ("--prompt-lookup-min", dict(type=int, default=2, help="the shortest n-gram a draft lookup matches")),
+    ("--weights", dict(default="dequantize", choices=WEIGHT_MODES,
+                       help="torch engine, GGUF model: dequantize at load, or keep Q4_0/Q4_1/Q4_K/Q8_0 "
+                            "linear weights quantized (float32 CPU; docs/quantization.md)")),
     ("--engine-threads", dict(type=int, default=None,
                               help="torch engine: intra-op threads (default: torch's, one per available core; "
                                    "`disagg up` gives engines sharing a machine a share each)")),
@@ -207,6 +211,7 @@ def build_engine_config(args: ServeSettings) -> EngineConfig:
                                       prompt_lookup_max=args.prompt_lookup_max,
                                       prompt_lookup_min=args.prompt_lookup_min),
         num_threads=args.engine_threads,
+        weights=args.weights,
     ).validate()
 
 

@@ -52,6 +52,7 @@ class ServeSettings:
     prompt_lookup_max: int
     prompt_lookup_min: int
     engine_threads: int | None
+    weights: str
     profile_dir: str | None
     state_dir: str | None
     max_request_bytes: int

@@ -111,6 +111,7 @@ class SyntheticConfig:
 
 
 DECODE_ATTENTION_MODES = ("auto", "native", "sdpa")  # EngineConfig.decode_attention
+WEIGHT_MODES = ("dequantize", "quantized")  # EngineConfig.weights
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,10 @@ class EngineConfig:
     pool in place, built with the system C compiler on first use; float32 on the
     CPU only), ``sdpa`` (gather each group's KV, then torch's SDPA), or ``auto``
     (native where it applies and builds, else sdpa)."""
+    weights: str = "dequantize"
+    """A GGUF model's quantized weights: ``dequantize`` (to the engine's dtype at load) or
+    ``quantized`` (Q4_0/Q4_1/Q4_K/Q8_0 linear layers keep their blocks and run on a C kernel
+    built on first use; float32 on the CPU, one rank; docs/quantization.md)."""
     num_threads: int | None = None
     """torch intra-op threads of the engine process; None: torch's default, one per core the
     process may run on. Engines sharing a machine each take a share (``disagg up`` computes it
@@ -195,6 +200,8 @@ class EngineConfig:
         if self.decode_attention not in DECODE_ATTENTION_MODES:
             raise ConfigError("engine.decode_attention",
                               f"must be auto, native or sdpa, got {self.decode_attention!r}")
+        if self.weights not in WEIGHT_MODES:
+            raise ConfigError("engine.weights", f"must be dequantize or quantized, got {self.weights!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError("engine.num_threads", f"must be >= 1, got {self.num_threads}")
         if self.max_model_len is not None and self.max_model_len < 2:

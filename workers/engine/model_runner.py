@@ -53,7 +53,8 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         if config.model is None:  # validate() refuses a torch engine without one
             raise ConfigError("engine.model", "a model directory is required for the torch engine")
-        self.model, self.model_config = load_model(config.model, config.dtype, self.device, _positions(config), tp)
+        self.model, self.model_config = load_model(config.model, config.dtype, self.device, _positions(config), tp,
+                                                    config.weights)
         prepare_linears(self.model, self.device, DTYPES[config.dtype])  # from here on it only serves inference
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.vocab_size = self.model_config.vocab_size

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DecodeBatch", "NativeDecodeKernel", "build_flags", "kernel_supports", "load_kernel"]
+__all__ = ["DecodeBatch", "NativeDecodeKernel", "build_flags", "build_library", "kernel_supports", "load_kernel"]
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +153,15 @@ def build_flags() -> tuple[str, ...]:
 
 
 def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
+    return build_library(compiler, SOURCE)
+
+
+def build_library(compiler: str, source_path: Path) -> Path:
+    """``source_path`` (a C file of this package) built into the kernel cache, or found there built."""
+    source = source_path.read_bytes()
     flags = build_flags()
     digest = hashlib.sha256(source + " ".join(flags).encode() + _cpu_identity().encode()).hexdigest()[:16]
-    target = _cache_dir() / f"paged_decode-{digest}.so"
+    target = _cache_dir() / f"{source_path.stem}-{digest}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +169,7 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     try:
         result = subprocess.run(
-            [compiler, *flags, str(SOURCE), "-o", partial],
+            [compiler, *flags, str(source_path), "-o", partial],
             capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS,
         )
         if result.returncode != 0:

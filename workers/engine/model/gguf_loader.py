@@ -10,6 +10,11 @@ checkpoint are undone here:
   that each head's rotary pairs are interleaved (GGML's "normal" RoPE);
   the engine rotates halves (Hugging Face's "neox" layout), so the rows are
   permuted back (``unpermute_rotary_rows``).
+
+With ``quantized`` (``engine.weights: quantized``, float32 on the CPU, one
+rank), the linear layers whose GGUF tensors are Q4_0/Q4_1/Q4_K/Q8_0 keep
+their blocks instead (``gguf_blocks``, ``quant_linear``); the rest (norms,
+the embedding table, Q6_K or float tensors) are dequantized as above.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workers.engine.model.gguf_blocks import QuantBlocks, concatenate_blocks, read_blocks
 from workers.engine.model.gguf_dequant import dequantize_tensor
 from workers.engine.model.gguf_metadata import gguf_model_config, open_gguf
 from workers.engine.model.llama import LlamaForCausalLM
 from workers.engine.model.missing_weights import MissingWeightsError
 from workers.engine.model.model_config import ModelConfig
 from workers.engine.model.parallel import TensorParallel, check_shardable
+from workers.engine.model.quant_linear import QuantKernel, QuantLinear
 from workers.engine.model.shard_plan import apply_cut, finish_cut, shard_cuts
 
 __all__ = ["load_gguf_model", "gguf_weight_sources", "unpermute_rotary_rows", "permute_rotary_rows"]
@@ -67,9 +74,11 @@ def load_gguf_model(
     device: torch.device,
     max_positions: int | None = None,
     tp: TensorParallel | None = None,
+    quantized: QuantKernel | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """The model in eval mode on ``device``; RoPE covers ``max_positions`` (default: the model's).
-    With ``tp``, each tensor is dequantized, then cut to this rank's shard."""
+    With ``tp``, each tensor is dequantized, then cut to this rank's shard. With ``quantized``
+    (float32 CPU, no ``tp``: the caller checks), linear layers keep their quantized blocks."""
     reader = open_gguf(path)
     config = gguf_model_config(reader)
     if tp is not None:
@@ -96,8 +105,11 @@ def load_gguf_model(
             cache[name] = values
         return cache[name]
 
+    kept = _kept_blocks(sources, tensors, heads) if quantized is not None else {}
     state = {}
     for ours, names in sources.items():
+        if ours in kept:
+            continue
         # One tensor at a time in the target dtype: peak memory is the model plus one float32 tensor.
         parts = [
             finish_cut(torch.from_numpy(np.ascontiguousarray(apply_cut(read(name), cuts.get(name)))).to(device=device, dtype=dtype),
@@ -108,7 +120,41 @@ def load_gguf_model(
         for name in names:
             if name != "token_embd.weight":
                 cache.pop(name, None)
-    model.load_state_dict(state, assign=True, strict=True)
-    if config.tie_word_embeddings:
+    model.load_state_dict(state, assign=True, strict=not kept)
+    if config.tie_word_embeddings and "lm_head.weight" not in kept:
         model.lm_head.weight = model.embed_tokens.weight
+    if quantized is not None:
+        _install_quant_linears(model, kept, state, quantized)
     return model.eval(), config
+
+
+def _kept_blocks(sources: dict[str, list[str]], tensors: dict, heads: dict[str, int]) -> dict[str, QuantBlocks]:
+    """Our linear weight name -> its blocks, for the weights whose every GGUF part has a kept type
+    of the same bits (``gguf_blocks``); q and k rows unpermuted as the float path does."""
+    kept = {}
+    for ours, names in sources.items():
+        if not ours.endswith(("_proj.weight", "lm_head.weight")):
+            continue
+        parts: list[QuantBlocks] = []
+        for name in names:
+            blocks = read_blocks(tensors[name])
+            suffix = name.split(".", 2)[-1]
+            if blocks is not None and name.startswith("blk.") and suffix in heads:
+                order = unpermute_rotary_rows(np.arange(blocks.shape[0]), heads[suffix])
+                blocks = blocks.take_rows(order)
+            if blocks is None:  # a part stays float, so the whole weight does
+                break
+            parts.append(blocks)
+        joined = concatenate_blocks(parts) if len(parts) == len(names) else None
+        if joined is not None:
+            kept[ours] = joined
+    return kept
+
+
+def _install_quant_linears(model: LlamaForCausalLM, kept: dict[str, QuantBlocks], state: dict,
+                           kernel: QuantKernel) -> None:
+    for name, blocks in kept.items():
+        path = name.removesuffix(".weight")
+        parent_name, _, attribute = path.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, attribute, QuantLinear(blocks, state.get(f"{path}.bias"), kernel))

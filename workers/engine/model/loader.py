@@ -21,6 +21,7 @@ from workers.engine.model.llama import LlamaForCausalLM
 from workers.engine.model.missing_weights import MissingWeightsError
 from workers.engine.model.model_config import ModelConfig, load_model_config, read_json_file
 from workers.engine.model.parallel import TensorParallel, check_shardable
+from workers.engine.model.quant_linear import QuantKernel, load_quant_kernel
 from workers.engine.model.shard_plan import Cut, apply_cut, finish_cut, shard_cuts
 
 __all__ = ["DTYPES", "MissingWeightsError", "resolve_device", "load_model", "hf_weight_sources"]
@@ -64,15 +65,17 @@ def load_model(
     device: torch.device,
     max_positions: int | None = None,
     tp: TensorParallel | None = None,
+    weights: str = "dequantize",
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """The model in eval mode on ``device``; RoPE covers ``max_positions`` (default: the model's).
     ``model_dir`` is a Hugging Face model directory or a ``.gguf`` file. With ``tp``, only
-    this rank's shard is read and built (``shard_plan``)."""
+    this rank's shard is read and built (``shard_plan``). ``weights`` is ``engine.weights``."""
     model_dir = Path(model_dir)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if is_gguf_file(model_dir):
-        return load_gguf_model(model_dir, DTYPES[dtype], device, max_positions, tp)
+        kernel = _quant_kernel(weights, dtype, device, tp)
+        return load_gguf_model(model_dir, DTYPES[dtype], device, max_positions, tp, kernel)
     config = load_model_config(model_dir)
     if tp is not None:
         check_shardable(config.num_heads, config.num_kv_heads, config.intermediate_size, tp.size)
@@ -93,6 +96,19 @@ def load_model(
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.eval(), config
+
+
+def _quant_kernel(weights: str, dtype: str, device: torch.device, tp: TensorParallel | None) -> QuantKernel | None:
+    """The kernel that keeps a GGUF's quantized blocks, when ``engine.weights`` asks for it."""
+    if weights != "quantized":
+        return None
+    if device.type != "cpu" or dtype != "float32" or tp is not None:
+        raise ConfigError("engine.weights", f"'quantized' runs float32 on the CPU on one rank, "
+                                            f"got {dtype} on {device.type} with {tp.size if tp else 1} rank(s)")
+    kernel = load_quant_kernel()
+    if kernel is None:
+        raise ConfigError("engine.weights", "'quantized' requested but its kernel cannot be built (logged above)")
+    return kernel
 
 
 def _tensor_files(model_dir: Path) -> dict[str, str]:
