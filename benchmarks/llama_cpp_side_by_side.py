@@ -75,7 +75,7 @@ def default_model() -> Path:
 def chat_messages(model: Path, serial: int) -> list[dict]:
     """A user message whose templated prompt is exactly PROMPT_TOKENS tokens for our tokenizer,
     distinct per ``serial`` from its first token on: neither server's prefix cache may skip the prefill."""
-    from frontends.tokenizer import Tokenizer
+    from api.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_model_path(model)
     words: list[str] = [f"Request {serial}:"]

@@ -109,7 +109,7 @@ def test_smollm2_quantized_logits_and_greedy_agree(kernel, smollm2_gguf):
         blocks = read_blocks(tensor)
         if blocks is not None:
             assert np.array_equal(blocks.dequantize(), dequantize_tensor(tensor)), tensor.name
-    from frontends.tokenizer import Tokenizer
+    from api.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_model_path(smollm2_gguf)
     prompts = ["The capital of France is", "def fibonacci(n):\n    ", "Water boils at a temperature of",
